@@ -1,0 +1,61 @@
+"""statseq: probabilistic sequence models as autoregressive likelihoods, in JAX.
+
+Every model is a filter: a fixed-size state, a one-step predictive distribution read from
+it, and an update that conditions the state on the next observation. Likelihoods,
+sampling, forecasting and fitting are written once over that protocol.
+"""
+
+from statseq import _cache
+
+_cache._configure_on_import()
+
+from statseq import datasets  # noqa: E402
+from statseq._cache import enable_compilation_cache  # noqa: E402
+from statseq.core.model import SequenceModel, register_model, registered_models  # noqa: E402
+from statseq.core.params import (  # noqa: E402
+    from_unconstrained,
+    log_prior,
+    num_free_params,
+    to_unconstrained,
+)
+from statseq.core.recurrence import filter, log_prob, sample  # noqa: E402, A004
+from statseq.core.results import FilterResult, FitResult  # noqa: E402
+from statseq.core.validation import missing_mask  # noqa: E402
+from statseq.evaluation import information_criteria, log_score, num_params  # noqa: E402
+from statseq.fit.sgd import fit_sgd  # noqa: E402
+from statseq.forecast import Forecast, forecast  # noqa: E402
+from statseq.io import load, save  # noqa: E402
+from statseq.models.autoregressive import AR, ARParams  # noqa: E402
+from statseq.plotting import plot_forecast, plot_traces  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AR",
+    "ARParams",
+    "FilterResult",
+    "FitResult",
+    "Forecast",
+    "SequenceModel",
+    "datasets",
+    "enable_compilation_cache",
+    "filter",
+    "fit_sgd",
+    "forecast",
+    "from_unconstrained",
+    "information_criteria",
+    "load",
+    "log_prior",
+    "log_prob",
+    "log_score",
+    "missing_mask",
+    "num_free_params",
+    "num_params",
+    "plot_forecast",
+    "plot_traces",
+    "register_model",
+    "registered_models",
+    "sample",
+    "save",
+    "to_unconstrained",
+]

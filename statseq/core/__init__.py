@@ -1,0 +1,1 @@
+"""The filter protocol, generic recurrences, parameters and result types."""

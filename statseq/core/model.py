@@ -1,0 +1,123 @@
+"""The filter protocol shared by every statseq model.
+
+A statseq model is a distribution over sequences written autoregressively,
+
+    log p(y_{1:T} | u_{1:T}) = sum_t log p(y_t | y_{<t}, u_{<=t}),
+
+where each one-step predictive is read from a fixed-size state (the *carry*) that a
+recurrence updates with every observation. A model therefore implements three methods:
+
+* ``initial_carry(params)``: the state before any observation;
+* ``predict(params, carry, inputs_t)``: the predictive ``p(y_t | y_{<t}, u_{<=t})`` as a
+  numpyro distribution;
+* ``update(params, carry, y_t, mask_t, inputs_t)``: the state after conditioning on the
+  observed entries of ``y_t`` (``mask_t`` is ``True`` where observed; masked entries of
+  ``y_t`` hold zeros and must be ignored).
+
+Everything else (``log_prob``, ``filter``, ``sample``, ``forecast``, ``fit_sgd``) is written
+once over this protocol in :mod:`statseq.core.recurrence` and :mod:`statseq.fit`.
+
+Model objects are frozen dataclasses that hold static configuration only; parameters are
+plain pytrees (one ``NamedTuple`` per family) passed alongside, so that the same object
+flows through ``jax.jit`` (as a static, hashable argument), ``vmap``, optax and NumPyro.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+
+Params = Any
+Carry = Any
+
+_MODEL_REGISTRY: dict[str, type[SequenceModel]] = {}
+
+
+def register_model(cls: type[SequenceModel]) -> type[SequenceModel]:
+    """Class decorator: register a concrete model for saving/loading and contract tests."""
+    name = cls.__name__
+    if name in _MODEL_REGISTRY and _MODEL_REGISTRY[name] is not cls:
+        raise ValueError(f"a model named {name!r} is already registered")
+    _MODEL_REGISTRY[name] = cls
+    return cls
+
+
+def registered_models() -> dict[str, type[SequenceModel]]:
+    """All registered model classes, by class name."""
+    return dict(_MODEL_REGISTRY)
+
+
+class SequenceModel(abc.ABC):
+    """Abstract base of every statseq model (a filter over sequences).
+
+    Subclasses are ``@dataclasses.dataclass(frozen=True)`` classes whose fields are the
+    static configuration (orders, dimensions, options). They implement the abstract
+    methods below and nothing else is required; optional capabilities (EM, smoothing,
+    parallel filtering, closed-form estimators) are extra methods.
+    """
+
+    #: Whether ``update`` and ``predict`` marginalize a subset of emission dimensions
+    #: exactly (per-dimension masks). Models that cannot reject such masks eagerly.
+    supports_partial_mask: ClassVar[bool] = False
+
+    # ---- static description -------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def event_shape(self) -> tuple[int, ...]:
+        """Shape of one observation ``y_t`` (``()`` for a scalar series)."""
+
+    @property
+    def num_inputs(self) -> int:
+        """Number of covariates ``u_t`` per time step (0 when the model takes none)."""
+        return int(getattr(self, "input_dim", 0) or 0)
+
+    @property
+    def observation_dtype(self) -> str:
+        """``"real"``, ``"count"`` (non-negative integers) or ``"category"``."""
+        return "real"
+
+    def config(self) -> dict[str, Any]:
+        """The static configuration as a JSON-friendly dict (used when saving)."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    # ---- parameters -----------------------------------------------------------------
+    @abc.abstractmethod
+    def param_shapes(self) -> Params:
+        """A params pytree whose leaves are the expected shapes (tuples)."""
+
+    @abc.abstractmethod
+    def param_constraints(self) -> Params:
+        """A params pytree whose leaves are ``numpyro.distributions.constraints``."""
+
+    def initialize(self, y, *, key, inputs=None, mask=None) -> Params:  # pragma: no cover
+        """Initial parameters from data (override per model)."""
+        raise NotImplementedError(f"{type(self).__name__} has no data-driven initializer")
+
+    # ---- the filter -----------------------------------------------------------------
+    @abc.abstractmethod
+    def initial_carry(self, params: Params) -> Carry:
+        """The state before the first observation."""
+
+    @abc.abstractmethod
+    def predict(self, params: Params, carry: Carry, inputs_t):
+        """The one-step predictive distribution of ``y_t`` (a numpyro distribution)."""
+
+    @abc.abstractmethod
+    def update(self, params: Params, carry: Carry, y_t, mask_t, inputs_t) -> Carry:
+        """The state after conditioning on the observed entries of ``y_t``."""
+
+    def scored(self, params: Params, carry: Carry):
+        """Whether the predictive at this step counts in the likelihood.
+
+        ``False`` only for steps whose observation is conditioned on rather than modelled
+        (e.g. the first ``p`` values of a conditional AR(p) likelihood).
+        """
+        del params, carry
+        return jnp.asarray(True)
+
+    def validate_data(self, y, mask) -> None:
+        """Model-specific checks on observed values (e.g. counts are non-negative)."""
+        del y, mask

@@ -1,0 +1,153 @@
+"""Parameters, constraints, trainable masks and priors.
+
+Parameters are plain pytrees (a ``NamedTuple`` per model family). Each model declares a
+pytree of the same structure holding ``numpyro.distributions.constraints``; the bijections
+of ``numpyro.distributions.transforms.biject_to`` map between constrained and
+unconstrained space, where gradient fitting and NUTS work.
+
+Priors are a pytree of the same structure whose leaves are numpyro distributions or
+``None`` (flat). The MAP objective is ``log_prob(y | params) + log_prior(params)``, with the
+prior density taken in the constrained (natural) parameterization.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+
+from statseq.core.validation import float_dtype
+
+
+def _is_constraint(x) -> bool:
+    return isinstance(x, constraints.Constraint)
+
+
+def _is_prior_leaf(x) -> bool:
+    return x is None or isinstance(x, dist.Distribution)
+
+
+def to_unconstrained(model, params):
+    """Map constrained ``params`` to unconstrained space (a pytree of the same structure)."""
+    return jax.tree.map(
+        lambda c, p: biject_to(c).inv(p), model.param_constraints(), params,
+        is_leaf=_is_constraint,
+    )
+
+
+def from_unconstrained(model, uparams):
+    """Map unconstrained parameters back to the constrained ``params`` pytree."""
+    return jax.tree.map(
+        lambda c, u: biject_to(c)(u), model.param_constraints(), uparams,
+        is_leaf=_is_constraint,
+    )
+
+
+def trainable_mask(params, trainable=None):
+    """A pytree of booleans (one scalar per leaf) marking which leaves are fitted.
+
+    ``trainable`` is ``None`` (everything is fitted) or a pytree with the structure of
+    ``params`` whose leaves are ``True``/``False`` (a whole leaf is fitted or frozen).
+    """
+    if trainable is None:
+        return jax.tree.map(lambda _: True, params)
+    leaves_p, tree_p = jax.tree.flatten(params)
+    try:
+        leaves_t = tree_p.flatten_up_to(trainable)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            "trainable must have the structure of params (one True/False per field)"
+        ) from err
+    for leaf in leaves_t:
+        if not isinstance(leaf, bool | np.bool_):
+            raise TypeError(f"trainable leaves must be True or False, got {leaf!r}")
+    return jax.tree.unflatten(tree_p, [bool(t) for t in leaves_t])
+
+
+def log_prior(priors, params):
+    """``sum log p(theta)`` over leaves that have a prior (``None`` leaves are flat)."""
+    if priors is None:
+        return jnp.zeros((), float_dtype())
+    _, tree_p = jax.tree.flatten(params)
+    prior_leaves = tree_p.flatten_up_to(priors)
+    total = jnp.zeros((), float_dtype())
+    for prior, value in zip(prior_leaves, jax.tree.leaves(params), strict=True):
+        if prior is not None:
+            total = total + jnp.sum(prior.log_prob(value))
+    return total
+
+
+def validate_priors(model, priors) -> None:
+    """Check that ``priors`` matches the params structure and has distributions or None."""
+    if priors is None:
+        return
+    _, tree_p = jax.tree.flatten(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))
+    try:
+        leaves = tree_p.flatten_up_to(priors)
+    except (ValueError, TypeError) as err:
+        raise ValueError("priors must have the structure of params (a dist or None per field)") \
+            from err
+    for leaf in leaves:
+        if not _is_prior_leaf(leaf):
+            raise TypeError(f"prior leaves must be numpyro distributions or None, got {leaf!r}")
+
+
+def validate_params(model, params) -> None:
+    """Eagerly check the structure, shapes, finiteness and constraints of ``params``."""
+    shapes = model.param_shapes()
+    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
+    expected_leaves, tree = jax.tree.flatten(shapes, is_leaf=is_shape)
+    try:
+        leaves = tree.flatten_up_to(params)
+    except (ValueError, TypeError) as err:
+        raise TypeError(
+            f"params must be a {type(shapes).__name__} for {type(model).__name__}; "
+            f"got {type(params).__name__}"
+        ) from err
+    names = _leaf_names(shapes, is_shape)
+    cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+    for name, shape, value, con in zip(names, expected_leaves, leaves, cons, strict=True):
+        if isinstance(value, jax.core.Tracer):
+            continue
+        arr = np.asarray(value)
+        if tuple(arr.shape) != tuple(shape):
+            raise ValueError(f"params.{name} must have shape {tuple(shape)}, got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"params.{name} contains non-finite values")
+        if arr.size and not bool(np.all(con.check(jnp.asarray(arr)))):
+            raise ValueError(f"params.{name} violates its constraint ({con})")
+
+
+def _leaf_names(tree, is_leaf) -> list[str]:
+    paths, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return [jax.tree_util.keystr(path, simple=True, separator=".") for path, _ in paths]
+
+
+def param_names(model) -> list[str]:
+    """Dotted names of the parameter leaves, in pytree order."""
+    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
+    return _leaf_names(model.param_shapes(), is_shape)
+
+
+def num_free_params(model, trainable=None) -> int:
+    """Number of free (unconstrained) scalars among the trainable leaves.
+
+    A ``(D, D)`` covariance counts ``D (D + 1) / 2``, a simplex of ``K`` entries ``K - 1``.
+    """
+    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
+    shapes, tree = jax.tree.flatten(model.param_shapes(), is_leaf=is_shape)
+    cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+    if trainable is None:
+        flags = [True] * len(shapes)
+    else:
+        flags = list(tree.flatten_up_to(trainable))
+    total = 0
+    for shape, con, flag in zip(shapes, cons, flags, strict=True):
+        if flag:
+            total += math.prod(biject_to(con).inverse_shape(tuple(shape)))
+    return int(total)

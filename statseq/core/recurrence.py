@@ -1,0 +1,191 @@
+"""``log_prob``, ``filter``, ``sample`` and ``forecast``, written once for every model.
+
+Each function validates its inputs eagerly, flattens any batch of sequences to one axis,
+and calls a module-level ``jax.jit`` whose only static argument is the (hashable) model
+object, so repeated calls with the same shapes reuse one compiled program.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from statseq.core.distributions import masked_log_prob
+from statseq.core.params import validate_params
+from statseq.core.results import FilterResult
+from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+
+
+def pairwise_sum(x, axis: int = -1):
+    """Sum along ``axis`` as a balanced binary tree (error grows as log n, not n).
+
+    Used for log-likelihoods of long sequences, so that float32 totals stay accurate.
+    """
+    x = jnp.moveaxis(x, axis, -1)
+    while x.shape[-1] > 1:
+        if x.shape[-1] % 2:
+            x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], axis=-1)
+        x = x[..., 0::2] + x[..., 1::2]
+    return x[..., 0] if x.shape[-1] == 1 else jnp.zeros(x.shape[:-1], x.dtype)
+
+
+def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool):
+    """Run the filter over one sequence; returns (log_probs, carries or None, final)."""
+
+    def step(carry, xs):
+        y_t, m_t, u_t = xs
+        d = model.predict(params, carry, u_t)
+        lp = masked_log_prob(d, y_t, m_t)
+        lp = jnp.where(model.scored(params, carry), lp, 0.0)
+        new_carry = model.update(params, carry, y_t, m_t, u_t)
+        return new_carry, (lp, new_carry if return_carries else None)
+
+    final, (log_probs, carries) = jax.lax.scan(step, carry0, (y, mask, inputs))
+    return log_probs, carries, final
+
+
+@partial(jax.jit, static_argnames=("model", "return_carries"))
+def _filter_flat(model, params, y, mask, inputs, return_carries=False):
+    carry0 = model.initial_carry(params)
+    run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries)
+    log_probs, carries, final = jax.vmap(run)(y, mask, inputs)
+    return pairwise_sum(log_probs), log_probs, carries, final
+
+
+def _unflatten(tree, batch_shape):
+    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
+
+
+def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001
+    """Run the model's recurrence over ``y``: per-step predictive log-densities and states.
+
+    The log-likelihood is the sum of one-step predictive log-densities (the prediction
+    error decomposition),
+
+        log p(y_{1:T}) = sum_t log p(y_t | y_{<t}, u_{<=t}),
+
+    with masked entries marginalized out (the state is not conditioned on them).
+
+    Args:
+        model: a statseq model.
+        params: its parameters.
+        y: ``batch_shape + (num_timesteps,) + model.event_shape``.
+        mask: optional booleans, per time step or per entry (``True`` = observed).
+        inputs: ``[batch_shape +] (num_timesteps, input_dim)`` when the model takes inputs.
+        return_carries: also return the state after every step.
+
+    Returns:
+        A :class:`FilterResult`.
+
+    Example:
+        >>> import statseq as ss, jax.numpy as jnp
+        >>> model = ss.AR(order=1)
+        >>> params = model.default_params()
+        >>> ss.filter(model, params, jnp.array([0.1, -0.3, 0.2])).log_probs.shape
+        (3,)
+    """
+    validate_params(model, params)
+    data = prepare_data(model, y, mask, inputs)
+    total, log_probs, carries, final = _filter_flat(
+        model, params, data.y, data.mask, data.inputs, return_carries=return_carries
+    )
+    bs = data.batch_shape
+    return FilterResult(
+        log_prob=jnp.reshape(total, bs),
+        log_probs=jnp.reshape(log_probs, bs + (data.num_timesteps,)),
+        carries=_unflatten(carries, bs) if return_carries else None,
+        final_carry=_unflatten(final, bs),
+    )
+
+
+def log_prob(model, params, y, *, mask=None, inputs=None):
+    """Total log-likelihood ``log p(y_{1:T} | u_{1:T})`` of each sequence in ``y``.
+
+    Args:
+        model: a statseq model.
+        params: its parameters.
+        y: ``batch_shape + (num_timesteps,) + model.event_shape``.
+        mask: optional booleans, per time step or per entry (``True`` = observed).
+        inputs: ``[batch_shape +] (num_timesteps, input_dim)`` when the model takes inputs.
+
+    Returns:
+        An array of shape ``batch_shape``.
+    """
+    return filter(model, params, y, mask=mask, inputs=inputs).log_prob
+
+
+def _simulate(model, params, carry, key, inputs):
+    """Ancestral sampling from ``carry`` over ``inputs.shape[0]`` steps: (ys, final carry)."""
+    full_mask = jnp.ones(model.event_shape, bool)
+
+    def step(carry, xs):
+        k, u_t = xs
+        d = model.predict(params, carry, u_t)
+        y_t = d.sample(k)
+        return model.update(params, carry, y_t, full_mask, u_t), y_t
+
+    keys = jax.random.split(key, inputs.shape[0])
+    final, ys = jax.lax.scan(step, carry, (keys, inputs))
+    return ys, final
+
+
+@partial(jax.jit, static_argnames=("model",))
+def _sample_from(model, params, carries, keys, inputs):
+    """carries: (N, ...); keys: (S, N); inputs: (N, T, U) -> samples (S, N, T, *event)."""
+    sim = lambda c, k, u: _simulate(model, params, c, k, u)[0]  # noqa: E731
+    over_batch = jax.vmap(sim, in_axes=(0, 0, 0))
+    return jax.vmap(over_batch, in_axes=(None, 0, None))(carries, keys, inputs)
+
+
+def _future_inputs(model, inputs, batch_shape, num_steps):
+    n = model.num_inputs
+    if n == 0:
+        if inputs is not None:
+            raise ValueError(f"{type(model).__name__} takes no inputs, but inputs were given")
+        return jnp.zeros((int(np.prod(batch_shape, dtype=int)), num_steps, 0), float_dtype())
+    if inputs is None:
+        raise ValueError(
+            f"{type(model).__name__} has input_dim={n}: pass future inputs of shape "
+            f"({num_steps}, {n})"
+        )
+    arr = jnp.asarray(inputs, float_dtype())
+    if arr.shape[-2:] != (num_steps, n):
+        raise ValueError(f"inputs must end in shape ({num_steps}, {n}); got {arr.shape}")
+    if not bool(jnp.all(jnp.isfinite(arr))):
+        raise ValueError("inputs contain non-finite values")
+    arr = jnp.broadcast_to(arr, batch_shape + (num_steps, n))
+    return jnp.reshape(arr, (-1, num_steps, n))
+
+
+def sample(model, params, *, num_timesteps, key, inputs=None, num_samples=None):
+    """Draw sequences by ancestral sampling: predict, draw ``y_t``, update, repeat.
+
+    Args:
+        model: a statseq model.
+        params: its parameters.
+        num_timesteps: length of each sequence.
+        key: a ``jax.random`` key (keyword-only, required).
+        inputs: ``(num_timesteps, input_dim)`` covariates when the model takes inputs.
+        num_samples: number of independent sequences (``None`` for one).
+
+    Returns:
+        ``[(num_samples,)] + (num_timesteps,) + model.event_shape``.
+
+    Example:
+        >>> import jax, statseq as ss
+        >>> model = ss.AR(order=2)
+        >>> ss.sample(model, model.default_params(), num_timesteps=50,
+        ...           key=jax.random.key(0)).shape
+        (50,)
+    """
+    validate_params(model, params)
+    num_timesteps = check_positive_int(num_timesteps, "num_timesteps")
+    n = 1 if num_samples is None else check_positive_int(num_samples, "num_samples")
+    u = _future_inputs(model, inputs, (), num_timesteps)
+    carry = jax.tree.map(lambda a: a[None], model.initial_carry(params))
+    keys = jax.random.split(key, n)[:, None]
+    ys = _sample_from(model, params, carry, keys, u)[:, 0]
+    return ys[0] if num_samples is None else ys

@@ -1,0 +1,61 @@
+"""Result types (NamedTuples, so they pass through ``jit`` and ``vmap``)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class FilterResult(NamedTuple):
+    """Output of :func:`statseq.filter`.
+
+    Attributes:
+        log_prob: ``batch_shape`` total log-likelihood ``sum_t log p(y_t | y_<t)``.
+        log_probs: ``batch_shape + (num_timesteps,)`` one-step predictive log-densities
+            (0 at masked steps and at steps that are conditioned on, not scored).
+        carries: the state after conditioning on ``y_{<=t}``, stacked over time
+            (``None`` unless requested); its layout is the model's carry.
+        final_carry: the state after the last observation (the start of a forecast).
+    """
+
+    log_prob: Any
+    log_probs: Any
+    carries: Any
+    final_carry: Any
+
+
+class FitResult(NamedTuple):
+    """Output of every fitting function (``fit_sgd``, ``fit_em``, ...).
+
+    Attributes:
+        params: fitted parameters (the best validation point when early stopping is used).
+        log_joint: ``(num_iterations,)`` trace of ``log p(y | params) + log p(params)`` (the
+            un-normalized log joint; fitting maximizes it). With minibatches each entry is
+            the unbiased minibatch estimate ``N / B * sum_batch log p + log prior``.
+            Entries after an early stop are NaN.
+        num_iterations: iterations actually run.
+        converged: ``True`` when the fit stopped on its own criterion (tolerance or
+            early stopping), ``False`` when it ran out of iterations.
+        validation_log_prob: held-out ``log p(y_val | y_train)`` at each evaluation (empty
+            without a validation split).
+        validation_steps: iterations at which the validation score was evaluated.
+        wall_time: seconds for the whole fit, compilation included.
+        method: ``"sgd"``, ``"em"``, ...
+    """
+
+    params: Any
+    log_joint: np.ndarray
+    num_iterations: int
+    converged: bool
+    validation_log_prob: np.ndarray
+    validation_steps: np.ndarray
+    wall_time: float
+    method: str
+
+    @property
+    def final_log_joint(self) -> float:
+        """The last finite entry of the trace."""
+        trace = np.asarray(self.log_joint)
+        trace = trace[np.isfinite(trace)]
+        return float(trace[-1]) if trace.size else float("nan")

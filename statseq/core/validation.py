@@ -1,0 +1,182 @@
+"""Eager input validation: runs before anything is traced, names the argument at fault."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Prepared(NamedTuple):
+    """Data normalized to a flat batch: ``y`` is ``(num_sequences, num_timesteps, *event)``."""
+
+    y: Any
+    mask: Any
+    inputs: Any
+    batch_shape: tuple[int, ...]
+    num_timesteps: int
+
+
+def _is_tracer(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _as_array(x, name: str):
+    if _is_tracer(x) or isinstance(x, jax.Array):
+        return x
+    try:
+        arr = np.asarray(x)
+    except Exception as err:  # pragma: no cover - exotic inputs
+        raise TypeError(f"{name} must be array-like, got {type(x).__name__}") from err
+    if arr.dtype == object:
+        raise TypeError(f"{name} must be a numeric array, got an array of Python objects")
+    return arr
+
+
+def float_dtype():
+    """The default floating dtype (float64 when ``jax_enable_x64`` is on)."""
+    return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+
+def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepared:
+    """Validate ``y``, ``mask`` and ``inputs`` for ``model`` and normalize their shapes.
+
+    ``y`` has shape ``batch_shape + (num_timesteps,) + model.event_shape``. ``mask`` is
+    ``None`` (all observed), per time step (``batch_shape + (num_timesteps,)``) or, for
+    vector observations, per entry (the shape of ``y``). ``inputs`` has shape
+    ``[batch_shape +] (num_timesteps, model.num_inputs)``.
+    """
+    y = _as_array(y, name)
+    event_shape = tuple(model.event_shape)
+    event_ndim = len(event_shape)
+    if y.ndim < 1 + event_ndim:
+        raise ValueError(
+            f"{name} must have shape (..., num_timesteps{', ' if event_shape else ''}"
+            f"{', '.join(map(str, event_shape))}) for {type(model).__name__}; "
+            f"got shape {tuple(y.shape)}"
+        )
+    if event_ndim and tuple(y.shape[-event_ndim:]) != event_shape:
+        raise ValueError(
+            f"{name} has observations of shape {tuple(y.shape[-event_ndim:])}, but "
+            f"{type(model).__name__} expects {event_shape} (emission_dim)"
+        )
+    batch_shape = tuple(y.shape[: y.ndim - 1 - event_ndim])
+    num_timesteps = int(y.shape[y.ndim - 1 - event_ndim])
+    if num_timesteps < 1:
+        raise ValueError(f"{name} has no time steps (num_timesteps = 0)")
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+        raise TypeError(f"{name} must be numeric, got dtype {y.dtype}")
+
+    step_shape = tuple(y.shape[: y.ndim - event_ndim])
+    if mask is None:
+        mask_arr = np.ones(y.shape, bool) if not _is_tracer(y) else jnp.ones(y.shape, bool)
+    else:
+        mask_arr = _as_array(mask, "mask")
+        if not _is_tracer(mask_arr):
+            if mask_arr.dtype != bool:
+                if not np.all(np.isin(mask_arr, (0, 1))):
+                    raise ValueError("mask must be boolean (True = observed) or 0/1")
+                mask_arr = mask_arr.astype(bool)
+        if tuple(mask_arr.shape) == step_shape:
+            mask_arr = jnp.broadcast_to(
+                jnp.reshape(mask_arr, step_shape + (1,) * event_ndim), y.shape
+            ) if _is_tracer(mask_arr) else np.broadcast_to(
+                mask_arr.reshape(step_shape + (1,) * event_ndim), y.shape
+            )
+        elif tuple(mask_arr.shape) != tuple(y.shape):
+            raise ValueError(
+                f"mask must have shape {step_shape} (per time step)"
+                + (f" or {tuple(y.shape)} (per entry)" if event_ndim else "")
+                + f"; got {tuple(mask_arr.shape)}"
+            )
+        if (
+            event_ndim
+            and not model.supports_partial_mask
+            and not _is_tracer(mask_arr)
+            and np.any(np.any(mask_arr, axis=tuple(range(-event_ndim, 0)))
+                       != np.all(mask_arr, axis=tuple(range(-event_ndim, 0))))
+        ):
+            raise ValueError(
+                f"{type(model).__name__} cannot marginalize a subset of emission dimensions; "
+                "mask whole time steps instead"
+            )
+
+    if not _is_tracer(y) and not _is_tracer(mask_arr):
+        y_np = np.asarray(y)
+        bad = ~np.isfinite(y_np) & np.asarray(mask_arr) if np.issubdtype(
+            y_np.dtype, np.floating
+        ) else np.zeros(y_np.shape, bool)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{name} has {int(bad.sum())} non-finite value(s) at observed positions "
+                f"(first at index {first}); mark missing values with mask=False "
+                "(statseq.missing_mask(y) builds such a mask)"
+            )
+        model.validate_data(np.where(mask_arr, y_np, 0), np.asarray(mask_arr))
+
+    dtype = float_dtype() if model.observation_dtype == "real" else jnp.int32
+    if model.observation_dtype == "real":
+        y_clean = jnp.where(jnp.asarray(mask_arr), jnp.asarray(y, dtype), 0.0)
+    else:
+        y_clean = jnp.where(jnp.asarray(mask_arr), jnp.asarray(y), 0).astype(dtype)
+
+    num_inputs = model.num_inputs
+    if num_inputs == 0:
+        if inputs is not None:
+            raise ValueError(
+                f"{type(model).__name__} takes no inputs (input_dim=0), but inputs were given"
+            )
+        inputs_arr = jnp.zeros(batch_shape + (num_timesteps, 0), float_dtype())
+    else:
+        if inputs is None:
+            raise ValueError(
+                f"{type(model).__name__} has input_dim={num_inputs}: pass inputs of shape "
+                f"(num_timesteps, {num_inputs})"
+            )
+        inputs_arr = _as_array(inputs, "inputs")
+        if inputs_arr.ndim < 2 or inputs_arr.shape[-2:] != (num_timesteps, num_inputs):
+            raise ValueError(
+                f"inputs must have shape [batch_shape +] ({num_timesteps}, {num_inputs}) to "
+                f"match y; got {tuple(inputs_arr.shape)}"
+            )
+        if inputs_arr.ndim > 2 and tuple(inputs_arr.shape[:-2]) != batch_shape:
+            raise ValueError(
+                f"inputs have batch shape {tuple(inputs_arr.shape[:-2])} but y has {batch_shape}"
+            )
+        if not _is_tracer(inputs_arr) and not np.all(np.isfinite(np.asarray(inputs_arr))):
+            raise ValueError("inputs contain non-finite values (inputs cannot be missing)")
+        inputs_arr = jnp.broadcast_to(
+            jnp.asarray(inputs_arr, float_dtype()), batch_shape + (num_timesteps, num_inputs)
+        )
+
+    flat = (int(np.prod(batch_shape, dtype=int)), num_timesteps)
+    return Prepared(
+        y=jnp.reshape(y_clean, flat + event_shape),
+        mask=jnp.reshape(jnp.asarray(mask_arr), flat + event_shape),
+        inputs=jnp.reshape(inputs_arr, flat + (num_inputs,)),
+        batch_shape=batch_shape,
+        num_timesteps=num_timesteps,
+    )
+
+
+def missing_mask(y):
+    """``True`` where ``y`` is finite: the mask to pass for data with NaN gaps.
+
+    Example:
+        >>> import numpy as np
+        >>> missing_mask(np.array([1.0, np.nan, 3.0]))
+        array([ True, False,  True])
+    """
+    return np.isfinite(np.asarray(y, float))
+
+
+def check_positive_int(value, name: str, minimum: int = 1) -> int:
+    """``value`` as an int, or a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)

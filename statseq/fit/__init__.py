@@ -1,0 +1,1 @@
+"""Fitting: free functions over any model with the needed capability."""

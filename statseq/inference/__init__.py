@@ -1,0 +1,1 @@
+"""Pure array maths for sequence models: no model objects, no fitting."""

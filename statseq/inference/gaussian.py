@@ -1,0 +1,102 @@
+"""Gaussian primitives with missing-data masks: conditioning, log-densities, Lyapunov.
+
+Pure array maths, shared by every model whose predictive is Gaussian (AR, linear Gaussian
+state space models). A *mask* marks observed entries with ``True``; masked entries are
+marginalized out exactly, never imputed.
+
+The device used throughout: for a Gaussian vector with covariance ``S`` and observed
+entries ``o``, replace ``S`` by ``S_tilde`` = ``S`` on the observed block, the identity on
+the missing diagonal and zero elsewhere, and set missing residuals to zero. Then
+``N(r; 0, S_tilde)`` equals the marginal density of the observed entries times
+``N(0; 0, 1)`` per missing entry, and ``S_tilde^{-1}`` acts as ``S_oo^{-1}`` on the observed
+entries, so conditioning and log-densities keep fixed shapes inside ``jit``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def symmetrize(a):
+    """``(A + A^T) / 2`` over the last two axes."""
+    return 0.5 * (a + jnp.swapaxes(a, -1, -2))
+
+
+def _masked_cov(cov, mask):
+    m = mask.astype(cov.dtype)
+    return cov * (m[:, None] * m[None, :]) + jnp.diag(1.0 - m)
+
+
+def masked_mvn_log_prob(y, mean, cov, mask):
+    """Log-density of the observed entries of ``y ~ N(mean, cov)``.
+
+    Args:
+        y: ``(dim,)`` values (missing entries may hold anything finite).
+        mean: ``(dim,)`` mean.
+        cov: ``(dim, dim)`` positive definite covariance.
+        mask: ``(dim,)`` booleans, ``True`` where observed.
+
+    Returns:
+        Scalar ``log N(y_o; mean_o, cov_oo)`` (0 when nothing is observed).
+    """
+    mask = jnp.asarray(mask, bool)
+    r = jnp.where(mask, y - mean, 0.0)
+    chol = jnp.linalg.cholesky(_masked_cov(cov, mask))
+    z = jsl.solve_triangular(chol, r, lower=True)
+    num_obs = jnp.sum(mask)
+    return (
+        -0.5 * jnp.sum(z**2)
+        - jnp.sum(jnp.where(mask, jnp.log(jnp.diagonal(chol)), 0.0))
+        - num_obs * _HALF_LOG_2PI
+    )
+
+
+def condition_on_leading(mean, cov, y, mask):
+    """Condition ``z ~ N(mean, cov)`` on the observed entries of its leading block.
+
+    With ``z = (y, x)`` where ``y = z[:dim_y]``, returns the mean and covariance of
+    ``z | y_o`` (the observed entries of ``y``). Observed entries of ``y`` become exact
+    (zero variance), missing ones keep their conditional distribution.
+
+    Args:
+        mean: ``(n,)`` joint mean.
+        cov: ``(n, n)`` joint covariance.
+        y: ``(dim_y,)`` observed values.
+        mask: ``(dim_y,)`` booleans.
+
+    Returns:
+        ``(mean_post, cov_post)`` with the shapes of ``mean`` and ``cov``.
+    """
+    dim_y = y.shape[0]
+    mask = jnp.asarray(mask, bool)
+    m = mask.astype(cov.dtype)
+    s_tilde = _masked_cov(cov[:dim_y, :dim_y], mask)
+    cross = cov[:, :dim_y] * m[None, :]
+    r = jnp.where(mask, y - mean[:dim_y], 0.0)
+    chol = jnp.linalg.cholesky(s_tilde)
+    # gain^T = S~^{-1} cross^T via two triangular solves
+    gain_t = jsl.cho_solve((chol, True), cross.T)
+    mean_post = mean + gain_t.T @ r
+    cov_post = symmetrize(cov - cross @ gain_t)
+    return mean_post, cov_post
+
+
+def solve_discrete_lyapunov(a, q):
+    """Solve ``P = A P A^T + Q`` by vectorization (for small state dimensions).
+
+    Args:
+        a: ``(n, n)`` with spectral radius below 1.
+        q: ``(n, n)`` symmetric.
+
+    Returns:
+        ``(n, n)`` symmetric solution ``P``.
+    """
+    n = a.shape[0]
+    lhs = jnp.eye(n * n, dtype=a.dtype) - jnp.kron(a, a)
+    p = jnp.linalg.solve(lhs, q.reshape(-1)).reshape(n, n)
+    return symmetrize(p)

