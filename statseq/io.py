@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.model import registered_models
-from statseq.core.params import param_names, validate_params
+from statseq.core.params import param_names, params_treedef, validate_params
 
 _FORMAT = "statseq-params"
 _FORMAT_VERSION = 1
@@ -104,8 +104,7 @@ def load(path: str | os.PathLike):
     if extra:
         raise ValueError(f"{path} has unexpected arrays {extra} for {cls.__name__}")
     leaves = [jnp.asarray(contents[f"param:{n}"]) for n in names]
-    _, tree = jax.tree.flatten(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x))
-    params = jax.tree.unflatten(tree, leaves)
+    params = jax.tree.unflatten(params_treedef(model), leaves)
     try:
         validate_params(model, params)
     except (TypeError, ValueError) as err:

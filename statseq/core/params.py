@@ -28,6 +28,16 @@ def _is_constraint(x) -> bool:
     return isinstance(x, constraints.Constraint)
 
 
+def is_shape(x) -> bool:
+    """Whether ``x`` is a shape tuple (a leaf of ``model.param_shapes()``)."""
+    return isinstance(x, tuple) and all(isinstance(i, int) for i in x)
+
+
+def params_treedef(model):
+    """The pytree structure of ``model``'s parameters."""
+    return jax.tree.structure(model.param_shapes(), is_leaf=is_shape)
+
+
 def _is_prior_leaf(x) -> bool:
     return x is None or isinstance(x, dist.Distribution)
 
@@ -86,7 +96,7 @@ def validate_priors(model, priors) -> None:
     """Check that ``priors`` matches the params structure and has distributions or None."""
     if priors is None:
         return
-    _, tree_p = jax.tree.flatten(model.param_shapes(), is_leaf=lambda x: isinstance(x, tuple))
+    tree_p = params_treedef(model)
     try:
         leaves = tree_p.flatten_up_to(priors)
     except (ValueError, TypeError) as err:
@@ -100,7 +110,6 @@ def validate_priors(model, priors) -> None:
 def validate_params(model, params) -> None:
     """Eagerly check the structure, shapes, finiteness and constraints of ``params``."""
     shapes = model.param_shapes()
-    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
     expected_leaves, tree = jax.tree.flatten(shapes, is_leaf=is_shape)
     try:
         leaves = tree.flatten_up_to(params)
@@ -130,7 +139,6 @@ def _leaf_names(tree, is_leaf) -> list[str]:
 
 def param_names(model) -> list[str]:
     """Dotted names of the parameter leaves, in pytree order."""
-    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
     return _leaf_names(model.param_shapes(), is_shape)
 
 
@@ -139,7 +147,6 @@ def num_free_params(model, trainable=None) -> int:
 
     A ``(D, D)`` covariance counts ``D (D + 1) / 2``, a simplex of ``K`` entries ``K - 1``.
     """
-    is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
     shapes, tree = jax.tree.flatten(model.param_shapes(), is_leaf=is_shape)
     cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
     if trainable is None:
