@@ -99,7 +99,9 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
     num_steps = check_positive_int(num_steps, "num_steps")
     num_samples = check_positive_int(num_samples, "num_samples")
     data = prepare_data(model, y, mask, inputs)
-    _, _, _, final = _filter_flat(model, params, data.y, data.mask, data.inputs)
+    _, _, _, final = _filter_flat(
+        model, params, data.y, data.mask, data.inputs, complete=data.complete
+    )
     u = _future_inputs(model, future_inputs, data.batch_shape, num_steps)
     num_seq = data.y.shape[0]
     keys = jax.random.split(key, (num_samples, num_seq))

@@ -17,6 +17,7 @@ class Prepared(NamedTuple):
     inputs: Any
     batch_shape: tuple[int, ...]
     num_timesteps: int
+    complete: bool = False  # known (eagerly) to have no masked entries
 
 
 def _is_tracer(x) -> bool:
@@ -159,6 +160,7 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
         inputs=jnp.reshape(inputs_arr, flat + (num_inputs,)),
         batch_shape=batch_shape,
         num_timesteps=num_timesteps,
+        complete=bool(mask is None or (not _is_tracer(mask_arr) and np.all(mask_arr))),
     )
 
 

@@ -67,11 +67,12 @@ def _split_validation(data, validation, key):
     jax.jit,
     static_argnames=(
         "model", "optimizer", "num_steps", "batch_size", "eval_every", "patience",
-        "progress_every",
+        "progress_every", "train_complete", "val_complete",
     ),
 )
 def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, key, *,
-                      num_steps, batch_size, eval_every, patience, progress_every):
+                      num_steps, batch_size, eval_every, patience, progress_every,
+                      train_complete=False, val_complete=False):
     y_tr, m_tr, u_tr = train
     num_train = y_tr.shape[0]
     scale = num_train / batch_size
@@ -79,14 +80,18 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
 
     def log_joint(up, idx):
         params = from_unconstrained(model, up)
-        lp, *_ = _filter_flat(model, params, y_tr[idx], m_tr[idx], u_tr[idx])
+        lp, *_ = _filter_flat(
+            model, params, y_tr[idx], m_tr[idx], u_tr[idx], complete=train_complete
+        )
         return scale * jnp.sum(lp) + log_prior(priors, params)
 
     def val_score(up):
         if val is None:
             return jnp.zeros((), dtype)
         y_va, m_va, u_va, scored = val
-        _, lps, _, _ = _filter_flat(model, from_unconstrained(model, up), y_va, m_va, u_va)
+        _, lps, _, _ = _filter_flat(
+            model, from_unconstrained(model, up), y_va, m_va, u_va, complete=val_complete
+        )
         return jnp.sum(jnp.where(scored, lps, 0.0))
 
     num_evals = max(1, num_steps // eval_every) if val is not None else 1
@@ -220,6 +225,8 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
             model, optimizer, uparams, trainable_arrays, priors, train, val, batch_key,
             num_steps=num_steps, batch_size=batch_size, eval_every=eval_every,
             patience=patience, progress_every=progress_every,
+            train_complete=bool(np.all(np.asarray(train[1]))),
+            val_complete=val is not None and bool(np.all(np.asarray(val[1]))),
         )
         i, up, trace, vtrace, best_up, best_val, stop = jax.block_until_ready(out)
     num_iter, stop = int(i), int(stop)
