@@ -1,0 +1,24 @@
+"""Every vignette runs top to bottom in fast smoke mode (STATSEQ_SMOKE=1)."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pytest
+
+VIGNETTES = sorted((Path(__file__).resolve().parents[1] / "vignettes").glob("*.py"))
+
+
+def test_there_are_vignettes():
+    assert VIGNETTES, "no vignettes found"
+
+
+@pytest.mark.parametrize("path", VIGNETTES, ids=[p.stem for p in VIGNETTES])
+def test_vignette_runs(path, monkeypatch):
+    monkeypatch.setenv("STATSEQ_SMOKE", "1")
+    monkeypatch.setattr(plt, "show", lambda *a, **k: None)
+    namespace = runpy.run_path(str(path), run_name="__main__")
+    plt.close("all")
+    assert namespace, f"{path.name} defined nothing"
