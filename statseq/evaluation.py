@@ -20,8 +20,8 @@ def num_params(model, trainable=None) -> int:
 def num_observations(model, y, *, mask=None) -> int:
     """Number of scalar observations that enter the likelihood (masked entries excluded).
 
-    For models that condition on leading values (e.g. a conditional AR(p)) these are
-    still counted here only if scored: see :func:`information_criteria`.
+    Leading steps a model conditions on (``model.num_conditioned_steps``) are counted
+    here; :func:`information_criteria` leaves them out.
     """
     data = prepare_data(model, y, mask)
     return int(np.sum(np.asarray(data.mask)))
@@ -41,10 +41,8 @@ def information_criteria(model, params, y, *, mask=None, inputs=None, trainable=
     res = _filter(model, params, y, mask=mask, inputs=inputs, return_carries=False)
     log_lik = float(jnp.sum(res.log_prob))
     data = prepare_data(model, y, mask, inputs)
-    event_size = int(np.prod(model.event_shape, dtype=int))
-    scored_steps = np.asarray(res.log_probs).reshape(-1, data.num_timesteps) != 0.0
-    obs = np.asarray(data.mask).reshape(-1, data.num_timesteps, event_size)
-    n = int(np.sum(obs & scored_steps[..., None]))
+    observed = np.asarray(data.mask)[:, model.num_conditioned_steps :]
+    n = int(np.sum(observed))
     k = num_params(model, trainable)
     return {
         "log_lik": log_lik,

@@ -28,8 +28,6 @@ import abc
 import dataclasses
 from typing import Any, ClassVar
 
-import jax.numpy as jnp
-
 Params = Any
 Carry = Any
 
@@ -109,14 +107,14 @@ class SequenceModel(abc.ABC):
     def update(self, params: Params, carry: Carry, y_t, mask_t, inputs_t) -> Carry:
         """The state after conditioning on the observed entries of ``y_t``."""
 
-    def scored(self, params: Params, carry: Carry):
-        """Whether the predictive at this step counts in the likelihood.
+    @property
+    def num_conditioned_steps(self) -> int:
+        """Leading time steps that are conditioned on rather than modelled.
 
-        ``False`` only for steps whose observation is conditioned on rather than modelled
-        (e.g. the first ``p`` values of a conditional AR(p) likelihood).
+        Their predictive log-densities are not part of the likelihood (0 in ``log_probs``),
+        e.g. the first ``p`` values of a conditional AR(p) likelihood. Default 0.
         """
-        del params, carry
-        return jnp.asarray(True)
+        return 0
 
     def validate_data(self, y, mask) -> None:
         """Model-specific checks on observed values (e.g. counts are non-negative)."""

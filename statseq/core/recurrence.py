@@ -35,15 +35,19 @@ def pairwise_sum(x, axis: int = -1):
 def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool):
     """Run the filter over one sequence; returns (log_probs, carries or None, final)."""
 
+    num_conditioned = model.num_conditioned_steps
+
     def step(carry, xs):
-        y_t, m_t, u_t = xs
+        t, y_t, m_t, u_t = xs
         d = model.predict(params, carry, u_t)
         lp = masked_log_prob(d, y_t, m_t)
-        lp = jnp.where(model.scored(params, carry), lp, 0.0)
+        if num_conditioned:
+            lp = jnp.where(t >= num_conditioned, lp, 0.0)
         new_carry = model.update(params, carry, y_t, m_t, u_t)
         return new_carry, (lp, new_carry if return_carries else None)
 
-    final, (log_probs, carries) = jax.lax.scan(step, carry0, (y, mask, inputs))
+    steps = jnp.arange(y.shape[0])
+    final, (log_probs, carries) = jax.lax.scan(step, carry0, (steps, y, mask, inputs))
     return log_probs, carries, final
 
 

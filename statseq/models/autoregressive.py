@@ -57,7 +57,7 @@ class ARCarry(NamedTuple):
 
     mean: jax.Array  # (order * dim,)
     cov: jax.Array  # (order * dim, order * dim)
-    step: jax.Array  # number of time steps seen
+    step: jax.Array  # number of time steps seen (for diagnostics)
 
 
 @register_model
@@ -199,10 +199,9 @@ class AR(SequenceModel):
         # the new window drops the oldest lag
         return ARCarry(mean=post_mean[:n], cov=post_cov[:n, :n], step=carry.step + 1)
 
-    def scored(self, params, carry):
-        if self.initial == "stationary":
-            return jnp.asarray(True)
-        return carry.step >= self.order
+    @property
+    def num_conditioned_steps(self) -> int:
+        return self.order if self.initial == "conditional" else 0
 
     # ---- fast path for complete data ---------------------------------------------------
     def complete_data_log_probs(self, params, y, inputs):
