@@ -20,7 +20,7 @@ from statseq.core.params import (  # noqa: E402
 )
 from statseq.core.recurrence import filter, log_prob, sample  # noqa: E402, A004
 from statseq.core.results import FilterResult, FitResult  # noqa: E402
-from statseq.core.validation import missing_mask  # noqa: E402
+from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 from statseq.evaluation import information_criteria, log_score, num_params  # noqa: E402
 from statseq.fit.sgd import fit_sgd  # noqa: E402
 from statseq.forecast import Forecast, forecast  # noqa: E402
@@ -49,6 +49,7 @@ __all__ = [
     "log_prob",
     "log_score",
     "missing_mask",
+    "pad_sequences",
     "num_free_params",
     "num_params",
     "plot_forecast",

@@ -53,17 +53,48 @@ def information_criteria(model, params, y, *, mask=None, inputs=None, trainable=
     }
 
 
-def log_score(model, params, y_train, y_test, *, inputs_train=None, inputs_test=None) -> float:
-    """Held-out log predictive density ``log p(y_test | y_train)`` (one sequence).
+def log_score(model, params, y_train, y_test, *, mask_train=None, mask_test=None,
+              inputs_train=None, inputs_test=None):
+    """Held-out log predictive density ``log p(y_test | y_train)``.
 
     Computed exactly by filtering the concatenated series and summing the one-step
-    predictive log-densities over the test steps, i.e. a rolling one-step-ahead score
-    that conditions on each observed test value as it arrives.
+    predictive log-densities over the test steps,
+
+        log p(y_test | y_train) = sum_{t in test} log p(y_t | y_{<t}),
+
+    a rolling one-step-ahead score that conditions on each test value as it arrives.
+    Missing values (masks) are marginalized in both parts.
+
+    Args:
+        model, params: the fitted model.
+        y_train: ``batch_shape + (T_train,) + event_shape`` history.
+        y_test: ``batch_shape + (T_test,) + event_shape`` held-out continuation.
+        mask_train, mask_test: optional masks of the two parts.
+        inputs_train, inputs_test: covariates of the two parts, if the model takes them.
+
+    Returns:
+        A float for one sequence, else an array of shape ``batch_shape``.
     """
     y_train, y_test = np.asarray(y_train), np.asarray(y_test)
-    y_all = np.concatenate([y_train, y_test], axis=0)
+    time_axis = y_train.ndim - 1 - len(model.event_shape)
+    if time_axis < 0 or y_test.ndim != y_train.ndim:
+        raise ValueError(
+            f"y_train {y_train.shape} and y_test {y_test.shape} must both have shape "
+            f"batch_shape + (num_timesteps,) + {tuple(model.event_shape)}"
+        )
+    y_all = np.concatenate([y_train, y_test], axis=time_axis)
+    mask = None
+    if mask_train is not None or mask_test is not None:
+        mt = np.ones(y_train.shape, bool) if mask_train is None else np.asarray(mask_train)
+        ms = np.ones(y_test.shape, bool) if mask_test is None else np.asarray(mask_test)
+        if mt.ndim != ms.ndim:
+            raise ValueError("mask_train and mask_test must both be per step or both per entry")
+        mask = np.concatenate([mt, ms], axis=time_axis)
     inputs = None
     if model.num_inputs:
-        inputs = np.concatenate([np.asarray(inputs_train), np.asarray(inputs_test)], axis=0)
-    res = _filter(model, params, y_all, inputs=inputs)
-    return float(jnp.sum(res.log_probs[y_train.shape[0] :]))
+        if inputs_train is None or inputs_test is None:
+            raise ValueError("this model takes inputs: pass inputs_train and inputs_test")
+        inputs = np.concatenate([np.asarray(inputs_train), np.asarray(inputs_test)], axis=-2)
+    res = _filter(model, params, y_all, mask=mask, inputs=inputs)
+    score = jnp.sum(res.log_probs[..., y_train.shape[time_axis] :], axis=-1)
+    return float(score) if score.ndim == 0 else score

@@ -175,6 +175,42 @@ def missing_mask(y):
     return np.isfinite(np.asarray(y, float))
 
 
+def pad_sequences(sequences, *, pad_value=0.0):
+    """Stack sequences of different lengths into a padded batch and its mask.
+
+    Args:
+        sequences: a list of arrays of shape ``(num_timesteps_i,) + event_shape``.
+        pad_value: value written into the padding (it is never read: the mask hides it).
+
+    Returns:
+        ``(y, mask)``: ``y`` of shape ``(num_sequences, max_timesteps) + event_shape`` and
+        per-step booleans ``mask`` of shape ``(num_sequences, max_timesteps)``.
+
+    Example:
+        >>> y, mask = pad_sequences([np.ones(3), np.ones(2)])
+        >>> y.shape, mask.sum(axis=1).tolist()
+        ((2, 3), [3, 2])
+    """
+    arrays = [np.asarray(s) for s in sequences]
+    if not arrays:
+        raise ValueError("sequences is empty")
+    event_shapes = {a.shape[1:] for a in arrays}
+    if len(event_shapes) != 1 or any(a.ndim < 1 for a in arrays):
+        raise ValueError(
+            f"every sequence must have shape (num_timesteps,) + event_shape with one common "
+            f"event shape; got shapes {[a.shape for a in arrays]}"
+        )
+    (event_shape,) = event_shapes
+    max_len = max(a.shape[0] for a in arrays)
+    dtype = np.result_type(*arrays)
+    y = np.full((len(arrays), max_len) + event_shape, pad_value, dtype=dtype)
+    mask = np.zeros((len(arrays), max_len), bool)
+    for i, a in enumerate(arrays):
+        y[i, : a.shape[0]] = a
+        mask[i, : a.shape[0]] = True
+    return y, mask
+
+
 def check_positive_int(value, name: str, minimum: int = 1) -> int:
     """``value`` as an int, or a ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
