@@ -77,10 +77,10 @@ class AR(SequenceModel):
             requires ``input_dim == 0``).
 
     Example:
-        >>> import jax, statseq as ss
-        >>> y = ss.datasets.load_lynx()
+        >>> import numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
         >>> model = ss.AR(order=2)
-        >>> params = model.fit_least_squares(np.log10(y.to_numpy()))
+        >>> params = model.fit_least_squares(y)
         >>> float(params.coeffs[0, 0, 0]) > 1.0
         True
     """
