@@ -99,6 +99,11 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
     num_steps = check_positive_int(num_steps, "num_steps")
     num_samples = check_positive_int(num_samples, "num_samples")
     data = prepare_data(model, y, mask, inputs)
+    if data.num_timesteps < model.num_conditioned_steps:
+        raise ValueError(
+            f"{type(model).__name__} conditions on its first {model.num_conditioned_steps} "
+            f"values, so a forecast needs at least that many; y has {data.num_timesteps}"
+        )
     _, _, _, final = _filter_flat(
         model, params, data.y, data.mask, data.inputs, complete=data.complete
     )

@@ -76,6 +76,10 @@ class AR(SequenceModel):
             ``"stationary"`` (exact likelihood; pre-sample values from the stationary law;
             requires ``input_dim == 0``).
 
+    With ``initial="conditional"`` the model says nothing about the first ``p`` values:
+    :func:`statseq.sample` then starts from pre-sample values of zero, while
+    ``"stationary"`` draws them from the stationary law.
+
     Example:
         >>> import numpy as np, statseq as ss
         >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
