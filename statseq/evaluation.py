@@ -66,11 +66,14 @@ def log_score(model, params, y_train, y_test, *, mask_train=None, mask_test=None
     Missing values (masks) are marginalized in both parts.
 
     Args:
-        model, params: the fitted model.
+        model: the fitted model.
+        params: its parameters.
         y_train: ``batch_shape + (T_train,) + event_shape`` history.
         y_test: ``batch_shape + (T_test,) + event_shape`` held-out continuation.
-        mask_train, mask_test: optional masks of the two parts.
-        inputs_train, inputs_test: covariates of the two parts, if the model takes them.
+        mask_train: optional mask of the history.
+        mask_test: optional mask of the held-out part.
+        inputs_train: covariates of the history, if the model takes them.
+        inputs_test: covariates of the held-out part.
 
     Returns:
         A float for one sequence, else an array of shape ``batch_shape``.

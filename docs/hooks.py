@@ -1,0 +1,167 @@
+"""MkDocs hooks for the statseq site (referenced from ``hooks:`` in ``mkdocs.yml``).
+
+The vignettes live in ``vignettes/*.py`` at the repository root (jupytext percent format, so
+they are plain Python that ruff and the tests can read). MkDocs only sees files inside
+``docs_dir``, so this hook adds every vignette to the build as if it were
+``docs/vignettes/<name>.py``; mkdocs-jupyter then executes and renders it. It also
+
+* generates ``vignettes/index.md``, a page listing every vignette with its title;
+* fills the ``Vignettes`` section of the nav (left empty in ``mkdocs.yml``) with the overview
+  page and one entry per vignette, so a new vignette needs no edit to ``mkdocs.yml``;
+* makes sure vignettes execute in full mode with inline figures: ``STATSEQ_SMOKE`` is removed
+  from the environment (the tests set it to run vignettes quickly), and ``MPLBACKEND`` is
+  removed so that ipykernel installs its inline backend (CI sets ``MPLBACKEND=Agg``, which
+  would otherwise suppress every figure);
+* renders TeX math (``$...$`` and ``$$...$$`` in prose, never inside code) to SVG images at
+  build time with matplotlib's mathtext, so equations display without MathJax or any other
+  script fetched from a CDN. TeX that mathtext cannot parse is left as written (logged).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import io
+import logging
+import os
+import re
+from pathlib import Path
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File, Files
+
+log = logging.getLogger("mkdocs.hooks.statseq")
+
+VIGNETTE_DIR = "vignettes"
+_TITLE = re.compile(r"^#\s+#\s+(.+?)\s*$")
+
+
+def _repo_root(config) -> Path:
+    return Path(config["config_file_path"]).resolve().parent
+
+
+def _vignettes(config) -> list[Path]:
+    return sorted((_repo_root(config) / VIGNETTE_DIR).glob("*.py"))
+
+
+def _title(path: Path) -> str:
+    """The first ``# # Heading`` of a jupytext percent-format file, else the file name."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = _TITLE.match(line)
+        if match:
+            return match.group(1)
+    return path.stem.replace("_", " ")
+
+
+def on_config(config):
+    # Vignettes render in full mode, with figures.
+    os.environ.pop("STATSEQ_SMOKE", None)
+    os.environ.pop("MPLBACKEND", None)
+
+    vignettes = _vignettes(config)
+    entries = [{"Overview": f"{VIGNETTE_DIR}/index.md"}]
+    entries += [{_title(p): f"{VIGNETTE_DIR}/{p.name}"} for p in vignettes]
+    for item in config["nav"] or []:
+        if isinstance(item, dict) and "Vignettes" in item:
+            item["Vignettes"] = entries
+    return config
+
+
+# Run before mkdocs-jupyter's on_files (default priority 0), which wraps the notebook files.
+@event_priority(50)
+def on_files(files: Files, config) -> Files:
+    root = _repo_root(config)
+    vignettes = _vignettes(config)
+    for path in vignettes:
+        uri = f"{VIGNETTE_DIR}/{path.name}"
+        if files.get_file_from_path(uri) is None:
+            files.append(
+                File(
+                    uri,
+                    src_dir=str(root),
+                    dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"],
+                )
+            )
+    lines = [
+        "# Vignettes",
+        "",
+        "Worked examples, executed when the documentation is built. Each is a "
+        "[jupytext](https://jupytext.readthedocs.io) percent-format Python file in "
+        "`vignettes/`: run it as a script, open it as a notebook in Jupyter, or read it here.",
+        "",
+    ]
+    if vignettes:
+        lines += [f"- [{_title(p)}]({p.name})" for p in vignettes]
+    else:
+        lines.append("No vignettes yet.")
+    files.append(
+        File.generated(config, f"{VIGNETTE_DIR}/index.md", content="\n".join(lines) + "\n")
+    )
+    return files
+
+
+# ---- TeX math to SVG, offline ------------------------------------------------------------
+
+_MATH_FONT_SIZE = 16.0  # mathtext units per em of the surrounding text
+_SKIP = re.compile(r"(<(pre|code|script|style|textarea|svg)\b.*?</\2\s*>)", re.S | re.I)
+_DISPLAY = re.compile(r"\$\$([^$<>]+?)\$\$")
+_INLINE = re.compile(r"(?<![\\$\w])\$(?![\s$])([^$<>\n]+?)(?<![\s\\])\$(?![\w$])")
+
+
+@functools.cache
+def _tex_to_img(tex: str, display: bool) -> str | None:
+    """An ``<img>`` holding ``tex`` rendered by matplotlib mathtext, or None if unsupported."""
+    import matplotlib
+    from matplotlib import mathtext
+    from matplotlib.font_manager import FontProperties
+
+    source = "$" + " ".join(tex.split()) + "$"
+    prop = FontProperties(size=_MATH_FONT_SIZE)
+    rc = {"mathtext.fontset": "cm", "svg.fonttype": "path", "svg.hashsalt": "statseq"}
+    try:
+        with matplotlib.rc_context(rc):
+            width, height, depth, *_ = mathtext.MathTextParser("path").parse(
+                source, dpi=72, prop=prop
+            )
+            buf = io.BytesIO()
+            mathtext.math_to_image(source, buf, prop=prop, dpi=72, format="svg")
+    except Exception as err:  # any parse failure leaves the TeX as written
+        log.info("math left as TeX (mathtext cannot render %r: %s)", tex, str(err).strip())
+        return None
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    em = _MATH_FONT_SIZE
+    style = f"height:{height / em:.3f}em;width:{width / em:.3f}em"
+    if not display:
+        style += f";vertical-align:{-depth / em:.3f}em"
+    cls = "ss-math ss-math--display" if display else "ss-math"
+    return (
+        f'<img class="{cls}" style="{style}" alt="{html.escape(tex.strip())}" '
+        f'src="data:image/svg+xml;base64,{data}">'
+    )
+
+
+def _render_math(text: str) -> str:
+    def display(m):
+        img = _tex_to_img(html.unescape(m.group(1)), True)
+        return m.group(0) if img is None else f'<span class="ss-math-block">{img}</span>'
+
+    def inline(m):
+        img = _tex_to_img(html.unescape(m.group(1)), False)
+        return m.group(0) if img is None else img
+
+    return _INLINE.sub(inline, _DISPLAY.sub(display, text))
+
+
+def on_page_content(html_content: str, page, config, files) -> str:
+    if "$" not in html_content:
+        return html_content
+    parts = _SKIP.split(html_content)
+    # re.split with two groups yields [text, whole_match, tag_name, text, ...]
+    out = []
+    for i in range(0, len(parts), 3):
+        out.append(_render_math(parts[i]))
+        if i + 1 < len(parts):
+            out.append(parts[i + 1])
+    return "".join(out)
