@@ -70,7 +70,8 @@ def _split_validation(data, validation, key):
         "progress_every", "train_complete", "val_complete",
     ),
 )
-def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, key, *,
+def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, key,
+                      clip_norm, *,
                       num_steps, batch_size, eval_every, patience, progress_every,
                       train_complete=False, val_complete=False):
     y_tr, m_tr, u_tr = train
@@ -97,7 +98,7 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
     num_evals = max(1, num_steps // eval_every) if val is not None else 1
 
     def body(state):
-        i, up, opt_state, trace, vtrace, best_up, best_val, bad, stop = state
+        i, up, good_up, opt_state, trace, vtrace, best_up, best_val, bad, stop = state
         if batch_size < num_train:
             idx = jax.random.choice(
                 jax.random.fold_in(key, i), num_train, (batch_size,), replace=False
@@ -109,6 +110,11 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
         finite = jnp.isfinite(value) & jnp.all(
             jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
         )
+        # the last parameters whose objective was finite are what a diverged fit returns
+        good_up = jax.tree.map(lambda u, g: jnp.where(finite, u, g), up, good_up)
+        grad_norm = optax.global_norm(grads)
+        shrink = jnp.minimum(1.0, clip_norm / jnp.maximum(grad_norm, 1e-30))
+        grads = jax.tree.map(lambda g: g * shrink, grads)
         updates, new_opt = optimizer.update(grads, opt_state, up)
         new_up = optax.apply_updates(up, updates)
         new_up = jax.tree.map(lambda n, o, t: jnp.where(t & finite, n, o), new_up, up, trainable)
@@ -137,19 +143,22 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
                 finite & ((i + 1) % eval_every == 0),
                 evaluate, lambda c: c, (vtrace, best_up, best_val, bad, stop),
             )
-        return i + 1, new_up, new_opt, trace, vtrace, best_up, best_val, bad, stop
+        return i + 1, new_up, good_up, new_opt, trace, vtrace, best_up, best_val, bad, stop
 
     def cond(state):
         i, *_, stop = state
         return (i < num_steps) & (stop == _STOP_NONE)
 
     init = (
-        jnp.zeros((), jnp.int32), uparams, optimizer.init(uparams),
+        jnp.zeros((), jnp.int32), uparams, uparams, optimizer.init(uparams),
         jnp.full((num_steps,), jnp.nan, dtype), jnp.full((num_evals,), jnp.nan, dtype),
         uparams, jnp.asarray(-jnp.inf, dtype), jnp.zeros((), jnp.int32),
         jnp.asarray(_STOP_NONE, jnp.int32),
     )
-    i, up, _, trace, vtrace, best_up, best_val, _, stop = jax.lax.while_loop(cond, body, init)
+    i, up, good_up, _, trace, vtrace, best_up, best_val, _, stop = jax.lax.while_loop(
+        cond, body, init
+    )
+    up = jax.tree.map(lambda u, g: jnp.where(stop == _STOP_NONFINITE, g, u), up, good_up)
     return i, up, trace, vtrace, best_up, best_val, stop
 
 
@@ -210,19 +219,20 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     batch_size = check_positive_int(batch_size, "batch_size")
     if batch_size > num_train:
         raise ValueError(f"batch_size={batch_size} exceeds the {num_train} training sequences")
-    eval_every = check_positive_int(eval_every or max(1, num_steps // 100), "eval_every")
-    patience = check_positive_int(patience or 10, "patience")
-    if clip_norm is not None:
-        if not clip_norm > 0:
-            raise ValueError(f"clip_norm must be positive, got {clip_norm}")
-        optimizer = optax.chain(optax.clip_by_global_norm(float(clip_norm)), optimizer)
+    eval_every = check_positive_int(
+        max(1, num_steps // 100) if eval_every is None else eval_every, "eval_every"
+    )
+    patience = check_positive_int(10 if patience is None else patience, "patience")
+    if clip_norm is not None and not float(clip_norm) > 0:
+        raise ValueError(f"clip_norm must be positive, got {clip_norm}")
+    clip = jnp.asarray(jnp.inf if clip_norm is None else float(clip_norm), float_dtype())
     mask_tree = trainable_mask(params, trainable)
     trainable_arrays = jax.tree.map(jnp.asarray, mask_tree)
     uparams = to_unconstrained(model, params)
     progress_every = _progress.update_every(num_steps) if progress else 0
     with _progress.progress_bar(num_steps, f"fit_sgd {type(model).__name__}", progress):
         out = _fit_sgd_compiled(
-            model, optimizer, uparams, trainable_arrays, priors, train, val, batch_key,
+            model, optimizer, uparams, trainable_arrays, priors, train, val, batch_key, clip,
             num_steps=num_steps, batch_size=batch_size, eval_every=eval_every,
             patience=patience, progress_every=progress_every,
             train_complete=bool(np.all(np.asarray(train[1]))),
@@ -242,7 +252,10 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     vtrace = np.asarray(vtrace)
     keep = np.isfinite(vtrace) if val is not None else np.zeros(vtrace.shape, bool)
     return FitResult(
-        params=from_unconstrained(model, final_up),
+        params=jax.tree.map(  # frozen leaves come back exactly as given
+            lambda fitted, given, t: fitted if t else given,
+            from_unconstrained(model, final_up), params, mask_tree,
+        ),
         log_joint=np.asarray(trace),
         num_iterations=num_iter,
         converged=stop == _STOP_EARLY,
