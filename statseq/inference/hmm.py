@@ -37,6 +37,7 @@ or the code that calls them, in :func:`jax.jit`.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, NamedTuple
 
 import jax
@@ -338,6 +339,12 @@ def hmm_smoother_by_gradient(
     entries need no logarithm. It agrees with :func:`hmm_smoother` to rounding error and
     shows that backpropagation through the forward recursion *is* the backward pass.
 
+    For a fixed matrix, reverse mode accumulates the summed counts as a plain running sum
+    over time steps; in float32 over 10^6 steps that costs about 1e-3 relative error in
+    ``expected_transitions`` (:func:`hmm_smoother` uses compensated summation and keeps
+    about 1e-7). For a time-varying matrix the per-step counts are summed as a balanced
+    tree.
+
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
         transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
@@ -471,8 +478,11 @@ def hmm_predict_states(filtered_last_probs, transition_matrix, num_steps: int):
     Returns:
         ``(num_steps, K)``; row ``h - 1`` is the distribution ``h`` steps ahead.
     """
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+    if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral):
         raise ValueError(f"num_steps must be a positive int; got {num_steps!r}")
+    num_steps = int(num_steps)
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int; got {num_steps}")
     probs, trans = jnp.asarray(filtered_last_probs), jnp.asarray(transition_matrix)
     dtype = _float_dtype(probs, trans)
     probs, trans = probs.astype(dtype), trans.astype(dtype)
