@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.params import validate_params
-from statseq.core.recurrence import _filter_flat, _future_inputs, _sample_from
+from statseq.core.recurrence import _future_inputs, _sample_from, run_filter
 from statseq.core.validation import check_positive_int, prepare_data
 
 
@@ -104,7 +104,7 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
             f"{type(model).__name__} conditions on its first {model.num_conditioned_steps} "
             f"values, so a forecast needs at least that many; y has {data.num_timesteps}"
         )
-    _, _, _, final = _filter_flat(
+    _, _, _, final = run_filter(
         model, params, data.y, data.mask, data.inputs, complete=data.complete
     )
     u = _future_inputs(model, future_inputs, data.batch_shape, num_steps)

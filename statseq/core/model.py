@@ -28,6 +28,8 @@ import abc
 import dataclasses
 from typing import Any, ClassVar
 
+from statseq.core.distributions import masked_log_prob
+
 Params = Any
 Carry = Any
 
@@ -107,6 +109,18 @@ class SequenceModel(abc.ABC):
     def update(self, params: Params, carry: Carry, y_t, mask_t, inputs_t) -> Carry:
         """The state after conditioning on the observed entries of ``y_t``."""
 
+    def step(self, params: Params, carry: Carry, y_t, mask_t, inputs_t):
+        """One filter step: ``(log p(observed y_t | past), carry after y_t)``.
+
+        The default predicts, scores the observed entries with
+        :func:`statseq.core.distributions.masked_log_prob` and updates. Models override it
+        when scoring and updating share work (an HMM's emission log-likelihoods, a Kalman
+        filter's innovation); the contract test checks an override against the default.
+        """
+        d = self.predict(params, carry, inputs_t)
+        log_prob = masked_log_prob(d, y_t, mask_t)
+        return log_prob, self.update(params, carry, y_t, mask_t, inputs_t)
+
     @property
     def num_conditioned_steps(self) -> int:
         """Leading time steps that are conditioned on rather than modelled.
@@ -116,6 +130,6 @@ class SequenceModel(abc.ABC):
         """
         return 0
 
-    def validate_data(self, y, mask) -> None:
+    def validate_data(self, y, mask) -> None:  # noqa: B027 - optional hook
         """Model-specific checks on observed values (e.g. counts are non-negative)."""
         del y, mask

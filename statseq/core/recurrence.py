@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from statseq.core.distributions import masked_log_prob
 from statseq.core.params import validate_params
 from statseq.core.results import FilterResult
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
@@ -39,11 +38,9 @@ def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool):
 
     def step(carry, xs):
         t, y_t, m_t, u_t = xs
-        d = model.predict(params, carry, u_t)
-        lp = masked_log_prob(d, y_t, m_t)
+        lp, new_carry = model.step(params, carry, y_t, m_t, u_t)
         if num_conditioned:
             lp = jnp.where(t >= num_conditioned, lp, 0.0)
-        new_carry = model.update(params, carry, y_t, m_t, u_t)
         return new_carry, (lp, new_carry if return_carries else None)
 
     steps = jnp.arange(y.shape[0])
@@ -66,6 +63,17 @@ def _filter_flat(model, params, y, mask, inputs, return_carries=False, complete=
     run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries)
     log_probs, carries, final = jax.vmap(run)(y, mask, inputs)
     return pairwise_sum(log_probs), log_probs, carries, final
+
+
+def run_filter(model, params, y, mask, inputs, *, complete, return_carries=False):
+    """Call the compiled filter with every static argument spelled out.
+
+    ``jax.jit`` keys its cache on static arguments *as passed*, so every caller goes
+    through here to share one compiled program per (model, shapes, options).
+    """
+    return _filter_flat(
+        model, params, y, mask, inputs, return_carries=return_carries, complete=complete
+    )
 
 
 def _unflatten(tree, batch_shape):
@@ -102,9 +110,9 @@ def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) ->
     """
     validate_params(model, params)
     data = prepare_data(model, y, mask, inputs)
-    total, log_probs, carries, final = _filter_flat(
-        model, params, data.y, data.mask, data.inputs, return_carries=return_carries,
-        complete=data.complete,
+    total, log_probs, carries, final = run_filter(
+        model, params, data.y, data.mask, data.inputs, complete=data.complete,
+        return_carries=return_carries,
     )
     bs = data.batch_shape
     return FilterResult(

@@ -28,7 +28,7 @@ from statseq.core.params import (
     validate_params,
     validate_priors,
 )
-from statseq.core.recurrence import _filter_flat
+from statseq.core.recurrence import run_filter
 from statseq.core.results import FitResult
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.fit import _progress
@@ -81,7 +81,7 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
 
     def log_joint(up, idx):
         params = from_unconstrained(model, up)
-        lp, *_ = _filter_flat(
+        lp, *_ = run_filter(
             model, params, y_tr[idx], m_tr[idx], u_tr[idx], complete=train_complete
         )
         return scale * jnp.sum(lp) + log_prior(priors, params)
@@ -90,7 +90,7 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
         if val is None:
             return jnp.zeros((), dtype)
         y_va, m_va, u_va, scored = val
-        _, lps, _, _ = _filter_flat(
+        _, lps, _, _ = run_filter(
             model, from_unconstrained(model, up), y_va, m_va, u_va, complete=val_complete
         )
         return jnp.sum(jnp.where(scored, lps, 0.0))
