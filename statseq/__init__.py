@@ -22,10 +22,17 @@ from statseq.core.recurrence import filter, log_prob, sample  # noqa: E402, A004
 from statseq.core.results import FilterResult, FitResult  # noqa: E402
 from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 from statseq.evaluation import information_criteria, log_score, num_params  # noqa: E402
+from statseq.fit.em import fit_em  # noqa: E402
 from statseq.fit.sgd import fit_sgd  # noqa: E402
 from statseq.forecast import Forecast, forecast  # noqa: E402
 from statseq.io import load, save  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
+from statseq.models.hmm import (  # noqa: E402
+    CategoricalHMM,
+    HMMParams,
+    PoissonHMM,
+    TransitionRegression,
+)
 from statseq.plotting import plot_forecast, plot_traces  # noqa: E402
 
 __version__ = "0.1.0"
@@ -33,6 +40,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AR",
     "ARParams",
+    "CategoricalHMM",
+    "HMMParams",
+    "PoissonHMM",
+    "TransitionRegression",
+    "fit_em",
     "FilterResult",
     "FitResult",
     "Forecast",

@@ -1,0 +1,462 @@
+"""Hidden Markov models as RNNs: the carry is the normalized forward message.
+
+    z_1 ~ pi,    z_t | z_{t-1} ~ A_t[z_{t-1}, :],    y_t | z_t = k ~ p(y_t | theta_k).
+
+The carry after step ``t`` is the filtered state distribution ``p(z_t | y_{<=t})``; the
+one-step predictive is the mixture ``sum_k alpha_t(k) p(y_t | theta_k)`` with
+``alpha_t = p(z_t | y_{<t})`` (the normalized forward message, the hidden state of the
+HMM read as a recurrent network). Transitions are either a fixed matrix or a softmax
+regression on inputs ``u_t`` (``A_t[i, :] = softmax(b_i + W_i u_t)``, the GLM-HMM), and the
+initial distribution is either free or the stationary distribution of ``A`` (chosen
+explicitly with ``initial``).
+
+Concrete families (Poisson, categorical, Gaussian, ...) subclass :class:`HMMBase` and
+implement only the emission methods; inference (filter, smoother, Viterbi, sampling) comes
+from :mod:`statseq.inference.hmm`, EM from :func:`statseq.fit_em`.
+"""
+
+from __future__ import annotations
+
+import abc
+from functools import partial
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+
+from statseq.core.model import SequenceModel
+from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.inference import hmm as hmm_seq
+from statseq.inference import hmm_parallel
+
+
+class TransitionRegression(NamedTuple):
+    """Input-driven transitions ``A_t[i, :] = softmax(bias[i] + weights[i] @ u_t)``.
+
+    Attributes:
+        weights: ``(num_states, num_states, input_dim)``.
+        bias: ``(num_states, num_states)``.
+    """
+
+    weights: jax.Array
+    bias: jax.Array
+
+
+class HMMParams(NamedTuple):
+    """Parameters of an HMM.
+
+    Attributes:
+        initial_probs: ``(num_states,)`` simplex, or ``None`` when ``initial="stationary"``.
+        transitions: ``(num_states, num_states)`` row-stochastic matrix, or a
+            :class:`TransitionRegression` when the model has inputs.
+        emissions: the emission family's parameters.
+    """
+
+    initial_probs: Any
+    transitions: Any
+    emissions: Any
+
+
+class HMMCarry(NamedTuple):
+    """``probs``: filtered ``p(z_{t-1} | y_{<t})``, or the initial law before any step."""
+
+    probs: jax.Array
+    started: jax.Array
+
+
+def stationary_distribution(transition_matrix):
+    """The stationary law ``pi = pi A`` of an irreducible row-stochastic matrix ``(K, K)``."""
+    k = transition_matrix.shape[-1]
+    m = transition_matrix.T - jnp.eye(k, dtype=transition_matrix.dtype)
+    m = m.at[-1].set(1.0)
+    pi = jnp.linalg.solve(m, jnp.zeros((k,), m.dtype).at[-1].set(1.0))
+    pi = jnp.clip(pi, 0.0, None)
+    return pi / jnp.sum(pi)
+
+
+def use_parallel(parallel: bool | None) -> bool:
+    """``parallel=None`` picks by backend: associative scans on GPU/TPU, ``lax.scan`` on CPU."""
+    if parallel is None:
+        return jax.default_backend() != "cpu"
+    return bool(parallel)
+
+
+class HMMBase(SequenceModel):
+    """Shared machinery of every HMM family; subclasses implement the emission methods.
+
+    Subclass fields must include ``num_states``, ``initial`` (``"free"`` or
+    ``"stationary"``) and ``input_dim`` (0 for fixed transitions).
+    """
+
+    supports_partial_mask: ClassVar[bool] = True
+    num_states: int
+    initial: str
+    input_dim: int
+
+    def _check_hmm_config(self):
+        check_positive_int(self.num_states, "num_states")
+        check_positive_int(self.input_dim, "input_dim", minimum=0)
+        if self.initial not in ("free", "stationary"):
+            raise ValueError(f"initial must be 'free' or 'stationary', got {self.initial!r}")
+        if self.initial == "stationary" and self.input_dim:
+            raise ValueError(
+                "initial='stationary' needs fixed transitions; with input-driven transitions "
+                "use initial='free'"
+            )
+
+    # ---- emission interface (per family) ---------------------------------------------
+    @abc.abstractmethod
+    def emission_shapes(self) -> Any:
+        """Shapes of the emission parameters (a NamedTuple of tuples)."""
+
+    @abc.abstractmethod
+    def emission_constraints(self) -> Any:
+        """numpyro constraints of the emission parameters."""
+
+    @abc.abstractmethod
+    def emission_log_likelihoods(self, emissions, y_t, mask_t):
+        """``(num_states,)`` ``log p(observed y_t | z_t = k)``; 0 where nothing is observed."""
+
+    @abc.abstractmethod
+    def emission_distribution(self, emissions):
+        """numpyro distribution with ``batch_shape == (num_states,)`` (for sampling)."""
+
+    def emission_suff_stats(self, y, mask, weights):  # pragma: no cover - per family
+        """Weighted sufficient statistics for the M-step (``weights``: ``(N, T, K)``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form emission M-step")
+
+    def emission_m_step(self, emissions, stats, prior):  # pragma: no cover - per family
+        """Closed-form (MAP) emission update from the summed statistics."""
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form emission M-step")
+
+    # ---- parameters -------------------------------------------------------------------
+    def param_shapes(self) -> HMMParams:
+        k = self.num_states
+        if self.input_dim:
+            transitions = TransitionRegression((k, k, self.input_dim), (k, k))
+        else:
+            transitions = (k, k)
+        initial = (k,) if self.initial == "free" else None
+        return HMMParams(initial, transitions, self.emission_shapes())
+
+    def param_constraints(self) -> HMMParams:
+        if self.input_dim:
+            transitions = TransitionRegression(constraints.real, constraints.real)
+        else:
+            transitions = constraints.simplex
+        initial = constraints.simplex if self.initial == "free" else None
+        return HMMParams(initial, transitions, self.emission_constraints())
+
+    def initial_probs(self, params):
+        """``p(z_1)``: the free initial law, or the stationary law of the transitions."""
+        if self.initial == "stationary":
+            return stationary_distribution(params.transitions)
+        return params.initial_probs
+
+    def transition_matrix(self, params, inputs_t):
+        """``(K, K)`` transition matrix into the step whose inputs are ``inputs_t``."""
+        if self.input_dim:
+            reg = params.transitions
+            return jax.nn.softmax(reg.bias + reg.weights @ inputs_t, axis=-1)
+        return params.transitions
+
+    def transition_matrices(self, params, inputs):
+        """Transitions for one sequence: ``(K, K)`` if fixed, else ``(T - 1, K, K)``."""
+        if self.input_dim:
+            return jax.vmap(lambda u: self.transition_matrix(params, u))(inputs[1:])
+        return params.transitions
+
+    def default_transitions(self, stickiness: float = 0.9):
+        """A sticky matrix: ``stickiness`` on the diagonal, the rest spread evenly."""
+        k, dtype = self.num_states, float_dtype()
+        if k == 1:
+            return jnp.ones((1, 1), dtype)
+        off = (1.0 - stickiness) / (k - 1)
+        return jnp.full((k, k), off, dtype) + (stickiness - off) * jnp.eye(k, dtype=dtype)
+
+    def assemble_params(self, emissions, transitions=None, initial_probs=None) -> HMMParams:
+        """Params from emission parameters, with sticky transitions and a uniform start."""
+        k, dtype = self.num_states, float_dtype()
+        if transitions is None:
+            if self.input_dim:
+                transitions = TransitionRegression(
+                    jnp.zeros((k, k, self.input_dim), dtype),
+                    jnp.log(self.default_transitions()),
+                )
+            else:
+                transitions = self.default_transitions()
+        if self.initial == "free" and initial_probs is None:
+            initial_probs = jnp.full((k,), 1.0 / k, dtype)
+        if self.initial == "stationary":
+            initial_probs = None
+        return HMMParams(initial_probs, transitions, emissions)
+
+    # ---- the filter -------------------------------------------------------------------
+    def initial_carry(self, params) -> HMMCarry:
+        return HMMCarry(self.initial_probs(params), jnp.zeros((), bool))
+
+    def _predicted(self, params, carry, inputs_t):
+        moved = carry.probs @ self.transition_matrix(params, inputs_t)
+        return jnp.where(carry.started, moved, carry.probs)
+
+    def predict(self, params, carry, inputs_t):
+        probs = self._predicted(params, carry, inputs_t)
+        return dist.MixtureSameFamily(
+            dist.Categorical(probs=probs), self.emission_distribution(params.emissions)
+        )
+
+    def step(self, params, carry, y_t, mask_t, inputs_t):
+        predicted = self._predicted(params, carry, inputs_t)
+        ll = self.emission_log_likelihoods(params.emissions, y_t, mask_t)
+        shift = jax.lax.stop_gradient(jnp.max(ll))
+        joint = predicted * jnp.exp(ll - shift)
+        norm = jnp.sum(joint)
+        new = HMMCarry(joint / norm, jnp.ones((), bool))
+        return jnp.log(norm) + shift, new
+
+    def update(self, params, carry, y_t, mask_t, inputs_t) -> HMMCarry:
+        return self.step(params, carry, y_t, mask_t, inputs_t)[1]
+
+    # ---- posterior inference (adapters over statseq.inference.hmm) ---------------------
+    def log_likelihoods(self, params, y, mask):
+        """``(T, K)`` emission log-likelihoods of one sequence (0 rows where masked)."""
+        return jax.vmap(lambda y_t, m_t: self.emission_log_likelihoods(params.emissions, y_t,
+                                                                       m_t))(y, mask)
+
+    def _posterior_inputs(self, params, y, mask, inputs):
+        data = prepare_data(self, y, mask, inputs)
+        return data, self.initial_probs(params)
+
+    def filter_states(self, params, y, *, mask=None, inputs=None, parallel=None):
+        """Filtered (causal) state probabilities ``p(z_t | y_{<=t})`` and predicted ones.
+
+        Returns:
+            :class:`statseq.inference.hmm.HMMFilterResult` with a leading batch shape
+            when ``y`` is a batch.
+        """
+        from statseq.core.params import validate_params
+
+        validate_params(self, params)
+        data = prepare_data(self, y, mask, inputs)
+        out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
+                             kind="filter", parallel=use_parallel(parallel))
+        return _reshape_batch(out, data.batch_shape)
+
+    def smoother(self, params, y, *, mask=None, inputs=None, parallel=None):
+        """Smoothed state probabilities ``p(z_t | y_{1:T})`` and expected transitions.
+
+        Returns:
+            :class:`statseq.inference.hmm.HMMPosterior` (batch shape leading).
+        """
+        from statseq.core.params import validate_params
+
+        validate_params(self, params)
+        data = prepare_data(self, y, mask, inputs)
+        out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
+                             kind="smoother", parallel=use_parallel(parallel))
+        return _reshape_batch(out, data.batch_shape)
+
+    def most_likely_states(self, params, y, *, mask=None, inputs=None):
+        """The Viterbi path ``argmax_z p(z_{1:T} | y_{1:T})``: ``batch_shape + (T,)`` ints."""
+        from statseq.core.params import validate_params
+
+        validate_params(self, params)
+        data = prepare_data(self, y, mask, inputs)
+        out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
+                             kind="viterbi", parallel=False)
+        return _reshape_batch(out, data.batch_shape)
+
+    def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
+                                inputs=None):
+        """Draws of whole state paths from ``p(z_{1:T} | y_{1:T})`` (forward filter,
+        backward sample): ``(num_samples,) + batch_shape + (T,)`` ints."""
+        from statseq.core.params import validate_params
+
+        validate_params(self, params)
+        num_samples = check_positive_int(num_samples, "num_samples")
+        data = prepare_data(self, y, mask, inputs)
+        keys = jax.random.split(key, num_samples)
+        paths = jax.vmap(
+            lambda k: _hmm_sample_paths(self, params, data.y, data.mask, data.inputs, k)
+        )(keys)
+        return jnp.reshape(paths, (num_samples,) + data.batch_shape + (data.num_timesteps,))
+
+    def predict_states(self, params, y, *, num_steps, mask=None, inputs=None,
+                       future_inputs=None):
+        """Exact h-step-ahead state distributions ``p(z_{T+h} | y_{1:T})``.
+
+        Returns:
+            ``batch_shape + (num_steps, num_states)``.
+        """
+        num_steps = check_positive_int(num_steps, "num_steps")
+        filt = self.filter_states(params, y, mask=mask, inputs=inputs)
+        last = filt.filtered_probs[..., -1, :]
+        if self.input_dim:
+            if future_inputs is None:
+                raise ValueError("this HMM has input-driven transitions: pass future_inputs")
+            u = jnp.asarray(future_inputs, float_dtype())
+            mats = jax.vmap(lambda u_t: self.transition_matrix(params, u_t))(u)
+
+            def run(p):
+                return jax.lax.scan(lambda c, a: (c @ a, c @ a), p, mats)[1]
+
+            flat = last.reshape(-1, self.num_states)
+            return jax.vmap(run)(flat).reshape(last.shape[:-1] + (num_steps, self.num_states))
+        return hmm_seq.hmm_predict_states(last, params.transitions, num_steps)
+
+    def predict_observations(self, params, y, *, num_steps, mask=None, inputs=None,
+                             future_inputs=None):
+        """Exact marginal predictive of each future ``y_{T+h}``: a finite mixture.
+
+        Returns:
+            A numpyro ``MixtureSameFamily`` with batch shape ``batch_shape + (num_steps,)``.
+        """
+        probs = self.predict_states(params, y, num_steps=num_steps, mask=mask, inputs=inputs,
+                                    future_inputs=future_inputs)
+        comp = self.emission_distribution(params.emissions)
+        comp = comp.expand(probs.shape[:-1] + comp.batch_shape)
+        return dist.MixtureSameFamily(dist.Categorical(probs=probs), comp)
+
+    # ---- EM -----------------------------------------------------------------------------
+    def e_step(self, params, y, mask, inputs):
+        """Expected sufficient statistics over a flat batch ``(N, T, ...)``.
+
+        Returns:
+            ``(stats, log_prob)`` where ``log_prob`` is the total marginal log-likelihood
+            of the batch at ``params``.
+        """
+        def one(y_s, m_s, u_s):
+            ll = self.log_likelihoods(params, y_s, m_s)
+            post = hmm_seq.hmm_smoother(self.initial_probs(params),
+                                        self.transition_matrices(params, u_s), ll,
+                                        sum_transitions=not self.input_dim)
+            return post
+
+        post = jax.vmap(one)(y, mask, inputs)
+        stats = {
+            "initial": jnp.sum(post.smoothed_probs[:, 0], axis=0),
+            "transitions": post.expected_transitions,  # (N, K, K) or (N, T-1, K, K)
+            "weights": post.smoothed_probs,
+            "emissions": self.emission_suff_stats(y, mask, post.smoothed_probs),
+        }
+        return stats, jnp.sum(post.marginal_log_lik)
+
+    def m_step(self, params, stats, priors, inputs):
+        """Closed-form (MAP) updates; generalized (gradient) steps where none exists."""
+        from statseq.fit.em import dirichlet_map, generalized_m_step
+
+        prior = priors if priors is not None else HMMParams(None, None, None)
+        emissions = self.emission_m_step(params.emissions, stats["emissions"],
+                                         prior.emissions)
+        initial_probs = None
+        if self.initial == "free":
+            initial_probs = dirichlet_map(stats["initial"], prior.initial_probs,
+                                          params.initial_probs)
+        if self.input_dim:
+            counts = stats["transitions"]  # (N, T-1, K, K)
+
+            def q(reg):
+                mats = jax.vmap(jax.vmap(
+                    lambda u: jax.nn.log_softmax(reg.bias + reg.weights @ u, axis=-1)
+                ))(inputs[:, 1:])
+                return jnp.sum(counts * mats)
+
+            transitions = generalized_m_step(q, params.transitions)
+        else:
+            counts = jnp.sum(stats["transitions"], axis=0)
+            transitions = dirichlet_map(counts, prior.transitions, params.transitions)
+            if self.initial == "stationary":
+                gamma0 = stats["initial"]
+
+                def q(logits):
+                    a = jax.nn.softmax(logits, axis=-1)
+                    pi = stationary_distribution(a)
+                    return (jnp.sum(counts * jnp.log(a)) + jnp.sum(gamma0 * jnp.log(pi))
+                            + _log_dirichlet(prior.transitions, a))
+
+                old = jnp.log(params.transitions)
+                cand = jnp.log(jnp.clip(transitions, 1e-300, None))
+                start = jnp.where(q(cand) >= q(old), cand, old)
+                transitions = jax.nn.softmax(generalized_m_step(q, start), axis=-1)
+        return HMMParams(initial_probs, transitions, emissions)
+
+    def initialize(self, y, *, key, inputs=None, mask=None, method="data"):
+        """Starting parameters: ``"data"`` (emissions fitted to data quantiles/clusters)
+        or ``"random"``; sticky transitions and a uniform initial law in both cases."""
+        data = prepare_data(self, y, mask, inputs)
+        emissions = self.initialize_emissions(
+            np.asarray(data.y), np.asarray(data.mask), key=key, method=method
+        )
+        return self.assemble_params(emissions)
+
+    @abc.abstractmethod
+    def initialize_emissions(self, y, mask, *, key, method):
+        """Emission parameters from a flat batch of data (numpy arrays)."""
+
+    def em_warnings(self, params, y, mask, inputs) -> list[str]:
+        """Warnings about the fitted parameters (states that lost their mass)."""
+        return mass_warnings(self, params, y, mask, inputs)
+
+
+def _log_dirichlet(prior, probs):
+    if prior is None:
+        return jnp.zeros((), probs.dtype)
+    return jnp.sum(prior.log_prob(probs))
+
+
+def _reshape_batch(tree, batch_shape):
+    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
+
+
+def _posterior_one(model, params, y, mask, inputs, kind, parallel):
+    ll = model.log_likelihoods(params, y, mask)
+    pi = model.initial_probs(params)
+    trans = model.transition_matrices(params, inputs)
+    lib = hmm_parallel if parallel else hmm_seq
+    if kind == "filter":
+        return lib.hmm_filter(pi, trans, ll)
+    if kind == "smoother":
+        return lib.hmm_smoother(pi, trans, ll)
+    return hmm_seq.hmm_viterbi(pi, trans, ll)
+
+
+@partial(jax.jit, static_argnames=("model", "kind", "parallel"))
+def _hmm_posterior(model, params, y, mask, inputs, *, kind, parallel):
+    return jax.vmap(
+        lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, kind, parallel)
+    )(y, mask, inputs)
+
+
+@partial(jax.jit, static_argnames=("model",))
+def _hmm_sample_paths(model, params, y, mask, inputs, key):
+    keys = jax.random.split(key, y.shape[0])
+
+    def one(y_s, m_s, u_s, k):
+        ll = model.log_likelihoods(params, y_s, m_s)
+        return hmm_seq.hmm_posterior_sample(model.initial_probs(params),
+                                            model.transition_matrices(params, u_s), ll, key=k)
+
+    return jax.vmap(one)(y, mask, inputs, keys)
+
+
+def check_counts(y, mask, name: str = "y") -> None:
+    """Eager check that the observed entries of ``y`` are non-negative integers."""
+    observed = np.asarray(y)[np.asarray(mask, bool)]
+    if observed.size and (np.any(observed < 0) or np.any(observed != np.round(observed))):
+        bad = observed[(observed < 0) | (observed != np.round(observed))][0]
+        raise ValueError(f"{name} must hold non-negative integer counts; found {bad}")
+
+
+def mass_warnings(model, params, y, mask, inputs) -> list[str]:
+    """Messages for states that ended EM with (almost) no posterior mass."""
+    stats, _ = jax.jit(model.e_step)(params, y, mask, inputs)
+    mass = np.asarray(jnp.sum(stats["weights"], axis=(0, 1)))
+    total = float(np.sum(mass))
+    return [
+        f"state {k} has almost no posterior mass ({m:.3g} of {total:.0f} steps): its "
+        "parameters were kept at their previous values; consider fewer states"
+        for k, m in enumerate(mass) if m < 1e-6 * max(total, 1.0)
+    ]

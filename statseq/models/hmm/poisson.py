@@ -1,0 +1,147 @@
+"""Poisson HMM for counts: ``y_t | z_t = k ~ Poisson(lambda_k)`` (independent per entry)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+
+from statseq.core.model import register_model
+from statseq.core.validation import check_positive_int, float_dtype
+from statseq.models.hmm.base import HMMBase, check_counts
+
+_MIN_RATE = 1e-10
+
+
+class PoissonEmissions(NamedTuple):
+    """``rates``: ``(num_states,) + event_shape`` positive Poisson means."""
+
+    rates: jax.Array
+
+
+@register_model
+@dataclasses.dataclass(frozen=True)
+class PoissonHMM(HMMBase):
+    """Hidden Markov model with Poisson emissions.
+
+        z_t | z_{t-1} ~ Categorical(A[z_{t-1}]),    y_t | z_t = k ~ Poisson(lambda_k)
+
+    (a vector ``y_t`` has independent Poisson entries given the state).
+
+    Args:
+        num_states: number of hidden states ``K``.
+        emission_dim: ``None`` for a scalar count series, ``D`` for ``D`` counts per step.
+        initial: ``"free"`` (estimated initial law) or ``"stationary"`` (the stationary law
+            of ``A``).
+        input_dim: covariates driving the transitions (0 for a fixed matrix).
+
+    Example:
+        >>> import jax, statseq as ss
+        >>> y = ss.datasets.load_discoveries().to_numpy()
+        >>> model = ss.PoissonHMM(num_states=2)
+        >>> params = model.initialize(y, key=jax.random.key(0))
+        >>> params.emissions.rates.shape
+        (2,)
+    """
+
+    num_states: int = 2
+    emission_dim: int | None = None
+    initial: str = "free"
+    input_dim: int = 0
+
+    def __post_init__(self):
+        self._check_hmm_config()
+        if self.emission_dim is not None:
+            check_positive_int(self.emission_dim, "emission_dim")
+
+    @property
+    def event_shape(self):
+        return () if self.emission_dim is None else (self.emission_dim,)
+
+    @property
+    def observation_dtype(self) -> str:
+        return "count"
+
+    def emission_shapes(self):
+        return PoissonEmissions((self.num_states,) + self.event_shape)
+
+    def emission_constraints(self):
+        return PoissonEmissions(constraints.positive)
+
+    def emission_log_likelihoods(self, emissions, y_t, mask_t):
+        lp = dist.Poisson(emissions.rates).log_prob(jnp.broadcast_to(y_t, emissions.rates.shape))
+        lp = jnp.where(mask_t, lp, 0.0)
+        return jnp.reshape(lp, (self.num_states, -1)).sum(axis=-1)
+
+    def emission_distribution(self, emissions):
+        base = dist.Poisson(emissions.rates)
+        return base if self.emission_dim is None else dist.Independent(base, 1)
+
+    def emission_suff_stats(self, y, mask, weights):
+        w = weights.reshape(weights.shape + (1,) * len(self.event_shape))  # (N,T,K,...)
+        m = mask[:, :, None].astype(w.dtype)
+        return {"sum_w": jnp.sum(w * m, axis=(0, 1)),
+                "sum_wy": jnp.sum(w * m * y[:, :, None].astype(w.dtype), axis=(0, 1))}
+
+    def emission_m_step(self, emissions, stats, prior):
+        num, den = stats["sum_wy"], stats["sum_w"]
+        if prior is not None and prior.rates is not None:
+            num = num + prior.rates.concentration - 1.0
+            den = den + prior.rates.rate
+        empty = den <= 1e-12
+        rates = jnp.where(empty, emissions.rates, num / jnp.where(empty, 1.0, den))
+        return PoissonEmissions(jnp.maximum(rates, _MIN_RATE))
+
+    def validate_em_priors(self, priors):
+        """EM's closed form needs Gamma priors on rates and Dirichlet priors on simplexes."""
+        _check_conjugate(priors, {"rates": dist.Gamma})
+
+    def validate_data(self, y, mask):
+        check_counts(y, mask)
+
+    def initialize_emissions(self, y, mask, *, key, method):
+        k = self.num_states
+        flat = y.reshape(-1, *self.event_shape).astype(float)
+        obs = mask.reshape(flat.shape).astype(bool)
+        if method == "data":
+            qs = (np.arange(k) + 0.5) / k
+            cols = [np.quantile(flat[..., d][obs[..., d]], qs) if self.event_shape else
+                    np.quantile(flat[obs], qs) for d in range(max(1, len(self.event_shape)
+                                                                    and self.event_shape[0]))]
+            rates = np.stack(cols, axis=-1) if self.event_shape else cols[0]
+            rates = rates + 0.1 * np.arange(1, k + 1).reshape((k,) + (1,) * len(
+                self.event_shape))
+        elif method == "random":
+            mean = np.array([flat[..., d][obs[..., d]].mean() for d in range(
+                self.event_shape[0])]) if self.event_shape else flat[obs].mean()
+            draws = np.asarray(jax.random.gamma(key, 2.0, (k,) + self.event_shape)) / 2.0
+            rates = (np.asarray(mean) + 0.1) * draws
+        else:
+            raise ValueError(f"method must be 'data' or 'random', got {method!r}")
+        return PoissonEmissions(jnp.asarray(np.maximum(rates, 1e-3), float_dtype()))
+
+
+def _check_conjugate(priors, emission_types: dict) -> None:
+    """Raise unless every given prior has the conjugate type EM's M-step uses."""
+    if priors is None:
+        return
+    pairs = [("initial_probs", priors.initial_probs, dist.Dirichlet)]
+    if not hasattr(priors.transitions, "weights"):
+        pairs.append(("transitions", priors.transitions, dist.Dirichlet))
+    if priors.emissions is not None:
+        for field, kind in emission_types.items():
+            pairs.append((f"emissions.{field}", getattr(priors.emissions, field), kind))
+    for name, prior, kind in pairs:
+        if prior is not None and not isinstance(prior, kind):
+            raise ValueError(
+                f"fit_em needs a conjugate {kind.__name__} prior on {name} for its "
+                f"closed-form M-step, got {type(prior).__name__}; use fit_sgd for others"
+            )
+        if isinstance(prior, dist.Dirichlet) and bool(jnp.any(prior.concentration < 1)):
+            raise ValueError(f"the Dirichlet prior on {name} needs concentrations >= 1 "
+                             "for a MAP estimate inside the simplex")
