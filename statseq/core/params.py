@@ -79,32 +79,43 @@ def trainable_mask(params, trainable=None):
     return jax.tree.unflatten(tree_p, [bool(t) for t in leaves_t])
 
 
+def _prior_pairs(priors, params):
+    """``(prior, value)`` pairs: each prior with the params subtree at its position.
+
+    A prior may sit on a leaf (e.g. a Dirichlet on a transition matrix) or on a whole
+    node (e.g. a normal-inverse-Wishart on ``emissions``, whose ``log_prob`` takes that
+    node's NamedTuple).
+    """
+    prior_leaves, prior_tree = jax.tree.flatten(priors, is_leaf=_is_prior_leaf)
+    values = prior_tree.flatten_up_to(params)
+    return [(p, v) for p, v in zip(prior_leaves, values, strict=True) if p is not None]
+
+
 def log_prior(priors, params):
-    """``sum log p(theta)`` over leaves that have a prior (``None`` leaves are flat)."""
-    if priors is None:
-        return jnp.zeros((), float_dtype())
-    _, tree_p = jax.tree.flatten(params)
-    prior_leaves = tree_p.flatten_up_to(priors)
+    """``sum log p(theta)`` over the parameters that have a prior (``None`` is flat)."""
     total = jnp.zeros((), float_dtype())
-    for prior, value in zip(prior_leaves, jax.tree.leaves(params), strict=True):
-        if prior is not None:
-            total = total + jnp.sum(prior.log_prob(value))
+    if priors is None:
+        return total
+    for prior, value in _prior_pairs(priors, params):
+        total = total + jnp.sum(prior.log_prob(value))
     return total
 
 
 def validate_priors(model, priors) -> None:
-    """Check that ``priors`` matches the params structure and has distributions or None."""
+    """Check that ``priors`` is a prefix of the params structure with dists or None."""
     if priors is None:
         return
-    tree_p = params_treedef(model)
-    try:
-        leaves = tree_p.flatten_up_to(priors)
-    except (ValueError, TypeError) as err:
-        raise ValueError("priors must have the structure of params (a dist or None per field)") \
-            from err
+    leaves, tree = jax.tree.flatten(priors, is_leaf=_is_prior_leaf)
     for leaf in leaves:
         if not _is_prior_leaf(leaf):
             raise TypeError(f"prior leaves must be numpyro distributions or None, got {leaf!r}")
+    try:
+        tree.flatten_up_to(model.param_shapes())
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            "priors must have the structure of params, with a distribution or None on each "
+            "field (or on a whole group of fields)"
+        ) from err
 
 
 def validate_params(model, params) -> None:
