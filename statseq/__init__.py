@@ -23,6 +23,7 @@ from statseq.core.results import FilterResult, FitResult  # noqa: E402
 from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 from statseq.evaluation import information_criteria, log_score, num_params  # noqa: E402
 from statseq.fit.em import fit_em  # noqa: E402
+from statseq.fit.restarts import RestartsResult, fit_restarts  # noqa: E402
 from statseq.fit.sgd import fit_sgd  # noqa: E402
 from statseq.forecast import Forecast, forecast  # noqa: E402
 from statseq.io import load, save  # noqa: E402
@@ -45,6 +46,8 @@ __all__ = [
     "PoissonHMM",
     "TransitionRegression",
     "fit_em",
+    "fit_restarts",
+    "RestartsResult",
     "FilterResult",
     "FitResult",
     "Forecast",

@@ -17,6 +17,7 @@ __all__ = [
     "load_air_passengers",
     "load_dataset",
     "load_discoveries",
+    "load_earthquakes",
     "load_lynx",
     "load_nile",
     "load_sunspots",
@@ -88,6 +89,23 @@ _META: dict[str, _Meta] = {
         reference="The World Almanac and Book of Facts, 1975 Edition, pp. 315-318. "
         "McNeil, D. R. (1977). Interactive Data Analysis. Wiley.",
         units="count of discoveries per year",
+    ),
+    "earthquakes": _Meta(
+        filename="earthquakes.csv",
+        time="year",
+        column="earthquakes",
+        dtype="int64",
+        description="Annual counts of major earthquakes (magnitude 7 and above) in the world, "
+        "1900-2006.",
+        source="U.S. Geological Survey (earthquake.usgs.gov) counts as tabulated by Zucchini "
+        "and MacDonald; copied from the example data of the dynamax package (MIT licence), "
+        "dynamax/hidden_markov_model/demos/poisson_hmm_earthquakes.py.",
+        reference="Zucchini, W., MacDonald, I. L. and Langrock, R. (2016). Hidden Markov "
+        "Models for Time Series: An Introduction Using R, 2nd ed. CRC Press, Section 1.2 "
+        "and Chapter 3 (Poisson HMMs fitted to this series).",
+        units="earthquakes of magnitude >= 7 per year",
+        licence="USGS data are in the U.S. public domain; the tabulation was taken from "
+        "dynamax (MIT licence). See data/README.md.",
     ),
     "air_passengers": _Meta(
         filename="air_passengers.csv",
@@ -243,6 +261,25 @@ def load_discoveries() -> pd.Series:
         (100,)
     """
     return _load_series("discoveries")
+
+
+def load_earthquakes() -> pd.Series:
+    """Annual counts of major (magnitude 7+) earthquakes worldwide, 1900-2006 (107 values).
+
+    The classic series of Zucchini, MacDonald and Langrock's *Hidden Markov Models for Time
+    Series*, where Poisson HMMs with 2 to 4 states are fitted to it.
+
+    Source: U.S. Geological Survey counts, tabulated by Zucchini & MacDonald (taken from the
+    dynamax package's example data, MIT licence).
+
+    Returns:
+        ``int64`` series named ``"earthquakes"`` indexed by integer ``"year"``.
+
+    Example:
+        >>> y = load_earthquakes(); y.shape
+        (107,)
+    """
+    return _load_series("earthquakes")
 
 
 def load_air_passengers() -> pd.Series:

@@ -274,9 +274,15 @@ class AR(SequenceModel):
                 "values at the start"
             )
 
-    def initialize(self, y, *, key=None, inputs=None, mask=None) -> ARParams:
-        """Least-squares estimates (``key`` is unused: the estimate is deterministic)."""
-        del key
+    def initialize(self, y, *, key=None, inputs=None, mask=None, method="data") -> ARParams:
+        """Least-squares estimates (``"data"``), or those with coefficients shrunk by a random
+        factor in (0, 1) (``"random"``, for restarts of an exact-likelihood fit)."""
+        if method == "random":
+            est = self.fit_least_squares(y, inputs=inputs, mask=mask)
+            factor = jax.random.uniform(key, (), minval=0.0, maxval=1.0)
+            return est._replace(coeffs=est.coeffs * factor.astype(est.coeffs.dtype))
+        if method != "data":
+            raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         return self.fit_least_squares(y, inputs=inputs, mask=mask)
 
     def fit_least_squares(self, y, *, inputs=None, mask=None) -> ARParams:
