@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +23,19 @@ class DemoEntry:
     fit: Callable  # (model, y_train) -> params
 
 
-def _demo_entries(max_order: int, num_sgd_steps: int) -> list[DemoEntry]:
-    """The models in the demo. Later model families append their entries here."""
+@dataclass
+class DemoSection:
+    """One dataset of the demo and the models compared on it."""
+
+    title: str
+    series: np.ndarray
+    time: np.ndarray
+    ylabel: str
+    horizon: int
+    entries: list[DemoEntry] = field(default_factory=list)
+
+
+def _ar_entries(max_order: int, num_sgd_steps: int) -> list[DemoEntry]:
     import jax
     import optax
 
@@ -44,6 +55,49 @@ def _demo_entries(max_order: int, num_sgd_steps: int) -> list[DemoEntry]:
     ]
 
 
+def _poisson_hmm_entries(max_states: int, num_restarts: int) -> list[DemoEntry]:
+    import jax
+
+    import statseq as ss
+
+    def em(model, y):
+        res = ss.fit_restarts(model, y, key=jax.random.key(0), num_restarts=num_restarts,
+                              num_iters=500, tol=1e-9)
+        return res.best.params
+
+    return [
+        DemoEntry(f"Poisson HMM, K={k}", f"EM, best of {num_restarts} starts",
+                  ss.PoissonHMM(num_states=k, initial="stationary"), em)
+        for k in range(1, max_states + 1)
+    ]
+
+
+def demo_sections(quick: bool = False) -> list[DemoSection]:
+    """The datasets and models of ``statseq demo``. Later model families add entries here."""
+    import statseq as ss
+
+    lynx = ss.datasets.load_lynx()
+    quakes = ss.datasets.load_earthquakes()
+    return [
+        DemoSection(
+            title="log10 Canadian lynx trappings",
+            series=np.log10(lynx.to_numpy().astype(float)),
+            time=lynx.index.to_numpy(),
+            ylabel="log10 trappings",
+            horizon=14,
+            entries=_ar_entries(max_order=4, num_sgd_steps=300 if quick else 1500),
+        ),
+        DemoSection(
+            title="annual counts of major earthquakes",
+            series=quakes.to_numpy(),
+            time=quakes.index.to_numpy(),
+            ylabel="earthquakes (magnitude 7+)",
+            horizon=10,
+            entries=_poisson_hmm_entries(max_states=4, num_restarts=2 if quick else 5),
+        ),
+    ]
+
+
 def _format_table(rows: list[dict]) -> str:
     cols = [("model", "{}"), ("method", "{}"), ("k", "{}"), ("n", "{}"),
             ("log_lik", "{:.2f}"), ("aic", "{:.2f}"), ("bic", "{:.2f}"),
@@ -58,75 +112,90 @@ def _format_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def run_demo(output: str | os.PathLike = "statseq-demo", horizon: int = 14,
-             max_order: int = 4, num_sgd_steps: int = 1500, plot: bool = True,
-             seed: int = 0, stream=sys.stdout) -> list[dict]:
-    """Fit every available model to log10 Canadian lynx trappings and compare them.
-
-    The last ``horizon`` years are held out. Each model is fitted to the training years,
-    scored on the same training observations (log-likelihood, AIC, BIC) and on the held-out
-    years (``log p(y_test | y_train)``, a one-step-ahead log score). A forecast fan chart of
-    the best model by AIC is written to ``output/forecast.png``.
-
-    Returns:
-        The table rows as dicts.
-    """
-    import jax
-
+def _run_section(section: DemoSection, stream) -> tuple[list[dict], list]:
     import statseq as ss
 
-    y_all = np.log10(ss.datasets.load_lynx().to_numpy().astype(float))
-    years = ss.datasets.load_lynx().index.to_numpy()
-    if not 1 <= horizon < y_all.size - 20:
-        raise ValueError(f"horizon must be between 1 and {y_all.size - 21}, got {horizon}")
-    y_train, y_test = y_all[:-horizon], y_all[-horizon:]
-    print(f"statseq demo: log10 Canadian lynx trappings {years[0]}-{years[-1]} "
-          f"({y_all.size} years); training on {y_train.size}, holding out the last "
-          f"{horizon}.", file=stream)
+    y_train, y_test = section.series[:-section.horizon], section.series[-section.horizon:]
+    print(f"\n== {section.title}, {section.time[0]}-{section.time[-1]} "
+          f"({section.series.size} values): fitted to the first {y_train.size}, "
+          f"last {section.horizon} held out ==", file=stream)
     rows, fitted = [], []
-    for entry in _demo_entries(max_order, num_sgd_steps):
+    for entry in section.entries:
         t0 = time.perf_counter()
         params = entry.fit(entry.model, y_train)
         seconds = time.perf_counter() - t0
         ic = ss.information_criteria(entry.model, params, y_train)
         score = ss.log_score(entry.model, params, y_train, y_test)
-        rows.append({"model": entry.label, "method": entry.method, "k": ic["num_params"],
-                     "n": ic["num_obs"], "log_lik": ic["log_lik"], "aic": ic["aic"],
-                     "bic": ic["bic"], "heldout_log_score": score, "fit_seconds": seconds})
+        rows.append({"section": section.title, "model": entry.label, "method": entry.method,
+                     "k": ic["num_params"], "n": ic["num_obs"], "log_lik": ic["log_lik"],
+                     "aic": ic["aic"], "bic": ic["bic"], "heldout_log_score": score,
+                     "fit_seconds": seconds})
         fitted.append((entry, params))
     print(_format_table(rows), file=stream)
-    print("k: free parameters; n: observations scored (every row uses the exact likelihood "
-          "of all training years, so AIC and BIC are comparable); held-out log score: "
-          "log p(y_test | y_train), higher is better.", file=stream)
+    return rows, fitted
+
+
+def _plot_section(ax, section, rows, fitted, seed):
+    import jax
+
+    import statseq as ss
+
+    best = min(range(len(rows)), key=lambda i: rows[i]["aic"])
+    entry, params = fitted[best]
+    h = section.horizon
+    y_train, y_test = section.series[:-h], section.series[-h:]
+    fc = ss.forecast(entry.model, params, y_train, num_steps=h, num_samples=4000,
+                     key=jax.random.key(seed))
+    fc.plot(ax=ax, time=section.time[:-h], future_time=section.time[-h:])
+    ax.plot(section.time[-h:], y_test, "o", color="k", ms=3, label="held out")
+    lo, hi = fc.interval(0.9)
+    covered = np.mean((y_test >= np.asarray(lo)) & (y_test <= np.asarray(hi)))
+    ax.set_title(f"{section.title}: {entry.label} (best AIC); 90% interval covers "
+                 f"{covered:.0%} of held-out values", fontsize=9)
+    ax.set_ylabel(section.ylabel)
+    ax.legend(loc="upper left", fontsize=7)
+    return entry.label
+
+
+def run_demo(output: str | os.PathLike = "statseq-demo", plot: bool = True, seed: int = 0,
+             quick: bool = False, stream=sys.stdout) -> list[dict]:
+    """Fit every available model to bundled real series and compare them.
+
+    For each series the last values are held out. Every model is fitted to the training
+    part, scored on it (exact log-likelihood, AIC, BIC: every row of a section scores the
+    same observations) and on the held-out part (``log p(y_test | y_train)``, a one-step-ahead
+    log score). A fan chart of each section's best model by AIC, with the held-out values,
+    is written to ``output/forecast.png``.
+
+    Returns:
+        The table rows as dicts.
+    """
+    sections = demo_sections(quick=quick)
+    print("statseq demo: every model is an autoregressive likelihood "
+          "log p(y) = sum_t log p(y_t | y_<t), fitted and compared on one scale.", file=stream)
+    results = [(s, *_run_section(s, stream)) for s in sections]
+    print("\nk: free parameters; n: observations scored (all rows of a section score the "
+          "same ones, so AIC and BIC compare); held-out log score: log p(y_test | y_train), "
+          "higher is better.", file=stream)
     if plot:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        best = min(range(len(rows)), key=lambda i: rows[i]["aic"])
-        entry, params = fitted[best]
-        fc = ss.forecast(entry.model, params, y_train, num_steps=horizon, num_samples=4000,
-                         key=jax.random.key(seed))
-        fig, ax = plt.subplots(figsize=(9, 4))
-        fc.plot(ax=ax, time=years[:-horizon], future_time=years[-horizon:])
-        ax.plot(years[-horizon:], y_test, "o", color="k", ms=3, label="held out")
-        lo, hi = fc.interval(0.9)
-        covered = np.mean((y_test >= np.asarray(lo)) & (y_test <= np.asarray(hi)))
-        ax.set_title(f"{entry.label} forecast of log10 lynx trappings "
-                     f"(90% interval covers {covered:.0%} of held-out years)")
-        ax.set_xlabel("year")
-        ax.set_ylabel("log10 trappings")
-        ax.legend(loc="upper left", fontsize=8)
+        fig, axes = plt.subplots(len(results), 1, figsize=(9, 3.6 * len(results)))
+        for ax, (section, rows, fitted) in zip(np.atleast_1d(axes), results, strict=True):
+            _plot_section(ax, section, rows, fitted, seed)
+        axes[-1].set_xlabel("year")
         out = Path(output)
         out.mkdir(parents=True, exist_ok=True)
         path = out / "forecast.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
-        print(f"forecast plot of the best model by AIC ({entry.label}) written to {path}",
+        print(f"forecast plots of each section's best model by AIC written to {path}",
               file=stream)
-    return rows
+    return [row for _, rows, _ in results for row in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,14 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     demo = sub.add_parser("demo", help="fit the models to bundled real data and compare them")
     demo.add_argument("--output", default="statseq-demo", help="folder for the forecast plot")
-    demo.add_argument("--horizon", type=int, default=14, help="years held out and forecast")
     demo.add_argument("--no-plot", action="store_true", help="skip the forecast plot")
+    demo.add_argument("--quick", action="store_true", help="fewer iterations (for tests)")
     args = parser.parse_args(argv)
     if args.command != "demo":
         parser.print_help()
         return 0 if args.command is None else 2
     t0 = time.perf_counter()
-    run_demo(output=args.output, horizon=args.horizon, plot=not args.no_plot)
+    run_demo(output=args.output, plot=not args.no_plot, quick=args.quick)
     print(f"done in {time.perf_counter() - t0:.1f} s", file=sys.stdout)
     return 0
 

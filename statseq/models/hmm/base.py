@@ -450,9 +450,14 @@ def check_counts(y, mask, name: str = "y") -> None:
         raise ValueError(f"{name} must hold non-negative integer counts; found {bad}")
 
 
+@partial(jax.jit, static_argnames=("model",))
+def _e_step(model, params, y, mask, inputs):
+    return model.e_step(params, y, mask, inputs)
+
+
 def mass_warnings(model, params, y, mask, inputs) -> list[str]:
     """Messages for states that ended EM with (almost) no posterior mass."""
-    stats, _ = jax.jit(model.e_step)(params, y, mask, inputs)
+    stats, _ = _e_step(model, params, y, mask, inputs)
     mass = np.asarray(jnp.sum(stats["weights"], axis=(0, 1)))
     total = float(np.sum(mass))
     return [
