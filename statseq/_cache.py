@@ -36,8 +36,9 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
     except OSError:
         return None
     jax.config.update("jax_compilation_cache_dir", str(target))
-    # statseq's programs are small: cache those that took a tenth of a second or more.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    # statseq's programs are small and many: cache all of them (a new process then skips
+    # even the sub-0.1 s compilations that add up to most of a first call).
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return target
 

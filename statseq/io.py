@@ -84,6 +84,10 @@ def load(path: str | os.PathLike):
         meta = json.loads(str(contents.pop(_META_KEY)))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: the metadata is damaged ({err})") from err
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        raise ValueError(f"{path}: the metadata is damaged (expected an object with a config)")
+    if not isinstance(meta.get("format_version"), int):
+        raise ValueError(f"{path}: the metadata is damaged (format_version is not an integer)")
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{path} is not a statseq parameter file")
     if meta.get("format_version", 0) > _FORMAT_VERSION:

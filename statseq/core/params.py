@@ -139,8 +139,31 @@ def validate_params(model, params) -> None:
             raise ValueError(f"params.{name} must have shape {tuple(shape)}, got {arr.shape}")
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"params.{name} contains non-finite values")
-        if arr.size and not bool(np.all(con.check(jnp.asarray(arr)))):
+        if arr.size and not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
+
+
+def _satisfies(con, arr) -> bool:
+    """Whether ``arr`` satisfies ``con``, checked in NumPy for the common constraints
+    (so eager validation compiles no JAX programs), else with numpyro's own check."""
+    if con is constraints.real:
+        return True
+    if con is constraints.positive:
+        return bool(np.all(arr > 0))
+    if con is constraints.unit_interval:
+        return bool(np.all((arr >= 0) & (arr <= 1)))
+    if con is constraints.simplex:
+        tol = 1e-4 if arr.dtype == np.float32 else 1e-8
+        return bool(np.all(arr >= 0) and np.allclose(arr.sum(-1), 1.0, atol=tol * arr.shape[-1]))
+    if con is constraints.positive_definite:
+        sym = np.allclose(arr, np.swapaxes(arr, -1, -2), rtol=1e-5, atol=1e-6 * (
+            1.0 + np.abs(arr).max()))
+        try:
+            np.linalg.cholesky(np.asarray(arr, np.float64))
+        except np.linalg.LinAlgError:
+            return False
+        return bool(sym)
+    return bool(np.all(con.check(jnp.asarray(arr))))
 
 
 def _leaf_names(tree, is_leaf) -> list[str]:

@@ -55,7 +55,10 @@ def _filter_flat(model, params, y, mask, inputs, return_carries=False, complete=
     With complete data, a model may supply ``complete_data_log_probs`` (an equivalent,
     faster evaluation without the per-step scan); it is used unless carries are wanted.
     """
-    if complete and not return_carries and hasattr(model, "complete_data_log_probs"):
+    fast = hasattr(model, "complete_data_log_probs") and y.shape[1] >= getattr(
+        model, "fast_path_min_timesteps", 0
+    )
+    if complete and not return_carries and fast:
         fast = partial(model.complete_data_log_probs, params)
         log_probs, final = jax.vmap(fast)(y, inputs)
         return pairwise_sum(log_probs), log_probs, None, final

@@ -176,7 +176,10 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         model: a statseq model.
         params: starting parameters.
         y: ``batch_shape + (num_timesteps,) + event_shape``.
-        optimizer: an optax ``GradientTransformation`` (e.g. ``optax.adam(1e-2)``).
+        optimizer: an optax ``GradientTransformation`` (e.g. ``optax.adam(1e-2)``). It is
+            part of the compiled program: build it once and pass the same object to
+            repeated fits to reuse the compilation (a new ``optax.adam(...)`` per call
+            retraces; the persistent cache then saves most, not all, of the compile).
         num_steps: maximum number of optimizer steps.
         key: a ``jax.random`` key (minibatches and the validation split).
         mask: optional observation mask (per step or per entry).

@@ -208,6 +208,11 @@ class AR(SequenceModel):
         return self.order if self.initial == "conditional" else 0
 
     # ---- fast path for complete data ---------------------------------------------------
+    @property
+    def fast_path_min_timesteps(self) -> int:
+        """The fast path's final state assumes every lag was observed: ``T >= order``."""
+        return self.order
+
     def complete_data_log_probs(self, params, y, inputs):
         """Per-step log-densities without a scan, for fully observed ``y`` (one sequence).
 
@@ -226,15 +231,18 @@ class AR(SequenceModel):
             [jnp.zeros((p, d), y.dtype), y], axis=0
         )  # lags[p + t - k] = y_{t-k}
         window = jnp.stack([lags[p - k : p - k + t_len] for k in range(1, p + 1)], axis=1)
-        mean = (
-            params.intercept
-            + jnp.einsum("kij,tkj->ti", params.coeffs, window)
-            + inputs @ params.input_weights.T
-        )
+        mean = params.intercept + inputs @ params.input_weights.T
+        for k in range(p):  # per-lag matmuls (faster on CPU than one einsum)
+            mean = mean + window[:, k] @ params.coeffs[k].T
         chol = jnp.linalg.cholesky(params.cov)
-        z = jax.scipy.linalg.solve_triangular(chol, (y - mean).T, lower=True)
+        # one small triangular inverse, then a matmul (a solve with T right-hand sides
+        # runs as T tiny solves on CPU)
+        chol_inv = jax.scipy.linalg.solve_triangular(
+            chol, jnp.eye(d, dtype=chol.dtype), lower=True
+        )
+        z = (y - mean) @ chol_inv.T
         log_probs = (
-            -0.5 * jnp.sum(z**2, axis=0)
+            -0.5 * jnp.sum(z**2, axis=1)
             - jnp.sum(jnp.log(jnp.diagonal(chol)))
             - 0.5 * d * jnp.log(2.0 * jnp.pi)
         )
@@ -274,7 +282,7 @@ class AR(SequenceModel):
                 "values at the start"
             )
 
-    def initialize(self, y, *, key=None, inputs=None, mask=None, method="data") -> ARParams:
+    def initialize(self, y, *, key, inputs=None, mask=None, method="data") -> ARParams:
         """Least-squares estimates (``"data"``), or those with coefficients shrunk by a random
         factor in (0, 1) (``"random"``, for restarts of an exact-likelihood fit)."""
         if method == "random":

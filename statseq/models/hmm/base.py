@@ -202,11 +202,18 @@ class HMMBase(SequenceModel):
         moved = carry.probs @ self.transition_matrix(params, inputs_t)
         return jnp.where(carry.started, moved, carry.probs)
 
+    def mixture(self, state_probs, emissions):
+        """The predictive ``sum_k state_probs[..., k] p(y | theta_k)`` as a distribution.
+
+        ``state_probs`` may carry batch axes. Families whose mixture has a closed form
+        of the same family (categorical) override this.
+        """
+        comp = self.emission_distribution(emissions)
+        comp = comp.expand(state_probs.shape[:-1] + comp.batch_shape)
+        return dist.MixtureSameFamily(dist.Categorical(probs=state_probs), comp)
+
     def predict(self, params, carry, inputs_t):
-        probs = self._predicted(params, carry, inputs_t)
-        return dist.MixtureSameFamily(
-            dist.Categorical(probs=probs), self.emission_distribution(params.emissions)
-        )
+        return self.mixture(self._predicted(params, carry, inputs_t), params.emissions)
 
     def step(self, params, carry, y_t, mask_t, inputs_t):
         predicted = self._predicted(params, carry, inputs_t)
@@ -312,13 +319,12 @@ class HMMBase(SequenceModel):
         """Exact marginal predictive of each future ``y_{T+h}``: a finite mixture.
 
         Returns:
-            A numpyro ``MixtureSameFamily`` with batch shape ``batch_shape + (num_steps,)``.
+            A numpyro distribution (a finite mixture) with batch shape
+            ``batch_shape + (num_steps,)``.
         """
         probs = self.predict_states(params, y, num_steps=num_steps, mask=mask, inputs=inputs,
                                     future_inputs=future_inputs)
-        comp = self.emission_distribution(params.emissions)
-        comp = comp.expand(probs.shape[:-1] + comp.batch_shape)
-        return dist.MixtureSameFamily(dist.Categorical(probs=probs), comp)
+        return self.mixture(probs, params.emissions)
 
     # ---- EM -----------------------------------------------------------------------------
     def e_step(self, params, y, mask, inputs):

@@ -80,6 +80,10 @@ class CategoricalHMM(HMMBase):
     def emission_distribution(self, emissions):
         return dist.Categorical(probs=emissions.probs)
 
+    def mixture(self, state_probs, emissions):
+        """A mixture of categoricals is categorical: ``p(y = c) = sum_k alpha_k B[k, c]``."""
+        return dist.Categorical(probs=state_probs @ emissions.probs)
+
     def emission_suff_stats(self, y, mask, weights):
         onehot = jax.nn.one_hot(y, self.num_classes, dtype=weights.dtype)  # (N, T, C)
         onehot = onehot * mask[..., None].astype(weights.dtype)

@@ -1,0 +1,394 @@
+"""Linear autoregressive HMM (switching VAR): the emission regresses on the last lags.
+
+    y_t | z_t = k, y_{<t} ~ N(sum_l A_{k,l} y_{t-l} + b_k, Sigma_k)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+
+from statseq.core.model import register_model
+from statseq.core.validation import check_positive_int, float_dtype
+from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
+from statseq.models.hmm.base import HMMBase, HMMCarry
+from statseq.models.hmm.gaussian import (
+    _check_min_variance,
+    _cluster_covs,
+    kmeans,
+    seed_from_key,
+)
+from statseq.models.hmm.poisson import _check_conjugate
+
+
+class ARHMMEmissions(NamedTuple):
+    """Emissions of a linear autoregressive HMM.
+
+    Attributes:
+        weights: ``(num_states, emission_dim, num_lags * emission_dim)``, the blocks
+            ``[A_{k,1}, ..., A_{k,L}]``; ``A_{k,l}`` multiplies ``y_{t-l}`` (dynamax's layout).
+        biases: ``(num_states, emission_dim)``.
+        covs: ``(num_states, emission_dim, emission_dim)`` positive definite.
+    """
+
+    weights: jax.Array
+    biases: jax.Array
+    covs: jax.Array
+
+
+class ARHMMCarry(NamedTuple):
+    """The HMM forward message plus the lag window.
+
+    Attributes:
+        probs: as :class:`~statseq.models.hmm.base.HMMCarry`.
+        started: as :class:`~statseq.models.hmm.base.HMMCarry`.
+        lags: ``(num_lags, emission_dim)``, ``lags[l - 1] = y_{t-l}`` (zeros before the data).
+        count: steps seen so far, capped at ``num_lags`` (scoring starts when it is reached).
+    """
+
+    probs: jax.Array
+    started: jax.Array
+    lags: jax.Array
+    count: jax.Array
+
+
+@register_model
+@dataclasses.dataclass(frozen=True)
+class LinearAutoregressiveHMM(HMMBase):
+    """Hidden Markov model whose Gaussian emission is a state-dependent VAR(L) regression.
+
+        z_t | z_{t-1} ~ Categorical(A[z_{t-1}]),
+        y_t | z_t = k, y_{<t} ~ N(sum_{l=1}^L A_{k,l} y_{t-l} + b_k, Sigma_k).
+
+    The likelihood is conditional on the first ``num_lags`` observations
+    (``num_conditioned_steps = num_lags``): they enter only as lags, their log-likelihood
+    rows are zero, and the state chain still starts at ``t = 0`` (so ``p(z_L) = pi A^L``).
+    Pre-sample lags are zeros; they matter only when *sampling* the first ``L`` values.
+    dynamax's ``LinearAutoregressiveHMM`` instead scores every step with zero pre-sample
+    lags (``compute_inputs`` default); the two agree when dynamax is given ``y[L:]``,
+    ``prev_emissions=y[:L]`` and initial law ``pi A^L``.
+
+    Missing data: entries of ``y_t`` may be missing (per-entry masks are marginalized
+    exactly, and EM uses the conditional expectations of the missing entries) as long as
+    ``y_t`` is not a lag of a later step with observed entries: a missing lag makes the
+    emission depend on an unobserved Gaussian whose law mixes over past states (a
+    switching linear dynamical system), which has no exact finite-state recursion. Such
+    data are rejected eagerly (trailing padding of ragged batches is fine).
+
+    Args:
+        num_states: number of hidden states ``K``.
+        emission_dim: ``D`` (event shape ``(D,)``).
+        num_lags: ``L >= 1``.
+        initial: ``"free"`` or ``"stationary"``.
+        input_dim: covariates driving the transitions (0 for a fixed matrix).
+        min_variance: added to covariance diagonals in each M-step (collapse guard).
+
+    Example:
+        >>> import jax, numpy as np, statseq as ss
+        >>> from statseq.models.hmm.autoregressive import LinearAutoregressiveHMM
+        >>> y = np.cumsum(np.random.default_rng(0).normal(size=(60, 2)), axis=0)
+        >>> model = LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=1)
+        >>> params = model.initialize(y, key=jax.random.key(0))
+        >>> fit = ss.fit_em(model, params, y, num_iters=10, progress=False)
+        >>> fit.params.emissions.weights.shape
+        (2, 2, 2)
+    """
+
+    num_states: int = 2
+    emission_dim: int = 1
+    num_lags: int = 1
+    initial: str = "free"
+    input_dim: int = 0
+    min_variance: float = 1e-6
+
+    def __post_init__(self):
+        self._check_hmm_config()
+        check_positive_int(self.emission_dim, "emission_dim")
+        check_positive_int(self.num_lags, "num_lags")
+        _check_min_variance(self)
+
+    @property
+    def event_shape(self):
+        return (self.emission_dim,)
+
+    @property
+    def num_conditioned_steps(self) -> int:
+        return self.num_lags
+
+    def emission_shapes(self):
+        k, d, lag = self.num_states, self.emission_dim, self.num_lags
+        return ARHMMEmissions((k, d, d * lag), (k, d), (k, d, d))
+
+    def emission_constraints(self):
+        return ARHMMEmissions(constraints.real, constraints.real, constraints.positive_definite)
+
+    # ---- emissions given the lag window ------------------------------------------------
+    def _regressors(self, regressors, dtype):
+        if regressors is None:
+            return jnp.zeros((self.num_lags * self.emission_dim,), dtype)
+        return regressors
+
+    def emission_means(self, emissions, regressors=None):
+        """``(K, D)`` conditional means given ``regressors = [y_{t-1}; ...; y_{t-L}]``."""
+        x = self._regressors(regressors, emissions.biases.dtype)
+        return emissions.weights @ x + emissions.biases
+
+    def emission_log_likelihoods(self, emissions, y_t, mask_t, regressors=None):
+        """``(K,)`` ``log p(observed y_t | z_t = k, lags)`` (zero lags when not given)."""
+        mask_t = jnp.broadcast_to(jnp.asarray(mask_t, bool), y_t.shape)
+        means = self.emission_means(emissions, regressors)
+        return jax.vmap(lambda mu, cov: masked_mvn_log_prob(y_t, mu, cov, mask_t))(
+            means, emissions.covs)
+
+    def emission_distribution(self, emissions, regressors=None):
+        """Per-state ``MultivariateNormal`` (batch ``(K,)``) given the lags (zeros if None)."""
+        return dist.MultivariateNormal(self.emission_means(emissions, regressors),
+                                       covariance_matrix=emissions.covs)
+
+    def lagged(self, y):
+        """``(T, L * D)`` regressors ``[y_{t-1}; ...; y_{t-L}]`` of one sequence ``(T, D)``
+        (zeros before the data)."""
+        num_steps, lag = y.shape[0], self.num_lags
+        padded = jnp.concatenate([jnp.zeros((lag,) + y.shape[1:], y.dtype), y])
+        return jnp.concatenate([padded[lag - i: lag - i + num_steps] for i in range(1, lag + 1)],
+                               axis=-1)
+
+    # ---- the filter -----------------------------------------------------------------------
+    def initial_carry(self, params) -> ARHMMCarry:
+        base = super().initial_carry(params)
+        dtype = params.emissions.biases.dtype
+        return ARHMMCarry(base.probs, base.started,
+                          jnp.zeros((self.num_lags, self.emission_dim), dtype),
+                          jnp.zeros((), jnp.int32))
+
+    def _state(self, carry) -> HMMCarry:
+        return HMMCarry(carry.probs, carry.started)
+
+    def predict(self, params, carry, inputs_t):
+        probs = self._predicted(params, self._state(carry), inputs_t)
+        comp = self.emission_distribution(params.emissions, carry.lags.reshape(-1))
+        return dist.MixtureSameFamily(dist.Categorical(probs=probs), comp)
+
+    def step(self, params, carry, y_t, mask_t, inputs_t):
+        """Score ``y_t`` under the predictive and update; during the first ``num_lags``
+        steps the state is not conditioned (the engine also drops their scores)."""
+        predicted = self._predicted(params, self._state(carry), inputs_t)
+        ll = self.emission_log_likelihoods(params.emissions, y_t, mask_t,
+                                           carry.lags.reshape(-1))
+        shift = jax.lax.stop_gradient(jnp.max(ll))
+        log_prob = jnp.log(jnp.sum(predicted * jnp.exp(ll - shift))) + shift
+        active = carry.count >= self.num_lags
+        ll_c = jnp.where(active, ll, 0.0)
+        joint = predicted * jnp.exp(ll_c - jax.lax.stop_gradient(jnp.max(ll_c)))
+        probs = joint / jnp.sum(joint)
+        mask_t = jnp.broadcast_to(jnp.asarray(mask_t, bool), y_t.shape)
+        y_in = jnp.where(mask_t, y_t, 0).astype(carry.lags.dtype)
+        lags = jnp.concatenate([y_in[None], carry.lags[:-1]], axis=0)
+        count = jnp.minimum(carry.count + 1, self.num_lags).astype(jnp.int32)
+        return log_prob, ARHMMCarry(probs, jnp.ones((), bool), lags, count)
+
+    def update(self, params, carry, y_t, mask_t, inputs_t) -> ARHMMCarry:
+        return self.step(params, carry, y_t, mask_t, inputs_t)[1]
+
+    def log_likelihoods(self, params, y, mask):
+        """``(T, K)`` emission log-likelihoods of one sequence given its own lags; zero
+        rows for the first ``num_lags`` (conditioned) steps and fully masked steps."""
+        em = params.emissions
+        means = jnp.einsum("kdj,tj->tkd", em.weights, self.lagged(y.astype(em.biases.dtype)))
+        means = means + em.biases
+        mask = jnp.broadcast_to(mask, y.shape)
+
+        def row(y_t, m_t, mu_t):
+            return jax.vmap(lambda mu, cov: masked_mvn_log_prob(y_t, mu, cov, m_t))(mu_t,
+                                                                                    em.covs)
+
+        ll = jax.vmap(row)(y, mask, means)
+        scored = jnp.arange(y.shape[0]) >= self.num_lags
+        return jnp.where(scored[:, None], ll, 0.0)
+
+    def predict_observations(self, params, y, *, num_steps, mask=None, inputs=None,
+                             future_inputs=None):
+        """Not available in closed form (future emissions depend on future values); use
+        :func:`statseq.forecast`, which simulates through the lag window."""
+        raise NotImplementedError(
+            "LinearAutoregressiveHMM has no closed-form multi-step predictive (a mixture over "
+            "state paths of Gaussians through the lags); use statseq.forecast"
+        )
+
+    # ---- data checks ------------------------------------------------------------------------
+    def validate_data(self, y, mask):
+        mask = np.broadcast_to(np.asarray(mask, bool), np.shape(y))
+        full = mask.all(axis=-1)
+        anyobs = mask.any(axis=-1)
+        lag, num_steps = self.num_lags, full.shape[-1]
+        if num_steps <= lag:
+            return
+        bad = np.zeros(anyobs[..., lag:].shape, bool)
+        for i in range(1, lag + 1):
+            bad |= anyobs[..., lag:] & ~full[..., lag - i: num_steps - i]
+        if np.any(bad):
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            step = where[-1] + lag
+            raise ValueError(
+                f"LinearAutoregressiveHMM: step {step} (index {where[:-1] + (step,)}) has "
+                f"observed entries but one of its {lag} lag(s) has missing entries; exact "
+                "likelihoods need fully observed lags (missing values are allowed only where "
+                "no later observed step uses them as lags, e.g. trailing padding)"
+            )
+
+    # ---- EM -------------------------------------------------------------------------------
+    def e_step(self, params, y, mask, inputs):
+        """The base E-step with regression statistics that use the current emissions."""
+        stats, log_prob = super().e_step(params, y, mask, inputs)
+        stats["emissions"] = self.emission_suff_stats(y, mask, stats["weights"],
+                                                      emissions=params.emissions)
+        return stats, log_prob
+
+    def emission_suff_stats(self, y, mask, weights, emissions=None):
+        """Weighted least-squares statistics of the residuals of the current regression.
+
+        With ``phi_t = [y_{t-1}; ...; y_{t-L}; 1]`` and ``r_tk = E[y_t | y_obs, z_t = k] -
+        center_k phi_t`` (``center`` = current ``[weights, biases]``, zeros without
+        ``emissions``): ``sum_w (K,)``, ``phi_phi (K, P, P)``, ``r_phi (K, D, P)``,
+        ``r_r (K, D, D)`` (plus the conditional covariance of missing entries). Steps before
+        ``num_lags`` and steps with nothing observed get no weight; without ``emissions``
+        partially observed steps are dropped as well.
+        """
+        dtype = weights.dtype
+        k, d = self.num_states, self.emission_dim
+        y = y.astype(dtype)
+        num_steps = y.shape[1]
+        phi = jax.vmap(self.lagged)(y)
+        phi = jnp.concatenate([phi, jnp.ones(phi.shape[:-1] + (1,), dtype)], axis=-1)
+        scored = (jnp.arange(num_steps) >= self.num_lags)[None, :]
+        if emissions is None:
+            center = jnp.zeros((k, d, phi.shape[-1]), dtype)
+            w = weights * (scored & jnp.all(mask, axis=-1))[..., None].astype(dtype)
+            r = jnp.broadcast_to(y[:, :, None, :], y.shape[:2] + (k, d))
+            cond_cov = None
+        else:
+            em = jax.tree.map(lambda a: jax.lax.stop_gradient(a).astype(dtype), emissions)
+            center = jnp.concatenate([em.weights, em.biases[..., None]], axis=-1)
+            w = weights * (scored & jnp.any(mask, axis=-1))[..., None].astype(dtype)
+            means = jnp.einsum("kdp,ntp->ntkd", center, phi)
+
+            def one(y_t, m_t, mu, cov):
+                r, c = condition_on_leading(jnp.zeros_like(mu), cov, y_t - mu, m_t)
+                miss = ~m_t
+                return (jnp.where(m_t, y_t - mu, r),
+                        jnp.where(miss[:, None] & miss[None, :], c, 0.0))
+
+            per_state = jax.vmap(one, in_axes=(None, None, 0, 0))
+            r, cond_cov = jax.vmap(jax.vmap(per_state, in_axes=(0, 0, 0, None)),
+                                   in_axes=(0, 0, 0, None))(y, mask, means, em.covs)
+        r_r = jnp.einsum("ntk,ntkd,ntke->kde", w, r, r)
+        if cond_cov is not None:
+            r_r = r_r + jnp.einsum("ntk,ntkde->kde", w, cond_cov)
+        return {"sum_w": jnp.sum(w, axis=(0, 1)),
+                "phi_phi": jnp.einsum("ntk,ntp,ntq->kpq", w, phi, phi),
+                "r_phi": jnp.einsum("ntk,ntkd,ntp->kdp", w, r, phi),
+                "r_r": r_r,
+                "center": center}
+
+    def emission_m_step(self, emissions, stats, prior):
+        """Weighted least squares per state (minimum-norm solution when the regressors are
+        collinear), covariance from the weighted residuals plus ``min_variance``; states
+        without mass keep their values."""
+        del prior  # validate_em_priors admits none
+        w, center = stats["sum_w"], stats["center"]
+        d = self.emission_dim
+        empty = w <= 1e-12 * jnp.maximum(1.0, jnp.max(w))
+        pinv = jnp.linalg.pinv(symmetrize(stats["phi_phi"]), hermitian=True)
+        delta = jnp.einsum("kdp,kpq->kdq", stats["r_phi"], pinv)  # (K, D, P)
+        theta = center + delta
+        safe = jnp.where(empty, 1.0, w)
+        cov = (stats["r_r"] - jnp.einsum("kdp,kep->kde", delta, stats["r_phi"]))
+        cov = symmetrize(cov / safe[:, None, None]) + self.min_variance * jnp.eye(d,
+                                                                                 dtype=w.dtype)
+        keep = empty[:, None, None]
+        return ARHMMEmissions(
+            jnp.where(keep, emissions.weights, theta[..., :-1]),
+            jnp.where(empty[:, None], emissions.biases, theta[..., -1]),
+            jnp.where(keep, emissions.covs, cov),
+        )
+
+    def validate_em_priors(self, priors):
+        """Only Dirichlet priors on simplexes; no conjugate emission prior is implemented
+        (a matrix-normal-inverse-Wishart would be): the emissions prior must be ``None``."""
+        if priors is None:
+            return
+        _check_conjugate(priors._replace(emissions=None), {})
+        em = priors.emissions
+        if em is not None and not (isinstance(em, tuple) and all(e is None for e in em)):
+            raise ValueError(
+                "fit_em has no conjugate emission prior for LinearAutoregressiveHMM (a "
+                "matrix-normal-inverse-Wishart is not implemented): leave priors.emissions "
+                f"None (got {type(em).__name__}), or use fit_sgd for MAP with other priors"
+            )
+
+    # ---- initialization -----------------------------------------------------------------
+    def initialize_emissions(self, y, mask, *, key, method):
+        """Least squares on the fully observed (target, lags) rows. ``"data"``: k-means
+        (k-means++ seeding from ``key``) on the rows ``[y_t, y_{t-1}, ...]``, then a ridge
+        regression per cluster shrunk toward the pooled fit. ``"random"``: the pooled fit
+        with biases moved by random multiples of the residual scale."""
+        k, d, lag = self.num_states, self.emission_dim, self.num_lags
+        y = np.asarray(y, float).reshape((-1,) + np.shape(y)[-2:])
+        mask = np.broadcast_to(np.asarray(mask, bool), y.shape)
+        xs, ts = [], []
+        for y_s, m_s in zip(y, mask, strict=True):
+            full = m_s.all(axis=-1)
+            x_s = np.asarray(self.lagged(jnp.asarray(y_s)))
+            ok = full.copy()
+            ok[:lag] = False
+            for i in range(1, lag + 1):
+                ok[lag:] &= full[lag - i: len(full) - i]
+            xs.append(x_s[ok])
+            ts.append(y_s[ok])
+        x, t = np.concatenate(xs), np.concatenate(ts)
+        n, p = x.shape[0], d * lag + 1
+        if n < 2:
+            raise ValueError("LinearAutoregressiveHMM.initialize needs at least two fully "
+                             "observed steps with fully observed lags")
+        phi = np.concatenate([x, np.ones((n, 1))], axis=1)
+        scale = max(float(np.mean(np.var(t, axis=0))), 1e-8)
+
+        def ridge(ph, tt, prior_theta, strength):
+            a = ph.T @ ph + strength * np.eye(p)
+            return np.linalg.solve(a, ph.T @ tt + strength * prior_theta.T).T
+
+        pooled = ridge(phi, t, np.zeros((d, p)), 1e-6 * max(n, 1))
+        resid = t - phi @ pooled.T
+        pooled_cov = resid.T @ resid / n + 1e-3 * scale * np.eye(d)
+        seed = seed_from_key(key)
+        if method == "data":
+            centers, labels = kmeans(np.concatenate([t, x], axis=1), k, seed=seed)
+            thetas, covs = [], []
+            for j in range(k):
+                sel = labels == j
+                theta = ridge(phi[sel], t[sel], pooled, float(p + 1))
+                thetas.append(theta)
+                res = t[sel] - phi[sel] @ theta.T
+                covs.append(_cluster_covs(res, np.zeros(res.shape[0], int),
+                                          np.zeros((1, d)), pooled_cov)[0])
+            thetas, covs = np.asarray(thetas), np.asarray(covs)
+            order = np.argsort(centers[:, 0], kind="stable")
+            thetas, covs = thetas[order], covs[order]
+        elif method == "random":
+            rng = np.random.default_rng(seed)
+            thetas = np.repeat(pooled[None], k, axis=0)
+            sd = np.sqrt(np.diag(pooled_cov))
+            thetas[..., -1] += rng.normal(size=(k, d)) * sd
+            covs = np.repeat(pooled_cov[None], k, axis=0)
+        else:
+            raise ValueError(f"method must be 'data' or 'random', got {method!r}")
+        covs = 0.5 * (covs + np.swapaxes(covs, -1, -2)) + self.min_variance * np.eye(d)
+        dtype = float_dtype()
+        return ARHMMEmissions(jnp.asarray(thetas[..., :-1], dtype),
+                              jnp.asarray(thetas[..., -1], dtype), jnp.asarray(covs, dtype))
