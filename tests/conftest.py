@@ -1,0 +1,35 @@
+"""Shared test configuration: float64, a headless matplotlib, no persistent JAX cache.
+
+The environment and JAX settings below must take effect before :mod:`statseq` is imported
+anywhere, so they run at import time of this conftest (pytest imports it first).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["STATSEQ_NO_COMPILATION_CACHE"] = "1"
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import jax  # noqa: E402
+import matplotlib  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def log_lynx():
+    """The classic log10 lynx trappings series (114 annual values, 1821-1934)."""
+    import statseq as ss
+
+    return np.log10(ss.datasets.load_lynx().to_numpy().astype(float))
+
+
+@pytest.fixture
+def rng():
+    """A fresh, seeded NumPy generator for each test."""
+    return np.random.default_rng(20240611)
