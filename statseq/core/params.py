@@ -141,6 +141,10 @@ def validate_params(model, params) -> None:
             raise ValueError(f"params.{name} contains non-finite values")
         if arr.size and not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
+    if hasattr(model, "check_params") and not any(
+        isinstance(leaf, jax.core.Tracer) for leaf in leaves
+    ):
+        model.check_params(params)
 
 
 def _satisfies(con, arr) -> bool:

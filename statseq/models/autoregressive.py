@@ -167,6 +167,18 @@ class AR(SequenceModel):
         q = jnp.zeros((p * d, p * d), mu.dtype).at[:d, :d].set(params.cov)
         return mu, solve_discrete_lyapunov(self.companion(params), q)
 
+    def check_params(self, params) -> None:
+        """Eager model-level check: a stationary likelihood needs stationary coefficients."""
+        if self.initial != "stationary":
+            return
+        eig = np.linalg.eigvals(np.asarray(self.companion(params), float))
+        radius = float(np.max(np.abs(eig)))
+        if radius >= 1.0:
+            raise ValueError(
+                f"params.coeffs are not stationary (companion spectral radius {radius:.4g} "
+                ">= 1), so initial='stationary' is undefined; use initial='conditional'"
+            )
+
     # ---- the filter -------------------------------------------------------------------
     def initial_carry(self, params) -> ARCarry:
         n = self.order * self.dim
