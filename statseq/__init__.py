@@ -29,8 +29,13 @@ from statseq.forecast import Forecast, forecast  # noqa: E402
 from statseq.io import load, save  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
+    BernoulliHMM,
     CategoricalHMM,
+    GaussianHMM,
     HMMParams,
+    LinearAutoregressiveHMM,
+    NormalInverseGamma,
+    NormalInverseWishart,
     PoissonHMM,
     TransitionRegression,
 )
@@ -41,7 +46,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AR",
     "ARParams",
+    "BernoulliHMM",
     "CategoricalHMM",
+    "GaussianHMM",
+    "LinearAutoregressiveHMM",
+    "NormalInverseGamma",
+    "NormalInverseWishart",
     "HMMParams",
     "PoissonHMM",
     "TransitionRegression",

@@ -97,8 +97,19 @@ def log_prior(priors, params):
     if priors is None:
         return total
     for prior, value in _prior_pairs(priors, params):
-        total = total + jnp.sum(prior.log_prob(value))
+        total = total + jnp.sum(_log_density(prior, value))
     return total
+
+
+def _log_density(prior, value):
+    """``prior.log_prob(value)``, with the Dirichlet written with ``xlogy`` so that a
+    probability of exactly 0 under concentration 1 gives a finite density (numpyro's
+    ``log_prob`` computes ``0 * log 0 = nan`` there)."""
+    if isinstance(prior, dist.Dirichlet):
+        conc = prior.concentration
+        norm = jax.scipy.special.gammaln(conc.sum(-1)) - jax.scipy.special.gammaln(conc).sum(-1)
+        return jax.scipy.special.xlogy(conc - 1.0, value).sum(-1) + norm
+    return prior.log_prob(value)
 
 
 def validate_priors(model, priors) -> None:

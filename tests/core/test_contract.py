@@ -37,6 +37,15 @@ EXAMPLES = {
     ],
     "PoissonHMM": [ss.PoissonHMM(num_states=2, emission_dim=2, input_dim=1)],
     "CategoricalHMM": [ss.CategoricalHMM(num_states=3, num_classes=4, initial="stationary")],
+    "GaussianHMM": [
+        ss.GaussianHMM(num_states=2, emission_dim=2),
+        ss.GaussianHMM(num_states=3, emission_dim=2, covariance="diagonal",
+                       initial="stationary"),
+    ],
+    "BernoulliHMM": [ss.BernoulliHMM(num_states=2, emission_dim=3, input_dim=1)],
+    "LinearAutoregressiveHMM": [
+        ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2)
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

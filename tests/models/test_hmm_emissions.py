@@ -185,7 +185,7 @@ FAMILIES = {
                                                          min_variance=0.0)),
     "bernoulli": Family("bernoulli", BernoulliHMM(num_states=3, emission_dim=3)),
     "arhmm": Family("arhmm", LinearAutoregressiveHMM(num_states=2, emission_dim=2,
-                                                     num_lags=2, min_variance=0.0)),
+                                                     num_lags=2)),  # min_variance=1e-6
 }
 NAMES = list(FAMILIES)
 
@@ -259,52 +259,61 @@ def test_log_prob_and_smoother_match_brute_force(name):
     np.testing.assert_allclose(np.asarray(filt.log_prob), got, rtol=1e-12)
 
 
-def test_dynamax_gaussian_log_likelihood_at_same_params():
-    from dynamax.hidden_markov_model import DiagonalGaussianHMM as DxDiag
-    from dynamax.hidden_markov_model import GaussianHMM as DxGaussian
+def dynamax_params(params_cls, initial_probs, transitions, emissions):
+    """dynamax parameters built directly (its ``initialize`` costs seconds of eager ops)."""
+    from dynamax.hidden_markov_model.models.initial import ParamsStandardHMMInitialState
+    from dynamax.hidden_markov_model.models.transitions import ParamsStandardHMMTransitions
 
-    rng = np.random.default_rng(2)
-    for name, cls in (("gaussian-full", DxGaussian), ("gaussian-diag", DxDiag)):
-        fam = FAMILIES[name]
-        params, y, _ = brute_data(fam, rng)
-        em = params.emissions
-        dx = cls(fam.k, fam.d)
-        second = em.covs if fam.model.covariance == "full" else np.sqrt(em.variances)
-        kw = ("emission_covariances" if fam.model.covariance == "full" else
-              "emission_scale_diags")
-        dx_params, _ = dx.initialize(initial_probs=jnp.asarray(params.initial_probs),
-                                     transition_matrix=jnp.asarray(params.transitions),
-                                     emission_means=jnp.asarray(em.means),
-                                     **{kw: jnp.asarray(second)})
-        ours = np.asarray(ss.log_prob(fam.model, to_jax(params), y, mask=np.ones(y.shape)))
-        for s in range(3):
-            np.testing.assert_allclose(float(dx.marginal_log_prob(dx_params, y[s])), ours[s],
-                                       rtol=1e-10)
+    return params_cls(ParamsStandardHMMInitialState(jnp.asarray(initial_probs)),
+                      ParamsStandardHMMTransitions(jnp.asarray(transitions)),
+                      jax.tree.map(jnp.asarray, emissions))
+
+
+def test_dynamax_gaussian_log_likelihood_at_same_params():
+    from dynamax.hidden_markov_model import GaussianHMM as DxGaussian
+    from dynamax.hidden_markov_model.models.gaussian_hmm import (
+        ParamsGaussianHMM,
+        ParamsGaussianHMMEmissions,
+    )
+
+    fam = FAMILIES["gaussian-full"]
+    params, y, _ = brute_data(fam, np.random.default_rng(2))
+    em = params.emissions
+    dx = DxGaussian(fam.k, fam.d)
+    dx_params = dynamax_params(ParamsGaussianHMM, params.initial_probs, params.transitions,
+                               ParamsGaussianHMMEmissions(em.means, em.covs))
+    theirs = jax.jit(jax.vmap(dx.marginal_log_prob, in_axes=(None, 0)))(dx_params,
+                                                                        jnp.asarray(y))
+    ours = ss.log_prob(fam.model, to_jax(params), y, mask=np.ones(y.shape, bool))
+    np.testing.assert_allclose(np.asarray(theirs), np.asarray(ours), rtol=1e-10)
 
 
 def test_dynamax_arhmm_log_likelihood_at_same_params():
     """dynamax scores every step with zero pre-sample lags; ours conditions on the first
     L values. They agree on y[L:] with prev_emissions = y[:L] and initial law pi A^L."""
     from dynamax.hidden_markov_model import LinearAutoregressiveHMM as DxAR
+    from dynamax.hidden_markov_model.models.arhmm import ParamsLinearAutoregressiveHMM
+    from dynamax.hidden_markov_model.models.linreg_hmm import (
+        ParamsLinearRegressionHMMEmissions,
+    )
 
     fam = FAMILIES["arhmm"]
     lag = fam.model.num_lags
-    rng = np.random.default_rng(3)
-    params, y, _ = brute_data(fam, rng)
+    params, y, _ = brute_data(fam, np.random.default_rng(3))
     em = params.emissions
-    ours = np.asarray(ss.log_prob(fam.model, to_jax(params), y, mask=np.ones(y.shape)))
+    ours = np.asarray(ss.log_prob(fam.model, to_jax(params), y, mask=np.ones(y.shape, bool)))
     dx = DxAR(fam.k, fam.d, num_lags=lag)
     pi_l = params.initial_probs @ np.linalg.matrix_power(params.transitions, lag)
-    dx_params, _ = dx.initialize(initial_probs=jnp.asarray(pi_l),
-                                 transition_matrix=jnp.asarray(params.transitions),
-                                 emission_weights=jnp.asarray(em.weights),
-                                 emission_biases=jnp.asarray(em.biases),
-                                 emission_covariances=jnp.asarray(em.covs))
-    for s in range(3):
-        inputs = dx.compute_inputs(jnp.asarray(y[s, lag:]), prev_emissions=jnp.asarray(y[s, :lag]))
-        np.testing.assert_allclose(np.asarray(inputs), np_lags(y[s], lag)[lag:])
-        got = float(dx.marginal_log_prob(dx_params, jnp.asarray(y[s, lag:]), inputs=inputs))
-        np.testing.assert_allclose(got, ours[s], rtol=1e-10)
+    dx_params = dynamax_params(ParamsLinearAutoregressiveHMM, pi_l, params.transitions,
+                               ParamsLinearRegressionHMMEmissions(em.weights, em.biases,
+                                                                  em.covs))
+    inputs = jnp.stack([dx.compute_inputs(jnp.asarray(y[s, lag:]),
+                                          prev_emissions=jnp.asarray(y[s, :lag]))
+                        for s in range(3)])
+    np.testing.assert_allclose(np.asarray(inputs[0]), np_lags(y[0], lag)[lag:])
+    theirs = jax.jit(jax.vmap(dx.marginal_log_prob, in_axes=(None, 0, 0)))(
+        dx_params, jnp.asarray(y[:, lag:]), inputs)
+    np.testing.assert_allclose(np.asarray(theirs), ours, rtol=1e-10)
     # with dynamax's own convention (zero lags, every step scored) the first L steps differ
     ll = np.asarray(fam.model.log_likelihoods(to_jax(params), jnp.asarray(y[0]),
                                               jnp.ones(y[0].shape, bool)))
@@ -419,6 +428,7 @@ def hmmlearn_run(h, y, num_iters):
     return np.array(lls), snaps
 
 
+@pytest.mark.filterwarnings("ignore:state .* has almost no posterior mass")
 @pytest.mark.parametrize("name", ["gaussian-full", "gaussian-diag", "bernoulli"])
 def test_em_matches_hmmlearn(name):
     """Same start, full data: MLE trajectories (prior-free) and MAP trajectories (our
@@ -449,7 +459,8 @@ def test_em_matches_hmmlearn(name):
         em = (BernoulliEmissions(rest[0]) if name == "bernoulli" else
               type(start.emissions)(rest[0], rest[1]))
         lp.append(float(ss.log_prior(priors, to_jax(HMMParams(pi, trans, em)))))
-    np.testing.assert_allclose(res.log_joint, theirs + np.array(lp), rtol=1e-8)
+    n = res.num_iterations  # (fewer than NUM_ITERS if the trace stopped changing)
+    np.testing.assert_allclose(res.log_joint[:n], (theirs + np.array(lp))[:n], rtol=1e-8)
     got = to_np(res.params)
     np.testing.assert_allclose(got.transitions, h.transmat_, rtol=1e-6, atol=1e-9)
     if name == "bernoulli":
@@ -486,7 +497,8 @@ def test_state_without_mass_keeps_its_values_and_stays_finite(name):
     mask = np.ones(y.shape, bool)
     data = prepare_data(fam.model, y, mask)
     st, _ = _e_step(fam.model, to_jax(params), data.y, data.mask, data.inputs)
-    assert np.all(np.asarray(st["weights"])[..., 1:] == 0.0)
+    first = getattr(fam.model, "num_lags", 0)  # conditioned steps carry no emission
+    assert np.all(np.asarray(st["weights"])[:, first:, 1:] == 0.0)
     trace, fitted = mle_em(fam, params, y, mask, 4)
     assert np.all(np.isfinite(trace))
     for a, b in zip(jax.tree.leaves(to_np(fitted.emissions)), jax.tree.leaves(params.emissions),
@@ -503,6 +515,7 @@ def test_state_without_mass_keeps_its_values_and_stays_finite(name):
             assert any("no posterior mass" in str(w.message) for w in caught)
 
 
+@pytest.mark.filterwarnings("ignore:state .* has almost no posterior mass")
 def test_map_equals_closed_form_for_one_state_and_moves_toward_the_prior():
     rng = np.random.default_rng(6)
     for name in ("gaussian-full", "gaussian-diag", "bernoulli"):
@@ -628,7 +641,7 @@ def test_mle_m_step_equals_hand_computed_statistics():
                         s_yp += wt * np.outer(e, phi[t])
                         s_yy += wt * (np.outer(e, e) + c)
                 theta = s_yp @ np.linalg.inv(s_pp)
-                cov = (s_yy - theta @ s_yp.T) / total
+                cov = (s_yy - theta @ s_yp.T) / total + fam.model.min_variance * np.eye(fam.d)
                 np.testing.assert_allclose(new.weights[k], theta[:, :-1], rtol=1e-8, atol=1e-10)
                 np.testing.assert_allclose(new.biases[k], theta[:, -1], rtol=1e-8, atol=1e-10)
                 np.testing.assert_allclose(new.covs[k], cov, rtol=1e-8, atol=1e-12)
@@ -640,9 +653,13 @@ def test_min_variance_guards_a_collapsing_state():
     y = np.array([[[0.5, -1.0], [3.0, 3.0], [3.1, 2.9]]])
     weights = jnp.asarray([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])
     em = GaussianEmissions(jnp.zeros((2, 2)), jnp.tile(jnp.eye(2), (2, 1, 1)))
-    st = model.emission_suff_stats(jnp.asarray(y), jnp.ones(y.shape, bool), weights,
-                                   emissions=em)
-    new = model.emission_m_step(em, st, None)
+
+    @jax.jit
+    def m_step(y, weights, em):
+        st = model.emission_suff_stats(y, jnp.ones(y.shape, bool), weights, emissions=em)
+        return model.emission_m_step(em, st, None)
+
+    new = m_step(jnp.asarray(y), weights, em)
     np.testing.assert_allclose(np.asarray(new.covs[0]), 1e-6 * np.eye(2), atol=1e-15)
     np.testing.assert_allclose(np.asarray(new.means[0]), y[0, 0], rtol=1e-14)
     assert np.all(np.linalg.eigvalsh(np.asarray(new.covs[1])) > 0)
@@ -669,17 +686,14 @@ def test_conjugate_prior_densities_match_scipy():
     want = (stats.invgamma(2.5, scale=1.5).logpdf(dvalue.variances)
             + stats.norm(loc, np.sqrt(dvalue.variances / kappa)).logpdf(dvalue.means)).sum(1)
     np.testing.assert_allclose(np.asarray(nig.log_prob(to_jax(dvalue))), want, rtol=1e-10)
-    # a node prior is summed by log_prior, and its draws have the prior's structure
+    # a node prior (on the whole emissions NamedTuple) is summed by log_prior
     fam = FAMILIES["gaussian-full"]
     params = to_jax(fam.random_params(rng))
-    prior = NormalInverseWishart(jnp.ones(2), 1.0, 10.0, jnp.eye(2))
+    prior = NormalInverseWishart(np.ones(2), 1.0, 10.0, np.eye(2))
     total = ss.log_prior(HMMParams(None, None, prior), params)
     np.testing.assert_allclose(float(total), float(jnp.sum(prior.log_prob(params.emissions))))
-    draw = prior.sample(jax.random.key(0), (500,))
-    assert draw.means.shape == (500, 2) and draw.covs.shape == (500, 2, 2)
-    # E[Sigma] = Psi / (nu - D - 1), E[mu] = loc
-    np.testing.assert_allclose(np.mean(np.asarray(draw.covs), 0), np.eye(2) / 7.0, atol=0.02)
-    np.testing.assert_allclose(np.mean(np.asarray(draw.means), 0), np.ones(2), atol=0.05)
+    mode = prior.mode()
+    np.testing.assert_allclose(np.asarray(mode.covs), np.eye(2) / (10.0 + 2 + 2))
     with pytest.raises(ValueError, match="df"):
         NormalInverseWishart(jnp.zeros(3), 1.0, 1.5, jnp.eye(3))
 
@@ -733,7 +747,7 @@ def test_arhmm_step_matches_predict_score_update_and_samples():
     fam = FAMILIES["arhmm"]
     model = fam.model
     params = to_jax(fam.random_params(np.random.default_rng(8)))
-    _, y, _ = brute_data(fam, np.random.default_rng(8))
+    _, y, brute_mask = brute_data(fam, np.random.default_rng(8))
     y0 = jnp.asarray(y[0])
     mask = jnp.ones(y0.shape, bool)
     u = jnp.zeros((T_BRUTE, 0))
@@ -746,7 +760,7 @@ def test_arhmm_step_matches_predict_score_update_and_samples():
 
     _, (lp, lp_ref) = jax.lax.scan(body, model.initial_carry(params), (y0, mask, u))
     np.testing.assert_allclose(np.asarray(lp), np.asarray(lp_ref), rtol=1e-10)
-    filt = ss.filter(model, params, y, mask=np.ones(y.shape, bool))
+    filt = ss.filter(model, params, y, mask=brute_mask)  # (the compiled brute-force shape)
     assert np.all(np.asarray(filt.log_probs)[:, : model.num_lags] == 0.0)
     draws = ss.sample(model, params, num_timesteps=T_BRUTE, key=jax.random.key(0),
                       num_samples=3)

@@ -17,7 +17,7 @@ from numpyro.distributions import constraints
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
 from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
-from statseq.models.hmm.base import HMMBase, HMMCarry
+from statseq.models.hmm.base import HMMBase, HMMCarry, _e_step
 from statseq.models.hmm.gaussian import (
     _check_min_variance,
     _cluster_covs,
@@ -317,6 +317,18 @@ class LinearAutoregressiveHMM(HMMBase):
             jnp.where(empty[:, None], emissions.biases, theta[..., -1]),
             jnp.where(keep, emissions.covs, cov),
         )
+
+    def em_warnings(self, params, y, mask, inputs) -> list[str]:
+        """States that ended EM with (almost) no weight on the *scored* steps (the first
+        ``num_lags`` steps carry state probabilities but no emission information)."""
+        stats, _ = _e_step(self, params, y, mask, inputs)
+        mass = np.asarray(stats["emissions"]["sum_w"])
+        total = float(np.sum(mass))
+        return [
+            f"state {k} has almost no posterior mass ({m:.3g} of {total:.0f} scored steps): "
+            "its emission parameters were kept at their previous values; consider fewer states"
+            for k, m in enumerate(mass) if m < 1e-6 * max(total, 1.0)
+        ]
 
     def validate_em_priors(self, priors):
         """Only Dirichlet priors on simplexes; no conjugate emission prior is implemented

@@ -222,7 +222,8 @@ class HMMBase(SequenceModel):
         joint = predicted * jnp.exp(ll - shift)
         norm = jnp.sum(joint)
         new = HMMCarry(joint / norm, jnp.ones((), bool))
-        return jnp.log(norm) + shift, new
+        # a fully masked step scores exactly 0 (not log of a sum that rounds near 1)
+        return jnp.where(jnp.any(mask_t), jnp.log(norm) + shift, 0.0), new
 
     def update(self, params, carry, y_t, mask_t, inputs_t) -> HMMCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
@@ -464,10 +465,14 @@ def _e_step(model, params, y, mask, inputs):
 def mass_warnings(model, params, y, mask, inputs) -> list[str]:
     """Messages for states that ended EM with (almost) no posterior mass."""
     stats, _ = _e_step(model, params, y, mask, inputs)
-    mass = np.asarray(jnp.sum(stats["weights"], axis=(0, 1)))
+    observed = np.asarray(mask).reshape(mask.shape[:2] + (-1,)).any(axis=-1)
+    observed[:, : model.num_conditioned_steps] = False  # conditioned steps carry no weight
+    weights = np.asarray(stats["weights"]) * observed[..., None]
+    mass = weights.sum(axis=(0, 1))
     total = float(np.sum(mass))
     return [
-        f"state {k} has almost no posterior mass ({m:.3g} of {total:.0f} steps): its "
-        "parameters were kept at their previous values; consider fewer states"
+        f"state {k} has almost no posterior mass on observed steps ({m:.3g} of "
+        f"{total:.0f}): its emission parameters were kept at their previous values (or set "
+        "to the prior mode when a prior is given); consider fewer states"
         for k, m in enumerate(mass) if m < 1e-6 * max(total, 1.0)
     ]

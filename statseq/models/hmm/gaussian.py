@@ -117,10 +117,11 @@ class NormalInverseWishart(dist.Distribution):
                 raise ValueError("scale must be symmetric positive definite")
         batch_shape = jnp.broadcast_shapes(loc.shape[:-1], mean_precision.shape, df.shape,
                                            scale.shape[:-2])
-        self.loc = jnp.broadcast_to(loc, batch_shape + (dim,))
-        self.mean_precision = jnp.broadcast_to(mean_precision, batch_shape)
-        self.df = jnp.broadcast_to(df, batch_shape)
-        self.scale = jnp.broadcast_to(scale, batch_shape + (dim, dim))
+        xp = np if _is_concrete(loc, scale, mean_precision, df) else jnp
+        self.loc = jnp.asarray(xp.broadcast_to(loc, batch_shape + (dim,)))
+        self.mean_precision = jnp.asarray(xp.broadcast_to(mean_precision, batch_shape))
+        self.df = jnp.asarray(xp.broadcast_to(df, batch_shape))
+        self.scale = jnp.asarray(xp.broadcast_to(scale, batch_shape + (dim, dim)))
         super().__init__(batch_shape=batch_shape, event_shape=(dim,),
                          validate_args=validate_args)
 
@@ -142,17 +143,6 @@ class NormalInverseWishart(dist.Distribution):
                   - multigammaln(0.5 * nu, dim) - 0.5 * (nu + dim + 1.0) * logdet
                   - 0.5 * trace)
         return log_normal + log_iw
-
-    def sample(self, key, sample_shape=()):
-        """Draws as a :class:`GaussianEmissions` of shape ``sample_shape + batch_shape``."""
-        k1, k2 = jax.random.split(key)
-        shape = tuple(sample_shape) + self.batch_shape
-        precision = dist.Wishart(self.df, rate_matrix=self.scale).sample(k1, sample_shape)
-        covs = symmetrize(jnp.linalg.inv(precision))
-        chol = jnp.linalg.cholesky(covs / self.mean_precision[..., None, None])
-        eps = jax.random.normal(k2, shape + self.event_shape, covs.dtype)
-        means = self.loc + jnp.einsum("...ij,...j->...i", chol, eps)
-        return GaussianEmissions(means, covs)
 
     def mode(self):
         """The joint mode ``(loc, scale / (df + D + 2))`` as a :class:`GaussianEmissions`."""
@@ -202,9 +192,10 @@ class NormalInverseGamma(dist.Distribution):
                 if not np.all(np.asarray(a) > 0):
                     raise ValueError(f"{name} must be positive, got {a}")
         shape = jnp.broadcast_shapes(loc.shape, *(a.shape for a in arrays))
-        self.loc = jnp.broadcast_to(loc, shape)
+        xp = np if _is_concrete(loc, *arrays) else jnp
+        self.loc = jnp.asarray(xp.broadcast_to(loc, shape))
         self.mean_precision, self.concentration, self.rate = (
-            jnp.broadcast_to(a, shape) for a in arrays)
+            jnp.asarray(xp.broadcast_to(a, shape)) for a in arrays)
         super().__init__(batch_shape=shape[:-1], event_shape=shape[-1:],
                          validate_args=validate_args)
 

@@ -133,6 +133,11 @@ def _check_conjugate(priors, emission_types: dict) -> None:
     pairs = [("initial_probs", priors.initial_probs, dist.Dirichlet)]
     if not hasattr(priors.transitions, "weights"):
         pairs.append(("transitions", priors.transitions, dist.Dirichlet))
+    if isinstance(priors.emissions, dist.Distribution):
+        raise ValueError(
+            "fit_em needs priors on the individual emission fields "
+            f"({', '.join(emission_types)}), not one prior on the whole emissions node"
+        )
     if priors.emissions is not None:
         for field, kind in emission_types.items():
             pairs.append((f"emissions.{field}", getattr(priors.emissions, field), kind))
