@@ -53,11 +53,15 @@ def test_readme_starts_with_the_setup_commands():
 
 
 def test_readme_quick_start_runs(tmp_path, monkeypatch):
-    (code,) = _code_blocks(_section(README.read_text(), "Quick start"), "python")
-    ns = _run(code, tmp_path, monkeypatch)
+    blocks = _code_blocks(_section(README.read_text(), "Quick start"), "python")
+    assert len(blocks) == 2
+    ns = _run("\n".join(blocks), tmp_path, monkeypatch)
     assert (tmp_path / "lynx_ar2.npz").exists()
     assert ns["model2"] == ns["model"]
     assert ns["lower"].shape == ns["upper"].shape == (10,)
+    # the HMM block's comment quotes the published log-likelihood: keep it true
+    assert abs(ns["em"].final_log_joint - (-342.32)) < 5e-3
+    assert ns["states"].shape == ns["quakes"].shape
 
 
 def test_docs_home_page_example_runs(tmp_path, monkeypatch):
