@@ -1,9 +1,9 @@
 """fit_em on HMMs: monotone, its trace is ``log_prob``, and hmmlearn and dynamax agree.
 
-Compilation dominates the cost of these tests, so single-sequence fits share one length
-(``T_EM = 100``, also the length of the discoveries series) and one ``num_iters``
-(``ITERS``): each (model, prior structure) then compiles once. Longer fits chain calls of
-``fit_em`` with ``num_iters=ITERS`` instead of compiling a longer loop.
+Compilation dominates the cost of these tests, so the simulated problems share one data
+shape (``SHAPE``: two sequences of ``T_EM = 50`` steps) and one ``num_iters`` (``ITERS``):
+each (model, number of states, prior structure) then compiles once. Longer fits chain calls
+of ``fit_em`` with ``num_iters=ITERS`` instead of compiling a longer loop.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pytest
 import statseq as ss
 from statseq.models.hmm import CategoricalEmissions, PoissonEmissions
 
-T_EM = 100
+T_EM = 50
+SHAPE = (2,)  # two sequences per problem (hmmlearn: lengths=[T_EM, T_EM])
 ITERS = 30
 C = 3  # categories of the categorical problems
 FAMILIES = ("poisson", "categorical")
@@ -53,7 +54,7 @@ def simulate(rng, family, params, shape):
     if family == "poisson":
         return rng.poisson(np.asarray(params.emissions.rates)[z])
     probs = np.asarray(params.emissions.probs)[z]  # (..., T, C)
-    return (rng.random(z.shape)[..., None] > np.cumsum(probs, -1)).sum(-1)
+    return np.minimum((rng.random(z.shape)[..., None] > np.cumsum(probs, -1)).sum(-1), C - 1)
 
 
 def make_model(family, k, **kwargs):
@@ -62,7 +63,7 @@ def make_model(family, k, **kwargs):
     return ss.CategoricalHMM(num_states=k, num_classes=C, **kwargs)
 
 
-def problem(seed, family=None, k=None, shape=()):
+def problem(seed, family=None, k=None, shape=SHAPE):
     """A random model, start and data: ``(model, start, y)``."""
     rng = np.random.default_rng(seed)
     family = family or FAMILIES[seed % 2]
@@ -70,6 +71,11 @@ def problem(seed, family=None, k=None, shape=()):
     truth = random_params(rng, family, k, stickiness=8.0)
     y = simulate(rng, family, truth, shape)
     return make_model(family, k), random_params(rng, family, k), y
+
+
+def total_log_prob(model, params, y, **kwargs):
+    """``log p(y)`` summed over the sequences of a batch."""
+    return float(jnp.sum(ss.log_prob(model, params, y, **kwargs)))
 
 
 def fit(model, params, y, num_iters=ITERS, **kwargs):
@@ -107,35 +113,35 @@ def test_em_log_joint_never_decreases(seed):
         result = fit(model, start, y)
     trace = result.log_joint[: result.num_iterations]
     assert_monotone(result)
-    np.testing.assert_allclose(trace[0], float(ss.log_prob(model, start, y)), rtol=1e-12)
+    np.testing.assert_allclose(trace[0], total_log_prob(model, start, y), rtol=1e-12)
     # the last M-step, whose value the trace never shows, does not decrease it either
-    final = float(ss.log_prob(model, result.params, y))
+    final = total_log_prob(model, result.params, y)
     assert final >= trace[-1] - 1e-8 * abs(trace[-1])
     assert trace[-1] > trace[0]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_trace_is_log_prob_at_the_params_entering_each_iteration(family):
-    model, start, y = problem(101, family, k=3)
-    full, one, two = (fit(model, start, y, num_iters=n) for n in (ITERS, 1, 2))
-    log_probs = [float(ss.log_prob(model, p, y)) for p in (start, one.params, two.params)]
+def test_trace_is_log_prob_at_the_params_entering_each_iteration():
+    model, start, y = problem(101, "poisson", k=3)
+    full = fit(model, start, y)
+    # the params after one and two iterations, from fits of one iteration (chaining two
+    # of them is two iterations, and compiles one program where num_iters=2 would add one)
+    one = fit(model, start, y, num_iters=1)
+    two = fit(model, one.params, y, num_iters=1)
+    log_probs = [total_log_prob(model, p, y) for p in (start, one.params, two.params)]
     np.testing.assert_allclose(full.log_joint[:3], log_probs, rtol=1e-12)
     np.testing.assert_allclose(one.log_joint, full.log_joint[:1], rtol=1e-12)
-    np.testing.assert_allclose(two.log_joint, full.log_joint[:2], rtol=1e-12)
-    # two iterations are one iteration twice
-    again = fit(model, one.params, y, num_iters=1)
-    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(two.params), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(two.log_joint, full.log_joint[1:2], rtol=1e-12)
+    assert one.num_iterations == 1 and not one.converged
 
 
 def test_trace_with_missing_values_is_the_masked_log_prob(rng):
     model, start, y = problem(102, "poisson", k=3)
-    mask = rng.random(T_EM) > 0.15
+    mask = rng.random(SHAPE + (T_EM,)) > 0.15
     y_nan = np.where(mask, y, np.nan)
     result = fit(model, start, y_nan, mask=mask)
     assert_monotone(result)
     np.testing.assert_allclose(result.log_joint[0],
-                               float(ss.log_prob(model, start, y_nan, mask=mask)), rtol=1e-12)
+                               total_log_prob(model, start, y_nan, mask=mask), rtol=1e-12)
     # masked values do not enter the fit: any value there gives the same params
     other = fit(model, start, np.where(mask, y, 1000), mask=mask)
     for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(other.params), strict=True):
@@ -147,7 +153,7 @@ def test_converged_fit_returns_the_params_of_its_last_trace_entry():
     result = fit(model, start, y, tol=1e-4)
     assert result.converged and result.num_iterations < ITERS
     n = result.num_iterations
-    np.testing.assert_allclose(float(ss.log_prob(model, result.params, y)),
+    np.testing.assert_allclose(total_log_prob(model, result.params, y),
                                result.log_joint[n - 1], rtol=1e-12)
     assert np.all(np.isnan(result.log_joint[n:]))
     assert result.final_log_joint == result.log_joint[n - 1]
@@ -165,7 +171,7 @@ def test_poisson_em_trajectory_equals_hmmlearn():
     ref.startprob_ = np.asarray(start.initial_probs)
     ref.transmat_ = np.asarray(start.transitions)
     ref.lambdas_ = np.asarray(start.emissions.rates)[:, None]
-    ref.fit(y[:, None])
+    ref.fit(y.reshape(-1, 1), lengths=[T_EM] * 2)
     history = np.asarray(ref.monitor_.history)
     assert history.shape == (ITERS,)
     result = fit(model, start, y)
@@ -175,15 +181,15 @@ def test_poisson_em_trajectory_equals_hmmlearn():
     np.testing.assert_allclose(result.params.emissions.rates, ref.lambdas_[:, 0], rtol=1e-8)
 
 
-def test_categorical_em_trajectory_on_a_batch_equals_hmmlearn():
+def test_categorical_em_trajectory_equals_hmmlearn():
     hmm = pytest.importorskip("hmmlearn.hmm")
-    model, start, y = problem(105, "categorical", k=3, shape=(3,))  # three sequences
+    model, start, y = problem(105, "categorical", k=3)
     ref = hmm.CategoricalHMM(n_components=3, n_features=C, init_params="", params="ste",
                              n_iter=ITERS, tol=-np.inf)
     ref.startprob_ = np.asarray(start.initial_probs)
     ref.transmat_ = np.asarray(start.transitions)
     ref.emissionprob_ = np.asarray(start.emissions.probs)
-    ref.fit(y.reshape(-1, 1), lengths=[T_EM] * 3)
+    ref.fit(y.reshape(-1, 1), lengths=[T_EM] * 2)
     result = fit(model, start, y)
     np.testing.assert_allclose(result.log_joint, np.asarray(ref.monitor_.history), rtol=1e-11,
                                atol=1e-8)
@@ -205,7 +211,7 @@ def test_frozen_transitions_equal_hmmlearn_without_transition_updates():
     ref.startprob_ = np.asarray(start.initial_probs)
     ref.transmat_ = np.asarray(start.transitions)
     ref.lambdas_ = np.asarray(start.emissions.rates)[:, None]
-    ref.fit(y[:, None])
+    ref.fit(y.reshape(-1, 1), lengths=[T_EM] * 2)
     np.testing.assert_allclose(result.log_joint, np.asarray(ref.monitor_.history), rtol=1e-11)
     np.testing.assert_allclose(result.params.emissions.rates, ref.lambdas_[:, 0], rtol=1e-8)
 
@@ -217,42 +223,34 @@ def test_frozen_transitions_equal_hmmlearn_without_transition_updates():
     assert_monotone(result)
 
 
-def dynamax_priors(family, k):
-    """statseq priors equal to dynamax's defaults (Dirichlet 1.1, Gamma(1.1, rate 0.1))."""
-    emissions = (PoissonEmissions(dist.Gamma(1.1, 0.1)) if family == "poisson"
-                 else CategoricalEmissions(dist.Dirichlet(1.1 * jnp.ones((k, C)))))
+def dynamax_priors(k):
+    """statseq priors equal to dynamax's PoissonHMM defaults."""
     return ss.HMMParams(dist.Dirichlet(1.1 * jnp.ones(k)), dist.Dirichlet(1.1 * jnp.ones((k, k))),
-                        emissions)
+                        PoissonEmissions(dist.Gamma(1.1, 0.1)))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_em_trajectory_equals_dynamax_with_its_default_priors(family):
-    """dynamax's EM trace includes its default priors; statseq is given the same priors."""
+def test_poisson_em_trajectory_equals_dynamax_with_its_default_priors():
+    """dynamax's EM trace includes its default priors (Dirichlet(1.1) on both simplexes,
+    Gamma(1.1, rate 0.1) on the rates, no flat choice since Gamma(1, 0) is improper), so
+    statseq is given the same priors and both traces are log p(y | theta) + log p(theta).
+
+    (The categorical emission prior is not compared here: one more compiled fit per peer.)
+    """
     dhmm = pytest.importorskip("dynamax.hidden_markov_model")
-    model, start, y = problem(107, family, k=3)
-    pi, a = jnp.asarray(start.initial_probs), jnp.asarray(start.transitions)
-    if family == "poisson":
-        dyn = dhmm.PoissonHMM(3, 1)
-        dparams, props = dyn.initialize(initial_probs=pi, transition_matrix=a,
-                                        emission_rates=start.emissions.rates[:, None])
-        emissions = jnp.asarray(y[:, None], float)
-    else:
-        dyn = dhmm.CategoricalHMM(3, 1, C)
-        dparams, props = dyn.initialize(initial_probs=pi, transition_matrix=a,
-                                        emission_probs=start.emissions.probs[:, None, :])
-        emissions = jnp.asarray(y[:, None])
+    model, start, y = problem(107, "poisson", k=3)
+    dyn = dhmm.PoissonHMM(3, 1)
+    dparams, props = dyn.initialize(initial_probs=jnp.asarray(start.initial_probs),
+                                    transition_matrix=jnp.asarray(start.transitions),
+                                    emission_rates=start.emissions.rates[:, None])
+    emissions = jnp.asarray(y[..., None], float)  # (sequences, T, emission_dim)
     dfit, dlog_probs = dyn.fit_em(dparams, props, emissions, num_iters=ITERS, verbose=False)
-    result = fit(model, start, y, priors=dynamax_priors(family, 3))
+    result = fit(model, start, y, priors=dynamax_priors(3))
     np.testing.assert_allclose(result.log_joint, dlog_probs, rtol=1e-11, atol=1e-8)
     np.testing.assert_allclose(result.params.initial_probs, dfit.initial.probs, atol=1e-8)
     np.testing.assert_allclose(result.params.transitions, dfit.transitions.transition_matrix,
                                atol=1e-8)
-    if family == "poisson":
-        np.testing.assert_allclose(result.params.emissions.rates, dfit.emissions.rates[:, 0],
-                                   rtol=1e-8)
-    else:
-        np.testing.assert_allclose(result.params.emissions.probs, dfit.emissions.probs[:, 0],
-                                   atol=1e-8)
+    np.testing.assert_allclose(result.params.emissions.rates, dfit.emissions.rates[:, 0],
+                               rtol=1e-8)
     # without the priors the trajectory is a different one: the comparison can fail
     assert abs(fit(model, start, y).log_joint[-1] - dlog_probs[-1]) > 1e-3
 
@@ -273,19 +271,26 @@ def test_map_fixed_point_is_a_stationary_point_of_the_log_joint():
                           PoissonEmissions(dist.Gamma(2.0, 0.5)))
     result = fit_to_convergence(model, start, y, priors=priors)
 
-    def objective(u, with_prior=True):
-        p = ss.from_unconstrained(model, u)
-        lp = ss.log_prob(model, p, y)
-        return lp + ss.log_prior(priors, p) if with_prior else lp
+    def log_lik(u):
+        return jnp.sum(ss.log_prob(model, ss.from_unconstrained(model, u), y))
 
-    grad = jax.grad(objective)
-    norm = lambda g: max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g))  # noqa: E731
-    at_fit = ss.to_unconstrained(model, result.params)
-    assert norm(grad(at_fit)) < 1e-5
-    assert norm(grad(ss.to_unconstrained(model, start))) > 1.0
+    def log_joint(u):
+        return log_lik(u) + ss.log_prior(priors, ss.from_unconstrained(model, u))
+
+    @jax.jit
+    def grads(u):  # one compiled program for both gradients and the value
+        return log_joint(u), jax.grad(log_joint)(u), jax.grad(log_lik)(u)
+
+    def norm(tree):
+        return max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(tree))
+
+    value, grad_joint, grad_lik = grads(ss.to_unconstrained(model, result.params))
+    np.testing.assert_allclose(float(value), result.final_log_joint, rtol=1e-12)
+    assert norm(grad_joint) < 1e-5
     # the prior matters at this point: the likelihood alone is not stationary there
-    assert norm(grad(at_fit, with_prior=False)) > 1e-2
-    np.testing.assert_allclose(float(objective(at_fit)), result.final_log_joint, rtol=1e-12)
+    assert norm(grad_lik) > 1e-2
+    # and the start is far from stationary: the bound above is a real test
+    assert norm(grads(ss.to_unconstrained(model, start))[1]) > 1.0
 
 
 @pytest.mark.parametrize(
@@ -309,7 +314,7 @@ def test_non_conjugate_priors_raise(priors):
 
 def test_state_that_loses_its_mass_warns_and_stays_finite(rng):
     model = ss.PoissonHMM(num_states=3)
-    y = rng.poisson(3.0, size=T_EM)  # one state generated the data
+    y = rng.poisson(3.0, size=SHAPE + (T_EM,))  # one state generated the data
     start = ss.HMMParams(jnp.ones(3) / 3, model.default_transitions(),
                          PoissonEmissions(jnp.array([2.0, 4.0, 80.0])))
     with pytest.warns(RuntimeWarning, match="state 2"):
@@ -319,7 +324,7 @@ def test_state_that_loses_its_mass_warns_and_stays_finite(rng):
         assert np.all(np.isfinite(np.asarray(leaf)))
     assert_monotone(result)
     assert float(result.params.emissions.rates[2]) == 80.0  # kept, not 0/0
-    assert np.isfinite(float(ss.log_prob(model, result.params, y)))
+    assert np.isfinite(total_log_prob(model, result.params, y))
 
 
 def test_model_without_em_raises_type_error(log_lynx):
@@ -335,31 +340,36 @@ def test_stationary_initial_law_em_is_monotone():
     result = fit(model, start, y)
     assert_monotone(result)
     assert result.log_joint[-1] > result.log_joint[0] + 1.0
-    np.testing.assert_allclose(result.log_joint[0], float(ss.log_prob(model, start, y)),
+    np.testing.assert_allclose(result.log_joint[0], total_log_prob(model, start, y),
                                rtol=1e-12)
     assert result.params.initial_probs is None
-    final = float(ss.log_prob(model, result.params, y))
+    final = total_log_prob(model, result.params, y)
     assert final >= result.log_joint[-1] - 1e-8 * abs(final)
 
 
-def test_input_driven_em_is_monotone_and_recovers_the_weight_signs():
-    """Simulated from known weights with ``ss.sample``: each row's input effect on
-    switching, ``w[i, 1] - w[i, 0]``, is +3 from state 0 and -3 from state 1."""
+@pytest.fixture(scope="module")
+def glm_problem():
+    """Four sequences simulated with ``ss.sample`` from known regression weights: each
+    row's input effect on switching, ``w[i, 1] - w[i, 0]``, is +3 from state 0 and -3
+    from state 1."""
     model = ss.PoissonHMM(num_states=2, input_dim=1)
     weights = jnp.array([[[0.0], [3.0]], [[3.0], [0.0]]])
     truth = ss.HMMParams(jnp.array([0.5, 0.5]),
                          ss.TransitionRegression(weights, jnp.log(model.default_transitions())),
                          PoissonEmissions(jnp.array([1.0, 8.0])))
-    inputs = np.random.default_rng(7).normal(size=(T_EM, 1))
-    y = ss.sample(model, truth, num_timesteps=T_EM, key=jax.random.key(3), inputs=inputs,
-                  num_samples=6)
+    inputs = np.random.default_rng(7).normal(size=(150, 1))
+    y = ss.sample(model, truth, num_timesteps=150, key=jax.random.key(3), inputs=inputs,
+                  num_samples=4)
     start = model.initialize(y, key=jax.random.key(0), inputs=inputs)
     np.testing.assert_array_equal(start.transitions.weights, 0.0)
+    return model, inputs, y, start
+
+
+def test_input_driven_em_is_monotone_and_recovers_the_weight_signs(glm_problem):
+    model, inputs, y, start = glm_problem
     result = fit(model, start, y, inputs=inputs)
     assert_monotone(result)
-    np.testing.assert_allclose(result.log_joint[0],
-                               float(jnp.sum(ss.log_prob(model, start, y, inputs=inputs))),
-                               rtol=1e-12)
+    assert result.log_joint[result.num_iterations - 1] > result.log_joint[0] + 10.0
     w = np.asarray(result.params.transitions.weights)[..., 0]
     contrast = w[:, 1] - w[:, 0]
     assert contrast[0] > 0.5 and contrast[1] < -0.5, contrast
@@ -367,34 +377,38 @@ def test_input_driven_em_is_monotone_and_recovers_the_weight_signs():
     assert rates[0] < 2.0 < 6.0 < rates[1]
 
 
+def test_input_driven_em_honours_a_prior_on_the_weights(glm_problem):
+    """A Normal(0, 0.1) prior on the regression weights: the log joint, prior included,
+    must not decrease, and the weights must shrink far below their ML size (~1.5)."""
+    model, inputs, y, start = glm_problem
+    priors = ss.HMMParams(None, ss.TransitionRegression(dist.Normal(0.0, 0.1), None), None)
+    result = fit(model, start, y, inputs=inputs, priors=priors)
+    assert_monotone(result)
+    assert np.abs(np.asarray(result.params.transitions.weights)).max() < 0.5
+
+
 # ------------------------------------------------------------------------------------------
 # EM and SGD optimize one objective
 
 
-@pytest.fixture(scope="module")
-def discoveries_em():
+def test_sgd_from_the_em_start_reaches_the_em_optimum():
+    """EM and fit_sgd maximize one objective: same value at the start, same optimum.
+
+    From this start both climb to the same (global) mode of the discoveries series; from
+    the quantile start of ``model.initialize`` they do not (EM stops at a local mode 0.12
+    nats lower). fit_sgd started at EM's optimum would stay there too, but that needs a
+    second optimizer and so a second compiled loop; the comparison here is the stronger.
+    """
     y = ss.datasets.load_discoveries().to_numpy()
-    assert y.shape == (T_EM,)
     model = ss.PoissonHMM(num_states=2)
-    start = model.initialize(y, key=jax.random.key(0))
+    start = model.assemble_params(PoissonEmissions(jnp.array([2.0, 5.0])))
     first = fit(model, start, y)
-    return model, start, y, first, fit_to_convergence(model, start, y)
-
-
-def test_sgd_from_the_em_start_reaches_the_em_optimum(discoveries_em):
-    model, start, y, first, em = discoveries_em
-    sgd = ss.fit_sgd(model, start, y, optimizer=optax.adam(0.05), num_steps=1500,
+    em = fit_to_convergence(model, start, y)
+    sgd = ss.fit_sgd(model, start, y, optimizer=optax.adam(0.05), num_steps=500,
                      key=jax.random.key(0), progress=False)
-    # one objective: both traces start from log p(y | start)
     np.testing.assert_allclose(sgd.log_joint[0], first.log_joint[0], rtol=1e-12)
     assert abs(sgd.final_log_joint - em.final_log_joint) < 1e-2
     assert sgd.final_log_joint <= em.final_log_joint + 1e-8  # EM's point is the maximum
     np.testing.assert_allclose(sgd.params.emissions.rates, em.params.emissions.rates,
                                rtol=1e-2)
-
-
-def test_sgd_started_at_the_em_optimum_stays_there(discoveries_em):
-    model, _, y, _, em = discoveries_em
-    sgd = ss.fit_sgd(model, em.params, y, optimizer=optax.sgd(1e-3), num_steps=200,
-                     key=jax.random.key(0), progress=False)
-    assert np.all(np.abs(sgd.log_joint - em.final_log_joint) < 1e-6)
+    np.testing.assert_allclose(sgd.params.transitions, em.params.transitions, atol=1e-2)

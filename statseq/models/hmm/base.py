@@ -313,7 +313,11 @@ class HMMBase(SequenceModel):
 
             flat = last.reshape(-1, self.num_states)
             return jax.vmap(run)(flat).reshape(last.shape[:-1] + (num_steps, self.num_states))
-        return hmm_seq.hmm_predict_states(last, params.transitions, num_steps)
+        flat = last.reshape(-1, self.num_states)
+        probs = jax.vmap(
+            lambda p: hmm_seq.hmm_predict_states(p, params.transitions, num_steps)
+        )(flat)
+        return probs.reshape(last.shape[:-1] + (num_steps, self.num_states))
 
     def predict_observations(self, params, y, *, num_steps, mask=None, inputs=None,
                              future_inputs=None):
@@ -353,6 +357,7 @@ class HMMBase(SequenceModel):
 
     def m_step(self, params, stats, priors, inputs):
         """Closed-form (MAP) updates; generalized (gradient) steps where none exists."""
+        from statseq.core.params import log_prior
         from statseq.fit.em import dirichlet_map, generalized_m_step
 
         prior = priors if priors is not None else HMMParams(None, None, None)
@@ -369,7 +374,7 @@ class HMMBase(SequenceModel):
                 mats = jax.vmap(jax.vmap(
                     lambda u: jax.nn.log_softmax(reg.bias + reg.weights @ u, axis=-1)
                 ))(inputs[:, 1:])
-                return jnp.sum(counts * mats)
+                return jnp.sum(counts * mats) + log_prior(prior.transitions, reg)
 
             transitions = generalized_m_step(q, params.transitions)
         else:

@@ -147,6 +147,9 @@ def _check_conjugate(priors, emission_types: dict) -> None:
                 f"fit_em needs a conjugate {kind.__name__} prior on {name} for its "
                 f"closed-form M-step, got {type(prior).__name__}; use fit_sgd for others"
             )
+        if isinstance(prior, dist.Gamma) and bool(jnp.any(prior.concentration < 1)):
+            raise ValueError(f"the Gamma prior on {name} needs concentration >= 1 for a "
+                             "MAP estimate (below 1 its density is unbounded at 0)")
         if isinstance(prior, dist.Dirichlet) and bool(jnp.any(prior.concentration < 1)):
             raise ValueError(f"the Dirichlet prior on {name} needs concentrations >= 1 "
                              "for a MAP estimate inside the simplex")
