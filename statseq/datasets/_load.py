@@ -189,7 +189,8 @@ def list_datasets() -> list[str]:
 
     Example:
         >>> list_datasets()
-        ['air_passengers', 'discoveries', 'lynx', 'nile', 'sunspots', 'uk_driver_deaths']
+        ['air_passengers', 'discoveries', 'earthquakes', 'lynx', 'nile', 'sunspots',
+         'uk_driver_deaths']
     """
     return sorted(_META)
 
