@@ -41,6 +41,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from _harness import CompileClock, fmt_rel, fmt_s, load_average, md_table, paired_ratio, render  # noqa: E402
 
 # The simulated process: y_t = C + A1 y_{t-1} + A2 y_{t-2} + e_t, e_t ~ N(0, SIGMA^2).
 C, A1, A2, SIGMA = 0.5, 0.6, -0.3, 1.0
@@ -70,35 +72,6 @@ def simulate(num_timesteps: int, seed: int = SEED):
 # ---------------------------------------------------------------------------------------
 # timing helpers
 # ---------------------------------------------------------------------------------------
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-
-
-class CompileClock:
-    """Sums JAX's trace/lower/compile duration events while active."""
-
-    def __init__(self):
-        import jax.monitoring
-
-        self.active = False
-        self.total = 0.0
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-
-    def _listen(self, event, duration, **_):
-        if self.active and event in _COMPILE_EVENTS:
-            self.total += duration
-
-    def __enter__(self):
-        self.total, self.active = 0.0, True
-        return self
-
-    def __exit__(self, *exc):
-        self.active = False
-
-
 class Timer:
     """First-call and steady-state timing; steady state is measured in interleaved rounds.
 
@@ -162,11 +135,6 @@ class Timer:
         }
 
 
-def paired_ratio(num, den):
-    """Median over rounds of num_time / den_time (same round: same outside load)."""
-    return statistics.median(a / b for a, b in zip(num["times"], den["times"], strict=True))
-
-
 def rel_cell(peer, ours):
     """statseq vs a peer: from the paired median ratio, and (in brackets) from the minima."""
     return f"{fmt_rel(paired_ratio(peer, ours))} (min: {fmt_rel(peer['min'] / ours['min'])})"
@@ -174,27 +142,6 @@ def rel_cell(peer, ours):
 
 def ratio_cell(num, den):
     return f"{paired_ratio(num, den):.3g}× (min: {num['min'] / den['min']:.3g}×)"
-
-
-def fmt_s(x):
-    if x is None:
-        return "–"
-    if x >= 1.0:
-        return f"{x:.2f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:.2f} ms"
-    return f"{x * 1e6:.0f} µs"
-
-
-def fmt_rel(r):
-    """statseq relative to a peer from r = peer time / statseq time: "3.1× faster"."""
-    return f"{r:.3g}× faster" if r >= 1 else f"{1 / r:.3g}× slower"
-
-
-def md_table(headers, rows):
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,13 +200,6 @@ def machine_info():
         "dynamax": dynamax_version,
         "numpy / scipy / optax": f"{np.__version__} / {scipy.__version__} / {optax.__version__}",
     }
-
-
-def load_average():
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 # ---------------------------------------------------------------------------------------
@@ -661,19 +601,6 @@ def bench_first_result(repeats, log):
 # ---------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------
-def render(info, command, started, elapsed, sections):
-    lines = [
-        f"Command: `{command}`  ",
-        f"Date: {started:%Y-%m-%d %H:%M %Z} (total run time {elapsed:.0f} s)",
-        "",
-        md_table(["machine", ""], [[k, v] for k, v in info.items()]),
-        "",
-    ]
-    for title, intro, table in sections:
-        lines += [f"### {title}", "", intro, "", table, ""]
-    return "\n".join(lines)
-
-
 def write_results(path: Path, command: str, generated: str):
     """Replace this command's generated block in ``path`` (append one if there is none)."""
     begin, end = BEGIN.format(command=command), END.format(command=command)
