@@ -21,7 +21,7 @@ def num_observations(model, y, *, mask=None) -> int:
     """Number of scalar observations that enter the likelihood (masked entries excluded).
 
     Leading steps a model conditions on (``model.num_conditioned_steps``) are counted
-    here; :func:`information_criteria` leaves them out.
+    here; `information_criteria` leaves them out.
     """
     data = prepare_data(model, y, mask)
     return int(np.sum(np.asarray(data.mask)))
@@ -32,7 +32,7 @@ def information_criteria(model, params, y, *, mask=None, inputs=None, trainable=
 
         AIC = -2 log L + 2 k,        BIC = -2 log L + k log n,
 
-    where ``k`` is :func:`num_params` and ``n`` the number of scalar observations that are
+    where ``k`` is `num_params` and ``n`` the number of scalar observations that are
     scored in the likelihood (for a conditional AR(p), the first ``p`` are not).
 
     Returns:

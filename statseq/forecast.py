@@ -83,9 +83,9 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
         future_inputs: ``(num_steps, input_dim)`` covariates over the horizon.
 
     Returns:
-        A :class:`Forecast`; ``fc.interval(0.9)`` gives 90% prediction intervals.
+        A `Forecast`; ``fc.interval(0.9)`` gives 90% prediction intervals.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np, statseq as ss
         >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
         >>> model = ss.AR(order=2)

@@ -28,7 +28,7 @@ _META_KEY = "__statseq_metadata__"
 def save(path: str | os.PathLike, model, params) -> Path:
     """Save ``model``'s configuration and ``params`` to ``path`` (``.npz`` is appended).
 
-    Example:
+    Examples:
         >>> import statseq as ss, tempfile, os
         >>> model = ss.AR(order=2)
         >>> path = ss.save(os.path.join(tempfile.mkdtemp(), "ar2"), model,
@@ -64,7 +64,7 @@ def save(path: str | os.PathLike, model, params) -> Path:
 
 
 def load(path: str | os.PathLike):
-    """Load ``(model, params)`` saved by :func:`save`.
+    """Load ``(model, params)`` saved by `save`.
 
     Raises:
         ValueError: the file is damaged, is not a statseq parameter file, names an unknown

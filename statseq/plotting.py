@@ -51,7 +51,7 @@ def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None
     """Fan chart of a scalar forecast: history, median and central intervals.
 
     Args:
-        fc: a :class:`~statseq.forecast.Forecast` of one scalar series.
+        fc: a `~statseq.forecast.Forecast` of one scalar series.
         ax: matplotlib axes.
         levels: interval coverages to shade (wider is lighter).
         time: x values of the history (default ``0, ..., T-1``).

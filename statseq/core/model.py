@@ -15,7 +15,7 @@ recurrence updates with every observation. A model therefore implements three me
   ``y_t`` hold zeros and must be ignored).
 
 Everything else (``log_prob``, ``filter``, ``sample``, ``forecast``, ``fit_sgd``) is written
-once over this protocol in :mod:`statseq.core.recurrence` and :mod:`statseq.fit`.
+once over this protocol in `statseq.core.recurrence` and `statseq.fit`.
 
 Model objects are frozen dataclasses that hold static configuration only; parameters are
 plain pytrees (one ``NamedTuple`` per family) passed alongside, so that the same object
@@ -113,7 +113,7 @@ class SequenceModel(abc.ABC):
         """One filter step: ``(log p(observed y_t | past), carry after y_t)``.
 
         The default predicts, scores the observed entries with
-        :func:`statseq.core.distributions.masked_log_prob` and updates. Models override it
+        `statseq.core.distributions.masked_log_prob` and updates. Models override it
         when scoring and updating share work (an HMM's emission log-likelihoods, a Kalman
         filter's innovation); the contract test checks an override against the default.
         """

@@ -102,9 +102,9 @@ def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) ->
         return_carries: also return the state after every step.
 
     Returns:
-        A :class:`FilterResult`.
+        A `FilterResult`.
 
-    Example:
+    Examples:
         >>> import statseq as ss, jax.numpy as jnp
         >>> model = ss.AR(order=1)
         >>> params = model.default_params()
@@ -199,7 +199,7 @@ def sample(model, params, *, num_timesteps, key, inputs=None, num_samples=None):
     Returns:
         ``[(num_samples,)] + (num_timesteps,) + model.event_shape``.
 
-    Example:
+    Examples:
         >>> import jax, statseq as ss
         >>> model = ss.AR(order=2)
         >>> ss.sample(model, model.default_params(), num_timesteps=50,

@@ -8,7 +8,7 @@ import numpy as np
 
 
 class FilterResult(NamedTuple):
-    """Output of :func:`statseq.filter`.
+    """Output of `statseq.filter`.
 
     Attributes:
         log_prob: ``batch_shape`` total log-likelihood ``sum_t log p(y_t | y_<t)``.

@@ -167,7 +167,7 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
 def missing_mask(y):
     """``True`` where ``y`` is finite: the mask to pass for data with NaN gaps.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> missing_mask(np.array([1.0, np.nan, 3.0]))
         array([ True, False,  True])
@@ -186,7 +186,7 @@ def pad_sequences(sequences, *, pad_value=0.0):
         ``(y, mask)``: ``y`` of shape ``(num_sequences, max_timesteps) + event_shape`` and
         per-step booleans ``mask`` of shape ``(num_sequences, max_timesteps)``.
 
-    Example:
+    Examples:
         >>> y, mask = pad_sequences([np.ones(3), np.ones(2)])
         >>> y.shape, mask.sum(axis=1).tolist()
         ((2, 3), [3, 2])

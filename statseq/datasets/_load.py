@@ -1,6 +1,6 @@
 """Loaders for the small classic time series bundled with statseq.
 
-Every file lives in ``statseq/datasets/data/`` and is read through :mod:`importlib.resources`,
+Every file lives in ``statseq/datasets/data/`` and is read through `importlib.resources`,
 so the loaders work from a source checkout, an installed wheel or a zip import, and never touch
 the network. See ``data/README.md`` for provenance and licensing of each file.
 """
@@ -185,9 +185,9 @@ def list_datasets() -> list[str]:
     """Return the names of the bundled datasets.
 
     Returns:
-        Sorted list of dataset names accepted by :func:`load_dataset`.
+        Sorted list of dataset names accepted by `load_dataset`.
 
-    Example:
+    Examples:
         >>> list_datasets()[:4]
         ['air_passengers', 'discoveries', 'earthquakes', 'lynx']
     """
@@ -204,7 +204,7 @@ def load_nile() -> pd.Series:
     Returns:
         ``float64`` series named ``"flow"`` indexed by integer ``"year"``; metadata in ``attrs``.
 
-    Example:
+    Examples:
         >>> y = load_nile(); y.shape
         (100,)
         >>> int(y.loc[1871])
@@ -223,7 +223,7 @@ def load_lynx() -> pd.Series:
     Returns:
         ``int64`` series named ``"trappings"`` indexed by integer ``"year"``.
 
-    Example:
+    Examples:
         >>> y = load_lynx(); y.shape
         (114,)
         >>> import numpy as np; z = np.log10(y)
@@ -239,7 +239,7 @@ def load_sunspots() -> pd.Series:
     Returns:
         ``float64`` series named ``"sunspots"`` indexed by integer ``"year"``.
 
-    Example:
+    Examples:
         >>> y = load_sunspots(); y.shape
         (289,)
     """
@@ -256,7 +256,7 @@ def load_discoveries() -> pd.Series:
     Returns:
         ``int64`` series named ``"discoveries"`` indexed by integer ``"year"``.
 
-    Example:
+    Examples:
         >>> y = load_discoveries(); y.shape
         (100,)
     """
@@ -275,7 +275,7 @@ def load_earthquakes() -> pd.Series:
     Returns:
         ``int64`` series named ``"earthquakes"`` indexed by integer ``"year"``.
 
-    Example:
+    Examples:
         >>> y = load_earthquakes(); y.shape
         (107,)
     """
@@ -290,7 +290,7 @@ def load_air_passengers() -> pd.Series:
     Returns:
         ``float64`` series named ``"passengers"`` with a monthly ``PeriodIndex`` named ``"month"``.
 
-    Example:
+    Examples:
         >>> y = load_air_passengers(); y.shape
         (144,)
         >>> str(y.index[0])
@@ -316,7 +316,7 @@ def load_uk_driver_deaths(as_frame: bool = False) -> pd.Series | pd.DataFrame:
         ``int64`` series named ``"drivers"`` with a monthly ``PeriodIndex`` named ``"month"``,
         or a ``DataFrame`` with the same index when ``as_frame`` is true.
 
-    Example:
+    Examples:
         >>> y = load_uk_driver_deaths(); y.shape
         (192,)
         >>> load_uk_driver_deaths(as_frame=True).shape
@@ -352,7 +352,7 @@ def load_dataset(name: str) -> pd.Series:
     """Load a bundled dataset by name.
 
     Args:
-        name: One of :func:`list_datasets`.
+        name: One of `list_datasets`.
 
     Returns:
         The series returned by the matching ``load_<name>()`` function.
@@ -360,7 +360,7 @@ def load_dataset(name: str) -> pd.Series:
     Raises:
         KeyError: If ``name`` is not a bundled dataset.
 
-    Example:
+    Examples:
         >>> load_dataset("nile").name
         'flow'
     """

@@ -6,7 +6,7 @@ Each iteration computes expected sufficient statistics under the current posteri
     theta_{n+1} = argmax_theta E_{p(z | y, theta_n)}[log p(y, z | theta)] + log p(theta).
 
 The trace records ``log p(y | theta_n) + log p(theta_n)``, the same objective as
-:func:`statseq.fit_sgd`, and never decreases (up to rounding).
+`statseq.fit_sgd`, and never decreases (up to rounding).
 """
 
 from __future__ import annotations
@@ -127,11 +127,11 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         progress: show a progress bar.
 
     Returns:
-        A :class:`~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters
+        A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters
         entering iteration ``n``, and ``params`` are those of the last entry's M-step
         (or of the last entry itself when the fit converged).
 
-    Example:
+    Examples:
         >>> import jax, statseq as ss
         >>> y = ss.datasets.load_discoveries().to_numpy()
         >>> model = ss.PoissonHMM(num_states=2)

@@ -12,10 +12,10 @@ from statseq.core.validation import check_positive_int
 
 
 class RestartsResult(NamedTuple):
-    """Output of :func:`fit_restarts`.
+    """Output of `fit_restarts`.
 
     Attributes:
-        best: the :class:`~statseq.FitResult` with the highest final log joint.
+        best: the `~statseq.FitResult` with the highest final log joint.
         final_log_joints: ``(num_restarts,)`` final log joint of every start (so the spread
             of local optima is visible).
         best_index: which start won (0 is the data-driven start).
@@ -39,16 +39,16 @@ def fit_restarts(model, y, *, key, num_restarts=10, method="em", mask=None, inpu
         y: data, as for the fitting function.
         key: a ``jax.random`` key.
         num_restarts: number of starts.
-        method: ``"em"`` (:func:`statseq.fit_em`) or ``"sgd"`` (:func:`statseq.fit_sgd`;
+        method: ``"em"`` (`statseq.fit_em`) or ``"sgd"`` (`statseq.fit_sgd`;
             pass ``optimizer`` and ``num_steps``).
         mask: optional observation mask.
         inputs: optional covariates.
         **fit_kwargs: passed to the fitting function (``progress`` defaults to False).
 
     Returns:
-        A :class:`RestartsResult`.
+        A `RestartsResult`.
 
-    Example:
+    Examples:
         >>> import jax, statseq as ss
         >>> y = ss.datasets.load_earthquakes().to_numpy()
         >>> res = ss.fit_restarts(ss.PoissonHMM(num_states=2), y, key=jax.random.key(0),

@@ -196,9 +196,9 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         progress: show a progress bar (set ``False`` in scripts and tests).
 
     Returns:
-        A :class:`~statseq.FitResult` whose ``log_joint`` trace has one entry per step.
+        A `~statseq.FitResult` whose ``log_joint`` trace has one entry per step.
 
-    Example:
+    Examples:
         >>> import jax, optax, numpy as np, statseq as ss
         >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
         >>> model = ss.AR(order=2)

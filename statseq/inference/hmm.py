@@ -12,7 +12,7 @@ network) reaches this layer as a table of log-likelihoods:
 - ``transition_matrix``: ``A[i, j] = p(z_{t+1} = j | z_t = i)`` (rows sum to one), either
   fixed, ``(K, K)``, or time-varying, ``(T-1, K, K)`` with ``A[t]`` the step from ``t``
   to ``t+1``. The number of axes (2 or 3) says which; any other shape is an error.
-  :func:`broadcast_transitions` turns a fixed matrix into the time-varying layout.
+  `broadcast_transitions` turns a fixed matrix into the time-varying layout.
 - ``log_likelihoods`` ``(T, K)``: ``ll[t, k] = log p(y_t | z_t = k)``. **A missing
   observation is a row of zeros** (likelihood one for every state): the step conditions on
   nothing and adds 0 to the log-likelihood. Masks reach this layer that way.
@@ -25,14 +25,14 @@ An HMM is a recurrent network whose hidden state is the normalized forward messa
 Numerics: the forward messages are normalized at every step, with the shift
 ``c_t = max_k ll[t, k]`` so that ``exp(ll[t] - c_t) <= 1`` never overflows; the backward
 messages are rescaled to a maximum of one; Viterbi and sampling work with logarithms.
-Totals over time are balanced binary-tree sums (:func:`pairwise_sum`), so float32 stays
+Totals over time are balanced binary-tree sums (`pairwise_sum`), so float32 stays
 accurate at 10^6 steps. Probabilities below the smallest normal float flush to zero; with
 exact zeros in ``A`` a state whose filtered probability flushed to zero cannot be revived
-by later data (the log-space twins in :mod:`statseq.inference.hmm_parallel` can).
+by later data (the log-space twins in `statseq.inference.hmm_parallel` can).
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
 one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
-or the code that calls them, in :func:`jax.jit`.
+or the code that calls them, in `jax.jit`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from statseq.core.recurrence import pairwise_sum
 
 
 class HMMFilterResult(NamedTuple):
-    """Output of :func:`hmm_filter`.
+    """Output of `hmm_filter`.
 
     Attributes:
         marginal_log_lik: scalar ``log p(y_{0:T-1}) = sum_t log_normalizers[t]``.
@@ -65,7 +65,7 @@ class HMMFilterResult(NamedTuple):
 
 
 class HMMPosterior(NamedTuple):
-    """Output of :func:`hmm_smoother` (and its gradient and parallel twins).
+    """Output of `hmm_smoother` (and its gradient and parallel twins).
 
     Attributes:
         marginal_log_lik: scalar ``log p(y_{0:T-1})``.
@@ -221,9 +221,9 @@ def hmm_filter(initial_probs, transition_matrix, log_likelihoods) -> HMMFilterRe
         log_likelihoods: ``(T, K)`` ``log p(y_t | z_t = k)``; rows of zeros at masked steps.
 
     Returns:
-        An :class:`HMMFilterResult`.
+        An `HMMFilterResult`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from statseq.inference.hmm import hmm_filter
         >>> pi = jnp.array([0.5, 0.5])
@@ -309,7 +309,7 @@ def hmm_smoother(
         p(z_t = i | y) = f_t(i) beta_t(i) / (f_t . beta_t),
         p(z_t = i, z_{t+1} = j | y) = f_t(i) A_t[i, j] l_{t+1}(j) beta_{t+1}(j) / (f_t . beta_t),
 
-    where ``f_t = p(z_t | y_{<=t})`` comes from :func:`hmm_filter` and every ``beta_t`` is
+    where ``f_t = p(z_t | y_{<=t})`` comes from `hmm_filter` and every ``beta_t`` is
     rescaled to a maximum of one (the scale cancels). Only the beta recursion runs in the
     scan; smoothed marginals and transition counts are computed for all steps at once, the
     summed counts in chunks of small matrix products added as a balanced tree.
@@ -322,9 +322,9 @@ def hmm_smoother(
             (default) or per step ``(T-1, K, K)``.
 
     Returns:
-        An :class:`HMMPosterior`.
+        An `HMMPosterior`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from statseq.inference.hmm import hmm_smoother
         >>> A = jnp.array([[0.9, 0.1], [0.2, 0.8]])
@@ -349,13 +349,13 @@ def hmm_smoother_by_gradient(
         d log p(y) / d log A_t[i, j]   = p(z_t = i, z_{t+1} = j | y),
 
     (for a fixed matrix, the second sums over ``t``). This differentiates
-    :func:`hmm_filter` in reverse mode, using ``d/d log A = A * d/d A`` so that zero
-    entries need no logarithm. It agrees with :func:`hmm_smoother` to rounding error and
+    `hmm_filter` in reverse mode, using ``d/d log A = A * d/d A`` so that zero
+    entries need no logarithm. It agrees with `hmm_smoother` to rounding error and
     shows that backpropagation through the forward recursion *is* the backward pass.
 
     For a fixed matrix, reverse mode accumulates the summed counts as a plain running sum
     over time steps; in float32 over 10^6 steps that costs about 1e-3 relative error in
-    ``expected_transitions`` (:func:`hmm_smoother` sums in chunks and then as a tree and
+    ``expected_transitions`` (`hmm_smoother` sums in chunks and then as a tree and
     keeps about 1e-7). For a time-varying matrix the per-step counts are summed as a balanced
     tree.
 
@@ -367,7 +367,7 @@ def hmm_smoother_by_gradient(
             per step ``(T-1, K, K)``.
 
     Returns:
-        An :class:`HMMPosterior`.
+        An `HMMPosterior`.
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
     if per_step is None and not sum_transitions:

@@ -1,6 +1,6 @@
-"""Parallel-in-time HMM filtering and smoothing with :func:`jax.lax.associative_scan`.
+"""Parallel-in-time HMM filtering and smoothing with `jax.lax.associative_scan`.
 
-Same names, arguments and results as :mod:`statseq.inference.hmm` (see there for the
+Same names, arguments and results as `statseq.inference.hmm` (see there for the
 model, the shapes and the convention that a masked step is a row of zeros in
 ``log_likelihoods``); ``O(log T)`` sequential depth and ``O(T K^3)`` work, following
 Hassan, Särkkä and García-Fernández (2021), *Temporal parallelization of inference in
@@ -98,7 +98,7 @@ def _filter_result(pi, log_trans, ll, log_filtered) -> HMMFilterResult:
 
 
 def hmm_filter(initial_probs, transition_matrix, log_likelihoods) -> HMMFilterResult:
-    """Forward filter by a parallel prefix scan (twin of :func:`hmm.hmm_filter`).
+    """Forward filter by a parallel prefix scan (twin of `hmm.hmm_filter`).
 
     ``p(z_t | y_{0:t})`` is the normalized row of the prefix ``E_0 o ... o E_t``; then, for
     every ``t`` at once,
@@ -112,9 +112,9 @@ def hmm_filter(initial_probs, transition_matrix, log_likelihoods) -> HMMFilterRe
         log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
 
     Returns:
-        An :class:`~statseq.inference.hmm.HMMFilterResult`.
+        An `~statseq.inference.hmm.HMMFilterResult`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from statseq.inference import hmm, hmm_parallel
         >>> pi, A = jnp.array([0.5, 0.5]), jnp.array([[0.9, 0.1], [0.2, 0.8]])
@@ -132,7 +132,7 @@ def hmm_filter(initial_probs, transition_matrix, log_likelihoods) -> HMMFilterRe
 def hmm_smoother(
     initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True
 ) -> HMMPosterior:
-    """Forward-backward smoother by two parallel scans (twin of :func:`hmm.hmm_smoother`).
+    """Forward-backward smoother by two parallel scans (twin of `hmm.hmm_smoother`).
 
     With ``log a_t(i)`` the normalized forward prefix and ``log b_t(i)`` the shifted
     backward suffix (module docstring),
@@ -151,7 +151,7 @@ def hmm_smoother(
             per step ``(T-1, K, K)``.
 
     Returns:
-        An :class:`~statseq.inference.hmm.HMMPosterior`.
+        An `~statseq.inference.hmm.HMMPosterior`.
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
     log_trans, elements, log_filtered = _forward(pi, fixed, per_step, ll)

@@ -37,7 +37,7 @@ from statseq.inference.gaussian import (
 
 
 class ARParams(NamedTuple):
-    """Parameters of :class:`AR`.
+    """Parameters of `AR`.
 
     Attributes:
         coeffs: ``(order, emission_dim, emission_dim)``; ``coeffs[k-1]`` is ``A_k``.
@@ -77,10 +77,10 @@ class AR(SequenceModel):
             requires ``input_dim == 0``).
 
     With ``initial="conditional"`` the model says nothing about the first ``p`` values:
-    :func:`statseq.sample` then starts from pre-sample values of zero, while
+    `statseq.sample` then starts from pre-sample values of zero, while
     ``"stationary"`` draws them from the stationary law.
 
-    Example:
+    Examples:
         >>> import numpy as np, statseq as ss
         >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
         >>> model = ss.AR(order=2)
@@ -319,7 +319,7 @@ class AR(SequenceModel):
             mask: optional booleans (rows touching a missing value are dropped).
 
         Returns:
-            :class:`ARParams`.
+            `ARParams`.
         """
         data = prepare_data(self, y, mask, inputs)
         p, d, t_len = self.order, self.dim, data.num_timesteps

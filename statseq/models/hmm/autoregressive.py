@@ -46,8 +46,8 @@ class ARHMMCarry(NamedTuple):
     """The HMM forward message plus the lag window.
 
     Attributes:
-        probs: as :class:`~statseq.models.hmm.base.HMMCarry`.
-        started: as :class:`~statseq.models.hmm.base.HMMCarry`.
+        probs: as `~statseq.models.hmm.base.HMMCarry`.
+        started: as `~statseq.models.hmm.base.HMMCarry`.
         lags: ``(num_lags, emission_dim)``, ``lags[l - 1] = y_{t-l}`` (zeros before the data).
         count: steps seen so far, capped at ``num_lags`` (scoring starts when it is reached).
     """
@@ -89,7 +89,7 @@ class LinearAutoregressiveHMM(HMMBase):
         input_dim: covariates driving the transitions (0 for a fixed matrix).
         min_variance: added to covariance diagonals in each M-step (collapse guard).
 
-    Example:
+    Examples:
         >>> import jax, numpy as np, statseq as ss
         >>> from statseq.models.hmm.autoregressive import LinearAutoregressiveHMM
         >>> y = np.cumsum(np.random.default_rng(0).normal(size=(60, 2)), axis=0)
@@ -215,7 +215,7 @@ class LinearAutoregressiveHMM(HMMBase):
     def predict_observations(self, params, y, *, num_steps, mask=None, inputs=None,
                              future_inputs=None):
         """Not available in closed form (future emissions depend on future values); use
-        :func:`statseq.forecast`, which simulates through the lag window."""
+        `statseq.forecast`, which simulates through the lag window."""
         raise NotImplementedError(
             "LinearAutoregressiveHMM has no closed-form multi-step predictive (a mixture over "
             "state paths of Gaussians through the lags); use statseq.forecast"

@@ -10,9 +10,9 @@ regression on inputs ``u_t`` (``A_t[i, :] = softmax(b_i + W_i u_t)``, the GLM-HM
 initial distribution is either free or the stationary distribution of ``A`` (chosen
 explicitly with ``initial``).
 
-Concrete families (Poisson, categorical, Gaussian, ...) subclass :class:`HMMBase` and
+Concrete families (Poisson, categorical, Gaussian, ...) subclass `HMMBase` and
 implement only the emission methods; inference (filter, smoother, Viterbi, sampling) comes
-from :mod:`statseq.inference.hmm`, EM from :func:`statseq.fit_em`.
+from `statseq.inference.hmm`, EM from `statseq.fit_em`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class HMMParams(NamedTuple):
     Attributes:
         initial_probs: ``(num_states,)`` simplex, or ``None`` when ``initial="stationary"``.
         transitions: ``(num_states, num_states)`` row-stochastic matrix, or a
-            :class:`TransitionRegression` when the model has inputs.
+            `TransitionRegression` when the model has inputs.
         emissions: the emission family's parameters.
     """
 
@@ -242,7 +242,7 @@ class HMMBase(SequenceModel):
         """Filtered (causal) state probabilities ``p(z_t | y_{<=t})`` and predicted ones.
 
         Returns:
-            :class:`statseq.inference.hmm.HMMFilterResult` with a leading batch shape
+            `statseq.inference.hmm.HMMFilterResult` with a leading batch shape
             when ``y`` is a batch.
         """
         from statseq.core.params import validate_params
@@ -257,7 +257,7 @@ class HMMBase(SequenceModel):
         """Smoothed state probabilities ``p(z_t | y_{1:T})`` and expected transitions.
 
         Returns:
-            :class:`statseq.inference.hmm.HMMPosterior` (batch shape leading).
+            `statseq.inference.hmm.HMMPosterior` (batch shape leading).
         """
         from statseq.core.params import validate_params
 

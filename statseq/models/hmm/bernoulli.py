@@ -43,7 +43,7 @@ class BernoulliHMM(HMMBase):
         initial: ``"free"`` or ``"stationary"``.
         input_dim: covariates driving the transitions (0 for a fixed matrix).
 
-    Example:
+    Examples:
         >>> import jax, numpy as np, statseq as ss
         >>> from statseq.models.hmm.bernoulli import BernoulliHMM
         >>> y = (np.random.default_rng(0).random((50, 3)) < 0.3).astype(int)

@@ -42,7 +42,7 @@ class CategoricalHMM(HMMBase):
         initial: ``"free"`` or ``"stationary"``.
         input_dim: covariates driving the transitions (0 for a fixed matrix).
 
-    Example:
+    Examples:
         >>> import jax, numpy as np, statseq as ss
         >>> model = ss.CategoricalHMM(num_states=2, num_classes=3)
         >>> params = model.initialize(np.array([0, 1, 2, 2, 1]), key=jax.random.key(0))

@@ -3,10 +3,10 @@
 Also home of the conjugate priors of the Gaussian emission families, placed on the whole
 ``emissions`` node of the priors pytree (their ``log_prob`` takes the emissions NamedTuple):
 
-* :class:`NormalInverseWishart` for full covariances,
-* :class:`NormalInverseGamma` for diagonal ones (independent per entry),
+* `NormalInverseWishart` for full covariances,
+* `NormalInverseGamma` for diagonal ones (independent per entry),
 
-and of :func:`kmeans`, the k-means++ / Lloyd clustering used by the ``"data"`` initializers.
+and of `kmeans`, the k-means++ / Lloyd clustering used by the ``"data"`` initializers.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class NormalInverseWishart(dist.Distribution):
         Sigma_k ~ InvWishart(df, scale),    mu_k | Sigma_k ~ N(loc, Sigma_k / mean_precision)
 
     independently for every state ``k``. It is placed on the whole ``emissions`` node of
-    the priors pytree, and ``log_prob`` takes a :class:`GaussianEmissions`; with it,
-    :func:`statseq.fit_em` computes the MAP estimate (the joint mode of the NIW posterior,
+    the priors pytree, and ``log_prob`` takes a `GaussianEmissions`; with it,
+    `statseq.fit_em` computes the MAP estimate (the joint mode of the NIW posterior,
     ``mu = m_n``, ``Sigma = Psi_n / (nu_n + D + 2)``).
 
     Args:
@@ -80,7 +80,7 @@ class NormalInverseWishart(dist.Distribution):
         df: ``nu > D - 1`` degrees of freedom of the inverse Wishart.
         scale: ``(D, D)`` (or ``(K, D, D)``) positive definite scale ``Psi``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from statseq.models.hmm.gaussian import GaussianEmissions, NormalInverseWishart
         >>> prior = NormalInverseWishart(jnp.zeros(2), 1.0, 4.0, jnp.eye(2))
@@ -126,7 +126,7 @@ class NormalInverseWishart(dist.Distribution):
                          validate_args=validate_args)
 
     def log_prob(self, value):
-        """``log NIW(means, covs)`` per state: ``value`` is a :class:`GaussianEmissions`."""
+        """``log NIW(means, covs)`` per state: ``value`` is a `GaussianEmissions`."""
         mu, sigma = value.means, value.covs
         dim = mu.shape[-1]
         chol = jnp.linalg.cholesky(sigma)
@@ -145,7 +145,7 @@ class NormalInverseWishart(dist.Distribution):
         return log_normal + log_iw
 
     def mode(self):
-        """The joint mode ``(loc, scale / (df + D + 2))`` as a :class:`GaussianEmissions`."""
+        """The joint mode ``(loc, scale / (df + D + 2))`` as a `GaussianEmissions`."""
         dim = self.event_shape[0]
         return GaussianEmissions(self.loc, self.scale / (self.df + dim + 2.0)[..., None, None])
 
@@ -157,7 +157,7 @@ class NormalInverseGamma(dist.Distribution):
         mu_kd | sigma2_kd ~ N(loc_d, sigma2_kd / mean_precision)
 
     Placed on the whole ``emissions`` node; ``log_prob`` takes a
-    :class:`DiagonalGaussianEmissions` and sums over entries. The EM MAP is the joint mode,
+    `DiagonalGaussianEmissions` and sums over entries. The EM MAP is the joint mode,
     ``mu = m_n``, ``sigma2 = beta_n / (alpha_n + 3/2)``.
 
     Args:
@@ -166,7 +166,7 @@ class NormalInverseGamma(dist.Distribution):
         concentration: ``alpha > 0``.
         rate: ``beta > 0``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from statseq.models.hmm.gaussian import (DiagonalGaussianEmissions,
         ...                                          NormalInverseGamma)
@@ -305,7 +305,7 @@ class GaussianHMM(HMMBase):
     with ``y_t`` in ``R^D`` (event shape ``(D,)``) and ``Sigma_k`` full or diagonal.
 
     Missing entries (per-entry masks) are marginalized exactly: the likelihood uses the
-    Gaussian marginal of the observed entries. EM (:func:`statseq.fit_em`) is exact with
+    Gaussian marginal of the observed entries. EM (`statseq.fit_em`) is exact with
     partially observed vectors too: for full covariances the M-step uses
     ``E[y_miss | y_obs, z = k]`` and adds the conditional covariance to the scatter; for
     diagonal ones each entry has its own weights. Steps with nothing observed contribute
@@ -322,13 +322,13 @@ class GaussianHMM(HMMBase):
     Args:
         num_states: number of hidden states ``K``.
         emission_dim: ``D``.
-        covariance: ``"full"`` (:class:`GaussianEmissions`) or ``"diagonal"``
-            (:class:`DiagonalGaussianEmissions`); explicit, never inferred.
+        covariance: ``"full"`` (`GaussianEmissions`) or ``"diagonal"``
+            (`DiagonalGaussianEmissions`); explicit, never inferred.
         initial: ``"free"`` or ``"stationary"``.
         input_dim: covariates driving the transitions (0 for a fixed matrix).
         min_variance: added to covariance diagonals in each M-step (default ``1e-6``).
 
-    Example:
+    Examples:
         >>> import jax, numpy as np, statseq as ss
         >>> from statseq.models.hmm.gaussian import GaussianHMM
         >>> y = np.concatenate([np.zeros((20, 2)), 5 + np.ones((20, 2))])
@@ -403,7 +403,7 @@ class GaussianHMM(HMMBase):
         ``y - center`` with missing entries replaced by ``E[y_miss | y_obs, z = k]`` and the
         conditional covariance added to ``sum_wyy`` (exact EM). Without ``emissions`` the
         statistics are uncentered and partially observed steps are dropped (exact only for
-        whole-step masks); :meth:`e_step` always passes them.
+        whole-step masks); `e_step` always passes them.
 
         Diagonal: the same per entry, ``(K, D)`` each, with per-entry weights.
         """

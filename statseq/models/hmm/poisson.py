@@ -40,7 +40,7 @@ class PoissonHMM(HMMBase):
             of ``A``).
         input_dim: covariates driving the transitions (0 for a fixed matrix).
 
-    Example:
+    Examples:
         >>> import jax, statseq as ss
         >>> y = ss.datasets.load_discoveries().to_numpy()
         >>> model = ss.PoissonHMM(num_states=2)
