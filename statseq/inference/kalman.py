@@ -1,0 +1,519 @@
+"""Linear Gaussian state space models: Kalman filter, smoother and posterior sampling.
+
+Pure array maths for the model (time is 0-based, ``t = 0, ..., T-1``)
+
+    x_0 ~ N(m, P + kappa * A A^T),  kappa -> infinity      (A: diffuse directions, may be empty)
+    x_{t+1} = F_t x_t + B_t u_{t+1} + b_t + w_t,           w_t ~ N(0, Q_t)
+    y_t     = H_t x_t + D_t u_t     + d_t + v_t,           v_t ~ N(0, R_t)
+
+given as a `GaussianSSMArrays` of matrices. Each dynamics leaf is either fixed or
+time-varying with a leading axis of length ``T - 1`` (entry ``t`` is the step from ``x_t``
+to ``x_{t+1}``); each emission leaf is fixed or has a leading axis of length ``T``. The
+number of axes says which. ``mask`` ``(T, D)`` marks observed entries with ``True``;
+missing entries are marginalized exactly (never imputed).
+
+Numerics: every innovation covariance is factored once by Cholesky, the update is written
+with the whitened gain ``W = L^{-1} H P`` so that ``P - W^T W`` is symmetric by
+construction; the smoother is the backward recursion of Durbin and Koopman (``r_t``,
+``N_t``), which inverts only innovation covariances, never (possibly singular) state
+covariances. A square-root variant is in `statseq.inference.kalman_sqrt`, the
+associative-scan (parallel) variant in `statseq.inference.kalman_parallel`.
+
+**Exact diffuse initialization** (de Jong's augmented filter). Directions ``A`` of the
+initial state with infinite variance are carried as regression columns: the filter runs
+with ``kappa = 0`` and propagates ``A_t`` (how the predicted state depends on the unknown
+``delta``) through the same gains, accumulating ``S = sum_t X_t^T F_t^{-1} X_t`` and
+``s = sum_t X_t^T F_t^{-1} v_t`` with ``X_t = H_t A_t``. Then
+
+    log L_diffuse = log L(kappa = 0) - 1/2 log|S| + 1/2 s^T S^{-1} s,
+
+the diffuse log-likelihood of Durbin and Koopman (2012, sec. 5.7 and 7.2), which is what
+statsmodels and KFAS report; smoothed moments follow by integrating ``delta`` over its
+posterior ``N(S^{-1} s, S^{-1})``. The per-step log-densities are the increments of the
+running diffuse log-likelihood, computed with pseudo-determinants while ``S`` is
+singular; once ``S`` has full rank the filter *collapses* ``delta`` into the state and
+continues as a plain Kalman filter.
+
+The functions are not jitted themselves: wrap them, or the code that calls them, in
+``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+from statseq.core.recurrence import pairwise_sum
+from statseq.inference.gaussian import symmetrize
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class GaussianSSMArrays(NamedTuple):
+    """The matrices of a linear Gaussian state space model (see the module docstring).
+
+    Attributes:
+        initial_mean: ``(n,)`` ``m``.
+        initial_cov: ``(n, n)`` ``P`` (the proper part of the initial covariance).
+        dynamics_weights: ``(n, n)`` or ``(T-1, n, n)`` ``F``.
+        dynamics_input_weights: ``(n, m)`` or ``(T-1, n, m)`` ``B``.
+        dynamics_bias: ``(n,)`` or ``(T-1, n)`` ``b``.
+        dynamics_cov: ``(n, n)`` or ``(T-1, n, n)`` ``Q``.
+        emission_weights: ``(D, n)`` or ``(T, D, n)`` ``H``.
+        emission_input_weights: ``(D, m)`` or ``(T, D, m)`` ``D``.
+        emission_bias: ``(D,)`` or ``(T, D)`` ``d``.
+        emission_cov: ``(D, D)`` or ``(T, D, D)`` ``R``.
+        initial_diffuse: ``(n, q)`` ``A``, the directions with infinite initial variance
+            (``q = 0`` for a proper initial distribution).
+    """
+
+    initial_mean: Any
+    initial_cov: Any
+    dynamics_weights: Any
+    dynamics_input_weights: Any
+    dynamics_bias: Any
+    dynamics_cov: Any
+    emission_weights: Any
+    emission_input_weights: Any
+    emission_bias: Any
+    emission_cov: Any
+    initial_diffuse: Any
+
+
+_BASE_NDIM = GaussianSSMArrays(1, 2, 2, 2, 1, 2, 2, 2, 1, 2, 2)
+_PER_STEP = frozenset(GaussianSSMArrays._fields[2:10])
+
+
+def arrays_at(arrays: GaussianSSMArrays, t) -> GaussianSSMArrays:
+    """The matrices in force at step ``t`` (time-varying leaves indexed, fixed ones kept).
+
+    Dynamics leaves are indexed with ``t`` (the step from ``x_t`` to ``x_{t+1}``), emission
+    leaves with ``t``; indices are clipped, so the last dynamics entry serves beyond ``T-1``.
+    """
+    out = []
+    for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM, strict=True):
+        if name in _PER_STEP and jnp.ndim(leaf) == nd + 1:
+            leaf = leaf[jnp.clip(t, 0, leaf.shape[0] - 1)]
+        out.append(leaf)
+    return GaussianSSMArrays(*out)
+
+
+def is_time_varying(arrays: GaussianSSMArrays) -> bool:
+    """Whether any dynamics or emission leaf has a time axis."""
+    return any(
+        jnp.ndim(leaf) == nd + 1
+        for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM, strict=True)
+        if name in _PER_STEP
+    )
+
+
+class KalmanCarry(NamedTuple):
+    """Filtered belief after step ``t - 1`` (before any step: the initial law of ``x_0``).
+
+    Attributes:
+        mean: ``(n,)`` filtered mean (with ``delta = 0`` while diffuse).
+        cov: ``(n, n)`` filtered covariance (proper part).
+        diffuse: ``(n, q)`` regression of the state on the diffuse ``delta``.
+        info: ``(q, q)`` ``S``, the information about ``delta`` gathered so far.
+        score: ``(q,)`` ``s``.
+        diffuse_log_lik: scalar ``-1/2 log pdet S + 1/2 s^T S^+ s`` so far.
+        collapsed: whether ``delta`` has been folded into the state (always true for q = 0).
+        t: number of steps taken.
+    """
+
+    mean: Any
+    cov: Any
+    diffuse: Any
+    info: Any
+    score: Any
+    diffuse_log_lik: Any
+    collapsed: Any
+    t: Any
+
+
+class KalmanFilterResult(NamedTuple):
+    """Output of `kalman_filter`.
+
+    Attributes:
+        marginal_log_lik: scalar ``log p(y_{0:T-1})`` (the diffuse log-likelihood when the
+            initial law has diffuse directions).
+        log_probs: ``(T,)`` one-step predictive log-densities (0 at fully masked steps).
+        predicted_means, predicted_covs: ``(T, n)``, ``(T, n, n)`` of ``x_t | y_{<t}``.
+        filtered_means, filtered_covs: ``(T, n)``, ``(T, n, n)`` of ``x_t | y_{<=t}``.
+    """
+
+    marginal_log_lik: Any
+    log_probs: Any
+    predicted_means: Any
+    predicted_covs: Any
+    filtered_means: Any
+    filtered_covs: Any
+
+
+class KalmanSmootherResult(NamedTuple):
+    """Output of `kalman_smoother`.
+
+    Attributes:
+        marginal_log_lik: scalar ``log p(y_{0:T-1})``.
+        filtered_means, filtered_covs: as in `KalmanFilterResult`.
+        smoothed_means: ``(T, n)`` ``E[x_t | y_{0:T-1}]``.
+        smoothed_covs: ``(T, n, n)`` ``Cov[x_t | y_{0:T-1}]``.
+        smoothed_cross_covs: ``(T-1, n, n)`` ``Cov[x_{t+1}, x_t | y_{0:T-1}]``.
+    """
+
+    marginal_log_lik: Any
+    filtered_means: Any
+    filtered_covs: Any
+    smoothed_means: Any
+    smoothed_covs: Any
+    smoothed_cross_covs: Any
+
+
+# ---- one step ---------------------------------------------------------------------------
+def _masked_rows(h, mask):
+    return h * mask.astype(h.dtype)[:, None]
+
+
+def _masked_innovation_cov(s, mask):
+    m = mask.astype(s.dtype)
+    return s * (m[:, None] * m[None, :]) + jnp.diag(1.0 - m)
+
+
+def predict_state(arrays_t: GaussianSSMArrays, mean, cov, u_next):
+    """``x_{t+1} | y_{<=t}`` from ``x_t | y_{<=t}`` (``arrays_t`` from `arrays_at`)."""
+    f = arrays_t.dynamics_weights
+    mean = f @ mean + arrays_t.dynamics_input_weights @ u_next + arrays_t.dynamics_bias
+    cov = symmetrize(f @ cov @ f.T + arrays_t.dynamics_cov)
+    return mean, cov
+
+
+class Innovation(NamedTuple):
+    """The innovation of one step: whitened residual, factor and whitened gain."""
+
+    log_prob: Any  # scalar log N(v_o; 0, F_oo) of the observed entries (kappa = 0 part)
+    z: Any  # (D,) L^{-1} v   (0 at missing entries)
+    chol: Any  # (D, D) Cholesky factor of the masked innovation covariance
+    w: Any  # (D, n) L^{-1} H~ P   (the whitened gain, H~ with missing rows zeroed)
+    h: Any  # (D, n) H~
+
+
+def innovation(arrays_t: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t) -> Innovation:
+    """Whitened innovation of ``y_t`` against the predicted ``N(mean, cov)`` of ``x_t``."""
+    h = _masked_rows(arrays_t.emission_weights, mask_t)
+    y_mean = (
+        arrays_t.emission_weights @ mean
+        + arrays_t.emission_input_weights @ u_t
+        + arrays_t.emission_bias
+    )
+    v = jnp.where(mask_t, y_t - y_mean, 0.0)
+    hp = h @ cov
+    s = symmetrize(hp @ h.T + arrays_t.emission_cov)
+    chol = jnp.linalg.cholesky(_masked_innovation_cov(s, mask_t))
+    z = jsl.solve_triangular(chol, v, lower=True)
+    w = jsl.solve_triangular(chol, hp, lower=True)
+    log_det = jnp.sum(jnp.where(mask_t, jnp.log(jnp.diagonal(chol)), 0.0))
+    num_obs = jnp.sum(mask_t)
+    log_prob = -0.5 * jnp.sum(z**2) - log_det - 0.5 * num_obs * _LOG_2PI
+    return Innovation(log_prob, z, chol, w, h)
+
+
+def _pdet_terms(info, score, dtype):
+    """``-1/2 log pdet S + 1/2 s^T S^+ s`` and the rank of ``S`` (eigenvalues above tol)."""
+    evals, evecs = jnp.linalg.eigh(symmetrize(info))
+    eps = 1e-9 if dtype == jnp.float64 else 1e-4
+    top = jnp.maximum(jnp.max(evals, initial=0.0), jnp.finfo(dtype).tiny)
+    keep = evals > eps * top
+    proj = evecs.T @ score
+    safe = jnp.where(keep, evals, 1.0)
+    value = jnp.sum(jnp.where(keep, -0.5 * jnp.log(safe) + 0.5 * proj**2 / safe, 0.0))
+    return value, jnp.sum(keep)
+
+
+def initial_carry(arrays: GaussianSSMArrays) -> KalmanCarry:
+    """The carry before step 0 (``t = 0`` marks that the initial law is used as is)."""
+    n, q = arrays.initial_diffuse.shape
+    dtype = arrays.initial_cov.dtype
+    return KalmanCarry(
+        mean=arrays.initial_mean,
+        cov=arrays.initial_cov,
+        diffuse=arrays.initial_diffuse.astype(dtype),
+        info=jnp.zeros((q, q), dtype),
+        score=jnp.zeros((q,), dtype),
+        diffuse_log_lik=jnp.zeros((), dtype),
+        collapsed=jnp.asarray(q == 0),
+        t=jnp.zeros((), jnp.int32),
+    )
+
+
+def predicted_moments(arrays: GaussianSSMArrays, carry: KalmanCarry, u_t):
+    """Predicted ``(mean, cov, diffuse)`` of ``x_t`` given the carry after step ``t - 1``."""
+    t = carry.t
+    prev = arrays_at(arrays, t - 1)
+    mean_p, cov_p = predict_state(prev, carry.mean, carry.cov, u_t)
+    diffuse_p = prev.dynamics_weights @ carry.diffuse
+    first = t == 0
+    return (
+        jnp.where(first, carry.mean, mean_p),
+        jnp.where(first, carry.cov, cov_p),
+        jnp.where(first, carry.diffuse, diffuse_p),
+    )
+
+
+def kalman_step(arrays: GaussianSSMArrays, carry: KalmanCarry, y_t, mask_t, u_t, *,
+                collapse: bool = True):
+    """One step: ``(log p(y_t | y_{<t}), new carry, (predicted moments, innovation))``.
+
+    With diffuse directions the log-density is the increment of the running diffuse
+    log-likelihood; with ``collapse=True`` (the default) ``delta`` is folded into the
+    state as soon as the data identify it.
+    """
+    arrays_t = arrays_at(arrays, carry.t)
+    mean, cov, diffuse = predicted_moments(arrays, carry, u_t)
+    inn = innovation(arrays_t, mean, cov, y_t, mask_t, u_t)
+    mean_f = mean + inn.w.T @ inn.z
+    cov_f = symmetrize(cov - inn.w.T @ inn.w)
+    q = diffuse.shape[1]
+    log_prob = inn.log_prob
+    info, score, dll, collapsed = carry.info, carry.score, carry.diffuse_log_lik, carry.collapsed
+    if q:
+        # regression columns: innovation X = H~ A, whitened and pushed through the gain
+        xw = jsl.solve_triangular(inn.chol, inn.h @ diffuse, lower=True)
+        diffuse_f = diffuse - inn.w.T @ xw
+        info = info + xw.T @ xw
+        score = score + xw.T @ inn.z
+        new_dll, rank = _pdet_terms(info, score, mean.dtype)
+        log_prob = log_prob + new_dll - dll
+        dll = new_dll
+        if collapse:
+            full = (rank == q) & ~collapsed
+            chol_s = jnp.linalg.cholesky(jnp.where(full, symmetrize(info), jnp.eye(q)))
+            delta = jsl.cho_solve((chol_s, True), score)
+            g = jsl.solve_triangular(chol_s, diffuse_f.T, lower=True)
+            mean_f = jnp.where(full, mean_f + diffuse_f @ delta, mean_f)
+            cov_f = jnp.where(full, symmetrize(cov_f + g.T @ g), cov_f)
+            zero = jnp.zeros_like
+            diffuse_f = jnp.where(full | collapsed, zero(diffuse_f), diffuse_f)
+            info = jnp.where(full | collapsed, zero(info), info)
+            score = jnp.where(full | collapsed, zero(score), score)
+            dll = jnp.where(full | collapsed, zero(dll), dll)
+            # once collapsed the data's information about delta is in the state; the
+            # increments above are then those of a plain filter
+            log_prob = jnp.where(collapsed, inn.log_prob, log_prob)
+            collapsed = collapsed | full
+    else:
+        diffuse_f = diffuse
+    new = KalmanCarry(mean_f, cov_f, diffuse_f, info, score, dll, collapsed, carry.t + 1)
+    return log_prob, new, (mean, cov, diffuse, inn)
+
+
+# ---- whole sequences --------------------------------------------------------------------
+def _check(arrays, y, mask, inputs):
+    n = arrays.initial_mean.shape[-1]
+    if arrays.initial_diffuse.ndim != 2 or arrays.initial_diffuse.shape[0] != n:
+        raise ValueError(
+            f"initial_diffuse must have shape ({n}, q), got {arrays.initial_diffuse.shape}"
+        )
+    if y.ndim != 2 or mask.shape != y.shape:
+        raise ValueError(f"y and mask must both be (T, D); got {y.shape} and {mask.shape}")
+    if inputs.ndim != 2 or inputs.shape[0] != y.shape[0]:
+        raise ValueError(f"inputs must be (T, m) with T = {y.shape[0]}, got {inputs.shape}")
+
+
+def _scan_filter(arrays, y, mask, inputs, collapse):
+    _check(arrays, y, mask, inputs)
+
+    def step(carry, xs):
+        y_t, m_t, u_t = xs
+        lp, new, (mean, cov, diffuse, inn) = kalman_step(
+            arrays, carry, y_t, m_t, u_t, collapse=collapse
+        )
+        return new, (lp, mean, cov, diffuse, new, inn)
+
+    return jax.lax.scan(step, initial_carry(arrays), (y, mask, inputs))
+
+
+def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
+    """Kalman filter over one sequence (prediction error decomposition of the likelihood).
+
+        log p(y_{0:T-1}) = sum_t log N(y_t; H_t a_t + D_t u_t + d_t, H_t P_t H_t^T + R_t),
+
+    with ``a_t, P_t`` the predicted moments of ``x_t | y_{<t}``; masked entries drop out.
+
+    Args:
+        arrays: the model's matrices.
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `KalmanFilterResult`. With diffuse directions the filtered moments before the
+        data identify ``delta`` are those given ``delta = 0`` (their diffuse part is
+        infinite).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)), jnp.zeros(1),
+        ...     jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.array([[0.5], [1.0]])
+        >>> res = kalman_filter(arr, y, jnp.ones_like(y, bool), jnp.zeros((2, 0)))
+        >>> res.filtered_means.shape
+        (2, 1)
+    """
+    _, (lp, mean, cov, _, filt, _) = _scan_filter(arrays, y, mask, inputs, collapse=True)
+    return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt.mean, filt.cov)
+
+
+def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
+    """Total log-likelihood only (see `kalman_filter`)."""
+    return kalman_filter(arrays, y, mask, inputs).marginal_log_lik
+
+
+def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmootherResult:
+    """Smoothed moments of every ``x_t`` given all of ``y`` (Durbin-Koopman backward pass).
+
+    Backward from ``r_{T-1} = 0``, ``N_{T-1} = 0``, with ``L_t = F_t (I - K_t H~_t)``:
+
+        r_{t-1} = H~_t^T F_t^{-1} v_t + L_t^T r_t,   N_{t-1} = H~_t^T F_t^{-1} H~_t + L_t^T N_t L_t,
+        E[x_t | y] = a_t + P_t r_{t-1},   Cov[x_t | y] = P_t - P_t N_{t-1} P_t,
+        Cov[x_{t+1}, x_t | y] = (I - P_{t+1} N_t) L_t P_t.
+
+    With diffuse directions the same pass runs on the regression columns and ``delta`` is
+    integrated over its posterior, exactly (no large-variance approximation).
+
+    Args and shapes as in `kalman_filter`.
+
+    Returns:
+        A `KalmanSmootherResult`.
+    """
+    n = arrays.initial_mean.shape[-1]
+    q = arrays.initial_diffuse.shape[1]
+    _, (lp, mean, cov, diffuse, filt, inn) = _scan_filter(
+        arrays, y, mask, inputs, collapse=False
+    )
+    num_t = y.shape[0]
+    eye = jnp.eye(n, dtype=mean.dtype)
+
+    def back(carry, xs):
+        r, nmat, rx = carry
+        t, p_t, w, z, chol, h, a_t = xs
+        dyn = arrays_at(arrays, t).dynamics_weights
+        last = t == num_t - 1
+        # K~ = P H~^T F^{-1} = w^T L^{-1}; (I - K~ H~) = I - w^T L^{-1} H~
+        lh = jsl.solve_triangular(chol, h, lower=True)  # L^{-1} H~  (D, n)
+        l_mat = jnp.where(last, eye, dyn @ (eye - w.T @ lh))
+        r_prev = lh.T @ z + l_mat.T @ r
+        n_prev = symmetrize(lh.T @ lh + l_mat.T @ nmat @ l_mat)
+        xw = lh @ a_t  # whitened X_t
+        rx_prev = lh.T @ xw + l_mat.T @ rx
+        return (r_prev, n_prev, rx_prev), (r_prev, n_prev, l_mat, rx_prev)
+
+    init = (jnp.zeros((n,), mean.dtype), jnp.zeros((n, n), mean.dtype),
+            jnp.zeros((n, q), mean.dtype))
+    xs = (jnp.arange(num_t), cov, inn.w, inn.z, inn.chol, inn.h, diffuse)
+    _, (r_prev, n_prev, l_mat, rx_prev) = jax.lax.scan(back, init, xs, reverse=True)
+    sm_mean = mean + jnp.einsum("tij,tj->ti", cov, r_prev)
+    sm_cov = symmetrize(cov - cov @ n_prev @ cov)
+    # Cov[x_{t+1}, x_t] = (I - P_{t+1} N_t) L_t P_t, with N_t = n_prev[t + 1]
+    cross = jnp.einsum(
+        "tij,tjk,tkl->til", eye - cov[1:] @ n_prev[1:], l_mat[:-1], cov[:-1]
+    )
+    total = pairwise_sum(lp)
+    if q:
+        info = filt.info[-1]
+        score = filt.score[-1]
+        chol_s = jnp.linalg.cholesky(symmetrize(info))
+        delta = jsl.cho_solve((chol_s, True), score)
+        g = diffuse - cov @ rx_prev  # (T, n, q): smoothed state's regression on delta
+        gw = jnp.swapaxes(jsl.solve_triangular(chol_s, jnp.swapaxes(g, 1, 2), lower=True),
+                          1, 2)  # G L_S^{-T}
+        sm_mean = sm_mean + g @ delta
+        sm_cov = symmetrize(sm_cov + gw @ jnp.swapaxes(gw, 1, 2))
+        cross = cross + gw[1:] @ jnp.swapaxes(gw[:-1], 1, 2)
+    filt_mean, filt_cov = _filtered_from_uncollapsed(filt, q)
+    return KalmanSmootherResult(total, filt_mean, filt_cov, sm_mean, sm_cov, cross)
+
+
+def _filtered_from_uncollapsed(filt: KalmanCarry, q: int):
+    """Filtered moments given ``y_{<=t}`` from an uncollapsed run (``delta`` integrated
+    where the data identify it; pseudo-inverse while they do not)."""
+    if not q:
+        return filt.mean, filt.cov
+
+    def one(mean, cov, a, info, score):
+        pinv = jnp.linalg.pinv(symmetrize(info), hermitian=True)
+        return mean + a @ (pinv @ score), symmetrize(cov + a @ pinv @ a.T)
+
+    return jax.vmap(one)(filt.mean, filt.cov, filt.diffuse, filt.info, filt.score)
+
+
+def sample_posterior(arrays: GaussianSSMArrays, y, mask, inputs, key, num_samples: int = 1):
+    """Draw state paths ``x_{0:T-1} ~ p(x | y)`` (forward filtering, backward sampling).
+
+    Backward from ``x_{T-1} ~ N(m_{T-1|T-1}, P_{T-1|T-1})``, each ``x_t | x_{t+1}, y_{<=t}``
+    is Gaussian with mean ``m_{t|t} + J_t (x_{t+1} - a_{t+1})`` and covariance
+    ``P_{t|t} - J_t F_t P_{t|t}``, ``J_t = P_{t|t} F_t^T P_{t+1|t}^{-1}`` (a Cholesky solve,
+    with a rounding-level jitter for the singular predicted covariances of structural
+    models). With diffuse directions, ``delta`` is first drawn from its posterior
+    ``N(S^{-1} s, S^{-1})`` and the path from the model started at ``m + A delta``.
+
+    Returns:
+        ``(num_samples, T, n)`` paths.
+    """
+    q = arrays.initial_diffuse.shape[1]
+    n = arrays.initial_mean.shape[-1]
+    num_t = y.shape[0]
+    inputs = jnp.asarray(inputs)
+    if q:
+        _, (_, _, _, _, filt, _) = _scan_filter(arrays, y, mask, inputs, collapse=False)
+        chol_s = jnp.linalg.cholesky(symmetrize(filt.info[-1]))
+        delta_hat = jsl.cho_solve((chol_s, True), filt.score[-1])
+
+    def one(k):
+        k_delta, k_last, k_rest = jax.random.split(k, 3)
+        arr = arrays
+        if q:
+            eps = jax.random.normal(k_delta, (q,), delta_hat.dtype)
+            delta = delta_hat + jsl.solve_triangular(chol_s.T, eps, lower=False)
+            arr = arrays._replace(
+                initial_mean=arrays.initial_mean + arrays.initial_diffuse @ delta,
+                initial_diffuse=jnp.zeros((n, 0), delta.dtype),
+            )
+        filt = kalman_filter(arr, y, mask, inputs)
+        f_mean, f_cov = filt.filtered_means, filt.filtered_covs
+        x_last = _mvn_draw(k_last, f_mean[-1], f_cov[-1])
+
+        def back(x_next, xs):
+            t, m, p, kk = xs
+            arr_t = arrays_at(arr, t)
+            f = arr_t.dynamics_weights
+            pred_m = f @ m + arr_t.dynamics_input_weights @ inputs[t + 1] + arr_t.dynamics_bias
+            pred_p = symmetrize(f @ p @ f.T + arr_t.dynamics_cov)
+            gain = jsl.cho_solve((_robust_cholesky(pred_p), True), f @ p).T
+            x = _mvn_draw(kk, m + gain @ (x_next - pred_m), symmetrize(p - gain @ f @ p))
+            return x, x
+
+        keys = jax.random.split(k_rest, num_t - 1)
+        ts = jnp.arange(num_t - 1)
+        _, xs = jax.lax.scan(back, x_last, (ts, f_mean[:-1], f_cov[:-1], keys), reverse=True)
+        return jnp.concatenate([xs, x_last[None]], axis=0)
+
+    return jax.vmap(one)(jax.random.split(key, num_samples))
+
+
+def _robust_cholesky(p):
+    scale = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(p))), jnp.finfo(p.dtype).tiny)
+    eps = 1e-12 if p.dtype == jnp.float64 else 1e-6
+    return jnp.linalg.cholesky(p + eps * scale * jnp.eye(p.shape[0], dtype=p.dtype))
+
+
+def _mvn_draw(key, mean, cov):
+    """A draw from ``N(mean, cov)`` for a PSD (possibly singular) ``cov`` via ``eigh``."""
+    evals, evecs = jnp.linalg.eigh(symmetrize(cov))
+    root = evecs * jnp.sqrt(jnp.clip(evals, 0.0, None))
+    eps = jax.random.normal(key, mean.shape, mean.dtype)
+    return mean + root @ eps
