@@ -39,6 +39,12 @@ from statseq.models.hmm import (  # noqa: E402
     PoissonHMM,
     TransitionRegression,
 )
+from statseq.models.ssm import (  # noqa: E402
+    GaussianForecast,
+    LGSSMParams,
+    LinearGaussianSSM,
+    TimeVaryingLinearGaussianSSM,
+)
 from statseq.plotting import plot_forecast, plot_traces  # noqa: E402
 
 __version__ = "0.1.0"
@@ -50,6 +56,10 @@ __all__ = [
     "CategoricalHMM",
     "GaussianHMM",
     "LinearAutoregressiveHMM",
+    "GaussianForecast",
+    "LGSSMParams",
+    "LinearGaussianSSM",
+    "TimeVaryingLinearGaussianSSM",
     "NormalInverseGamma",
     "NormalInverseWishart",
     "HMMParams",

@@ -11,6 +11,7 @@ The trace records ``log p(y | theta_n) + log p(theta_n)``, the same objective as
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from functools import partial
@@ -70,6 +71,11 @@ def generalized_m_step(objective, start, *, num_steps: int = 30, step_size: floa
     return x
 
 
+def _takes_trainable(model) -> bool:
+    """Whether the model's M-step maximizes given frozen leaves (an ECM step) itself."""
+    return "trainable" in inspect.signature(model.m_step).parameters
+
+
 @partial(jax.jit, static_argnames=("model", "num_iters", "progress_every"))
 def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
                      num_iters, progress_every):
@@ -79,7 +85,10 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
         i, params, trace, done = state
         stats, lp = model.e_step(params, y, mask, inputs)
         value = lp + log_prior(priors, params)
-        new = model.m_step(params, stats, priors, inputs)
+        if _takes_trainable(model):
+            new = model.m_step(params, stats, priors, inputs, trainable=trainable)
+        else:
+            new = model.m_step(params, stats, priors, inputs)
         new = jax.tree.map(lambda n, o, t: jnp.where(t, n, o), new, params, trainable)
         prev = jnp.where(i > 0, trace[jnp.maximum(i - 1, 0)], -jnp.inf)
         done = (i > 0) & (jnp.abs(value - prev) <= tol * jnp.maximum(1.0, jnp.abs(value)))

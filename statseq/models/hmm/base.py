@@ -31,6 +31,7 @@ from statseq.core.model import SequenceModel
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import hmm_parallel
+from statseq.inference._backend import use_parallel  # noqa: F401 - re-exported
 
 
 class TransitionRegression(NamedTuple):
@@ -75,13 +76,6 @@ def stationary_distribution(transition_matrix):
     pi = jnp.linalg.solve(m, jnp.zeros((k,), m.dtype).at[-1].set(1.0))
     pi = jnp.clip(pi, 0.0, None)
     return pi / jnp.sum(pi)
-
-
-def use_parallel(parallel: bool | None) -> bool:
-    """``parallel=None`` picks by backend: associative scans on GPU/TPU, ``lax.scan`` on CPU."""
-    if parallel is None:
-        return jax.default_backend() != "cpu"
-    return bool(parallel)
 
 
 class HMMBase(SequenceModel):

@@ -1,0 +1,326 @@
+"""Linear Gaussian state space models as filters: the carry is the Kalman belief.
+
+    x_0 ~ N(m, P) (plus diffuse directions),
+    x_{t+1} = F x_t + B u_{t+1} + b + w_t,   w_t ~ N(0, Q),
+    y_t     = H x_t + D u_t + d + v_t,       v_t ~ N(0, R).
+
+The carry after step ``t`` is the filtered Gaussian belief about ``x_t``; the one-step
+predictive is ``N(H a_t + D u_t + d, H P_t H^T + R)`` with ``a_t, P_t`` the predicted moments,
+so summing predictive log-densities is the prediction error decomposition of the
+likelihood. Families (the general `LinearGaussianSSM`, its time-varying variant, the
+structural time series models) only say how their parameters map to the matrices
+(`GaussianSSMBase.to_arrays`); filtering, smoothing, sampling, forecasting and gradient
+fitting come from here and from `statseq.inference.kalman`.
+"""
+
+from __future__ import annotations
+
+import abc
+from functools import partial
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from jax.scipy.special import ndtri
+
+from statseq.core.model import SequenceModel
+from statseq.core.params import validate_params
+from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.inference import kalman
+from statseq.inference._backend import use_parallel
+from statseq.inference.gaussian import symmetrize
+
+
+class GaussianForecast(NamedTuple):
+    """Exact (analytic) h-step predictive moments of a linear Gaussian model.
+
+    Attributes:
+        mean: ``batch_shape + (num_steps,) + event_shape`` predictive means of ``y_{T+h}``.
+        cov: ``batch_shape + (num_steps, D, D)`` predictive covariances (``D = 1`` for a
+            scalar series).
+        state_mean: ``batch_shape + (num_steps, n)`` predictive means of ``x_{T+h}``.
+        state_cov: ``batch_shape + (num_steps, n, n)``.
+        history: the conditioning series (for plotting).
+    """
+
+    mean: Any
+    cov: Any
+    state_mean: Any
+    state_cov: Any
+    history: Any = None
+
+    @property
+    def std(self):
+        """Predictive standard deviations (the shape of ``mean``)."""
+        sd = jnp.sqrt(jnp.diagonal(self.cov, axis1=-2, axis2=-1))
+        return jnp.reshape(sd, jnp.shape(self.mean))
+
+    def interval(self, level: float = 0.9):
+        """Central prediction interval ``(lower, upper)`` with coverage ``level``."""
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level must be in (0, 1), got {level}")
+        z = float(ndtri(0.5 + level / 2.0))
+        return self.mean - z * self.std, self.mean + z * self.std
+
+    def quantile(self, q):
+        """Predictive quantile(s) ``q`` of each entry (leading axis for ``q``)."""
+        q = jnp.asarray(q, float_dtype())
+        z = ndtri(q).reshape(q.shape + (1,) * jnp.ndim(self.mean))
+        return self.mean + z * self.std
+
+    def plot(self, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None, **kwargs):
+        """Fan chart of a scalar series: history, predictive mean and central intervals."""
+        from statseq.plotting import plot_forecast
+
+        return plot_forecast(self, ax=ax, levels=levels, time=time, future_time=future_time,
+                             **kwargs)
+
+
+class GaussianSSMBase(SequenceModel):
+    """Shared machinery of every linear Gaussian state space model.
+
+    Subclasses set ``emission_dim`` (``None`` for a scalar series) and ``input_dim``, and
+    implement `state_dim` and `to_arrays`.
+    """
+
+    supports_partial_mask: ClassVar[bool] = True
+    emission_dim: int | None
+    input_dim: int
+
+    # ---- what a family provides ----------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def state_dim(self) -> int:
+        """Dimension ``n`` of the state ``x_t``."""
+
+    @abc.abstractmethod
+    def to_arrays(self, params) -> kalman.GaussianSSMArrays:
+        """The model's matrices (see `statseq.inference.kalman.GaussianSSMArrays`)."""
+
+    # ---- static description -------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        """Number of observed series ``D`` (1 for a scalar series)."""
+        return 1 if self.emission_dim is None else self.emission_dim
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        return () if self.emission_dim is None else (self.emission_dim,)
+
+    # ---- the filter protocol -------------------------------------------------------------
+    def initial_carry(self, params) -> kalman.KalmanCarry:
+        return kalman.initial_carry(self.to_arrays(params))
+
+    def step(self, params, carry, y_t, mask_t, inputs_t):
+        arrays = self.to_arrays(params)
+        y = jnp.reshape(y_t, (self.dim,)).astype(arrays.initial_cov.dtype)
+        m = jnp.reshape(mask_t, (self.dim,))
+        lp, new, _ = kalman.kalman_step(arrays, carry, y, m, inputs_t)
+        return lp, new
+
+    def update(self, params, carry, y_t, mask_t, inputs_t) -> kalman.KalmanCarry:
+        return self.step(params, carry, y_t, mask_t, inputs_t)[1]
+
+    def predict(self, params, carry, inputs_t):
+        """``N(H a_t + D u_t + d, H P_t H^T + R)``; NaN while diffuse states are unidentified."""
+        arrays = self.to_arrays(params)
+        mean, cov, _ = kalman.predicted_moments(arrays, carry, inputs_t)
+        arr_t = kalman.arrays_at(arrays, carry.t)
+        h = arr_t.emission_weights
+        y_mean = h @ mean + arr_t.emission_input_weights @ inputs_t + arr_t.emission_bias
+        y_cov = symmetrize(h @ cov @ h.T + arr_t.emission_cov)
+        # before the data identify the diffuse states the predictive is improper
+        y_cov = jnp.where(carry.collapsed, y_cov, jnp.nan)
+        if self.emission_dim is None:
+            return dist.Normal(y_mean[0], jnp.sqrt(y_cov[0, 0]))
+        return dist.MultivariateNormal(y_mean, y_cov)
+
+    # ---- posterior inference --------------------------------------------------------------
+    def filter_states(self, params, y, *, mask=None, inputs=None, parallel=None,
+                      square_root=False) -> kalman.KalmanFilterResult:
+        """Predicted and filtered moments of ``x_t`` and the per-step log-likelihood.
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (num_timesteps,) + event_shape``.
+            mask: optional observation mask (per step or per entry).
+            inputs: covariates, when the model takes them.
+            parallel: ``True`` for the associative-scan filter (``O(log T)`` depth, for
+                accelerators), ``False`` for ``lax.scan``; ``None`` picks by backend.
+            square_root: propagate Cholesky factors (more robust in float32).
+
+        Returns:
+            `statseq.inference.kalman.KalmanFilterResult` (batch shape leading).
+        """
+        kind = "sqrt" if square_root else ("parallel" if use_parallel(parallel) else "seq")
+        if square_root and parallel:
+            raise ValueError("square_root=True has no parallel version; use parallel=False")
+        return self._posterior(params, y, mask, inputs, "filter", kind)
+
+    def smoother(self, params, y, *, mask=None, inputs=None, parallel=None
+                 ) -> kalman.KalmanSmootherResult:
+        """Smoothed moments of ``x_t`` given the whole series, and lag-one covariances.
+
+        Returns:
+            `statseq.inference.kalman.KalmanSmootherResult` (batch shape leading).
+        """
+        kind = "parallel" if use_parallel(parallel) else "seq"
+        return self._posterior(params, y, mask, inputs, "smoother", kind)
+
+    def _posterior(self, params, y, mask, inputs, what, kind):
+        validate_params(self, params)
+        data = prepare_data(self, y, mask, inputs)
+        self._check_num_timesteps(data.num_timesteps)
+        out = _ssm_posterior(self, params, data.y, data.mask, data.inputs, what=what,
+                             kind=kind)
+        return jax.tree.map(lambda a: jnp.reshape(a, data.batch_shape + a.shape[1:]), out)
+
+    def _check_num_timesteps(self, num_timesteps: int) -> None:  # noqa: B027 - optional hook
+        """Time-varying models check that ``y`` has as many steps as their matrices."""
+
+    def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
+                                inputs=None):
+        """Draws of whole state paths from ``p(x_{0:T-1} | y)`` (forward filtering,
+        backward sampling): ``(num_samples,) + batch_shape + (T, n)``."""
+        validate_params(self, params)
+        num_samples = check_positive_int(num_samples, "num_samples")
+        data = prepare_data(self, y, mask, inputs)
+        self._check_num_timesteps(data.num_timesteps)
+        keys = jax.random.split(key, data.y.shape[0])
+        paths = _ssm_sample(self, params, data.y, data.mask, data.inputs, keys,
+                            num_samples=num_samples)  # (N, S, T, n)
+        paths = jnp.swapaxes(paths, 0, 1)
+        return jnp.reshape(paths, (num_samples,) + data.batch_shape + paths.shape[2:])
+
+    def forecast_moments(self, params, y, *, num_steps, mask=None, inputs=None,
+                         future_inputs=None) -> GaussianForecast:
+        """Exact h-step predictive moments of ``x_{T+h}`` and ``y_{T+h}`` given ``y``.
+
+            x_{T+h} | y ~ N(a_{T+h}, P_{T+h}),   a_{T+h} = F a_{T+h-1} + B u_{T+h} + b,
+            P_{T+h} = F P_{T+h-1} F^T + Q,       y_{T+h} | y ~ N(H a + D u + d, H P H^T + R).
+
+        Args:
+            params: the model's parameters.
+            y: history ``batch_shape + (T,) + event_shape``.
+            num_steps: horizon ``h``.
+            mask, inputs: as for `statseq.filter`.
+            future_inputs: ``(num_steps, input_dim)`` covariates over the horizon.
+
+        Returns:
+            A `GaussianForecast` (``.interval(0.9)`` gives 90% prediction intervals).
+        """
+        validate_params(self, params)
+        num_steps = check_positive_int(num_steps, "num_steps")
+        data = prepare_data(self, y, mask, inputs)
+        self._check_num_timesteps(data.num_timesteps)
+        u = self._future_inputs(future_inputs, num_steps)
+        state_mean, state_cov, y_mean, y_cov = _ssm_forecast(
+            self, params, data.y, data.mask, data.inputs, u, num_steps=num_steps
+        )
+        bs = data.batch_shape
+        if not bool(np.all(np.isfinite(np.asarray(y_cov)))):
+            raise ValueError(
+                "the history does not identify every diffuse state (too few observations "
+                "for the model's non-stationary components), so the forecast is improper"
+            )
+        return GaussianForecast(
+            mean=jnp.reshape(y_mean, bs + (num_steps,) + self.event_shape),
+            cov=jnp.reshape(y_cov, bs + (num_steps, self.dim, self.dim)),
+            state_mean=jnp.reshape(state_mean, bs + state_mean.shape[1:]),
+            state_cov=jnp.reshape(state_cov, bs + state_cov.shape[1:]),
+            history=np.asarray(y),
+        )
+
+    def _future_inputs(self, future_inputs, num_steps):
+        dtype = float_dtype()
+        if not self.input_dim:
+            if future_inputs is not None:
+                raise ValueError(f"{type(self).__name__} takes no inputs")
+            return jnp.zeros((num_steps, 0), dtype)
+        if future_inputs is None:
+            raise ValueError("this model takes inputs: pass future_inputs over the horizon")
+        u = np.asarray(future_inputs, float)
+        if u.shape != (num_steps, self.input_dim):
+            raise ValueError(
+                f"future_inputs must have shape ({num_steps}, {self.input_dim}), got {u.shape}"
+            )
+        if not np.all(np.isfinite(u)):
+            raise ValueError("future_inputs must be finite")
+        return jnp.asarray(u, dtype)
+
+
+# ---- compiled workers (module level: one compilation per model and shapes) --------------
+def _posterior_one(model, params, y, mask, inputs, what, kind):
+    arrays = model.to_arrays(params)
+    y = jnp.reshape(y, (y.shape[0], model.dim)).astype(arrays.initial_cov.dtype)
+    mask = jnp.reshape(mask, (mask.shape[0], -1)) & jnp.ones((1, model.dim), bool)
+    if kind == "parallel":
+        from statseq.inference import kalman_parallel as lib
+
+        fn = lib.parallel_kalman_filter if what == "filter" else lib.parallel_kalman_smoother
+    elif kind == "sqrt":
+        from statseq.inference import kalman_sqrt
+
+        fn = kalman_sqrt.sqrt_kalman_filter
+    else:
+        fn = kalman.kalman_filter if what == "filter" else kalman.kalman_smoother
+    return fn(arrays, y, mask, inputs)
+
+
+@partial(jax.jit, static_argnames=("model", "what", "kind"))
+def _ssm_posterior(model, params, y, mask, inputs, *, what, kind):
+    return jax.vmap(
+        lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, what, kind)
+    )(y, mask, inputs)
+
+
+def _flat_one(model, y, mask):
+    y = jnp.reshape(y, (y.shape[0], model.dim))
+    mask = jnp.reshape(mask, (mask.shape[0], -1)) & jnp.ones((1, model.dim), bool)
+    return y, mask
+
+
+@partial(jax.jit, static_argnames=("model", "num_samples"))
+def _ssm_sample(model, params, y, mask, inputs, keys, *, num_samples):
+    arrays = model.to_arrays(params)
+
+    def one(y_s, m_s, u_s, k):
+        y_s, m_s = _flat_one(model, y_s.astype(arrays.initial_cov.dtype), m_s)
+        return kalman.sample_posterior(arrays, y_s, m_s, u_s, k, num_samples)
+
+    return jax.vmap(one)(y, mask, inputs, keys)
+
+
+@partial(jax.jit, static_argnames=("model", "num_steps"))
+def _ssm_forecast(model, params, y, mask, inputs, future_inputs, *, num_steps):
+    arrays = model.to_arrays(params)
+    num_t = y.shape[1]
+
+    def one(y_s, m_s, u_s):
+        y_s, m_s = _flat_one(model, y_s.astype(arrays.initial_cov.dtype), m_s)
+
+        def step(carry, xs):
+            y_t, m_t, u_t = xs
+            return kalman.kalman_step(arrays, carry, y_t, m_t, u_t)[1], None
+
+        final, _ = jax.lax.scan(step, kalman.initial_carry(arrays), (y_s, m_s, u_s))
+        mean = jnp.where(final.collapsed, final.mean, jnp.nan)
+
+        def ahead(c, xs):
+            h, u_t = xs
+            m, p = c
+            arr = kalman.arrays_at(arrays, num_t - 1 + h)
+            m, p = kalman.predict_state(arr, m, p, u_t)
+            arr_y = kalman.arrays_at(arrays, num_t + h)
+            hm = arr_y.emission_weights
+            ym = hm @ m + arr_y.emission_input_weights @ u_t + arr_y.emission_bias
+            yc = symmetrize(hm @ p @ hm.T + arr_y.emission_cov)
+            return (m, p), (m, p, ym, yc)
+
+        _, out = jax.lax.scan(ahead, (mean, final.cov),
+                              (jnp.arange(num_steps), future_inputs))
+        return out
+
+    return jax.vmap(one)(y, mask, inputs)

@@ -1,0 +1,408 @@
+"""The general linear Gaussian state space model, fixed or time-varying, with exact EM.
+
+    x_0 ~ N(m, P),
+    x_{t+1} = F x_t + B u_{t+1} + b + w_t,   w_t ~ N(0, Q),
+    y_t     = H x_t + D u_t + d + v_t,       v_t ~ N(0, R).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.distributions import constraints
+
+from statseq.core.model import register_model
+from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.inference import kalman
+from statseq.inference.gaussian import solve_discrete_lyapunov, symmetrize
+from statseq.models.ssm.base import GaussianSSMBase
+
+
+class LGSSMParams(NamedTuple):
+    """Parameters of `LinearGaussianSSM` (``n`` states, ``D`` series, ``m`` inputs).
+
+    Attributes:
+        initial_mean: ``(n,)`` ``m``, or ``None`` unless ``initial="free"``.
+        initial_cov: ``(n, n)`` ``P``, or ``None`` unless ``initial="free"``.
+        dynamics_weights: ``(n, n)`` ``F``.
+        dynamics_input_weights: ``(n, m)`` ``B``.
+        dynamics_bias: ``(n,)`` ``b``.
+        dynamics_cov: ``(n, n)`` ``Q``.
+        emission_weights: ``(D, n)`` ``H``.
+        emission_input_weights: ``(D, m)`` ``D``.
+        emission_bias: ``(D,)`` ``d``.
+        emission_cov: ``(D, D)`` ``R``.
+
+    In `TimeVaryingLinearGaussianSSM` the dynamics leaves have a leading axis ``T - 1``
+    and the emission leaves a leading axis ``T``.
+    """
+
+    initial_mean: Any
+    initial_cov: Any
+    dynamics_weights: Any
+    dynamics_input_weights: Any
+    dynamics_bias: Any
+    dynamics_cov: Any
+    emission_weights: Any
+    emission_input_weights: Any
+    emission_bias: Any
+    emission_cov: Any
+
+
+@register_model
+@dataclasses.dataclass(frozen=True)
+class LinearGaussianSSM(GaussianSSMBase):
+    """Linear Gaussian state space model (linear dynamical system, Kalman filter model).
+
+        x_0 ~ N(m, P),
+        x_{t+1} = F x_t + B u_{t+1} + b + w_t,   w_t ~ N(0, Q),
+        y_t     = H x_t + D u_t + d + v_t,       v_t ~ N(0, R).
+
+    The log-likelihood is the prediction error decomposition computed by the Kalman filter;
+    `fit_em` has closed-form M-steps (any subset of leaves may be frozen), and
+    `statseq.fit_sgd` / `statseq.fit_lbfgs` maximize the same objective by gradient.
+
+    Args:
+        state_dim: ``n``.
+        emission_dim: ``D`` (``y`` of shape ``(T, D)``), or ``None`` for a scalar series.
+        input_dim: ``m`` (0 for none).
+        initial: ``"free"`` (``m``, ``P`` are parameters), ``"stationary"`` (the stationary
+            law of the dynamics; needs ``input_dim == 0`` and stable ``F``) or
+            ``"diffuse"`` (every state has infinite initial variance: the exact diffuse
+            likelihood of Durbin and Koopman).
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> model = ss.LinearGaussianSSM(state_dim=2, emission_dim=3)
+        >>> params = model.default_params()
+        >>> y = ss.sample(model, params, num_timesteps=50, key=jax.random.key(0))
+        >>> y.shape
+        (50, 3)
+    """
+
+    state_dim: int = 1
+    emission_dim: int | None = 1
+    input_dim: int = 0
+    initial: Literal["free", "stationary", "diffuse"] = "free"
+
+    def __post_init__(self):
+        check_positive_int(self.state_dim, "state_dim")
+        if self.emission_dim is not None:
+            check_positive_int(self.emission_dim, "emission_dim")
+        check_positive_int(self.input_dim, "input_dim", minimum=0)
+        if self.initial not in ("free", "stationary", "diffuse"):
+            raise ValueError(
+                f"initial must be 'free', 'stationary' or 'diffuse', got {self.initial!r}"
+            )
+        if self.initial == "stationary" and self.input_dim:
+            raise ValueError("initial='stationary' needs input_dim == 0")
+
+    # ---- parameters -----------------------------------------------------------------------
+    def _leading(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Leading axes of (dynamics, emission) leaves: none for a fixed model."""
+        return (), ()
+
+    def param_shapes(self) -> LGSSMParams:
+        n, d, m = self.state_dim, self.dim, self.input_dim
+        lead_f, lead_h = self._leading()
+        free = self.initial == "free"
+        return LGSSMParams(
+            (n,) if free else None,
+            (n, n) if free else None,
+            lead_f + (n, n), lead_f + (n, m), lead_f + (n,), lead_f + (n, n),
+            lead_h + (d, n), lead_h + (d, m), lead_h + (d,), lead_h + (d, d),
+        )
+
+    def param_constraints(self) -> LGSSMParams:
+        free = self.initial == "free"
+        real, pd = constraints.real, constraints.positive_definite
+        return LGSSMParams(
+            real if free else None, pd if free else None,
+            real, real, real, pd, real, real, real, pd,
+        )
+
+    def default_params(self, dtype=None) -> LGSSMParams:
+        """``F = 0.9 I``, ``Q = 0.1 I``, ``H`` with ones on its diagonal, ``R = 0.1 I``,
+        ``m = 0``, ``P = I``; zero biases and input weights."""
+        dtype = dtype or float_dtype()
+        n, d, m = self.state_dim, self.dim, self.input_dim
+        lead_f, lead_h = self._leading()
+
+        def tile(a, lead):
+            return jnp.broadcast_to(a, lead + a.shape).astype(dtype)
+
+        free = self.initial == "free"
+        return LGSSMParams(
+            jnp.zeros((n,), dtype) if free else None,
+            jnp.eye(n, dtype=dtype) if free else None,
+            tile(0.9 * jnp.eye(n), lead_f), tile(jnp.zeros((n, m)), lead_f),
+            tile(jnp.zeros((n,)), lead_f), tile(0.1 * jnp.eye(n), lead_f),
+            tile(jnp.eye(d, n), lead_h), tile(jnp.zeros((d, m)), lead_h),
+            tile(jnp.zeros((d,)), lead_h), tile(0.1 * jnp.eye(d), lead_h),
+        )
+
+    def initialize(self, y, *, key, inputs=None, mask=None, method="data") -> LGSSMParams:
+        """Starting values: ``H`` from the leading principal directions of ``y`` (or random
+        with ``method="random"``), ``d`` the mean, ``R`` the residual variances, stable
+        ``F = 0.9 I``."""
+        if self._leading() != ((), ()):
+            raise NotImplementedError("initialize the time-varying model's params yourself")
+        data = prepare_data(self, y, mask, inputs)
+        yy = np.asarray(data.y, float).reshape(-1, self.dim)
+        mm = np.asarray(data.mask).reshape(yy.shape[0], -1) & np.ones((1, self.dim), bool)
+        mean = np.array([yy[mm[:, j], j].mean() if mm[:, j].any() else 0.0
+                         for j in range(self.dim)])
+        centred = np.where(mm, yy - mean, 0.0)
+        n, d = self.state_dim, self.dim
+        if method == "random":
+            h = np.asarray(jax.random.normal(key, (d, n)))
+        elif method == "data":
+            _, s, vt = np.linalg.svd(centred, full_matrices=False)
+            h = np.zeros((d, n))
+            k = min(n, d)
+            h[:, :k] = vt[:k].T * (s[:k] / np.sqrt(max(len(yy), 1)))
+            if n > d:
+                h[:, d:] = 0.1 * np.asarray(jax.random.normal(key, (d, n - d)))
+        else:
+            raise ValueError(f"method must be 'data' or 'random', got {method!r}")
+        resid = np.var(centred, axis=0) * 0.5 + 1e-3
+        p = self.default_params()
+        dtype = float_dtype()
+        return p._replace(emission_weights=jnp.asarray(h, dtype),
+                          emission_bias=jnp.asarray(mean, dtype),
+                          emission_cov=jnp.asarray(np.diag(resid), dtype),
+                          dynamics_cov=jnp.asarray(0.1 * np.eye(n), dtype))
+
+    def check_params(self, params) -> None:
+        """Eager check: a stationary initial law needs a stable ``F``."""
+        if self.initial != "stationary":
+            return
+        radius = float(np.max(np.abs(np.linalg.eigvals(np.asarray(params.dynamics_weights)))))
+        if radius >= 1.0:
+            raise ValueError(
+                f"dynamics_weights are not stable (spectral radius {radius:.4g} >= 1), so "
+                "initial='stationary' is undefined; use initial='free' or 'diffuse'"
+            )
+
+    # ---- matrices ---------------------------------------------------------------------------
+    def to_arrays(self, params) -> kalman.GaussianSSMArrays:
+        n = self.state_dim
+        dtype = params.dynamics_cov.dtype
+        if self.initial == "free":
+            mean0, cov0, diffuse = params.initial_mean, params.initial_cov, jnp.zeros((n, 0))
+        elif self.initial == "stationary":
+            f, q, b = params.dynamics_weights, params.dynamics_cov, params.dynamics_bias
+            mean0 = jnp.linalg.solve(jnp.eye(n, dtype=dtype) - f, b)
+            cov0, diffuse = solve_discrete_lyapunov(f, q), jnp.zeros((n, 0))
+        else:
+            mean0, cov0, diffuse = jnp.zeros((n,)), jnp.zeros((n, n)), jnp.eye(n)
+        return kalman.GaussianSSMArrays(
+            mean0.astype(dtype), cov0.astype(dtype), params.dynamics_weights,
+            params.dynamics_input_weights, params.dynamics_bias, params.dynamics_cov,
+            params.emission_weights, params.emission_input_weights, params.emission_bias,
+            params.emission_cov, diffuse.astype(dtype),
+        )
+
+    # ---- EM -----------------------------------------------------------------------------------
+    def validate_em_priors(self, priors) -> None:
+        """EM for this model has no priors and needs a free or diffuse initial law."""
+        if priors is not None and any(p is not None for p in jax.tree.leaves(
+                priors, is_leaf=lambda x: x is None)):
+            raise ValueError(
+                "fit_em for linear Gaussian models takes no priors; use fit_sgd or "
+                "fit_lbfgs for MAP estimates"
+            )
+        if self.initial == "stationary":
+            raise ValueError(
+                "fit_em needs initial='free' or 'diffuse' (the stationary initial law ties "
+                "m and P to F and Q, so the M-step has no closed form); use fit_lbfgs"
+            )
+        if self._leading() != ((), ()):
+            raise NotImplementedError("fit_em is for the time-invariant model")
+
+    def e_step(self, params, y, mask, inputs):
+        """Expected sufficient statistics over a flat batch ``(N, T, ...)``.
+
+        From the smoothed moments ``mu_t``, ``V_t`` and ``C_t = Cov[x_{t+1}, x_t | y]``:
+        second moments of the regressors ``z_t = (x_t, u_{t+1}, 1)`` and targets
+        ``x_{t+1}`` (dynamics), and of ``w_t = (x_t, u_t, 1)`` and ``y_t`` (emissions).
+        Missing entries of ``y_t`` are latent too: their conditional moments given the
+        observed entries and ``x_t`` enter exactly.
+
+        Returns:
+            ``(stats, log_prob)``.
+        """
+        arrays = self.to_arrays(params)
+        dtype = arrays.initial_cov.dtype
+
+        def one(y_s, m_s, u_s):
+            y_s = jnp.reshape(y_s, (y_s.shape[0], self.dim)).astype(dtype)
+            m_s = jnp.reshape(m_s, (m_s.shape[0], -1)) & jnp.ones((1, self.dim), bool)
+            post = kalman.kalman_smoother(arrays, y_s, m_s, u_s)
+            return post, _em_stats(params, post, y_s, m_s, u_s)
+
+        post, stats = jax.vmap(one)(y, mask, inputs)
+        stats = jax.tree.map(lambda a: jnp.sum(a, axis=0), stats)
+        stats["x0"] = post.smoothed_means[:, 0]
+        stats["v0"] = post.smoothed_covs[:, 0]
+        return stats, jnp.sum(post.marginal_log_lik)
+
+    def m_step(self, params, stats, priors, inputs, trainable=None):
+        """Closed-form updates: least squares for ``(F, B, b)`` and ``(H, D, d)`` given
+        frozen blocks, then ``Q`` and ``R`` from the expected residual moments, ``m`` and
+        ``P`` from the smoothed first state."""
+        del priors, inputs
+        tr = trainable if trainable is not None else jax.tree.map(
+            lambda _: True, params, is_leaf=lambda x: x is None)
+        f, bu, b, q = _regression_update(
+            stats["zz"], stats["xz"], stats["xx"], stats["n_dyn"],
+            (params.dynamics_weights, params.dynamics_input_weights, params.dynamics_bias),
+            (tr.dynamics_weights, tr.dynamics_input_weights, tr.dynamics_bias),
+        )
+        h, du, d, r = _regression_update(
+            stats["ww"], stats["yw"], stats["yy"], stats["n_emit"],
+            (params.emission_weights, params.emission_input_weights, params.emission_bias),
+            (tr.emission_weights, tr.emission_input_weights, tr.emission_bias),
+        )
+        new = params._replace(
+            dynamics_weights=f, dynamics_input_weights=bu, dynamics_bias=b, dynamics_cov=q,
+            emission_weights=h, emission_input_weights=du, emission_bias=d, emission_cov=r,
+        )
+        if self.initial == "free":
+            x0, v0 = stats["x0"], stats["v0"]
+            m0 = jnp.where(jnp.asarray(tr.initial_mean), jnp.mean(x0, axis=0),
+                           params.initial_mean)
+            dev = x0 - m0
+            p0 = jnp.mean(v0 + dev[:, :, None] * dev[:, None, :], axis=0)
+            new = new._replace(initial_mean=m0, initial_cov=symmetrize(p0))
+        return new
+
+
+def _em_stats(params, post, y, mask, u):
+    """Summed second moments for one sequence (see `LinearGaussianSSM.e_step`)."""
+    mu, v, c = post.smoothed_means, post.smoothed_covs, post.smoothed_cross_covs
+    num_t = mu.shape[0]
+    dtype = mu.dtype
+    ones = jnp.ones((num_t, 1), dtype)
+    exx = v + mu[:, :, None] * mu[:, None, :]  # E[x_t x_t^T]
+
+    def second(e_xx, mu_x, r):
+        """E[z z^T] for z = (x, r) with r known."""
+        top = jnp.concatenate([e_xx, mu_x[:, :, None] * r[:, None, :]], axis=2)
+        bottom = jnp.concatenate([r[:, :, None] * mu_x[:, None, :],
+                                  r[:, :, None] * r[:, None, :]], axis=2)
+        return jnp.concatenate([top, bottom], axis=1)
+
+    # dynamics: targets x_{t+1}, regressors z_t = (x_t, u_{t+1}, 1)
+    r_dyn = jnp.concatenate([u[1:], ones[1:]], axis=1)
+    zz = jnp.sum(second(exx[:-1], mu[:-1], r_dyn), axis=0)
+    cross = c + mu[1:, :, None] * mu[:-1, None, :]  # E[x_{t+1} x_t^T]
+    xz = jnp.sum(jnp.concatenate([cross, mu[1:, :, None] * r_dyn[:, None, :]], axis=2), axis=0)
+    xx = jnp.sum(exx[1:], axis=0)
+
+    # emissions: complete y_t = G x_t + g + e (observed entries fixed, missing ones latent)
+    h, du, d, rcov = (params.emission_weights, params.emission_input_weights,
+                      params.emission_bias, params.emission_cov)
+
+    def impute(y_t, m_t, u_t):
+        mf = m_t.astype(dtype)
+        miss = 1.0 - mf
+        r_oo = rcov * (mf[:, None] * mf[None, :]) + jnp.diag(miss)
+        r_mo = rcov * (miss[:, None] * mf[None, :])
+        k_r = jnp.linalg.solve(r_oo, r_mo.T).T  # R_mo R_oo^{-1} (zero outside m x o)
+        c_t = du @ u_t + d
+        h_o = h * mf[:, None]
+        r_o = mf * (y_t - c_t)
+        g_mat = miss[:, None] * (h - k_r @ h_o)
+        g_vec = mf * y_t + miss * (c_t + k_r @ r_o)
+        v_res = (miss[:, None] * miss[None, :]) * (rcov - k_r @ rcov)
+        return g_mat, g_vec, symmetrize(v_res)
+
+    g_mat, g_vec, v_res = jax.vmap(impute)(y, mask, u)
+    ey = jnp.einsum("tdn,tn->td", g_mat, mu) + g_vec  # E[y_t]
+    eyx = jnp.einsum("tdn,tnk->tdk", g_mat, exx) + g_vec[:, :, None] * mu[:, None, :]
+    gm = jnp.einsum("tdn,tn->td", g_mat, mu)  # G E[x]
+    eyy = (jnp.einsum("tdn,tnk,tek->tde", g_mat, exx, g_mat)
+           + gm[:, :, None] * g_vec[:, None, :] + g_vec[:, :, None] * gm[:, None, :]
+           + g_vec[:, :, None] * g_vec[:, None, :] + v_res)
+    r_emit = jnp.concatenate([u, ones], axis=1)
+    ww = jnp.sum(second(exx, mu, r_emit), axis=0)
+    yw = jnp.sum(jnp.concatenate([eyx, ey[:, :, None] * r_emit[:, None, :]], axis=2), axis=0)
+    yy = jnp.sum(eyy, axis=0)
+    return {
+        "zz": zz, "xz": xz, "xx": xx, "n_dyn": jnp.asarray(num_t - 1, dtype),
+        "ww": ww, "yw": yw, "yy": yy, "n_emit": jnp.asarray(num_t, dtype),
+    }
+
+
+def _regression_update(szz, sxz, sxx, count, blocks, trainable):
+    """Maximize ``E sum ||x - W z||^2_{Q^{-1}}`` over the free blocks of ``W = [W_1 ...]``,
+    then ``Q = E sum (x - W z)(x - W z)^T / count``.
+
+    Frozen blocks keep their values: the free columns solve
+    ``W_free S_zz[free, free] = (S_xz - W_frozen S_zz[frozen, :])[:, free]``.
+    """
+    widths = [blk.shape[-1] if blk.ndim == 2 else 1 for blk in blocks]
+    w_old = jnp.concatenate([blk if blk.ndim == 2 else blk[:, None] for blk in blocks],
+                            axis=1)
+    free = jnp.concatenate([jnp.broadcast_to(jnp.asarray(t, bool), (w,))
+                            for t, w in zip(trainable, widths, strict=True)]).astype(szz.dtype)
+    fixed = 1.0 - free
+    lhs = szz * (free[:, None] * free[None, :]) + jnp.diag(fixed)
+    rhs = (sxz - (w_old * fixed[None, :]) @ szz) * free[None, :] + w_old * fixed[None, :]
+    w_new = jnp.linalg.solve(lhs.T, rhs.T).T
+    w_new = jnp.where(free[None, :] > 0, w_new, w_old)
+    cov = (sxx - w_new @ sxz.T - sxz @ w_new.T + w_new @ szz @ w_new.T) / count
+    out, start = [], 0
+    for blk, width in zip(blocks, widths, strict=True):
+        part = w_new[:, start:start + width]
+        out.append(part if blk.ndim == 2 else part[:, 0])
+        start += width
+    return (*out, symmetrize(cov))
+
+
+@register_model
+@dataclasses.dataclass(frozen=True)
+class TimeVaryingLinearGaussianSSM(LinearGaussianSSM):
+    """`LinearGaussianSSM` with different matrices at every step.
+
+        x_{t+1} = F_t x_t + B_t u_{t+1} + b_t + w_t,   w_t ~ N(0, Q_t),
+        y_t     = H_t x_t + D_t u_t + d_t + v_t,       v_t ~ N(0, R_t).
+
+    Dynamics leaves have a leading axis ``num_timesteps - 1`` (entry ``t`` is the step from
+    ``x_t`` to ``x_{t+1}``), emission leaves a leading axis ``num_timesteps``; ``y`` must
+    have exactly ``num_timesteps`` steps. Forecasts beyond the data reuse the last matrices.
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> model = ss.TimeVaryingLinearGaussianSSM(state_dim=1, emission_dim=1,
+        ...                                          num_timesteps=20)
+        >>> params = model.default_params()
+        >>> params.dynamics_weights.shape, params.emission_weights.shape
+        ((19, 1, 1), (20, 1, 1))
+    """
+
+    num_timesteps: int = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive_int(self.num_timesteps, "num_timesteps", minimum=2)
+        if self.initial == "stationary":
+            raise ValueError("a time-varying model has no stationary law: use 'free'")
+
+    def _leading(self):
+        return (self.num_timesteps - 1,), (self.num_timesteps,)
+
+    def _check_num_timesteps(self, num_timesteps: int) -> None:
+        if num_timesteps != self.num_timesteps:
+            raise ValueError(
+                f"y has {num_timesteps} time steps but the model's matrices are for "
+                f"num_timesteps={self.num_timesteps}"
+            )
+
+    def validate_data(self, y, mask) -> None:
+        self._check_num_timesteps(np.shape(y)[np.ndim(y) - 1 - len(self.event_shape)])
