@@ -199,6 +199,9 @@ def sample(model, params, *, num_timesteps, key, inputs=None, num_samples=None):
     Returns:
         ``[(num_samples,)] + (num_timesteps,) + model.event_shape``.
 
+    A model whose initial law is improper (a diffuse state space model) starts from the
+    carry its ``sampling_carry`` gives (the diffuse states at their initial mean).
+
     Examples:
         >>> import jax, statseq as ss
         >>> model = ss.AR(order=2)
@@ -210,7 +213,8 @@ def sample(model, params, *, num_timesteps, key, inputs=None, num_samples=None):
     num_timesteps = check_positive_int(num_timesteps, "num_timesteps")
     n = 1 if num_samples is None else check_positive_int(num_samples, "num_samples")
     u = _future_inputs(model, inputs, (), num_timesteps)
-    carry = jax.tree.map(lambda a: a[None], model.initial_carry(params))
+    start = getattr(model, "sampling_carry", model.initial_carry)(params)
+    carry = jax.tree.map(lambda a: a[None], start)
     keys = jax.random.split(key, n)[:, None]
     ys = _sample_from(model, params, carry, keys, u)[:, 0]
     return ys[0] if num_samples is None else ys

@@ -222,11 +222,19 @@ def innovation(arrays_t: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t) -> Inno
 
 
 def _pdet_terms(info, score, dtype):
-    """``-1/2 log pdet S + 1/2 s^T S^+ s`` and the rank of ``S`` (eigenvalues above tol)."""
-    evals, evecs = jnp.linalg.eigh(symmetrize(info))
-    eps = 1e-9 if dtype == jnp.float64 else 1e-4
-    top = jnp.maximum(jnp.max(evals, initial=0.0), jnp.finfo(dtype).tiny)
-    keep = evals > eps * top
+    """``-1/2 log pdet S + 1/2 s^T S^+ s`` and the rank of ``S`` (eigenvalues above tol).
+
+    The value does not depend on how ``eigh`` rotates the null space of ``S``, but its
+    derivative through a degenerate ``eigh`` is ``0 * inf``; a deterministic perturbation
+    far below the rank tolerance separates the null eigenvalues, so gradients are finite.
+    """
+    q = info.shape[0]
+    f64 = dtype == jnp.float64
+    eps, rel, floor = (1e-9, 1e-13, 1e-200) if f64 else (1e-4, 1e-6, 1e-30)
+    scale = jnp.trace(info)
+    ramp = jnp.arange(1, q + 1, dtype=dtype)
+    evals, evecs = jnp.linalg.eigh(symmetrize(info) + jnp.diag((rel * scale + floor) * ramp))
+    keep = evals > eps * scale + 2 * q * floor
     proj = evecs.T @ score
     safe = jnp.where(keep, evals, 1.0)
     value = jnp.sum(jnp.where(keep, -0.5 * jnp.log(safe) + 0.5 * proj**2 / safe, 0.0))

@@ -148,7 +148,7 @@ def test_filtered_moments_equal_dense_conditioning_on_the_past():
     rng = np.random.default_rng(3)
     arr = random_arrays(rng)
     y, mask, u = _data(rng)
-    filt = kalman_filter(arr, y, mask, u)
+    filt = jax.jit(kalman_filter)(arr, y, mask, u)
     for t in (0, 3, 5):
         past = mask.copy()
         past[t + 1:] = False
@@ -164,8 +164,8 @@ def test_diffuse_likelihood_is_the_large_variance_limit():
     q = 2
     arr = random_arrays(rng, q=q)
     y, mask, u = _data(rng, frac_missing=0.1)
-    res = kalman_smoother(arr, y, mask, u)
-    filt = kalman_filter(arr, y, mask, u)
+    res = jax.jit(kalman_smoother)(arr, y, mask, u)
+    filt = jax.jit(kalman_filter)(arr, y, mask, u)
     np.testing.assert_allclose(filt.marginal_log_lik, res.marginal_log_lik, rtol=1e-12)
     np.testing.assert_allclose(np.sum(filt.log_probs), res.marginal_log_lik, rtol=1e-12)
     kappa = 1e7
@@ -193,8 +193,8 @@ def test_diffuse_local_level_matches_statsmodels_exact_diffuse():
     mask = ~np.isnan(y)[:, None]
     yy = np.nan_to_num(y)[:, None]
     u = np.zeros((len(y), 0))
-    filt = kalman_filter(arr, yy, mask, u)
-    smooth = kalman_smoother(arr, yy, mask, u)
+    filt = jax.jit(kalman_filter)(arr, yy, mask, u)
+    smooth = jax.jit(kalman_smoother)(arr, yy, mask, u)
     np.testing.assert_allclose(filt.marginal_log_lik, ref.llf, rtol=1e-12)
     np.testing.assert_allclose(filt.log_probs, ref.llf_obs, atol=1e-9)
     np.testing.assert_allclose(smooth.smoothed_means[:, 0], ref.smoothed_state[0], rtol=1e-10)
@@ -211,7 +211,7 @@ def test_posterior_samples_have_the_smoothed_moments(q):
     rng = np.random.default_rng(5)
     arr = random_arrays(rng, q=q)
     y, mask, u = _data(rng)
-    smooth = kalman_smoother(arr, y, mask, u)
+    smooth = jax.jit(kalman_smoother)(arr, y, mask, u)
     draws = np.asarray(jax.jit(sample_posterior, static_argnums=5)(
         arr, y, mask, u, jax.random.key(0), 20000))
     sd = np.sqrt(np.diagonal(smooth.smoothed_covs, axis1=1, axis2=2))

@@ -113,6 +113,14 @@ class GaussianSSMBase(SequenceModel):
     def initial_carry(self, params) -> kalman.KalmanCarry:
         return kalman.initial_carry(self.to_arrays(params))
 
+    def sampling_carry(self, params) -> kalman.KalmanCarry:
+        """Start of `statseq.sample`: the diffuse states (which have no proper prior) are
+        set to their initial mean, the proper part of the initial law is kept."""
+        carry = self.initial_carry(params)
+        return carry._replace(diffuse=jnp.zeros_like(carry.diffuse),
+                              info=jnp.zeros_like(carry.info), score=jnp.zeros_like(carry.score),
+                              collapsed=jnp.asarray(True))
+
     def step(self, params, carry, y_t, mask_t, inputs_t):
         arrays = self.to_arrays(params)
         y = jnp.reshape(y_t, (self.dim,)).astype(arrays.initial_cov.dtype)
