@@ -315,6 +315,7 @@ def _ssm_forecast(model, params, y, mask, inputs, future_inputs, *, num_steps):
 
         final, _ = jax.lax.scan(step, kalman.initial_carry(arrays), (y_s, m_s, u_s))
         mean = jnp.where(final.collapsed, final.mean, jnp.nan)
+        cov = jnp.where(final.collapsed, final.cov, jnp.nan)
 
         def ahead(c, xs):
             h, u_t = xs
@@ -327,7 +328,7 @@ def _ssm_forecast(model, params, y, mask, inputs, future_inputs, *, num_steps):
             yc = symmetrize(hm @ p @ hm.T + arr_y.emission_cov)
             return (m, p), (m, p, ym, yc)
 
-        _, out = jax.lax.scan(ahead, (mean, final.cov),
+        _, out = jax.lax.scan(ahead, (mean, cov),
                               (jnp.arange(num_steps), future_inputs))
         return out
 
