@@ -1,0 +1,290 @@
+"""Square-root (Cholesky-factor) Kalman filter for linear Gaussian state space models.
+
+Same model, time conventions and containers as `statseq.inference.kalman` (time is
+0-based, ``t = 0, ..., T-1``):
+
+    x_0 ~ N(m, P)
+    x_{t+1} = F_t x_t + B_t u_{t+1} + b_t + w_t,           w_t ~ N(0, Q_t)
+    y_t     = H_t x_t + D_t u_t     + d_t + v_t,           v_t ~ N(0, R_t)
+
+but the filter carries lower-triangular factors ``L`` of the state covariances
+(``P = L L^T``) instead of the covariances themselves, so every covariance it implies is
+positive semi-definite by construction and the factors have the condition number of the
+square root of the covariance: where the plain filter's ``P - K S K^T`` cancels to
+rounding noise (very precise observations of states with a large prior spread, in
+float32), the factors stay accurate.
+
+Both steps are QR factorizations of a "pre-array" (the array square-root filter of
+Morf and Kailath; Kailath, Sayed and Hassibi 2000, ch. 12). With ``Tria(M)`` the lower
+triangular ``L`` with ``L L^T = M M^T`` (from the QR factorization ``M^T = Q R``,
+``L = R^T``):
+
+* update: ``Tria([[N_t, H~_t L_{t|t-1}], [0, L_{t|t-1}]]) = [[L_S, 0], [K~, L_{t|t}]]``,
+  where ``N_t N_t^T`` is the masked observation noise, ``L_S L_S^T`` the innovation
+  covariance ``S_t``, ``K~ = P_{t|t-1} H~_t^T L_S^{-T}`` (so the gain is
+  ``K~ L_S^{-1}``) and ``L_{t|t}`` the filtered factor; then
+  ``m_{t|t} = m_{t|t-1} + K~ L_S^{-1} v_t`` and
+  ``log p(y_t | y_{<t}) = -1/2 |L_S^{-1} v_t|^2 - sum_i log (L_S)_ii - (n_obs / 2) log 2 pi``
+  (the sum over observed entries only);
+* predict: ``L_{t+1|t} = Tria([F_t L_{t|t}, Q_t^{1/2}])``,
+  ``m_{t+1|t} = F_t m_{t|t} + B_t u_{t+1} + b_t``.
+
+**Missing data** (``mask`` ``(T, D)``, ``True`` = observed) is marginalized exactly: the
+rows of ``H`` of missing entries are zeroed, their residuals set to 0, and the noise
+factor is ``N_t = [diag(o) R_t^{1/2}, diag(1 - o)]`` (``o`` the 0/1 mask; ``D x 2D``), so
+``N_t N_t^T`` is ``R_t`` on the observed block and the identity on the missing one; the
+innovation factor then has identity rows and columns at missing entries and the gain has
+zero columns there (the same masked innovation covariance as `kalman.py`). The second
+block keeps the observed rows of ``R^{1/2}`` intact even for a non-diagonal ``R``.
+
+**Square roots of the model's covariances** (``P``, ``Q_t``, ``R_t``) are taken by
+`psd_cholesky`, a Cholesky factorization that tolerates positive *semi*-definite input:
+a pivot at the level of rounding (relative to its own diagonal entry) gives a zero
+column instead of a NaN. For a positive definite matrix it is the ordinary Cholesky
+factor; for the singular noise covariances of structural time series models (zero
+variance on some states) it is an exact factor. It is used instead of an
+eigendecomposition because it keeps the relative accuracy of Cholesky on badly scaled
+(graded) matrices, and it stays differentiable where ``eigh`` is not (repeated, e.g.
+zero, eigenvalues). Fixed matrices are factored once; time-varying ones once per step,
+vectorized before the scan.
+
+Exact diffuse initialization (``initial_diffuse`` with ``q > 0``) is not implemented
+here; use `statseq.inference.kalman.kalman_filter`.
+
+Gradients flow through the QR factorizations; they require the pre-arrays to have full
+column rank, i.e. nonsingular predicted covariances (the plain filter has no such
+restriction).
+
+The functions are not jitted themselves: wrap them, or the code that calls them, in
+``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+from statseq.core.recurrence import pairwise_sum
+from statseq.inference.gaussian import symmetrize
+from statseq.inference.kalman import (
+    GaussianSSMArrays,
+    KalmanFilterResult,
+    _check,
+    arrays_at,
+)
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class SqrtKalmanFilterResult(NamedTuple):
+    """Output of `sqrt_kalman_filter_factors`.
+
+    Attributes:
+        marginal_log_lik: scalar ``log p(y_{0:T-1})``.
+        log_probs: ``(T,)`` one-step predictive log-densities (0 at fully masked steps).
+        predicted_means: ``(T, n)`` means of ``x_t | y_{<t}``.
+        predicted_chols: ``(T, n, n)`` lower-triangular factors (non-negative diagonal) of
+            the covariances of ``x_t | y_{<t}``.
+        filtered_means: ``(T, n)`` means of ``x_t | y_{<=t}``.
+        filtered_chols: ``(T, n, n)`` lower-triangular factors of the covariances of
+            ``x_t | y_{<=t}``.
+    """
+
+    marginal_log_lik: Any
+    log_probs: Any
+    predicted_means: Any
+    predicted_chols: Any
+    filtered_means: Any
+    filtered_chols: Any
+
+
+def psd_cholesky(a):
+    """Lower-triangular ``L`` with ``L L^T = a`` for a symmetric positive semi-definite ``a``.
+
+    Column-by-column Cholesky in which a pivot ``d_j <= 10 n eps a_jj`` (rounding level,
+    relative to the column's own diagonal entry; in particular ``d_j = 0``) gives a zero
+    column. For a positive definite ``a`` this is the Cholesky factor; a zero row and
+    column of ``a`` give a zero row and column of ``L``.
+
+    Args:
+        a: ``(n, n)`` symmetric positive semi-definite matrix (symmetrized first, so
+            gradients are symmetric too).
+
+    Returns:
+        ``(n, n)`` lower-triangular factor with a non-negative diagonal.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> psd_cholesky(jnp.diag(jnp.array([4.0, 0.0, 9.0]))).diagonal().tolist()
+        [2.0, 0.0, 3.0]
+    """
+    a = symmetrize(jnp.asarray(a))
+    n = a.shape[-1]
+    if n == 0:
+        return a
+    tol = 10.0 * n * jnp.finfo(a.dtype).eps
+    rows = jnp.arange(n)
+
+    def column(j, chol):
+        # column j of the Schur complement: a[:, j] - L[:, :j] L[j, :j]^T (columns >= j of
+        # L are still zero)
+        col = a[:, j] - chol @ chol[j]
+        pivot = col[j]
+        ok = pivot > tol * jnp.abs(a[j, j])
+        root = jnp.sqrt(jnp.where(ok, pivot, 1.0))
+        return chol.at[:, j].set(jnp.where(ok & (rows >= j), col / root, 0.0))
+
+    return jax.lax.fori_loop(0, n, column, jnp.zeros_like(a))
+
+
+def _tria(m_t):
+    """Lower-triangular ``L`` (non-negative diagonal) with ``L L^T = M M^T`` given ``M^T``."""
+    r = jnp.linalg.qr(m_t, mode="r")
+    return _positive_diagonal(r.T)
+
+
+def _positive_diagonal(chol):
+    sign = jnp.where(jnp.diagonal(chol) < 0, -1.0, 1.0).astype(chol.dtype)
+    return chol * sign[None, :]
+
+
+def _factor_leaf(leaf, base_ndim):
+    return jax.vmap(psd_cholesky)(leaf) if jnp.ndim(leaf) == base_ndim + 1 else psd_cholesky(leaf)
+
+
+def sqrt_kalman_filter_factors(
+    arrays: GaussianSSMArrays, y, mask, inputs
+) -> SqrtKalmanFilterResult:
+    """Square-root Kalman filter over one sequence, returning the covariance factors.
+
+    Args:
+        arrays: the model's matrices (fixed or time-varying, as in `kalman.py`);
+            ``initial_diffuse`` must have ``q = 0`` columns.
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `SqrtKalmanFilterResult`; the covariances are ``L L^T`` of its factors.
+
+    Raises:
+        NotImplementedError: if the initial law has diffuse directions.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)), jnp.zeros(1),
+        ...     jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.array([[0.5], [1.0]])
+        >>> res = sqrt_kalman_filter_factors(arr, y, jnp.ones_like(y, bool), jnp.zeros((2, 0)))
+        >>> res.filtered_chols.shape
+        (2, 1, 1)
+        >>> round(float(res.filtered_chols[0, 0, 0] ** 2), 6)  # 1 / (1 + 1)
+        0.5
+    """
+    y = jnp.asarray(y)
+    mask = jnp.asarray(mask, bool)
+    inputs = jnp.asarray(inputs)
+    _check(arrays, y, mask, inputs)
+    if arrays.initial_diffuse.shape[1]:
+        raise NotImplementedError(
+            "sqrt_kalman_filter does not implement exact diffuse initialization "
+            f"(initial_diffuse has {arrays.initial_diffuse.shape[1]} columns); use "
+            "statseq.inference.kalman.kalman_filter"
+        )
+    dtype = jnp.result_type(arrays.initial_mean, arrays.initial_cov, y)
+    n = arrays.initial_mean.shape[-1]
+    num_t, dim = y.shape
+    # the same container, with Q and R replaced by their factors (arrays_at indexes them)
+    roots = arrays._replace(
+        dynamics_cov=_factor_leaf(arrays.dynamics_cov, 2),
+        emission_cov=_factor_leaf(arrays.emission_cov, 2),
+    )
+    chol0 = psd_cholesky(arrays.initial_cov)
+    # the input entering the prediction of x_{t+1}; the last one is never used
+    u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
+
+    def step(carry, xs):
+        mean, chol = carry
+        t, y_t, m_t, u_t, u_n = xs
+        arr = arrays_at(roots, t)
+        obs = m_t.astype(dtype)
+        # ---- update: Tria([[N, H~ L], [0, L]]), built transposed for QR
+        h = arr.emission_weights * obs[:, None]
+        y_mean = arr.emission_weights @ mean + arr.emission_input_weights @ u_t + arr.emission_bias
+        v = jnp.where(m_t, y_t - y_mean, 0.0)
+        noise_t = jnp.concatenate([arr.emission_cov.T * obs[None, :], jnp.diag(1.0 - obs)])
+        pre = jnp.block([
+            [noise_t, jnp.zeros((2 * dim, n), dtype)],
+            [chol.T @ h.T, chol.T],
+        ])
+        post = jnp.linalg.qr(pre, mode="r").T
+        chol_s = post[:dim, :dim]
+        gain_w = post[dim:, :dim]  # P H~^T L_S^{-T}
+        chol_f = _positive_diagonal(post[dim:, dim:])
+        z = jsl.solve_triangular(chol_s, v, lower=True)
+        mean_f = mean + gain_w @ z
+        log_det = jnp.sum(jnp.where(m_t, jnp.log(jnp.abs(jnp.diagonal(chol_s))), 0.0))
+        log_prob = -0.5 * jnp.sum(z**2) - log_det - 0.5 * jnp.sum(obs) * _LOG_2PI
+        # ---- predict: Tria([F L_f, Q^{1/2}])
+        f = arr.dynamics_weights
+        mean_p = f @ mean_f + arr.dynamics_input_weights @ u_n + arr.dynamics_bias
+        chol_p = _tria(jnp.concatenate([chol_f.T @ f.T, arr.dynamics_cov.T]))
+        return (mean_p, chol_p), (log_prob, mean, chol, mean_f, chol_f)
+
+    init = (arrays.initial_mean.astype(dtype), chol0.astype(dtype))
+    xs = (jnp.arange(num_t), y, mask, inputs, u_next)
+    _, (lp, mean_p, chol_p, mean_f, chol_f) = jax.lax.scan(step, init, xs)
+    return SqrtKalmanFilterResult(pairwise_sum(lp), lp, mean_p, chol_p, mean_f, chol_f)
+
+
+def sqrt_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
+    """Square-root Kalman filter with the outputs of `kalman.kalman_filter`.
+
+    The log-likelihood is the prediction error decomposition
+
+        log p(y_{0:T-1}) = sum_t log N(y_t; H_t a_t + D_t u_t + d_t, H_t P_t H_t^T + R_t),
+
+    (masked entries drop out), computed from the innovation factors; the covariances are
+    returned as ``L L^T`` of the carried factors (see `sqrt_kalman_filter_factors` for the
+    factors themselves).
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` with ``q = 0`` columns).
+        y: ``(T, D)`` observations.
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `KalmanFilterResult`.
+
+    Raises:
+        NotImplementedError: if the initial law has diffuse directions.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)), jnp.zeros(1),
+        ...     jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.array([[0.5], [1.0]])
+        >>> res = sqrt_kalman_filter(arr, y, jnp.ones_like(y, bool), jnp.zeros((2, 0)))
+        >>> [round(float(p), 6) for p in res.predicted_covs[:, 0, 0]]  # 1, then 1/2 + 1
+        [1.0, 1.5]
+    """
+    res = sqrt_kalman_filter_factors(arrays, y, mask, inputs)
+
+    def gram(chol):
+        return chol @ jnp.swapaxes(chol, -1, -2)
+
+    return KalmanFilterResult(
+        res.marginal_log_lik,
+        res.log_probs,
+        res.predicted_means,
+        gram(res.predicted_chols),
+        res.filtered_means,
+        gram(res.filtered_chols),
+    )
