@@ -525,3 +525,97 @@ def _mvn_draw(key, mean, cov):
     root = evecs * jnp.sqrt(jnp.clip(evals, 0.0, None))
     eps = jax.random.normal(key, mean.shape, mean.dtype)
     return mean + root @ eps
+
+
+# ---- steady state (time-invariant models, complete data) -------------------------------
+def _affine_prefix(a_mat, g):
+    """``m_k = A m_{k-1} + g_k`` for ``k = 0..K-1`` from ``m_{-1} = 0``, by associative scan."""
+
+    def compose(left, right):
+        a1, g1 = left
+        a2, g2 = right
+        return a2 @ a1, jnp.einsum("...ij,...j->...i", a2, g1) + g2
+
+    num = g.shape[0]
+    mats = jnp.broadcast_to(a_mat, (num,) + a_mat.shape)
+    powers, offsets = jax.lax.associative_scan(compose, (mats, g))
+    return powers, offsets
+
+
+def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None):
+    """Per-step log-densities of fully observed ``y`` using the steady-state gain.
+
+    The first ``head`` steps run the exact filter (including any diffuse phase). If by then
+    the data identified every diffuse direction and the covariance recursion has converged
+    (one more Riccati step changes the filtered covariance by less than ``tol`` relative),
+    the remaining steps use the constant gain: the filtered mean then follows the
+    time-invariant affine recursion ``m_t = (I - K H) F m_{t-1} + g_t``, evaluated by an
+    associative scan instead of a step-by-step loop. Otherwise the exact filter continues.
+    Same numbers as `kalman_filter` up to the convergence tolerance (float64: ``1e-13``).
+
+    Args:
+        arrays: time-invariant matrices (no time axes).
+        y: ``(T, D)`` fully observed.
+        inputs: ``(T, m)``.
+        head: number of exact steps before switching (static).
+        tol: relative tolerance of the covariance convergence check.
+
+    Returns:
+        ``(log_probs (T,), final KalmanCarry)``.
+    """
+    if is_time_varying(arrays):
+        raise ValueError("the steady-state filter needs time-invariant matrices")
+    num_t, dim = y.shape
+    dtype = arrays.initial_cov.dtype
+    tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
+    mask = jnp.ones((num_t, dim), bool)
+    head = min(head, num_t)
+
+    def exact(carry, ys, ms, us):
+        def step(c, xs):
+            lp, new, _ = kalman_step(arrays, c, *xs)
+            return new, lp
+
+        final, lps = jax.lax.scan(step, carry, (ys, ms, us))
+        return lps, final
+
+    lp_head, carry = exact(initial_carry(arrays), y[:head], mask[:head], inputs[:head])
+    if head == num_t:
+        return lp_head, carry
+    tail_y, tail_m, tail_u = y[head:], mask[head:], inputs[head:]
+
+    f, q = arrays.dynamics_weights, arrays.dynamics_cov
+    h = arrays.emission_weights
+    n = f.shape[0]
+    pred_cov = symmetrize(f @ carry.cov @ f.T + q)
+    s = symmetrize(h @ pred_cov @ h.T + arrays.emission_cov)
+    chol = jnp.linalg.cholesky(s)
+    w = jsl.solve_triangular(chol, h @ pred_cov, lower=True)
+    filt_cov = symmetrize(pred_cov - w.T @ w)
+    change = jnp.max(jnp.abs(filt_cov - carry.cov))
+    converged = carry.collapsed & (change <= tol * jnp.maximum(jnp.max(jnp.abs(carry.cov)),
+                                                              jnp.finfo(dtype).tiny))
+
+    def steady(_):
+        gain = jsl.solve_triangular(chol, jnp.eye(dim, dtype=dtype), lower=True)  # L^{-1}
+        k_mat = w.T @ gain  # K = P H^T S^{-1}
+        ikh = jnp.eye(n, dtype=dtype) - k_mat @ h
+        a_mat = ikh @ f
+        drive = tail_u @ arrays.dynamics_input_weights.T + arrays.dynamics_bias
+        obs_off = tail_u @ arrays.emission_input_weights.T + arrays.emission_bias
+        g = (drive @ ikh.T) + (tail_y - obs_off) @ k_mat.T
+        powers, offsets = _affine_prefix(a_mat, g)
+        means = jnp.einsum("kij,j->ki", powers, carry.mean) + offsets  # filtered m_t
+        prev = jnp.concatenate([carry.mean[None], means[:-1]], axis=0)
+        pred = prev @ f.T + drive
+        z = (tail_y - pred @ h.T - obs_off) @ gain.T
+        lps = (-0.5 * jnp.sum(z**2, axis=1) - jnp.sum(jnp.log(jnp.diagonal(chol)))
+               - 0.5 * dim * _LOG_2PI)
+        final = carry._replace(mean=means[-1], cov=filt_cov, t=carry.t + tail_y.shape[0])
+        return lps, final
+
+    def continue_exact(_):
+        return exact(carry, tail_y, tail_m, tail_u)
+
+    lp_tail, final = jax.lax.cond(converged, steady, continue_exact, None)
+    return jnp.concatenate([lp_head, lp_tail]), final

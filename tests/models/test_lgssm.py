@@ -234,3 +234,30 @@ def test_validation_errors(data):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.smoother(p, y, inputs=u)
+
+
+@pytest.mark.parametrize("case", ["inputs", "diffuse", "slow_convergence"])
+def test_steady_state_fast_path_equals_the_step_by_step_filter(case):
+    """``log_prob`` on complete data switches to the steady-state gain after 128 exact steps
+    (or keeps filtering exactly when the covariance has not converged by then)."""
+    rng = np.random.default_rng(11)
+    num_t = 700
+    if case == "inputs":
+        model, p = truth()
+        u = rng.normal(size=(num_t, INPUT))
+    else:
+        model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None, initial="diffuse")
+        p = model.default_params()._replace(
+            dynamics_weights=jnp.array([[1.0, 1.0], [0.0, 1.0]]),
+            emission_weights=jnp.array([[1.0, 0.0]]),
+            dynamics_cov=jnp.diag(jnp.array([0.5, 0.01 if case == "diffuse" else 1e-9])))
+        u = None
+    y = np.asarray(ss.sample(model, p, num_timesteps=num_t, key=jax.random.key(3), inputs=u))
+    fast = ss.filter(model, p, y, inputs=u)
+    exact = ss.filter(model, p, y, inputs=u, return_carries=True)
+    assert exact.carries is not None and fast.carries is None
+    np.testing.assert_allclose(fast.log_probs, exact.log_probs, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(fast.log_prob, exact.log_prob, rtol=1e-11)
+    np.testing.assert_allclose(fast.final_carry.mean, exact.final_carry.mean, rtol=1e-8,
+                               atol=1e-8)
+    np.testing.assert_allclose(fast.final_carry.cov, exact.final_carry.cov, rtol=1e-8, atol=1e-10)

@@ -128,6 +128,33 @@ class GaussianSSMBase(SequenceModel):
         lp, new, _ = kalman.kalman_step(arrays, carry, y, m, inputs_t)
         return lp, new
 
+    #: exact steps before a time-invariant filter may switch to its steady-state gain
+    steady_state_head: ClassVar[int] = 128
+
+    @property
+    def fast_path_min_timesteps(self) -> int:
+        """The steady-state path pays off only beyond its exact head."""
+        return 2 * self.steady_state_head
+
+    def complete_data_log_probs(self, params, y, inputs):
+        """Per-step log-densities of fully observed ``y`` (one sequence), using the
+        steady-state gain once the covariance recursion has converged (time-invariant
+        models; see `statseq.inference.kalman.steady_state_log_probs`). Equal to the
+        step-by-step filter up to the convergence tolerance; a test checks this."""
+        arrays = self.to_arrays(params)
+        y = jnp.reshape(y, (y.shape[0], self.dim)).astype(arrays.initial_cov.dtype)
+        if kalman.is_time_varying(arrays):
+            carry, out = kalman.initial_carry(arrays), []
+
+            def step(c, xs):
+                lp, new, _ = kalman.kalman_step(arrays, c, *xs)
+                return new, lp
+
+            mask = jnp.ones(y.shape, bool)
+            carry, out = jax.lax.scan(step, carry, (y, mask, inputs))
+            return out, carry
+        return kalman.steady_state_log_probs(arrays, y, inputs, head=self.steady_state_head)
+
     def update(self, params, carry, y_t, mask_t, inputs_t) -> kalman.KalmanCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
 
