@@ -23,6 +23,8 @@ from statseq.core.results import FilterResult, FitResult  # noqa: E402
 from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 from statseq.evaluation import information_criteria, log_score, num_params  # noqa: E402
 from statseq.fit.em import fit_em  # noqa: E402
+from statseq.fit.inference_stats import Summary, standard_errors, summary  # noqa: E402
+from statseq.fit.lbfgs import fit_lbfgs  # noqa: E402
 from statseq.fit.restarts import RestartsResult, fit_restarts  # noqa: E402
 from statseq.fit.sgd import fit_sgd  # noqa: E402
 from statseq.forecast import Forecast, forecast  # noqa: E402
@@ -66,6 +68,7 @@ __all__ = [
     "PoissonHMM",
     "TransitionRegression",
     "fit_em",
+    "fit_lbfgs",
     "fit_restarts",
     "RestartsResult",
     "FilterResult",
@@ -93,5 +96,8 @@ __all__ = [
     "registered_models",
     "sample",
     "save",
+    "standard_errors",
+    "summary",
+    "Summary",
     "to_unconstrained",
 ]
