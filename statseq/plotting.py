@@ -51,7 +51,8 @@ def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None
     """Fan chart of a scalar forecast: history, median and central intervals.
 
     Args:
-        fc: a `~statseq.forecast.Forecast` of one scalar series.
+        fc: a `~statseq.forecast.Forecast` (sample paths) or a
+            `~statseq.models.ssm.base.GaussianForecast` (exact moments) of one scalar series.
         ax: matplotlib axes.
         levels: interval coverages to shade (wider is lighter).
         time: x values of the history (default ``0, ..., T-1``).
@@ -61,7 +62,19 @@ def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None
         The matplotlib ``Axes``.
     """
     history = np.asarray(fc.history, float)
-    samples = np.asarray(fc.samples, float)
+    if hasattr(fc, "samples"):  # sample-based: empirical quantiles
+        samples = np.asarray(fc.samples, float)
+        centre = np.median(samples, axis=0) if samples.ndim == 2 else None
+
+        def bounds(level):
+            return np.quantile(samples, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    else:  # analytic Gaussian (GaussianForecast): mean = median, exact intervals
+        centre = np.asarray(fc.mean, float)
+        samples = centre[None]
+
+        def bounds(level):
+            lo, hi = fc.interval(level)
+            return np.asarray(lo, float), np.asarray(hi, float)
     if history.ndim != 1 or samples.ndim != 2:
         raise ValueError("plot_forecast draws one scalar series; select a series first")
     ax = _axes(ax)
@@ -72,9 +85,9 @@ def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None
     future_time = np.asarray(future_time)
     ax.plot(t_hist, history, color="k", lw=1, label=history_label)
     for i, level in enumerate(sorted(levels, reverse=True)):
-        lo, hi = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2], axis=0)
+        lo, hi = bounds(level)
         ax.fill_between(future_time, lo, hi, color=color, alpha=0.2 + 0.2 * i,
                         lw=0, label=f"{int(round(level * 100))}% interval")
-    ax.plot(future_time, np.median(samples, axis=0), color=color, lw=1.5, label="median")
+    ax.plot(future_time, centre, color=color, lw=1.5, label="median")
     ax.legend(loc="best")
     return ax

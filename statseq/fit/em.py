@@ -82,7 +82,7 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
     dtype = float_dtype()
 
     def body(state):
-        i, params, trace, done = state
+        i, params, prev, trace, done = state
         stats, lp = model.e_step(params, y, mask, inputs)
         value = lp + log_prior(priors, params)
         if _takes_trainable(model):
@@ -90,8 +90,9 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
         else:
             new = model.m_step(params, stats, priors, inputs)
         new = jax.tree.map(lambda n, o, t: jnp.where(t, n, o), new, params, trainable)
-        prev = jnp.where(i > 0, trace[jnp.maximum(i - 1, 0)], -jnp.inf)
-        done = (i > 0) & (jnp.abs(value - prev) <= tol * jnp.maximum(1.0, jnp.abs(value)))
+        last = trace[jnp.maximum(i - 1, 0)]
+        converged = (i > 0) & (jnp.abs(value - last) <= tol * jnp.maximum(1.0, jnp.abs(value)))
+        broken = ~jnp.isfinite(value)
         trace = trace.at[i].set(value)
         if progress_every:
             jax.lax.cond(
@@ -99,17 +100,19 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
                 lambda: jax.debug.callback(_progress.report, i, value),
                 lambda: None,
             )
-        # at convergence keep the params that produced the last trace value
-        params = jax.tree.map(lambda n, o: jnp.where(done, o, n), new, params)
-        return i + 1, params, trace, done
+        # at convergence keep the params that produced the last trace value; when the
+        # objective broke down, the params before them (whose value was finite)
+        keep = jax.tree.map(lambda p, q: jnp.where(broken, q, p), params, prev)
+        out = jax.tree.map(lambda n, k: jnp.where(converged | broken, k, n), new, keep)
+        return i + 1, out, params, trace, converged | broken
 
     def cond(state):
-        i, _, _, done = state
+        i, _, _, _, done = state
         return (i < num_iters) & ~done
 
-    init = (jnp.zeros((), jnp.int32), params, jnp.full((num_iters,), jnp.nan, dtype),
-            jnp.zeros((), bool))
-    i, params, trace, done = jax.lax.while_loop(cond, body, init)
+    init = (jnp.zeros((), jnp.int32), params, params,
+            jnp.full((num_iters,), jnp.nan, dtype), jnp.zeros((), bool))
+    i, params, _, trace, done = jax.lax.while_loop(cond, body, init)
     return i, params, trace, done
 
 
@@ -178,7 +181,10 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             warnings.warn(message, RuntimeWarning, stacklevel=2)
     trace = np.asarray(trace)
     if not np.all(np.isfinite(trace[: int(i)])):
-        warnings.warn("fit_em: the log joint became non-finite", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"fit_em stopped at iteration {int(i) - 1}: the log joint became non-finite; "
+            "returning the parameters of the last finite value (the likelihood may be "
+            "unbounded, e.g. a variance collapsing to zero)", RuntimeWarning, stacklevel=2)
     return FitResult(
         params=fitted,
         log_joint=trace,

@@ -261,3 +261,17 @@ def test_steady_state_fast_path_equals_the_step_by_step_filter(case):
     np.testing.assert_allclose(fast.final_carry.mean, exact.final_carry.mean, rtol=1e-8,
                                atol=1e-8)
     np.testing.assert_allclose(fast.final_carry.cov, exact.final_carry.cov, rtol=1e-8, atol=1e-10)
+
+
+def test_em_on_an_unbounded_likelihood_stops_with_the_last_finite_parameters():
+    """Four 2-d points and two states: the likelihood is unbounded (a covariance collapses);
+    EM must stop, warn, and return the parameters of its last finite value."""
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=2)
+    y = np.random.default_rng(0).normal(size=(4, 2))
+    start = model.initialize(y, key=jax.random.key(0))
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        fit = ss.fit_em(model, start, y, num_iters=3000, tol=0, progress=False)
+    assert fit.num_iterations < 3000
+    trace = fit.log_joint[: fit.num_iterations]
+    assert np.isnan(trace[-1]) and np.all(np.isfinite(trace[:-1]))
+    np.testing.assert_allclose(float(ss.log_prob(model, fit.params, y)), trace[-2], rtol=1e-10)
