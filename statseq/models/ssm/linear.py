@@ -147,8 +147,9 @@ class LinearGaussianSSM(GaussianSSMBase):
 
     def initialize(self, y, *, key, inputs=None, mask=None, method="data") -> LGSSMParams:
         """Starting values: ``H`` from the leading principal directions of ``y`` (or random
-        with ``method="random"``), ``d`` the mean, ``R`` the residual variances, stable
-        ``F = 0.9 I``."""
+        with ``method="random"``), ``d`` the mean, ``R`` the residual variances, and a stable
+        diagonal ``F`` with distinct entries from 0.9 down to 0.5 (identical entries would
+        make states with equal dynamics indistinguishable, and a diffuse start improper)."""
         if self._leading() != ((), ()):
             raise NotImplementedError("initialize the time-varying model's params yourself")
         data = prepare_data(self, y, mask, inputs)
@@ -172,7 +173,8 @@ class LinearGaussianSSM(GaussianSSMBase):
         resid = np.var(centred, axis=0) * 0.5 + 1e-3
         p = self.default_params()
         dtype = float_dtype()
-        return p._replace(emission_weights=jnp.asarray(h, dtype),
+        return p._replace(dynamics_weights=jnp.asarray(np.diag(np.linspace(0.9, 0.5, n)), dtype),
+                          emission_weights=jnp.asarray(h, dtype),
                           emission_bias=jnp.asarray(mean, dtype),
                           emission_cov=jnp.asarray(np.diag(resid), dtype),
                           dynamics_cov=jnp.asarray(0.1 * np.eye(n), dtype))
