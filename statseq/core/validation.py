@@ -119,10 +119,14 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
         model.validate_data(np.where(mask_arr, y_np, 0), np.asarray(mask_arr))
 
     dtype = float_dtype() if model.observation_dtype == "real" else jnp.int32
+    eager = not (_is_tracer(y) or _is_tracer(mask_arr) or _is_tracer(inputs))
+    # eagerly, clean and reshape in NumPy and transfer once: each eager jnp op costs a
+    # dispatch, which dominated short calls
+    xp = np if eager else jnp
     if model.observation_dtype == "real":
-        y_clean = jnp.where(jnp.asarray(mask_arr), jnp.asarray(y, dtype), 0.0)
+        y_clean = xp.where(xp.asarray(mask_arr), xp.asarray(y).astype(dtype), 0.0)
     else:
-        y_clean = jnp.where(jnp.asarray(mask_arr), jnp.asarray(y), 0).astype(dtype)
+        y_clean = xp.where(xp.asarray(mask_arr), xp.asarray(y), 0).astype(dtype)
 
     num_inputs = model.num_inputs
     if num_inputs == 0:
@@ -130,7 +134,7 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
             raise ValueError(
                 f"{type(model).__name__} takes no inputs (input_dim=0), but inputs were given"
             )
-        inputs_arr = jnp.zeros(batch_shape + (num_timesteps, 0), float_dtype())
+        inputs_arr = xp.zeros(batch_shape + (num_timesteps, 0), float_dtype())
     else:
         if inputs is None:
             raise ValueError(
@@ -149,15 +153,15 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
             )
         if not _is_tracer(inputs_arr) and not np.all(np.isfinite(np.asarray(inputs_arr))):
             raise ValueError("inputs contain non-finite values (inputs cannot be missing)")
-        inputs_arr = jnp.broadcast_to(
-            jnp.asarray(inputs_arr, float_dtype()), batch_shape + (num_timesteps, num_inputs)
+        inputs_arr = xp.broadcast_to(
+            xp.asarray(inputs_arr).astype(float_dtype()), batch_shape + (num_timesteps, num_inputs)
         )
 
     flat = (int(np.prod(batch_shape, dtype=int)), num_timesteps)
     return Prepared(
-        y=jnp.reshape(y_clean, flat + event_shape),
-        mask=jnp.reshape(jnp.asarray(mask_arr), flat + event_shape),
-        inputs=jnp.reshape(inputs_arr, flat + (num_inputs,)),
+        y=jnp.asarray(xp.reshape(y_clean, flat + event_shape)),
+        mask=jnp.asarray(xp.reshape(xp.asarray(mask_arr), flat + event_shape)),
+        inputs=jnp.asarray(xp.reshape(inputs_arr, flat + (num_inputs,))),
         batch_shape=batch_shape,
         num_timesteps=num_timesteps,
         complete=bool(mask is None or (not _is_tracer(mask_arr) and np.all(mask_arr))),
