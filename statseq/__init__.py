@@ -47,6 +47,21 @@ from statseq.models.ssm import (  # noqa: E402
     LinearGaussianSSM,
     TimeVaryingLinearGaussianSSM,
 )
+from statseq.models.ssm.structural import (  # noqa: E402
+    ARComponent,
+    ARComponentParams,
+    LocalLevel,
+    LocalLevelParams,
+    LocalLinearTrend,
+    LocalLinearTrendParams,
+    Seasonal,
+    SeasonalParams,
+    StructuralModel,
+    StructuralParams,
+    Trend,
+    TrendParams,
+    TrigSeasonal,
+)
 from statseq.plotting import plot_forecast, plot_traces  # noqa: E402
 
 __version__ = "0.1.0"
@@ -100,4 +115,17 @@ __all__ = [
     "summary",
     "Summary",
     "to_unconstrained",
+    "ARComponent",
+    "ARComponentParams",
+    "LocalLevel",
+    "LocalLevelParams",
+    "LocalLinearTrend",
+    "LocalLinearTrendParams",
+    "Seasonal",
+    "SeasonalParams",
+    "StructuralModel",
+    "StructuralParams",
+    "Trend",
+    "TrendParams",
+    "TrigSeasonal",
 ]
