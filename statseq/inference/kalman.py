@@ -221,24 +221,45 @@ def innovation(arrays_t: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t) -> Inno
     return Innovation(log_prob, z, chol, w, h)
 
 
-def _pdet_terms(info, score, dtype):
-    """``-1/2 log pdet S + 1/2 s^T S^+ s`` and the rank of ``S`` (eigenvalues above tol).
-
-    The value does not depend on how ``eigh`` rotates the null space of ``S``, but its
-    derivative through a degenerate ``eigh`` is ``0 * inf``; a deterministic perturbation
-    far below the rank tolerance separates the null eigenvalues, so gradients are finite.
-    """
-    q = info.shape[0]
-    f64 = dtype == jnp.float64
-    eps, rel, floor = (1e-9, 1e-13, 1e-200) if f64 else (1e-4, 1e-6, 1e-30)
-    scale = jnp.trace(info)
-    ramp = jnp.arange(1, q + 1, dtype=dtype)
-    evals, evecs = jnp.linalg.eigh(symmetrize(info) + jnp.diag((rel * scale + floor) * ramp))
-    keep = evals > eps * scale + 2 * q * floor
-    proj = evecs.T @ score
+def _pdet_parts(info, score):
+    """Eigen-decomposition pieces of ``S``: kept (non-null) eigenvalues and ``S^+``."""
+    dtype = info.dtype
+    eps = 1e-9 if dtype == jnp.float64 else 1e-4
+    evals, evecs = jnp.linalg.eigh(symmetrize(info))
+    keep = evals > eps * jnp.maximum(jnp.trace(info), jnp.finfo(dtype).tiny)
     safe = jnp.where(keep, evals, 1.0)
+    inv = jnp.where(keep, 1.0 / safe, 0.0)
+    proj = evecs.T @ score
     value = jnp.sum(jnp.where(keep, -0.5 * jnp.log(safe) + 0.5 * proj**2 / safe, 0.0))
-    return value, jnp.sum(keep)
+    pinv = (evecs * inv) @ evecs.T
+    return value, jnp.sum(keep), pinv
+
+
+@jax.custom_jvp
+def _diffuse_value(info, score):
+    """``-1/2 log pdet S + 1/2 s^T S^+ s`` (``s`` lies in the range of ``S``)."""
+    return _pdet_parts(info, score)[0]
+
+
+@_diffuse_value.defjvp
+def _diffuse_value_jvp(primals, tangents):
+    # With the rank locally constant, d log pdet S = tr(S^+ dS) and, since s is in the range
+    # of S, d(s^T S^+ s) = 2 (S^+ s)^T ds - (S^+ s)^T dS (S^+ s). Differentiating through
+    # eigh instead gives 0 * inf wherever null eigenvalues tie.
+    info, score = primals
+    d_info, d_score = tangents
+    value, _, pinv = _pdet_parts(info, score)
+    alpha = pinv @ score
+    d_info = symmetrize(d_info)
+    tangent = (-0.5 * jnp.sum(pinv * d_info) + alpha @ d_score - 0.5 * alpha @ d_info @ alpha)
+    return value, tangent
+
+
+def _pdet_terms(info, score, dtype):
+    """``-1/2 log pdet S + 1/2 s^T S^+ s`` and the rank of ``S`` (eigenvalues above tol)."""
+    del dtype
+    rank = _pdet_parts(jax.lax.stop_gradient(info), jax.lax.stop_gradient(score))[1]
+    return _diffuse_value(info, score), rank
 
 
 def initial_carry(arrays: GaussianSSMArrays) -> KalmanCarry:

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import constraints
 
-from statseq.core.model import register_model, registered_models
+from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import kalman
 from statseq.inference.gaussian import solve_discrete_lyapunov
@@ -820,20 +820,6 @@ def _project(z, means, covs):
     return mean, jnp.sqrt(jnp.clip(var, 0.0, None))
 
 
-def _register(cls):
-    """`register_model`, tolerating this module being executed a second time.
-
-    ``pytest --doctest-modules --import-mode=importlib`` given this file's path executes it
-    as a fresh module after ``import statseq`` already did; the classes it defines then are
-    re-definitions of the registered ones (same module and qualified name), not clashes.
-    """
-    existing = registered_models().get(cls.__name__)
-    if existing is not None and (existing.__module__, existing.__qualname__) == (
-            cls.__module__, cls.__qualname__):
-        return cls
-    return register_model(cls)
-
-
 def _as_component(c):
     if isinstance(c, Component):
         return c
@@ -846,7 +832,7 @@ def _as_component(c):
     )
 
 
-@_register
+@register_model
 @dataclasses.dataclass(frozen=True)
 class StructuralModel(_StructuralBase):
     """A structural time series model: a sum of components plus an irregular term.
@@ -897,7 +883,7 @@ class StructuralModel(_StructuralBase):
         return {"components": [c.config() for c in self.components]}
 
 
-@_register
+@register_model
 @dataclasses.dataclass(frozen=True)
 class LocalLevel(_StructuralBase):
     """Local level model (random walk plus noise), exact diffuse start.
@@ -932,7 +918,7 @@ class LocalLevel(_StructuralBase):
         return LocalLevelParams(obs_var, trend.level_var)
 
 
-@_register
+@register_model
 @dataclasses.dataclass(frozen=True)
 class LocalLinearTrend(_StructuralBase):
     """Local linear trend model, exact diffuse start.
