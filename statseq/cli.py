@@ -72,12 +72,29 @@ def _poisson_hmm_entries(max_states: int, num_restarts: int) -> list[DemoEntry]:
     ]
 
 
+def _structural_entries(num_iters: int) -> list[DemoEntry]:
+    import jax
+
+    import statseq as ss
+
+    def exact_mle(model, y):
+        start = model.initialize(y, key=jax.random.key(0))
+        return ss.fit_lbfgs(model, start, y, num_iters=num_iters, progress=False).params
+
+    return [
+        DemoEntry(label, "exact diffuse MLE (fit_lbfgs)", model, exact_mle)
+        for label, model in (("local level", ss.LocalLevel()),
+                             ("local linear trend", ss.LocalLinearTrend()))
+    ]
+
+
 def demo_sections(quick: bool = False) -> list[DemoSection]:
     """The datasets and models of ``statseq demo``. Later model families add entries here."""
     import statseq as ss
 
     lynx = ss.datasets.load_lynx()
     quakes = ss.datasets.load_earthquakes()
+    nile = ss.datasets.load_nile()
     return [
         DemoSection(
             title="log10 Canadian lynx trappings",
@@ -94,6 +111,14 @@ def demo_sections(quick: bool = False) -> list[DemoSection]:
             ylabel="earthquakes (magnitude 7+)",
             horizon=10,
             entries=_poisson_hmm_entries(max_states=4, num_restarts=2 if quick else 5),
+        ),
+        DemoSection(
+            title="annual flow of the Nile at Aswan",
+            series=nile.to_numpy().astype(float),
+            time=nile.index.to_numpy(),
+            ylabel="flow (10^8 m^3)",
+            horizon=10,
+            entries=_structural_entries(num_iters=100 if quick else 300),
         ),
     ]
 

@@ -22,7 +22,7 @@ def test_demo_quick_writes_table_and_plot(demo):
     assert (path / "forecast.png").stat().st_size > 10_000
     assert "held-out log score" in text
     sections = {r["section"] for r in rows}
-    assert len(sections) == 2
+    assert len(sections) == 3
     for section in sections:
         sub = [r for r in rows if r["section"] == section]
         # every row of a section scores the same observations, so AIC/BIC are comparable
@@ -35,6 +35,11 @@ def test_demo_quick_writes_table_and_plot(demo):
     # and enough iterations make this hold here)
     hmm = [r["log_lik"] for r in rows if r["model"].startswith("Poisson HMM")]
     assert all(b >= a - 1e-3 for a, b in zip(hmm, hmm[1:], strict=False))
+    # the local linear trend nests the local level (slope variance 0, exact diffuse slope
+    # adds one diffuse element): its exact MLE log-likelihood is not far below
+    nile = {r["model"]: r for r in rows if r["section"].endswith("Nile at Aswan")}
+    assert set(nile) == {"local level", "local linear trend"}
+    assert nile["local level"]["k"] == 2 and nile["local linear trend"]["k"] == 3
 
 
 def test_demo_row_matches_library_calls(demo):

@@ -54,7 +54,7 @@ def test_readme_starts_with_the_setup_commands():
 
 def test_readme_quick_start_runs(tmp_path, monkeypatch):
     blocks = _code_blocks(_section(README.read_text(), "Quick start"), "python")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     ns = _run("\n".join(blocks), tmp_path, monkeypatch)
     assert (tmp_path / "lynx_ar2.npz").exists()
     assert ns["model2"] == ns["model"]
@@ -62,6 +62,11 @@ def test_readme_quick_start_runs(tmp_path, monkeypatch):
     # the HMM block's comment quotes the published log-likelihood: keep it true
     assert abs(ns["em"].final_log_joint - (-342.32)) < 5e-3
     assert ns["states"].shape == ns["quakes"].shape
+    # the state space block: the Nile MLE is Durbin and Koopman's (15099, 1469.1)
+    assert abs(float(ns["mle"].params.obs_var) - 15099) < 2
+    assert abs(float(ns["mle"].params.level_var) - 1469.1) < 0.5
+    assert "AIC" in str(ns["ss"].summary(ns["ll"], ns["mle"].params, ns["nile"]))
+    assert ns["level"].shape == (100, 1) and ns["lower"].shape == (10,)
 
 
 def test_docs_home_page_example_runs(tmp_path, monkeypatch):
