@@ -173,11 +173,17 @@ def _satisfies(con, arr) -> bool:
     if con is constraints.positive_definite:
         sym = np.allclose(arr, np.swapaxes(arr, -1, -2), rtol=1e-5, atol=1e-6 * (
             1.0 + np.abs(arr).max()))
+        a64 = np.asarray(arr, np.float64)
         try:
-            np.linalg.cholesky(np.asarray(arr, np.float64))
+            np.linalg.cholesky(a64)
         except np.linalg.LinAlgError:
             return False
-        return bool(sym)
+        # numerically singular matrices pass Cholesky but break every density downstream
+        evals = np.linalg.eigvalsh(0.5 * (a64 + np.swapaxes(a64, -1, -2)))
+        eps = np.finfo(np.asarray(arr).dtype if np.asarray(arr).dtype.kind == "f"
+                       else np.float64).eps
+        floor = 10 * arr.shape[-1] * eps * np.abs(evals).max(axis=-1)
+        return bool(sym) and bool(np.all(evals.min(axis=-1) > floor))
     return bool(np.all(con.check(jnp.asarray(arr))))
 
 
@@ -207,3 +213,15 @@ def num_free_params(model, trainable=None) -> int:
         if flag:
             total += math.prod(biject_to(con).inverse_shape(tuple(shape)))
     return int(total)
+
+
+def degenerate_fit_warning(model, params, method: str) -> str | None:
+    """A message when fitted ``params`` left their constraints numerically (e.g. a
+    covariance became singular: the likelihood may be unbounded there), else ``None``."""
+    try:
+        validate_params(model, params)
+    except ValueError as err:
+        return (f"{method}: the fitted parameters are degenerate ({err}); the likelihood is "
+                "probably unbounded along this path (e.g. a noise variance collapsing to "
+                "zero). Fix or bound that parameter, or start elsewhere.")
+    return None

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.params import (
+    degenerate_fit_warning,
     log_prior,
     trainable_mask,
     validate_params,
@@ -185,6 +186,9 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             f"fit_em stopped at iteration {int(i) - 1}: the log joint became non-finite; "
             "returning the parameters of the last finite value (the likelihood may be "
             "unbounded, e.g. a variance collapsing to zero)", RuntimeWarning, stacklevel=2)
+    _degenerate = degenerate_fit_warning(model, fitted, "fit_em")
+    if _degenerate:
+        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
     return FitResult(
         params=fitted,
         log_joint=trace,

@@ -25,6 +25,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from statseq.core.params import (
+    degenerate_fit_warning,
     from_unconstrained,
     num_free_params,
     to_unconstrained,
@@ -197,10 +198,14 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     fitted = from_unconstrained(model, up)
     leaves_f, tree = jax.tree.flatten(fitted)
     leaves_p = tree.flatten_up_to(params)
+    fitted = jax.tree.unflatten(tree, [  # frozen leaves come back exactly as given
+        f if t else p for f, p, t in zip(leaves_f, leaves_p, flags, strict=True)
+    ])
+    _degenerate = degenerate_fit_warning(model, fitted, "fit_lbfgs")
+    if _degenerate:
+        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
     return FitResult(
-        params=jax.tree.unflatten(tree, [  # frozen leaves come back exactly as given
-            f if t else p for f, p, t in zip(leaves_f, leaves_p, flags, strict=True)
-        ]),
+        params=fitted,
         log_joint=np.asarray(trace)[:num_iters],
         num_iterations=num_updates,
         converged=stop == _CONVERGED,

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 from statseq.core.params import (
+    degenerate_fit_warning,
     from_unconstrained,
     log_prior,
     to_unconstrained,
@@ -254,11 +255,15 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     steps = np.arange(eval_every - 1, num_steps, eval_every)[: vtrace.shape[0]]
     vtrace = np.asarray(vtrace)
     keep = np.isfinite(vtrace) if val is not None else np.zeros(vtrace.shape, bool)
+    fitted = jax.tree.map(  # frozen leaves come back exactly as given
+        lambda f, given, t: f if t else given,
+        from_unconstrained(model, final_up), params, mask_tree,
+    )
+    _degenerate = degenerate_fit_warning(model, fitted, "fit_sgd")
+    if _degenerate:
+        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
     return FitResult(
-        params=jax.tree.map(  # frozen leaves come back exactly as given
-            lambda fitted, given, t: fitted if t else given,
-            from_unconstrained(model, final_up), params, mask_tree,
-        ),
+        params=fitted,
         log_joint=np.asarray(trace),
         num_iterations=num_iter,
         converged=stop == _STOP_EARLY,

@@ -279,3 +279,19 @@ def test_em_on_an_unbounded_likelihood_stops_with_the_last_finite_parameters():
     trace = fit.log_joint[: fit.num_iterations]
     assert np.isnan(trace[-1]) and np.all(np.isfinite(trace[:-1]))
     np.testing.assert_allclose(float(ss.log_prob(model, fit.params, y)), trace[-2], rtol=1e-10)
+
+
+def test_numerically_singular_covariances_are_rejected_not_scored(data):
+    """A covariance with a zero eigenvalue (here one L-BFGS reached on an unbounded
+    likelihood) can pass a float64 Cholesky factorization but turns the log-likelihood into
+    cancellation noise (it came out as exactly 0): it must be rejected eagerly."""
+    model, p, y, u = data
+    r = np.diag([1e-40, 1.7e-4, 1.0])
+    np.linalg.cholesky(r)  # numpy accepts it
+    with pytest.raises(ValueError, match="emission_cov"):
+        ss.log_prob(model, p._replace(emission_cov=jnp.asarray(r)), y, inputs=u)
+    from statseq.core.params import degenerate_fit_warning
+
+    message = degenerate_fit_warning(model, p._replace(emission_cov=jnp.asarray(r)), "fit_x")
+    assert message is not None and "unbounded" in message
+    assert degenerate_fit_warning(model, p, "fit_x") is None
