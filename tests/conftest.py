@@ -33,3 +33,18 @@ def log_lynx():
 def rng():
     """A fresh, seeded NumPy generator for each test."""
     return np.random.default_rng(20240611)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+    """Drop JAX's in-memory compilation caches after each test module.
+
+    A single pytest process compiles some thousands of XLA programs; keeping them all
+    loaded grew the process until XLA:CPU crashed (a segfault while compiling) late in a CI
+    run on 2 cores. Modules rarely share programs, so clearing costs little.
+    """
+    yield
+    import gc
+
+    jax.clear_caches()
+    gc.collect()

@@ -207,7 +207,7 @@ print(f"smoothed sd of the level: {s_sd[0]:.1f} in 1871, {s_sd[50]:.1f} in 1921,
 # plus one step of the random walk. A large $P_t$ (little known about the level) gives a
 # gain near 1: believe the new observation. As evidence accumulates, $P_t$ settles to the
 # fixed point of the Riccati recursion,
-# $\bar P = \tfrac{1}{2}\sigma^2_\varepsilon\,(q + \sqrt{q^2 + 4q})$, and the filter becomes
+# $\bar P = \frac{1}{2}\sigma^2_\varepsilon\,(q + \sqrt{q^2 + 4q})$, and the filter becomes
 # an exponentially weighted moving average with constant weight
 # $\bar K = \bar P / (\bar P + \sigma^2_\varepsilon)$.
 
