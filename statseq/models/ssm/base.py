@@ -240,7 +240,8 @@ class GaussianSSMBase(SequenceModel):
             params: the model's parameters.
             y: history ``batch_shape + (T,) + event_shape``.
             num_steps: horizon ``h``.
-            mask, inputs: as for `statseq.filter`.
+            mask: as for `statseq.filter`.
+            inputs: as for `statseq.filter`.
             future_inputs: ``(num_steps, input_dim)`` covariates over the horizon.
 
         Returns:
