@@ -1,0 +1,112 @@
+"""The diagonal linear recurrence: sequential == parallel == a NumPy loop (float64)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from statseq.inference.linear_recurrence import combine_affine, linear_recurrence
+
+
+recurrence = jax.jit(linear_recurrence, static_argnames="parallel")
+
+
+def numpy_loop(a, b, h0):
+    a = np.broadcast_to(a, b.shape)
+    h, out = np.array(h0, dtype=np.result_type(a, b, h0)), []
+    for t in range(b.shape[0]):
+        h = a[t] * h + b[t]
+        out.append(h)
+    return np.stack(out)
+
+
+def check(a, b, h0, rtol=1e-12):
+    ref = numpy_loop(np.asarray(a), np.asarray(b), np.asarray(h0))
+    scale = np.max(np.abs(ref))
+    for parallel in (False, True):
+        got = np.asarray(recurrence(a, b, h0, parallel=parallel))
+        assert got.dtype == ref.dtype
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * scale)
+
+
+def test_real_input_dependent_multipliers():
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.0, 1.0, size=(300, 3, 4))
+    b = rng.normal(size=(300, 3, 4))
+    check(a, b, rng.normal(size=(3, 4)))
+
+
+def test_multipliers_close_to_one_long_sequence():
+    """|a| = 1 - 1e-6 over T = 5000: states grow to ~T, nothing is damped away."""
+    rng = np.random.default_rng(1)
+    t_len = 5000
+    a = 1.0 - 1e-6 * rng.uniform(size=(t_len, 5))
+    a[:, 0] = 1.0  # a plain cumulative sum
+    b = rng.normal(size=(t_len, 5)) + 1.0
+    check(a, b, np.ones(5))
+    np.testing.assert_allclose(
+        np.asarray(recurrence(a, b, np.ones(5), parallel=True))[:, 0],
+        1.0 + np.cumsum(b[:, 0]), rtol=1e-12)
+
+
+def test_complex_constant_multiplier_broadcast_over_time():
+    rng = np.random.default_rng(2)
+    lam = 0.999 * np.exp(1j * rng.uniform(0, np.pi, size=(6,)))
+    b = rng.normal(size=(1000, 6)) + 1j * rng.normal(size=(1000, 6))
+    h0 = rng.normal(size=6) + 1j * rng.normal(size=6)
+    check(lam, b, h0)
+    # closed form for a constant multiplier: h_t = lam^{t+1} h0 + sum_s lam^{t-s} b_s
+    t = np.arange(1000)
+    h_last = lam**1000 * h0 + np.sum(lam[None] ** (999 - t)[:, None] * b, axis=0)
+    got = np.asarray(recurrence(lam, b, h0, parallel=True))[-1]
+    np.testing.assert_allclose(got, h_last, rtol=1e-11)
+
+
+def test_complex_multiplier_real_increments_promote():
+    a = np.full((4, 2), 0.5j)
+    b = np.ones((4, 2))
+    check(a, b, np.zeros(2))
+
+
+def test_default_initial_state_and_empty_sequence():
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(size=(7, 2)), rng.normal(size=(7, 2))
+    np.testing.assert_allclose(np.asarray(linear_recurrence(a, b, parallel=True)),
+                               numpy_loop(a, b, np.zeros(2)), rtol=1e-13)
+    assert linear_recurrence(a[:0], b[:0], parallel=True).shape == (0, 2)
+
+
+def test_gradients_agree_between_modes():
+    rng = np.random.default_rng(4)
+    a = jnp.asarray(rng.uniform(0.5, 1.0, size=(200, 3)))
+    b = jnp.asarray(rng.normal(size=(200, 3)))
+    h0 = jnp.asarray(rng.normal(size=3))
+
+    def loss(parallel, a, b, h0):
+        h = linear_recurrence(a, b, h0, parallel=parallel)
+        return jnp.sum(jnp.sin(h))
+
+    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)
+    g_seq, g_par = grad(False, a, b, h0), grad(True, a, b, h0)
+    for x, y in zip(g_seq, g_par, strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-10, atol=1e-12)
+
+
+def test_combine_is_associative():
+    rng = np.random.default_rng(5)
+    e = [tuple(rng.normal(size=(2, 4)) + 1j * rng.normal(size=(2, 4))) for _ in range(3)]
+    left = combine_affine(combine_affine(e[0], e[1]), e[2])
+    right = combine_affine(e[0], combine_affine(e[1], e[2]))
+    for x, y in zip(left, right, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-13)
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="a must have the shape"):
+        linear_recurrence(np.ones((3, 2)), np.ones((3, 4)))
+    with pytest.raises(ValueError, match="h0 must have shape"):
+        linear_recurrence(np.ones((3, 2)), np.ones((3, 2)), np.ones(3))
+    with pytest.raises(ValueError, match="leading time axis"):
+        linear_recurrence(np.ones(()), np.ones(()))
