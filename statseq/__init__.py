@@ -21,13 +21,25 @@ from statseq.core.params import (  # noqa: E402
 from statseq.core.recurrence import filter, log_prob, sample  # noqa: E402, A004
 from statseq.core.results import FilterResult, FitResult  # noqa: E402
 from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
-from statseq.evaluation import information_criteria, log_score, num_params  # noqa: E402
+from statseq.evaluation import (  # noqa: E402
+    BacktestResult,
+    backtest,
+    compare_forecasts,
+    crps,
+    evaluate_forecast,
+    information_criteria,
+    interval_coverage,
+    interval_score,
+    log_predictive_density,
+    log_score,
+    num_params,
+)
 from statseq.fit.em import fit_em  # noqa: E402
 from statseq.fit.inference_stats import Summary, standard_errors, summary  # noqa: E402
 from statseq.fit.lbfgs import fit_lbfgs  # noqa: E402
 from statseq.fit.restarts import RestartsResult, fit_restarts  # noqa: E402
 from statseq.fit.sgd import fit_sgd  # noqa: E402
-from statseq.forecast import Forecast, forecast  # noqa: E402
+from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
 from statseq.io import load, save  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
@@ -40,6 +52,13 @@ from statseq.models.hmm import (  # noqa: E402
     NormalInverseWishart,
     PoissonHMM,
     TransitionRegression,
+)
+from statseq.models.neural import (  # noqa: E402
+    GRU,
+    LSTM,
+    ElmanRNN,
+    NeuralParams,
+    NeuralSequenceModel,
 )
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
@@ -67,6 +86,11 @@ from statseq.plotting import plot_forecast, plot_traces  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "GRU",
+    "LSTM",
+    "ElmanRNN",
+    "NeuralParams",
+    "NeuralSequenceModel",
     "AR",
     "ARParams",
     "BernoulliHMM",
@@ -97,6 +121,15 @@ __all__ = [
     "forecast",
     "from_unconstrained",
     "information_criteria",
+    "interval_coverage",
+    "interval_score",
+    "log_predictive_density",
+    "BacktestResult",
+    "backtest",
+    "compare_forecasts",
+    "crps",
+    "evaluate_forecast",
+    "future_index",
     "load",
     "log_prior",
     "log_prob",

@@ -10,7 +10,48 @@ import numpy as np
 
 from statseq.core.params import validate_params
 from statseq.core.recurrence import _future_inputs, _sample_from, run_filter
-from statseq.core.validation import check_positive_int, prepare_data
+from statseq.core.validation import check_positive_int, pandas_values, prepare_data
+
+
+def future_index(index, num_steps: int):
+    """The ``num_steps`` time labels after a pandas ``index``, extended by its frequency.
+
+    A ``DatetimeIndex`` continues with its ``freq`` (or the one `pandas.infer_freq`
+    finds), a ``PeriodIndex`` with its period, and a numeric index with its last
+    spacing (``+1`` for a single value). Returns ``None`` (with a warning) when no
+    regular spacing can be found.
+
+    Args:
+        index: the history's pandas index.
+        num_steps: how many future labels.
+
+    Returns:
+        A pandas ``Index`` of length ``num_steps``, or ``None``.
+
+    Examples:
+        >>> import pandas as pd
+        >>> idx = pd.date_range("2024-01-01", periods=3, freq="D")
+        >>> [str(t.date()) for t in future_index(idx, 2)]
+        ['2024-01-04', '2024-01-05']
+    """
+    import warnings
+
+    import pandas as pd
+
+    num_steps = check_positive_int(num_steps, "num_steps")
+    if isinstance(index, pd.PeriodIndex):
+        return pd.period_range(start=index[-1] + 1, periods=num_steps, freq=index.freq)
+    if isinstance(index, pd.DatetimeIndex):
+        freq = index.freq or (pd.infer_freq(index) if len(index) >= 3 else None)
+        if freq is not None:
+            return pd.date_range(start=index[-1], periods=num_steps + 1, freq=freq)[1:]
+    elif pd.api.types.is_numeric_dtype(index.dtype) and len(index):
+        values = np.asarray(index)
+        spacing = values[-1] - values[-2] if values.size > 1 else 1
+        return pd.Index(values[-1] + spacing * np.arange(1, num_steps + 1), name=index.name)
+    warnings.warn(f"cannot extend a {type(index).__name__} without a regular frequency; the "
+                  "forecast has no time index (set the index's freq)", stacklevel=3)
+    return None
 
 
 class Forecast(NamedTuple):
@@ -21,11 +62,18 @@ class Forecast(NamedTuple):
             ``p(y_{T+1:T+h} | y_{1:T})`` (joint over the horizon, so paths are coherent).
         history: the observed series the forecast conditions on (for plotting).
         event_ndim: number of trailing event axes (0 for a scalar series).
+        index: time labels of the forecast steps (a pandas ``Index``) when the history
+            was a time-indexed pandas object, else ``None``.
+        history_index: the history's pandas index, or ``None``.
+        columns: a DataFrame history's column labels (the emission dimensions), or ``None``.
     """
 
     samples: Any
     history: Any
     event_ndim: int = 0
+    index: Any = None
+    history_index: Any = None
+    columns: Any = None
 
     @property
     def num_steps(self) -> int:
@@ -47,6 +95,38 @@ class Forecast(NamedTuple):
         alpha = (1.0 - level) / 2.0
         lower, upper = self.quantile(jnp.array([alpha, 1.0 - alpha]))
         return lower, upper
+
+    def to_frame(self, levels=(0.5, 0.9)):
+        """Mean, median and central intervals per future step, as a pandas DataFrame.
+
+        Columns ``mean``, ``median``, ``lower_<p>``, ``upper_<p>`` (``p`` = 100 level); for
+        a vector series, column pairs ``(statistic, series)``. Indexed by future time when
+        the history had a time index, else by ``horizon`` ``1, ..., h``.
+
+        Args:
+            levels: central interval coverages.
+
+        Returns:
+            A pandas DataFrame (one series only: select a batch element first).
+        """
+        import pandas as pd
+
+        samples = np.asarray(self.samples, float)
+        if samples.ndim != 2 + self.event_ndim:
+            raise ValueError("to_frame describes one series; this forecast has batch axes "
+                             f"(samples of shape {samples.shape})")
+        stats = {"mean": samples.mean(axis=0), "median": np.median(samples, axis=0)}
+        for level in (levels,) if np.ndim(levels) == 0 else levels:
+            lower, upper = (np.asarray(a) for a in self.interval(float(level)))
+            stats[f"lower_{100 * level:g}"], stats[f"upper_{100 * level:g}"] = lower, upper
+        index = self.index
+        if index is None:
+            index = pd.RangeIndex(1, self.num_steps + 1, name="horizon")
+        if self.event_ndim == 0:
+            return pd.DataFrame(stats, index=index)
+        names = self.columns if self.columns is not None else range(samples.shape[-1])
+        frames = {k: pd.DataFrame(v, index=index, columns=names) for k, v in stats.items()}
+        return pd.concat(frames, axis=1)
 
     def plot(self, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None, **kwargs):
         """Fan chart: history, predictive median and central intervals (scalar series).
@@ -83,7 +163,9 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
         future_inputs: ``(num_steps, input_dim)`` covariates over the horizon.
 
     Returns:
-        A `Forecast`; ``fc.interval(0.9)`` gives 90% prediction intervals.
+        A `Forecast`; ``fc.interval(0.9)`` gives 90% prediction intervals. Given a pandas
+        Series or DataFrame with a time index, it knows the future time labels
+        (``fc.index``, see `future_index`) and ``fc.to_frame()`` is indexed by them.
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -97,6 +179,7 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
     """
     validate_params(model, params)
     num_steps = check_positive_int(num_steps, "num_steps")
+    values, history_index, columns = pandas_values(y, len(model.event_shape))
     num_samples = check_positive_int(num_samples, "num_samples")
     data = prepare_data(model, y, mask, inputs)
     if data.num_timesteps < model.num_conditioned_steps:
@@ -114,4 +197,8 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
     samples = jnp.reshape(
         samples, (num_samples,) + data.batch_shape + (num_steps,) + tuple(model.event_shape)
     )
-    return Forecast(samples=samples, history=np.asarray(y), event_ndim=len(model.event_shape))
+    return Forecast(
+        samples=samples, history=np.asarray(values), event_ndim=len(model.event_shape),
+        index=None if history_index is None else future_index(history_index, num_steps),
+        history_index=history_index, columns=columns,
+    )

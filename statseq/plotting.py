@@ -13,6 +13,15 @@ def _axes(ax):
     return ax
 
 
+def _plottable(index):
+    """A pandas index as matplotlib x values (periods become timestamps)."""
+    if index is None:
+        return None
+    if hasattr(index, "to_timestamp"):
+        index = index.to_timestamp()
+    return np.asarray(index)
+
+
 def plot_traces(fits: dict, ax=None, *, by: str = "iteration", relative: bool = False):
     """Plot the log joint trace of several fits on one axis.
 
@@ -55,8 +64,12 @@ def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None
             `~statseq.models.ssm.base.GaussianForecast` (exact moments) of one scalar series.
         ax: matplotlib axes.
         levels: interval coverages to shade (wider is lighter).
-        time: x values of the history (default ``0, ..., T-1``).
-        future_time: x values of the forecast steps (default ``T, ..., T+h-1``).
+        time: x values of the history (default: the history's time index when the
+            forecast was made from a pandas object, else ``0, ..., T-1``).
+        future_time: x values of the forecast steps (default: the forecast's future time
+            index, else continuing ``time`` with its last spacing).
+        history_label: legend label of the history.
+        color: colour of the median line and the interval bands.
 
     Returns:
         The matplotlib ``Axes``.
@@ -77,6 +90,10 @@ def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None
             return np.asarray(lo, float), np.asarray(hi, float)
     if history.ndim != 1 or samples.ndim != 2:
         raise ValueError("plot_forecast draws one scalar series; select a series first")
+    if time is None:
+        time = _plottable(getattr(fc, "history_index", None))
+    if future_time is None:
+        future_time = _plottable(getattr(fc, "index", None))
     ax = _axes(ax)
     t_hist = np.arange(history.size) if time is None else np.asarray(time)
     if future_time is None:

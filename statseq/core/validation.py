@@ -36,6 +36,71 @@ def _as_array(x, name: str):
     return arr
 
 
+def is_pandas(x) -> bool:
+    """Whether ``x`` is a pandas ``Series`` or ``DataFrame`` (duck-typed: no pandas import)."""
+    return type(x).__module__.startswith("pandas") and type(x).__name__ in (
+        "Series", "DataFrame")
+
+
+def pandas_values(y, event_ndim: int | None = None, name: str = "y"):
+    """The values of a pandas ``Series``/``DataFrame`` as a NumPy array, with its index.
+
+    A ``Series`` is one scalar series, ``(num_timesteps,)``; a ``DataFrame`` is one vector
+    series, ``(num_timesteps, num_columns)`` (columns are emission dimensions), squeezed to
+    ``(num_timesteps,)`` when it has one column and ``event_ndim == 0`` (a scalar model).
+    Missing values (``NaN``, ``None``, ``pd.NA``) come back as ``NaN``. Anything that is
+    not a pandas object is returned unchanged with index ``None``.
+
+    Args:
+        y: the data.
+        event_ndim: number of event axes of the model (``None``: do not squeeze).
+        name: the argument's name, for error messages.
+
+    Returns:
+        ``(values, index, columns)``; ``index`` and ``columns`` are ``None`` for arrays.
+    """
+    if not is_pandas(y):
+        return y, None, None
+    columns = getattr(y, "columns", None)
+    if columns is not None and event_ndim == 0:
+        if len(columns) != 1:
+            raise ValueError(
+                f"{name} is a DataFrame with {len(columns)} columns, but the model describes "
+                "a scalar series: pass a Series (or one column)"
+            )
+        y, columns = y.iloc[:, 0], None
+    values = y.to_numpy()
+    if values.dtype == object or not isinstance(values, np.ndarray) or not (
+        np.issubdtype(values.dtype, np.number) or values.dtype == bool
+    ):
+        try:
+            values = y.to_numpy(dtype=float, na_value=np.nan)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{name} must hold numbers; got dtype {y.dtypes}") from err
+    return values, y.index, columns
+
+
+def _merge_nan_mask(y, mask, event_ndim):
+    """``mask`` with the NaN entries of ``y`` (from a pandas object) masked out."""
+    if not np.issubdtype(y.dtype, np.floating):
+        return mask
+    nan = np.isnan(y)
+    if not nan.any():
+        return mask
+    if mask is None:
+        return ~nan
+    m = np.asarray(mask)
+    if m.dtype != bool and not np.all(np.isin(m, (0, 1))):
+        return mask  # not a mask: let its own check name the problem
+    step_shape = y.shape[: y.ndim - event_ndim]
+    if event_ndim and m.shape == step_shape:
+        m = m.reshape(step_shape + (1,) * event_ndim)
+    try:
+        return np.broadcast_to(m.astype(bool), y.shape) & ~nan
+    except ValueError:
+        return mask  # a malformed mask: let its own check name the problem
+
+
 def float_dtype():
     """The default floating dtype (float64 when ``jax_enable_x64`` is on)."""
     return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
@@ -48,10 +113,21 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
     ``None`` (all observed), per time step (``batch_shape + (num_timesteps,)``) or, for
     vector observations, per entry (the shape of ``y``). ``inputs`` has shape
     ``[batch_shape +] (num_timesteps, model.num_inputs)``.
+
+    ``y`` may also be a pandas ``Series`` (a scalar series) or ``DataFrame`` (columns are
+    the emission dimensions) with a time index. Its missing values (``NaN``, ``pd.NA``)
+    are treated as missing observations: they are masked out (combined with ``mask``), as
+    ``mask=statseq.missing_mask(y)`` would do. NumPy arrays with ``NaN`` at observed
+    positions are still an error, since there a ``NaN`` is more often a bug than a gap.
     """
-    y = _as_array(y, name)
     event_shape = tuple(model.event_shape)
     event_ndim = len(event_shape)
+    if is_pandas(y):
+        y = pandas_values(y, event_ndim, name)[0]
+        mask = _merge_nan_mask(y, mask, event_ndim)
+    if is_pandas(inputs):
+        inputs = inputs.to_numpy(dtype=float)
+    y = _as_array(y, name)
     if y.ndim < 1 + event_ndim:
         raise ValueError(
             f"{name} must have shape (..., num_timesteps{', ' if event_shape else ''}"

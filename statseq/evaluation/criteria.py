@@ -1,4 +1,4 @@
-"""Model comparison: information criteria and held-out log scores."""
+"""Information criteria (AIC, BIC) and the exact held-out one-step log score."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 
 from statseq.core.params import num_free_params
 from statseq.core.recurrence import filter as _filter
-from statseq.core.validation import prepare_data
+from statseq.core.validation import _merge_nan_mask, is_pandas, pandas_values, prepare_data
 
 
 def num_params(model, trainable=None) -> int:
@@ -77,7 +77,16 @@ def log_score(model, params, y_train, y_test, *, mask_train=None, mask_test=None
 
     Returns:
         A float for one sequence, else an array of shape ``batch_shape``.
+
+    pandas ``Series``/``DataFrame`` parts are accepted; their ``NaN`` are missing values.
     """
+    event_ndim = len(model.event_shape)
+    if is_pandas(y_train):
+        y_train = pandas_values(y_train, event_ndim, "y_train")[0]
+        mask_train = _merge_nan_mask(y_train, mask_train, event_ndim)
+    if is_pandas(y_test):
+        y_test = pandas_values(y_test, event_ndim, "y_test")[0]
+        mask_test = _merge_nan_mask(y_test, mask_test, event_ndim)
     y_train, y_test = np.asarray(y_train), np.asarray(y_test)
     time_axis = y_train.ndim - 1 - len(model.event_shape)
     if time_axis < 0 or y_test.ndim != y_train.ndim:

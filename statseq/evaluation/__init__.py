@@ -1,0 +1,51 @@
+"""Model comparison and forecast evaluation.
+
+* `statseq.evaluation.criteria`: information criteria (AIC, BIC) and the exact held-out
+  one-step log score;
+* `statseq.evaluation.scores`: proper scores of forecasts (CRPS, interval coverage and
+  interval score, exact log predictive densities);
+* `statseq.evaluation.backtest`: tidy tables of scored forecasts and rolling-origin
+  backtests (pandas DataFrames).
+"""
+
+from statseq.evaluation.backtest import (
+    BacktestResult,
+    backtest,
+    compare_forecasts,
+    evaluate_forecast,
+)
+from statseq.evaluation.criteria import (
+    information_criteria,
+    log_score,
+    num_observations,
+    num_params,
+)
+from statseq.evaluation.scores import (
+    crps,
+    crps_from_samples,
+    crps_gaussian,
+    gaussian_log_density,
+    interval_coverage,
+    interval_score,
+    log_predictive_density,
+    prediction_interval,
+)
+
+__all__ = [
+    "BacktestResult",
+    "backtest",
+    "compare_forecasts",
+    "crps",
+    "crps_from_samples",
+    "crps_gaussian",
+    "evaluate_forecast",
+    "gaussian_log_density",
+    "information_criteria",
+    "interval_coverage",
+    "interval_score",
+    "log_predictive_density",
+    "log_score",
+    "num_observations",
+    "num_params",
+    "prediction_interval",
+]

@@ -1,0 +1,81 @@
+"""One compiled program for forecasts from many origins of one series (backtests).
+
+For origin ``o`` the filter runs over ``y_{0:o-1}`` (positions ``t >= o`` are never seen:
+trailing-origin masking, so every origin shares the series' true start and its initial
+law), and from the carry at ``o`` it
+
+* scores each future value ``y_{o+k}`` (``k = 0, ..., h-1``) under the exact marginal
+  predictive ``p(y_{o+k} | y_{0:o-1})``: the steps ``o, ..., o+k-1`` in between are
+  conditioned on with an all-false mask, which the filter protocol requires to be exact
+  marginalization (predict without update);
+* draws sample paths by ancestral sampling, as `statseq.forecast` does.
+
+Origins are a traced argument, so every set of origins of one count (and one set of array
+shapes) reuses one compiled program; parameters may be one set for all origins or stacked
+along a leading origin axis (refitting at each origin).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from statseq.core.recurrence import _simulate
+
+
+@partial(jax.jit, static_argnames=("model", "horizon", "stacked", "per_dim", "sample"))
+def origin_forecasts(model, params, y, mask, inputs, origins, keys, *, horizon, stacked,
+                     per_dim, sample):
+    """Marginal log-densities and sample paths from each origin.
+
+    Args:
+        model: the model (static).
+        params: its parameters; with ``stacked`` a leading axis of ``len(origins)``.
+        y: ``(T,) + event_shape`` cleaned values of one series (zeros where masked).
+        mask: booleans of the shape of ``y``.
+        inputs: ``(T, input_dim)``.
+        origins: ``(m,)`` integers ``o`` with ``o + horizon <= T``.
+        keys: ``(m, num_samples)`` keys (ignored unless ``sample``).
+        horizon: forecast steps ``h``.
+        stacked: whether ``params`` has a leading origin axis.
+        per_dim: also score each emission dimension alone (its marginal density).
+        sample: draw sample paths.
+
+    Returns:
+        ``(log_probs (m, h), per-dim log_probs (m, h, D) or None, samples (m, S, h, *event)
+        or None)``; masked targets score ``NaN``.
+    """
+    event_shape = tuple(model.event_shape)
+    dims = jnp.eye(int(y.shape[-1]), dtype=bool) if per_dim else None
+
+    def one(p, o, k):
+        def body(t, c):
+            return model.update(p, c, y[t], mask[t], inputs[t])
+
+        carry = jax.lax.fori_loop(0, o, body, model.initial_carry(p))
+        ys = jax.lax.dynamic_slice_in_dim(y, o, horizon)
+        ms = jax.lax.dynamic_slice_in_dim(mask, o, horizon)
+        us = jax.lax.dynamic_slice_in_dim(inputs, o, horizon)
+
+        def ahead(c, xs):
+            y_t, m_t, u_t = xs
+            seen = jnp.any(m_t)
+            lp = jnp.where(seen, model.step(p, c, y_t, m_t, u_t)[0], jnp.nan)
+            lp_d = None
+            if per_dim:
+                lp_d = jax.vmap(lambda e: model.step(p, c, y_t, e, u_t)[0])(dims)
+                lp_d = jnp.where(m_t, lp_d, jnp.nan)
+            unseen = jnp.zeros(event_shape, bool)
+            return model.update(p, c, y_t, unseen, u_t), (lp, lp_d)
+
+        _, (lps, lps_d) = jax.lax.scan(ahead, carry, (ys, ms, us))
+        paths = None
+        if sample:
+            paths = jax.vmap(lambda kk: _simulate(model, p, carry, kk, us)[0])(k)
+        return lps, lps_d, paths
+
+    return jax.vmap(one, in_axes=(0 if stacked else None, 0, 0 if sample else None))(
+        params, origins, keys
+    )
