@@ -1,0 +1,24 @@
+"""Neural sequence models: recurrent backbones with emission heads, on the filter protocol."""
+
+from statseq.models.neural.base import (
+    Backbone,
+    NeuralCarry,
+    NeuralParams,
+    NeuralSequenceModel,
+)
+from statseq.models.neural.heads import EMISSIONS, Head, make_head
+from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
+
+__all__ = [
+    "EMISSIONS",
+    "GRU",
+    "LSTM",
+    "Backbone",
+    "ElmanRNN",
+    "Head",
+    "NeuralCarry",
+    "NeuralParams",
+    "NeuralSequenceModel",
+    "make_head",
+    "readout_only",
+]

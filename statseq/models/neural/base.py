@@ -1,0 +1,253 @@
+"""Neural sequence models on the filter protocol: a recurrent backbone and an emission head.
+
+A neural model is autoregressive: the network reads the previous observation (and the
+covariates) and its emission head gives the predictive of the next one,
+
+    x_t = [enc(y_{t-1}) * m_{t-1}, m_{t-1}, u_t],
+    (s_t, h_t) = backbone(s_{t-1}, x_t),
+    y_t | y_{<t}, u_{<=t} ~ head(h_t),
+
+where ``m_{t-1}`` is the observed-indicator of ``y_{t-1}`` (per dimension; 0 before the
+first step) and ``enc`` the head's encoding (`statseq.models.neural.heads.Head.encode`).
+The filter's carry is ``(s_{t-1}, enc(y_{t-1}) * m_{t-1}, m_{t-1})``.
+
+**Missing values.** A masked observation is not scored (its predictive log-density is
+left out, or, for a vector, only its observed entries are scored) and the network is fed
+the value 0 with observed-indicator 0 in its place: the model conditions on *which* values
+were seen, not on imputed values. This is a modelling choice (the network learns what a
+gap means), not exact marginalization as in an HMM or a Kalman filter.
+
+A `Backbone` is a recurrent feature extractor (frozen dataclass of static configuration,
+parameters kept outside); concrete models (`statseq.models.neural.rnn`) pair one with a
+head chosen by the ``emission`` string.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from statseq.core.distributions import masked_log_prob
+from statseq.core.model import SequenceModel
+from statseq.core.validation import check_positive_int, prepare_data
+from statseq.models.neural.heads import EMISSIONS, Head, make_head
+
+
+class Backbone(abc.ABC):
+    """A recurrent feature extractor ``(s_t, h_t) = f(s_{t-1}, x_t)``.
+
+    Concrete backbones are frozen dataclasses of static configuration with an
+    ``input_dim`` (size of ``x_t``) and an ``output_dim`` (size of ``h_t``). Parameters are
+    a pytree kept outside, described by `param_shapes` / `param_constraints`.
+
+    Whole sequences go through `scan` (default: ``lax.scan`` of `step`); a backbone with
+    a faster whole-sequence algorithm (hoisted input projections, an associative scan)
+    overrides `scan`, which must also return the final state. `sequence` drops it.
+    """
+
+    input_dim: int
+
+    @property
+    @abc.abstractmethod
+    def output_dim(self) -> int:
+        """Size of the feature vector ``h_t``."""
+
+    @abc.abstractmethod
+    def param_shapes(self) -> Any:
+        """A pytree of shape tuples."""
+
+    @abc.abstractmethod
+    def param_constraints(self) -> Any:
+        """A pytree of numpyro constraints (``constraints.real`` for weights)."""
+
+    @abc.abstractmethod
+    def init_params(self, key) -> Any:
+        """Random initial parameters."""
+
+    @abc.abstractmethod
+    def initial_state(self, params) -> Any:
+        """The state before the first input."""
+
+    @abc.abstractmethod
+    def step(self, params, state, x_t):
+        """One step: ``x_t`` of shape ``(input_dim,)`` -> ``(new_state, h_t)``."""
+
+    def scan(self, params, state, xs):
+        """Run from ``state`` over ``xs`` ``(T, input_dim)``: ``(final_state, hs (T, F))``."""
+        return jax.lax.scan(lambda s, x: self.step(params, s, x), state, xs)
+
+    def sequence(self, params, xs):
+        """Features ``hs`` of shape ``(T, output_dim)`` for inputs ``xs`` ``(T, input_dim)``
+        from the initial state."""
+        return self.scan(params, self.initial_state(params), xs)[1]
+
+
+class NeuralParams(NamedTuple):
+    """Parameters of a neural sequence model.
+
+    Attributes:
+        backbone: the backbone's parameter pytree.
+        head: the emission head's parameters (`statseq.models.neural.heads.HeadParams`
+            or a variant with ``df`` / ``concentration``).
+    """
+
+    backbone: Any
+    head: Any
+
+
+class NeuralCarry(NamedTuple):
+    """Filter state: the backbone state and the encoded previous observation.
+
+    Attributes:
+        state: backbone state after ``x_{1:t-1}``.
+        prev: ``[enc(y_{t-1}) * m_{t-1}, m_{t-1}]``.
+    """
+
+    state: Any
+    prev: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuralSequenceModel(SequenceModel):
+    """Base of the neural models: ``y_t ~ head(h_t)``, ``h_t = backbone(x_{1:t})``.
+
+    Subclasses add their architecture's fields and a `backbone` property built from them
+    (with ``input_dim=self.backbone_input_dim``).
+
+    Args:
+        emission: the head: ``"gaussian"``, ``"student_t"``, ``"poisson"``,
+            ``"negative_binomial"``, ``"bernoulli"`` or ``"categorical"``.
+        emission_dim: ``None`` for a scalar series, else the number of dimensions ``D``.
+        num_classes: number of classes for ``emission="categorical"`` (else ``None``).
+        input_dim: number of covariates ``u_t`` (0 for none).
+    """
+
+    emission: str = "gaussian"
+    emission_dim: int | None = None
+    num_classes: int | None = None
+    input_dim: int = 0
+
+    supports_partial_mask = True
+
+    def __post_init__(self):
+        if self.emission not in EMISSIONS:
+            raise ValueError(f"emission must be one of {EMISSIONS}, got {self.emission!r}")
+        if self.emission_dim is not None:
+            check_positive_int(self.emission_dim, "emission_dim")
+        check_positive_int(self.input_dim, "input_dim", minimum=0)
+        self.head  # noqa: B018 - validates emission_dim / num_classes eagerly
+
+    # ---- architecture -------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def backbone(self) -> Backbone:
+        """The recurrent feature extractor (built from the model's fields)."""
+
+    @property
+    @abc.abstractmethod
+    def feature_dim(self) -> int:
+        """Size of the backbone's output ``h_t`` (what the head reads)."""
+
+    @property
+    def head(self) -> Head:
+        """The emission head."""
+        return make_head(self.emission, feature_dim=self.feature_dim,
+                         emission_dim=self.emission_dim, num_classes=self.num_classes)
+
+    @property
+    def encoded_dim(self) -> int:
+        """Size of the encoded previous observation with its indicators."""
+        head = self.head
+        return head.encoded_dim + head.indicator_dim
+
+    @property
+    def backbone_input_dim(self) -> int:
+        """Size of ``x_t``: the encoded previous observation, indicators, covariates."""
+        return self.encoded_dim + self.input_dim
+
+    # ---- static description -----------------------------------------------------------
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        return self.head.event_shape
+
+    @property
+    def observation_dtype(self) -> str:
+        return self.head.observation_dtype
+
+    def param_shapes(self) -> NeuralParams:
+        return NeuralParams(self.backbone.param_shapes(), self.head.param_shapes())
+
+    def param_constraints(self) -> NeuralParams:
+        return NeuralParams(self.backbone.param_constraints(), self.head.param_constraints())
+
+    def validate_data(self, y, mask) -> None:
+        self.head.validate(y, mask)
+
+    def initialize(self, y, *, key, inputs=None, mask=None) -> NeuralParams:
+        """Random backbone weights; head bias from the data (mean and log-scale, log mean
+        count, logits of frequencies), small random readout weights.
+
+        Args:
+            y: ``batch_shape + (num_timesteps,) + event_shape``.
+            key: a ``jax.random`` key.
+            inputs: covariates (checked, unused).
+            mask: optional observation mask.
+
+        Returns:
+            `NeuralParams`.
+        """
+        data = prepare_data(self, y, mask, inputs)
+        k_backbone, k_head = jax.random.split(key)
+        return NeuralParams(
+            self.backbone.init_params(k_backbone),
+            self.head.init_params(k_head, np.asarray(data.y), np.asarray(data.mask)),
+        )
+
+    # ---- the filter ---------------------------------------------------------------------
+    def initial_carry(self, params) -> NeuralCarry:
+        dtype = jax.tree.leaves(params.head)[0].dtype
+        return NeuralCarry(self.backbone.initial_state(params.backbone),
+                           jnp.zeros((self.encoded_dim,), dtype))
+
+    def _advance(self, params, carry, inputs_t):
+        x_t = jnp.concatenate([carry.prev, jnp.asarray(inputs_t, carry.prev.dtype)])
+        return self.backbone.step(params.backbone, carry.state, x_t)
+
+    def predict(self, params, carry, inputs_t):
+        _, h = self._advance(params, carry, inputs_t)
+        return self.head.distribution(params.head, h)
+
+    def update(self, params, carry, y_t, mask_t, inputs_t) -> NeuralCarry:
+        state, _ = self._advance(params, carry, inputs_t)
+        return NeuralCarry(state, self.head.encode(y_t, mask_t))
+
+    def step(self, params, carry, y_t, mask_t, inputs_t):
+        """Predict, score and update with one backbone step."""
+        state, h = self._advance(params, carry, inputs_t)
+        lp = masked_log_prob(self.head.distribution(params.head, h), y_t, mask_t)
+        return lp, NeuralCarry(state, self.head.encode(y_t, mask_t))
+
+    def complete_data_log_probs(self, params, y, inputs):
+        """Per-step log-densities of a fully observed sequence through `Backbone.scan`.
+
+        The inputs ``x_{1:T}`` (shifted encoded observations and covariates) are built at
+        once, the backbone runs over the whole sequence, and the head scores every step
+        in one call. Equal to the step-by-step filter (a test checks this in float64).
+
+        Returns:
+            ``(log_probs (T,), final_carry)``.
+        """
+        head = self.head
+        ones = jnp.ones(y.shape, bool)
+        enc = jax.vmap(head.encode)(y, ones)  # (T, E)
+        prev = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]], axis=0)
+        xs = jnp.concatenate([prev, inputs.astype(enc.dtype)], axis=1)
+        state0 = self.backbone.initial_state(params.backbone)
+        final, hs = self.backbone.scan(params.backbone, state0, xs)
+        log_probs = head.distribution(params.head, hs).log_prob(y)
+        return log_probs, NeuralCarry(final, enc[-1])
