@@ -59,6 +59,12 @@ EXAMPLES = {
     "TimeVaryingLinearGaussianSSM": [
         ss.TimeVaryingLinearGaussianSSM(state_dim=2, emission_dim=2, num_timesteps=16),
     ],
+    "ElmanRNN": [ss.ElmanRNN(hidden_dim=3, emission="poisson", emission_dim=2, input_dim=1)],
+    "GRU": [ss.GRU(hidden_dim=3, num_layers=2, emission="categorical", num_classes=3)],
+    "LSTM": [
+        ss.LSTM(hidden_dim=3, emission="gaussian", emission_dim=2, input_dim=1),
+        ss.LSTM(hidden_dim=3, emission="student_t"),
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]
