@@ -1,0 +1,165 @@
+"""A stack of pre-norm residual layers: the skeleton shared by the Mamba and LRU backbones.
+
+    z^0_t = W_in x_t + b_in,
+    z^l_t = z^{l-1}_t + f_l(RMSNorm_l(z^{l-1})_{1:t}),     l = 1, ..., L,
+    h_t = RMSNorm_out(z^L_t),
+
+with ``RMSNorm(v) = w * v / sqrt(mean(v^2) + eps)`` and ``f_l`` a causal sequence layer
+with a per-layer state (a diagonal linear recurrence in `statseq.models.neural.mamba` and
+`statseq.models.neural.lru`). A subclass supplies one layer: its parameter shapes, random
+initialization, initial state, one step (generation mode) and a whole-sequence form
+(training mode) that must give the same outputs and final state as repeated steps. The
+per-layer parameters and states are stacked along a leading ``num_layers`` axis and the
+layers run as a `jax.lax.scan` over that axis (one traced layer however deep the stack).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from numpyro.distributions import constraints
+
+from statseq.core.validation import check_positive_int, float_dtype
+from statseq.models.neural.base import Backbone
+
+#: Added to the mean square in `rms_norm`.
+RMS_EPS = 1e-5
+
+
+class StackParams(NamedTuple):
+    """Parameters of a `ResidualStack`.
+
+    Attributes:
+        embed_weight: ``(input_dim, hidden_dim)`` input projection ``W_in`` (``x @ W``).
+        embed_bias: ``(hidden_dim,)``.
+        norm: ``(num_layers, hidden_dim)`` pre-norm scales, one row per layer.
+        layers: the layer's parameter NamedTuple, every leaf with a leading
+            ``num_layers`` axis.
+        final_norm: ``(hidden_dim,)`` scale of the output RMSNorm.
+    """
+
+    embed_weight: jax.Array
+    embed_bias: jax.Array
+    norm: jax.Array
+    layers: Any
+    final_norm: jax.Array
+
+
+def rms_norm(x, weight, eps: float = RMS_EPS):
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last axis."""
+    return weight * x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(i, int) for i in x)
+
+
+def dense_init(key, shape, fan_in: int, dtype):
+    """Uniform ``(-1/sqrt(fan_in), 1/sqrt(fan_in))`` weights (PyTorch's ``nn.Linear``)."""
+    bound = 1.0 / jnp.sqrt(jnp.asarray(fan_in, dtype))
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualStack(Backbone):
+    """Backbone of ``num_layers`` pre-norm residual layers of width ``hidden_dim``.
+
+        z^0_t = W_in x_t + b_in,  z^l = z^{l-1} + f_l(RMSNorm(z^{l-1})),  h_t = RMSNorm(z^L_t).
+
+    Subclasses implement the layer hooks (``layer_*``); ``output_dim == hidden_dim``.
+
+    Args:
+        input_dim: size of ``x_t``.
+        hidden_dim: the model width ``d``.
+        num_layers: number of residual layers ``L``.
+        parallel: whole sequences by an associative scan (``True``), ``lax.scan``
+            (``False``) or by backend (``None``: sequential on CPU).
+    """
+
+    input_dim: int
+    hidden_dim: int
+    num_layers: int = 1
+    parallel: bool | None = None
+
+    def __post_init__(self):
+        check_positive_int(self.input_dim, "input_dim")
+        check_positive_int(self.hidden_dim, "hidden_dim")
+        check_positive_int(self.num_layers, "num_layers")
+        if self.parallel is not None and not isinstance(self.parallel, bool):
+            raise TypeError(f"parallel must be True, False or None, got {self.parallel!r}")
+
+    # ---- one layer (subclass hooks) --------------------------------------------------
+    @abc.abstractmethod
+    def layer_param_shapes(self) -> Any:
+        """The layer's parameter NamedTuple of shape tuples (without the layer axis)."""
+
+    @abc.abstractmethod
+    def layer_init(self, key, dtype) -> Any:
+        """Random parameters of one layer."""
+
+    @abc.abstractmethod
+    def layer_initial_state(self, layer_params) -> Any:
+        """The state of one layer before any input."""
+
+    @abc.abstractmethod
+    def layer_step(self, layer_params, state, x_t):
+        """One step: normalized input ``(hidden_dim,)`` -> ``(new_state, f(x)_t)``."""
+
+    @abc.abstractmethod
+    def layer_scan(self, layer_params, state, xs):
+        """A whole sequence ``(T, hidden_dim)`` -> ``(final_state, outputs (T, hidden_dim))``."""
+
+    # ---- the stack -------------------------------------------------------------------
+    @property
+    def output_dim(self) -> int:
+        return self.hidden_dim
+
+    def param_shapes(self) -> StackParams:
+        d, n = self.hidden_dim, self.num_layers
+        layers = jax.tree.map(lambda s: (n,) + s, self.layer_param_shapes(), is_leaf=_is_shape)
+        return StackParams((self.input_dim, d), (d,), (n, d), layers, (d,))
+
+    def param_constraints(self) -> StackParams:
+        return jax.tree.map(lambda _: constraints.real, self.param_shapes(), is_leaf=_is_shape)
+
+    def init_params(self, key, dtype=None) -> StackParams:
+        dtype = float_dtype() if dtype is None else dtype
+        d, n = self.hidden_dim, self.num_layers
+        k_embed, k_layers = jax.random.split(key)
+        layers = [self.layer_init(k, dtype) for k in jax.random.split(k_layers, n)]
+        return StackParams(
+            embed_weight=dense_init(k_embed, (self.input_dim, d), self.input_dim, dtype),
+            embed_bias=jnp.zeros((d,), dtype),
+            norm=jnp.ones((n, d), dtype),
+            layers=jax.tree.map(lambda *xs: jnp.stack(xs), *layers),
+            final_norm=jnp.ones((d,), dtype),
+        )
+
+    def initial_state(self, params):
+        return jax.vmap(self.layer_initial_state)(params.layers)
+
+    def step(self, params, state, x_t):
+        z = x_t @ params.embed_weight + params.embed_bias
+
+        def layer(z, xs):
+            norm, layer_params, s = xs
+            s, out = self.layer_step(layer_params, s, rms_norm(z, norm))
+            return z + out, s
+
+        z, state = jax.lax.scan(layer, z, (params.norm, params.layers, state))
+        return state, rms_norm(z, params.final_norm)
+
+    def scan(self, params, state, xs):
+        z = xs @ params.embed_weight + params.embed_bias
+
+        def layer(z, layer_xs):
+            norm, layer_params, s = layer_xs
+            s, out = self.layer_scan(layer_params, s, rms_norm(z, norm))
+            return z + out, s
+
+        z, state = jax.lax.scan(layer, z, (params.norm, params.layers, state))
+        return state, rms_norm(z, params.final_norm)
