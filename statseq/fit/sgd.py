@@ -37,11 +37,15 @@ from statseq.fit import _progress
 _STOP_NONE, _STOP_EARLY, _STOP_NONFINITE = 0, 1, 2
 
 
-def _split_validation(data, validation, key):
-    """Train and validation sets: a time split for one sequence, a sequence split else."""
+def _split_validation(data, validation, key, scored=None):
+    """Train and validation sets: a time split for one sequence, a sequence split else.
+
+    ``scored`` (``(num_sequences, num_timesteps)`` booleans or ``None``) marks the steps
+    that count in the objective; the train set carries it as its fourth entry.
+    """
     num_seq, num_t = data.y.shape[0], data.num_timesteps
     if validation is None:
-        return (data.y, data.mask, data.inputs), None
+        return (data.y, data.mask, data.inputs, scored), None
     if not 0.0 < float(validation) < 1.0:
         raise ValueError(f"validation must be a fraction in (0, 1), got {validation}")
     if data.batch_shape == ():
@@ -51,17 +55,19 @@ def _split_validation(data, validation, key):
         step_in_train = (jnp.arange(num_t) < num_t - num_val).reshape(
             (1, num_t) + (1,) * (data.y.ndim - 2)
         )
-        train = (data.y, data.mask & step_in_train, data.inputs)
-        scored = ~step_in_train.reshape(1, num_t)
-        return train, (data.y, data.mask, data.inputs, scored)
+        train = (data.y, data.mask & step_in_train, data.inputs, scored)
+        val_scored = ~step_in_train.reshape(1, num_t)
+        if scored is not None:
+            val_scored = val_scored & scored
+        return train, (data.y, data.mask, data.inputs, val_scored)
     num_val = max(1, int(round(validation * num_seq)))
     if num_val >= num_seq:
         raise ValueError("validation leaves no sequences to train on")
     perm = np.asarray(jax.random.permutation(key, num_seq))
     tr, va = perm[num_val:], perm[:num_val]
-    train = (data.y[tr], data.mask[tr], data.inputs[tr])
-    scored = jnp.ones((num_val, num_t), bool)
-    return train, (data.y[va], data.mask[va], data.inputs[va], scored)
+    train = (data.y[tr], data.mask[tr], data.inputs[tr], None if scored is None else scored[tr])
+    val_scored = jnp.ones((num_val, num_t), bool) if scored is None else scored[va]
+    return train, (data.y[va], data.mask[va], data.inputs[va], val_scored)
 
 
 @partial(
@@ -75,16 +81,18 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
                       clip_norm, *,
                       num_steps, batch_size, eval_every, patience, progress_every,
                       train_complete=False, val_complete=False):
-    y_tr, m_tr, u_tr = train
+    y_tr, m_tr, u_tr, s_tr = train
     num_train = y_tr.shape[0]
     scale = num_train / batch_size
     dtype = float_dtype()
 
     def log_joint(up, idx):
         params = from_unconstrained(model, up)
-        lp, *_ = run_filter(
+        lp, lps, *_ = run_filter(
             model, params, y_tr[idx], m_tr[idx], u_tr[idx], complete=train_complete
         )
+        if s_tr is not None:  # only the scored steps count (e.g. after a window's warmup)
+            lp = jnp.sum(jnp.where(s_tr[idx], lps, 0.0), axis=-1)
         return scale * jnp.sum(lp) + log_prior(priors, params)
 
     def val_score(up):
@@ -163,9 +171,27 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
     return i, up, trace, vtrace, best_up, best_val, stop
 
 
+def _check_scored(scored, data):
+    """``scored`` as ``(num_sequences, num_timesteps)`` booleans, or ``None``."""
+    if scored is None:
+        return None
+    arr = np.asarray(scored)
+    shape = data.batch_shape + (data.num_timesteps,)
+    if arr.shape != shape:
+        raise ValueError(f"scored must have shape {shape} (one flag per time step of y); "
+                         f"got {arr.shape}")
+    if arr.dtype != bool:
+        if not np.all(np.isin(arr, (0, 1))):
+            raise ValueError("scored must be boolean (True = counts in the objective) or 0/1")
+        arr = arr.astype(bool)
+    if not arr.any():
+        raise ValueError("scored marks no time step: nothing to fit")
+    return jnp.asarray(arr.reshape(-1, data.num_timesteps))
+
+
 def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=None,
             batch_size=None, trainable=None, priors=None, clip_norm=None, validation=None,
-            eval_every=None, patience=None, progress=True) -> FitResult:
+            eval_every=None, patience=None, progress=True, scored=None) -> FitResult:
     """Fit ``model`` by stochastic gradient ascent on the log joint, with optax.
 
     Maximizes ``log p(y | theta) + log p(theta)`` (the log-likelihood plus the log prior
@@ -195,6 +221,10 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         eval_every: steps between validation evaluations (default ``num_steps // 100``).
         patience: evaluations without improvement before stopping (default 10).
         progress: show a progress bar (set ``False`` in scripts and tests).
+        scored: optional booleans of shape ``batch_shape + (num_timesteps,)``: only the
+            steps marked ``True`` count in the objective (and in validation scores); the
+            others still drive the model's state. `statseq.make_windows` builds it for
+            truncated backpropagation through time (each window's warmup is unscored).
 
     Returns:
         A `~statseq.FitResult` whose ``log_joint`` trace has one entry per step.
@@ -215,8 +245,9 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise TypeError("optimizer must be an optax GradientTransformation, e.g. optax.adam(1e-2)")
     data = prepare_data(model, y, mask, inputs)
+    scored = _check_scored(scored, data)
     split_key, batch_key = jax.random.split(key)
-    train, val = _split_validation(data, validation, split_key)
+    train, val = _split_validation(data, validation, split_key, scored)
     num_train = train[0].shape[0]
     if batch_size is None:
         batch_size = num_train
