@@ -39,6 +39,7 @@ from statseq.fit.inference_stats import Summary, standard_errors, summary  # noq
 from statseq.fit.lbfgs import fit_lbfgs  # noqa: E402
 from statseq.fit.restarts import RestartsResult, fit_restarts  # noqa: E402
 from statseq.fit.sgd import fit_sgd  # noqa: E402
+from statseq.fit.windows import Windows, make_windows  # noqa: E402
 from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
 from statseq.io import load, save  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
@@ -118,6 +119,8 @@ __all__ = [
     "enable_compilation_cache",
     "filter",
     "fit_sgd",
+    "make_windows",
+    "Windows",
     "forecast",
     "from_unconstrained",
     "information_criteria",
