@@ -56,8 +56,10 @@ from statseq.models.hmm import (  # noqa: E402
 )
 from statseq.models.neural import (  # noqa: E402
     GRU,
+    LRU,
     LSTM,
     ElmanRNN,
+    Mamba,
     NeuralParams,
     NeuralSequenceModel,
 )
@@ -89,6 +91,8 @@ __version__ = "0.1.0"
 __all__ = [
     "GRU",
     "LSTM",
+    "LRU",
+    "Mamba",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",

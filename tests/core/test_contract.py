@@ -65,6 +65,17 @@ EXAMPLES = {
         ss.LSTM(hidden_dim=3, emission="gaussian", emission_dim=2, input_dim=1),
         ss.LSTM(hidden_dim=3, emission="student_t"),
     ],
+    "Mamba": [
+        ss.Mamba(hidden_dim=3, state_dim=2, num_layers=2, expand=1, conv_width=3,
+                 emission="gaussian", emission_dim=2, input_dim=1),
+        ss.Mamba(hidden_dim=3, state_dim=2, num_layers=1, emission="categorical",
+                 num_classes=3, parallel=True),
+    ],
+    "LRU": [
+        ss.LRU(hidden_dim=3, state_dim=2, num_layers=2, emission="poisson", input_dim=1),
+        ss.LRU(hidden_dim=3, state_dim=2, num_layers=1, emission="bernoulli",
+               emission_dim=2, parallel=True),
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

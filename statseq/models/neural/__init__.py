@@ -7,12 +7,18 @@ from statseq.models.neural.base import (
     NeuralSequenceModel,
 )
 from statseq.models.neural.heads import EMISSIONS, Head, make_head
+from statseq.models.neural.lru import LRU, LRUBackbone
+from statseq.models.neural.mamba import Mamba, MambaBackbone
 from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
 
 __all__ = [
     "EMISSIONS",
     "GRU",
     "LSTM",
+    "LRU",
+    "LRUBackbone",
+    "Mamba",
+    "MambaBackbone",
     "Backbone",
     "ElmanRNN",
     "Head",
