@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.model import register_model
-from statseq.core.validation import check_positive_int, float_dtype
+from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.models.neural.base import NeuralParams, NeuralSequenceModel
 from statseq.models.neural.cells import RNNBackbone
 
@@ -76,6 +76,40 @@ class _RNNModel(NeuralSequenceModel):
     def trainable(self, params) -> NeuralParams:
         """The ``trainable`` mask for `statseq.fit_sgd`: everything (all ``True``)."""
         return jax.tree.map(lambda _: True, params)
+
+    def initialize(self, y, *, key, inputs=None, mask=None) -> NeuralParams:
+        """Random weights (`statseq.models.neural.cells.RNNBackbone.init_params`), a
+        data-driven head bias, and, for real-valued data, a first layer that sees the
+        previous observation standardized: its input weights on ``y_{t-1}`` are divided by
+        the data's standard deviation and the mean is absorbed into the bias.
+
+        Args:
+            y: ``batch_shape + (num_timesteps,) + event_shape``.
+            key: a ``jax.random`` key.
+            inputs: covariates (checked, unused).
+            mask: optional observation mask.
+
+        Returns:
+            `NeuralParams`.
+        """
+        params = super().initialize(y, key=key, inputs=inputs, mask=mask)
+        if self.head.observation_dtype != "real":
+            return params
+        data = prepare_data(self, y, mask, inputs)
+        d = self.head.dim
+        yv = np.asarray(data.y, float).reshape(-1, d)
+        mv = np.asarray(data.mask, bool).reshape(-1, d)
+        n = np.maximum(mv.sum(0), 1)
+        mean = np.where(mv, yv, 0).sum(0) / n
+        std = np.sqrt(np.where(mv, (yv - mean) ** 2, 0).sum(0) / n)
+        std = np.where(std > 0, std, 1.0)
+        first = params.backbone[0]
+        w_y = first.w_in[:, :d] / jnp.asarray(std, first.w_in.dtype)
+        # x = [y, m, u]: shift by the mean through the indicator columns, which are 1
+        # exactly when the value is observed (a missing value stays at "no information")
+        w_m = first.w_in[:, d:2 * d] - w_y * jnp.asarray(mean, first.w_in.dtype)
+        w_in = first.w_in.at[:, :d].set(w_y).at[:, d:2 * d].set(w_m)
+        return params._replace(backbone=(first._replace(w_in=w_in),) + params.backbone[1:])
 
 
 @register_model

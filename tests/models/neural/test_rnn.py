@@ -190,3 +190,43 @@ def test_carry_layout(lstm_setup):
     assert isinstance(carry, NeuralCarry)
     assert carry.prev.shape == (4,)  # two values, two indicators
     assert len(carry.state) == 2 and carry.state[0][0].shape == (4,)
+
+
+def _simulate_ar1(rng, n, phi=0.8, c=0.5):
+    y = np.zeros(n)
+    y[0] = c / (1 - phi) + rng.normal() / np.sqrt(1 - phi**2)
+    for t in range(1, n):
+        y[t] = c + phi * y[t - 1] + rng.normal()
+    return y
+
+
+@pytest.mark.parametrize("cls", [ss.GRU, ss.LSTM])
+def test_trained_network_matches_true_ar1_held_out(cls):
+    """A small network fitted by fit_sgd (windows of 100 with warmup 10, early stopping
+    on 20% of the windows) to T=2000 steps of a Gaussian AR(1) scores a held-out series of
+    1000 steps within 0.05 nats/step of the true model.
+
+    Tolerance: the per-step gap between the true AR(1) and the iid Gaussian with the
+    stationary variance is 0.5 log(1 / (1 - 0.8^2)) = 0.51 nats, ten times 0.05; the
+    estimation loss of a model with ~150 free parameters fitted to 2000 steps is of order
+    k / (2 T) ~ 0.04 at the maximum likelihood, and early stopping keeps it below that
+    (observed 0.007-0.017 over three seeds for each of GRU and LSTM). Monte Carlo noise of
+    the held-out *difference* of two close models is far smaller than 0.05 at T=1000.
+    """
+    rng = np.random.default_rng(0)
+    train, test = _simulate_ar1(rng, 2000), _simulate_ar1(rng, 1000)
+    true = ss.AR(order=1)
+    true_params = ss.ARParams(coeffs=np.array([[[0.8]]]), intercept=np.array([0.5]),
+                              input_weights=np.zeros((1, 0)), cov=np.array([[1.0]]))
+    ref = float(np.mean(np.asarray(ss.filter(true, true_params, test).log_probs)[1:]))
+    iid = -0.5 * np.log(2 * np.pi * test.var()) - 0.5  # best iid Gaussian, in-sample
+    model = cls(hidden_dim=6)
+    params = model.initialize(train, key=jax.random.key(0))
+    w = ss.make_windows(train, length=100, warmup=10)
+    fit = ss.fit_sgd(model, params, **w.fit_kwargs(),
+                     optimizer=optax.adam(optax.cosine_decay_schedule(0.03, 300)),
+                     num_steps=300, key=jax.random.key(1), validation=0.2, eval_every=10,
+                     patience=5, progress=False)
+    got = float(np.mean(np.asarray(ss.filter(model, fit.params, test).log_probs)[1:]))
+    assert abs(got - ref) < 0.05, (got, ref)
+    assert got > iid + 0.4
