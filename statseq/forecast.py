@@ -42,7 +42,12 @@ def future_index(index, num_steps: int):
     if isinstance(index, pd.PeriodIndex):
         return pd.period_range(start=index[-1] + 1, periods=num_steps, freq=index.freq)
     if isinstance(index, pd.DatetimeIndex):
-        freq = index.freq or (pd.infer_freq(index) if len(index) >= 3 else None)
+        freq = index.freq
+        if freq is None and len(index) >= 3:
+            with warnings.catch_warnings():  # pandas 3 changes infer_freq's return type
+                warnings.simplefilter("ignore")
+                inferred = pd.infer_freq(index)
+            freq = None if inferred is None else pd.tseries.frequencies.to_offset(inferred)
         if freq is not None:
             return pd.date_range(start=index[-1], periods=num_steps + 1, freq=freq)[1:]
     elif pd.api.types.is_numeric_dtype(index.dtype) and len(index):
