@@ -11,6 +11,14 @@ _cache._configure_on_import()
 
 from statseq import datasets  # noqa: E402
 from statseq._cache import enable_compilation_cache  # noqa: E402
+from statseq.bayes import (  # noqa: E402
+    SequenceDistribution,
+    fit_nuts,
+    fit_svi,
+    posterior_params,
+    posterior_predictive_forecast,
+    relabel_states,
+)
 from statseq.core.model import SequenceModel, register_model, registered_models  # noqa: E402
 from statseq.core.params import (  # noqa: E402
     from_unconstrained,
@@ -123,6 +131,12 @@ __all__ = [
     "enable_compilation_cache",
     "filter",
     "fit_sgd",
+    "fit_nuts",
+    "fit_svi",
+    "SequenceDistribution",
+    "posterior_params",
+    "posterior_predictive_forecast",
+    "relabel_states",
     "make_windows",
     "Windows",
     "forecast",

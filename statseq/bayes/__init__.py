@@ -1,0 +1,26 @@
+"""Bayesian inference for every statseq model through NumPyro.
+
+`SequenceDistribution` (a model as a NumPyro distribution over sequences), default
+priors, `fit_nuts` (NUTS, ArviZ output), `fit_svi` (variational inference), HMM state
+relabelling and posterior predictive forecasts.
+"""
+
+from statseq.bayes.distribution import SequenceDistribution
+from statseq.bayes.nuts import fit_nuts, posterior_params
+from statseq.bayes.predictive import posterior_predictive_forecast
+from statseq.bayes.priors import LKJCovariance, default_priors
+from statseq.bayes.relabel import permute_states, relabel_states
+from statseq.bayes.svi import SVIResult, fit_svi
+
+__all__ = [
+    "LKJCovariance",
+    "SVIResult",
+    "SequenceDistribution",
+    "default_priors",
+    "fit_nuts",
+    "fit_svi",
+    "permute_states",
+    "posterior_params",
+    "posterior_predictive_forecast",
+    "relabel_states",
+]

@@ -1,0 +1,169 @@
+"""The NumPyro model shared by `fit_nuts` and `fit_svi`: priors on the trainable
+leaves, frozen leaves fixed, and the sequence likelihood as one observed site."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+
+from statseq.bayes.distribution import SequenceDistribution
+from statseq.bayes.priors import leaf_priors
+from statseq.core.params import (
+    is_shape,
+    param_names,
+    params_treedef,
+    trainable_mask,
+    validate_params,
+)
+from statseq.core.validation import prepare_data
+
+
+class JointSpec(NamedTuple):
+    """Everything the NumPyro model needs, prepared eagerly (hashable parts aside)."""
+
+    model: Any
+    names: list
+    shapes: list
+    priors: list          # one prior per leaf, None where frozen
+    fixed: list           # leaf values (used where frozen, and to start the sampler)
+    ordered: int | None   # index of the leaf sampled under an ordering constraint
+    data: Any             # statseq.core.validation.Prepared
+
+
+def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ordered, key):
+    """Validate everything eagerly and collect the pieces of the NumPyro model."""
+    data = prepare_data(model, y, mask, inputs)
+    if init_params is None:
+        if hasattr(model, "initialize"):
+            try:
+                init_params = model.initialize(y, key=key, mask=mask, inputs=inputs)
+            except NotImplementedError:
+                init_params = None
+        if init_params is None and hasattr(model, "default_params"):
+            init_params = model.default_params()
+        if init_params is None:
+            raise ValueError(f"{type(model).__name__} has no initializer: pass init_params")
+    validate_params(model, init_params)
+    flags = tuple(jax.tree.leaves(trainable_mask(init_params, trainable)))
+    leaves = params_treedef(model).flatten_up_to(init_params)
+    names = param_names(model)
+    shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
+    leaf_p = leaf_priors(model, priors, y, mask, flags)
+    index = None
+    if ordered is not None:
+        if ordered not in names:
+            raise ValueError(f"ordered must name a parameter leaf ({', '.join(names)}); "
+                             f"got {ordered!r}")
+        index = names.index(ordered)
+        con = jax.tree.leaves(model.param_constraints(),
+                              is_leaf=lambda c: isinstance(c, constraints.Constraint))[index]
+        if len(shapes[index]) != 1 or con not in (constraints.real, constraints.positive):
+            raise ValueError(
+                f"ordered={ordered!r} needs a vector leaf (one value per state) with a real "
+                f"or positive constraint; params.{ordered} has shape {shapes[index]} ({con})"
+            )
+        if leaf_p[index] is None:
+            raise ValueError(f"ordered={ordered!r} names a frozen leaf")
+        leaves = list(leaves)
+        leaves[index] = jnp.sort(jnp.asarray(leaves[index]))
+    return JointSpec(model, names, shapes, leaf_p, [jnp.asarray(v) for v in leaves], index,
+                     data)
+
+
+def ordered_support(spec):
+    con = jax.tree.leaves(spec.model.param_constraints(),
+                          is_leaf=lambda c: isinstance(c, constraints.Constraint))[spec.ordered]
+    return (constraints.positive_ordered_vector if con is constraints.positive
+            else constraints.ordered_vector)
+
+
+def site_support(spec, i):
+    """The support NumPyro transforms site ``i`` with."""
+    return ordered_support(spec) if i == spec.ordered else spec.priors[i].support
+
+
+def sample_params(spec):
+    """Inside a NumPyro model: draw the trainable leaves from their priors.
+
+    A leaf under an ordering constraint is sampled on the ordered cone with density
+    ``K! prod_k p(x_k)``: the law of the sorted draws when the prior is the same for
+    every state.
+    """
+    values = []
+    for i, (name, prior, fixed) in enumerate(zip(spec.names, spec.priors, spec.fixed,
+                                                 strict=True)):
+        if prior is None:
+            values.append(fixed)
+        elif i == spec.ordered:
+            k = spec.shapes[i][0]
+            x = numpyro.sample(name, dist.ImproperUniform(ordered_support(spec), (), (k,)))
+            numpyro.factor(f"{name}.prior", jnp.sum(prior.log_prob(x)) + math.lgamma(k + 1))
+            values.append(x)
+        else:
+            values.append(numpyro.sample(name, prior))
+    return jax.tree.unflatten(params_treedef(spec.model), values)
+
+
+def numpyro_model(spec):
+    """The joint ``p(theta) p(y | theta)`` as a NumPyro model (no arguments)."""
+    params = sample_params(spec)
+    data = spec.data
+    mask = None if data.complete else data.mask
+    inputs = data.inputs if spec.model.num_inputs else None
+    numpyro.sample("y", SequenceDistribution(spec.model, params, mask=mask, inputs=inputs,
+                                             num_timesteps=data.num_timesteps), obs=data.y)
+
+
+def sampled_indices(spec):
+    return [i for i, p in enumerate(spec.priors) if p is not None]
+
+
+def unconstrained_init(spec, key, num_chains, jitter):
+    """Per-chain unconstrained starting values: the initial params plus uniform jitter."""
+    out = {}
+    for i in sampled_indices(spec):
+        key, sub = jax.random.split(key)
+        u = biject_to(site_support(spec, i)).inv(spec.fixed[i])
+        noise = jax.random.uniform(sub, (num_chains,) + u.shape, u.dtype, -jitter, jitter)
+        out[spec.names[i]] = u[None] + noise
+    return out
+
+
+def params_from_samples(spec, samples, lead):
+    """A params pytree with leading axes ``lead`` from NumPyro's samples dict."""
+    values = []
+    for i, name in enumerate(spec.names):
+        if spec.priors[i] is None:
+            values.append(jnp.broadcast_to(spec.fixed[i], lead + spec.shapes[i]))
+        else:
+            values.append(jnp.reshape(samples[name], lead + spec.shapes[i]))
+    return jax.tree.unflatten(params_treedef(spec.model), values)
+
+
+def state_dims(model, name, shape):
+    """xarray dimension names of one parameter leaf."""
+    k = getattr(model, "num_states", None)
+    dims = [f"{name}_dim_{j}" for j in range(len(shape))]
+    if k is not None and shape:
+        field = name.split(".")[-1]
+        if name in ("initial_probs", "transitions") or name.startswith("transitions."):
+            dims[0] = "state"
+            if len(shape) > 1 and shape[1] == k:
+                dims[1] = "state_to"
+            if field == "weights":
+                dims[2] = "input"
+        elif name.startswith("emissions.") and shape[0] == k:
+            dims[0] = "state"
+    return dims
+
+
+def to_numpy_tree(tree):
+    return jax.tree.map(np.asarray, tree)

@@ -1,0 +1,185 @@
+"""Posterior sampling of any statseq model with NumPyro's NUTS, returned as ArviZ data.
+
+The target is the posterior ``p(theta | y) ∝ p(y | theta) p(theta)``, with the
+likelihood from the model's filter (`SequenceDistribution`) and a proper prior on every
+trainable leaf (`statseq.bayes.default_priors` where none is given). NUTS runs in
+unconstrained space (each leaf's support gives the bijection and its Jacobian).
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from statseq.bayes import _joint
+from statseq.core.params import param_names, params_treedef
+from statseq.core.recurrence import run_filter
+from statseq.core.validation import check_positive_int
+
+
+@partial(jax.jit, static_argnames=("model", "complete"))
+def _pointwise_log_lik(model, draws, y, mask, inputs, complete):
+    """``(num_draws, N, T)`` one-step predictive log-densities for flat ``draws``."""
+    return jax.vmap(lambda p: run_filter(model, p, y, mask, inputs, complete=complete)[1])(draws)
+
+
+def _from_dict(groups, dims, coords):
+    """``arviz.from_dict`` for arviz 0.x (groups as keywords) and 1.x (one dict)."""
+    import arviz as az
+
+    if "posterior" in inspect.signature(az.from_dict).parameters:
+        return az.from_dict(**groups, dims=dims, coords=coords)
+    return az.from_dict(groups, dims=dims, coords=coords)  # pragma: no cover - arviz 1.x
+
+
+def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, priors=None,
+             mask=None, inputs=None, init_params=None, trainable=None, ordered=None,
+             chain_method="sequential", target_accept_prob=0.8, max_tree_depth=10,
+             jitter=0.5, log_likelihood=True, progress=False):
+    """Sample the posterior of ``model``'s parameters with NUTS (NumPyro).
+
+        p(theta | y_{1:T}) ∝ p(theta) prod_t p(y_t | y_{<t}, u_{<=t}, theta)
+
+    Args:
+        model: a statseq model.
+        y: data, ``batch_shape + (num_timesteps,) + event_shape`` (sequences share theta).
+        key: a ``jax.random`` key (keyword-only, required).
+        num_warmup: adaptation steps per chain (step size and diagonal mass matrix).
+        num_samples: kept draws per chain.
+        num_chains: number of chains (several, so that R-hat is meaningful).
+        priors: a pytree like ``params`` of numpyro distributions on the natural
+            parameters; ``None`` leaves (or ``priors=None``) take `default_priors`.
+        mask: optional observation mask (per step or per entry).
+        inputs: covariates, when the model takes them.
+        init_params: where chains start (jittered); default ``model.initialize(y)`` or
+            ``model.default_params()``. Frozen leaves keep these values.
+        trainable: pytree like ``params`` of ``True``/``False``; ``False`` freezes a leaf.
+        ordered: dotted name of a per-state vector leaf (e.g. ``"emissions.rates"``) to
+            sample under an ordering constraint ``x_1 < ... < x_K``: identifies HMM
+            states (no label switching). See also `relabel_states`.
+        chain_method: ``"sequential"`` (fine on CPU), ``"vectorized"`` or ``"parallel"``.
+        target_accept_prob: NUTS target acceptance probability.
+        max_tree_depth: NUTS maximum tree depth.
+        jitter: chains start at the unconstrained initial values plus
+            ``Uniform(-jitter, jitter)`` noise, so that they start apart.
+        log_likelihood: add the one-step predictive log-densities per draw (group
+            ``log_likelihood``, variable ``y``, dims ``(..., "time")``).
+        progress: show NumPyro's progress bar.
+
+    Returns:
+        An ArviZ ``InferenceData`` (a ``DataTree`` with arviz 1.x) with groups
+        ``posterior`` (one variable per trainable leaf, named by its dotted field name,
+        dims such as ``("state", "state_to")``), ``sample_stats`` (``diverging``, ``lp``,
+        ``acceptance_rate``, ``n_steps``, ``energy``), ``observed_data``,
+        ``constant_data`` (the frozen leaves) and ``log_likelihood``.
+        `posterior_params` turns it back into a params pytree with leading
+        ``(chain, draw)`` axes.
+
+    Examples:
+        >>> import jax, arviz as az, numpy as np, statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> idata = ss.fit_nuts(ss.LocalLevel(), y, key=jax.random.key(0), num_warmup=20,
+        ...                     num_samples=10, num_chains=2)
+        >>> idata.posterior["obs_var"].shape
+        (2, 10)
+    """
+    from numpyro.infer import MCMC, NUTS
+
+    num_warmup = check_positive_int(num_warmup, "num_warmup")
+    num_samples = check_positive_int(num_samples, "num_samples")
+    num_chains = check_positive_int(num_chains, "num_chains")
+    if chain_method not in ("sequential", "vectorized", "parallel"):
+        raise ValueError("chain_method must be 'sequential', 'vectorized' or 'parallel', "
+                         f"got {chain_method!r}")
+    if not 0.0 < float(target_accept_prob) < 1.0:
+        raise ValueError(f"target_accept_prob must be in (0, 1), got {target_accept_prob}")
+    if not float(jitter) >= 0.0:
+        raise ValueError(f"jitter must be >= 0, got {jitter}")
+    init_key, run_key = jax.random.split(key)
+    spec = _joint.prepare_joint(model, y, priors=priors, mask=mask, inputs=inputs,
+                                init_params=init_params, trainable=trainable,
+                                ordered=ordered, key=init_key)
+    if not _joint.sampled_indices(spec):
+        raise ValueError("every parameter is frozen (trainable): nothing to sample")
+    kernel = NUTS(_joint.numpyro_model, target_accept_prob=float(target_accept_prob),
+                  max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"))
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
+                num_chains=num_chains, chain_method=chain_method, progress_bar=progress)
+    init = _joint.unconstrained_init(spec, init_key, num_chains, float(jitter))
+    if num_chains == 1:
+        init = {k: v[0] for k, v in init.items()}
+    mcmc.run(run_key, spec, init_params=init,
+             extra_fields=("diverging", "potential_energy", "accept_prob", "num_steps",
+                           "energy"))
+    samples = mcmc.get_samples(group_by_chain=True)
+    extra = mcmc.get_extra_fields(group_by_chain=True)
+    return _to_inference_data(spec, y, samples, extra, num_chains, num_samples,
+                              log_likelihood)
+
+
+def _to_inference_data(spec, y, samples, extra, num_chains, num_samples, log_likelihood):
+    model = spec.model
+    posterior, constant, dims = {}, {}, {}
+    for i, name in enumerate(spec.names):
+        dims[name] = _joint.state_dims(model, name, spec.shapes[i])
+        if spec.priors[i] is None:
+            constant[name] = np.asarray(spec.fixed[i])
+        else:
+            posterior[name] = np.asarray(samples[name])
+    stats = {
+        "diverging": np.asarray(extra["diverging"]),
+        "lp": -np.asarray(extra["potential_energy"]),
+        "acceptance_rate": np.asarray(extra["accept_prob"]),
+        "n_steps": np.asarray(extra["num_steps"]),
+        "energy": np.asarray(extra["energy"]),
+    }
+    data = spec.data
+    batch, t = data.batch_shape, data.num_timesteps
+    seq_dims = [f"sequence_dim_{j}" for j in range(len(batch))]
+    event_dims = [f"event_dim_{j}" for j in range(len(model.event_shape))]
+    dims["y"] = seq_dims + ["time"] + event_dims
+    groups = {"posterior": posterior, "sample_stats": stats,
+              "observed_data": {"y": np.asarray(y)}}
+    if constant:
+        groups["constant_data"] = constant
+    if log_likelihood:
+        draws = _joint.params_from_samples(spec, samples, (num_chains * num_samples,))
+        ll = _pointwise_log_lik(model, draws, data.y, data.mask, data.inputs,
+                                complete=data.complete)
+        groups["log_likelihood"] = {
+            "y": np.asarray(ll).reshape((num_chains, num_samples) + batch + (t,))
+        }
+    return _from_dict(groups, dims, coords=None)
+
+
+def posterior_params(model, idata):
+    """The posterior draws of `fit_nuts` as a params pytree with leading ``(chain, draw)``.
+
+    Frozen leaves (stored in ``constant_data``) are broadcast to every draw.
+
+    Args:
+        model: the model given to `fit_nuts`.
+        idata: its result.
+
+    Returns:
+        A params pytree whose leaves have shape ``(num_chains, num_draws) + leaf_shape``
+        (ready for `SequenceDistribution` or `posterior_predictive_forecast`).
+    """
+    post = idata.posterior
+    first = np.asarray(post[next(iter(post.data_vars))].values)
+    lead = tuple(first.shape[:2])
+    shapes = params_treedef(model).flatten_up_to(model.param_shapes())
+    values = []
+    for name, shape in zip(param_names(model), shapes, strict=True):
+        if name in post.data_vars:
+            values.append(jnp.asarray(post[name].values))
+        elif hasattr(idata, "constant_data") and name in idata.constant_data.data_vars:
+            values.append(jnp.broadcast_to(jnp.asarray(idata.constant_data[name].values),
+                                           lead + tuple(shape)))
+        else:
+            raise ValueError(f"idata has no variable {name!r} for {type(model).__name__}")
+    return jax.tree.unflatten(params_treedef(model), values)

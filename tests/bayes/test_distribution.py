@@ -1,0 +1,214 @@
+"""SequenceDistribution, default priors, LKJCovariance, relabelling and posterior
+predictive forecasts: each against an independent computation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer.util import log_density
+
+import statseq as ss
+from statseq.bayes import (
+    LKJCovariance,
+    SequenceDistribution,
+    default_priors,
+    permute_states,
+    posterior_predictive_forecast,
+    relabel_states,
+)
+from statseq.models.hmm.poisson import PoissonEmissions
+
+
+def _hmm_params(rates, stick=0.8):
+    model = ss.PoissonHMM(num_states=len(rates))
+    p = model.assemble_params(PoissonEmissions(jnp.asarray(rates, float)))
+    return model, p._replace(transitions=model.default_transitions(stick))
+
+
+def test_log_prob_is_the_models_log_likelihood_with_masks_and_inputs():
+    model = ss.AR(order=1, input_dim=1)
+    params = model.default_params()
+    rng = np.random.default_rng(0)
+    y, u = rng.normal(size=(3, 12)), rng.normal(size=(3, 12, 1))
+    mask = rng.random((3, 12)) > 0.3
+    mask[:, 0] = True  # a conditional AR(1) conditions on the first value
+    d = SequenceDistribution(model, params, mask=mask, inputs=u)
+    assert d.batch_shape == (3,) and d.event_shape == (12,)
+    expected = ss.log_prob(model, params, y, mask=mask, inputs=u)
+    np.testing.assert_allclose(d.log_prob(np.where(mask, y, np.nan)), expected, rtol=1e-12)
+
+
+def test_batched_params_score_each_sequence_with_its_own_parameters():
+    model = ss.LocalLevel()
+    draws = ss.LocalLevelParams(jnp.array([1.0, 2.0, 0.5]), jnp.array([0.1, 0.3, 1.0]))
+    y = np.random.default_rng(1).normal(size=(3, 20)).cumsum(axis=1)
+    d = SequenceDistribution(model, draws, num_timesteps=20)
+    assert d.batch_shape == (3,)
+    loop = [ss.log_prob(model, ss.LocalLevelParams(draws.obs_var[i], draws.level_var[i]), y[i])
+            for i in range(3)]
+    np.testing.assert_allclose(d.log_prob(y), loop, rtol=1e-12)
+    # one sequence under every draw (value broadcast against the batch)
+    loop0 = [ss.log_prob(model, ss.LocalLevelParams(draws.obs_var[i], draws.level_var[i]), y[0])
+             for i in range(3)]
+    np.testing.assert_allclose(d.log_prob(y[0]), loop0, rtol=1e-12)
+    # and jit/grad go through
+    g = jax.grad(lambda v: SequenceDistribution(
+        model, ss.LocalLevelParams(v, 0.2), num_timesteps=20).log_prob(y[0]))(1.0)
+    assert np.isfinite(g)
+
+
+def test_inside_a_numpyro_model_with_a_hierarchical_prior():
+    """log_density of a user-written hierarchical model = priors + statseq log-likelihoods."""
+    model, _ = _hmm_params([1.0, 5.0])
+    y = np.array([[0, 1, 7, 6, 5, 0], [2, 1, 0, 9, 8, 4]])
+
+    def hierarchical(y):
+        mu = numpyro.sample("mu", dist.Normal(1.0, 1.0))
+        with numpyro.plate("group", 2):
+            low = numpyro.sample("low", dist.LogNormal(mu, 0.5))
+        rates = jnp.stack([low, low + 4.0], -1)
+        params = ss.HMMParams(jnp.array([0.5, 0.5]), model.default_transitions(0.8),
+                              PoissonEmissions(rates))
+        numpyro.sample("y", SequenceDistribution(model, params, num_timesteps=6), obs=y)
+
+    values = {"mu": 0.7, "low": jnp.array([1.2, 0.8])}
+    lp, _ = log_density(hierarchical, (y,), {}, values)
+    expected = dist.Normal(1.0, 1.0).log_prob(0.7) + dist.LogNormal(0.7, 0.5).log_prob(
+        values["low"]).sum()
+    for i in range(2):
+        p = ss.HMMParams(jnp.array([0.5, 0.5]), model.default_transitions(0.8),
+                         PoissonEmissions(jnp.array([values["low"][i], values["low"][i] + 4])))
+        expected += ss.log_prob(model, p, y[i])
+    np.testing.assert_allclose(lp, expected, rtol=1e-12)
+
+
+def test_sample_has_the_models_marginal_law():
+    """Poisson HMM started from its initial law: E[y_t] = (pi A^{t-1}) . rates."""
+    model, params = _hmm_params([1.0, 6.0], stick=0.7)
+    params = params._replace(initial_probs=jnp.array([0.9, 0.1]))
+    d = SequenceDistribution(model, params, num_timesteps=4)
+    ys = np.asarray(d.sample(jax.random.key(0), (20000,)), float)
+    assert ys.shape == (20000, 4)
+    probs = np.array([0.9, 0.1])
+    for t in range(4):
+        mean = probs @ np.array([1.0, 6.0])
+        var = probs @ (np.array([1.0, 6.0]) + np.array([1.0, 6.0]) ** 2) - mean ** 2
+        assert abs(ys[:, t].mean() - mean) < 4.5 * math.sqrt(var / 20000)
+        probs = probs @ np.asarray(params.transitions)
+
+
+def test_distribution_validates_its_arguments():
+    with pytest.raises(ValueError, match="num_timesteps"):
+        SequenceDistribution(ss.LocalLevel(), ss.LocalLevel().default_params())
+    with pytest.raises(ValueError, match="inputs"):
+        SequenceDistribution(ss.AR(order=1, input_dim=1), ss.AR(order=1, input_dim=1)
+                             .default_params(), num_timesteps=5)
+    with pytest.raises(ValueError, match="broadcast"):
+        SequenceDistribution(ss.LocalLevel(), ss.LocalLevelParams(jnp.ones(2), jnp.ones(3)),
+                             num_timesteps=5)
+    d = SequenceDistribution(ss.LocalLevel(), ss.LocalLevel().default_params(), num_timesteps=5)
+    with pytest.raises(ValueError, match="event shape"):
+        d.log_prob(np.zeros(4))
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_lkj_covariance_density_is_the_change_of_variables(dim):
+    """log p(Sigma) = log LKJ(C) + log HalfNormal(s) - log|d Sigma / d(s, C)|, with the
+    Jacobian of (s, lower C) -> lower Sigma computed by autodiff."""
+    scale = jnp.arange(1.0, dim + 1.0)
+    prior = LKJCovariance(dim, scale, concentration=1.5)
+    cov = jax.jit(prior.sample)(jax.random.key(3))
+    rows, cols = np.tril_indices(dim, -1)
+
+    def to_cov(z):
+        s, c = z[:dim], z[dim:]
+        C = jnp.eye(dim).at[rows, cols].set(c).at[cols, rows].set(c)
+        S = s[:, None] * C * s[None, :]
+        return jnp.concatenate([jnp.diag(S), S[rows, cols]])
+
+    @jax.jit
+    def both(cov):
+        sd = jnp.sqrt(jnp.diag(cov))
+        corr = cov / jnp.outer(sd, sd)
+        z = jnp.concatenate([sd, corr[rows, cols]])
+        log_jac = jnp.linalg.slogdet(jax.jacfwd(to_cov)(z))[1]
+        expected = (dist.LKJ(dim, 1.5).log_prob(corr)
+                    + dist.HalfNormal(scale).log_prob(sd).sum() - log_jac)
+        return prior.log_prob(cov), expected
+
+    got, expected = both(cov)
+    assert np.isfinite(got)
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
+
+
+def test_default_priors_follow_the_constraints_and_data_scale():
+    y = np.array([3, 5, 4, 12, 15, 11])
+    priors = default_priors(ss.PoissonHMM(num_states=2), y)
+    assert isinstance(priors.initial_probs, dist.Dirichlet)
+    assert isinstance(priors.transitions, dist.Dirichlet)
+    assert priors.transitions.batch_shape == (2,)
+    np.testing.assert_allclose(np.exp(priors.emissions.rates.loc), np.full(2, y.mean()))
+    yr = np.random.default_rng(0).normal(3.0, 2.0, size=(50, 2))
+    g = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2), yr)
+    assert isinstance(g.emissions.covs, LKJCovariance) and g.emissions.covs.batch_shape == (2,)
+    ll = default_priors(ss.LocalLevel(), yr[:, 0])
+    np.testing.assert_allclose(np.exp(ll.obs_var.loc), yr[:, 0].std() ** 2)
+
+
+def _poisson_draws(rates):
+    model = ss.PoissonHMM(num_states=3)
+    n = rates.shape[0]
+    rng = np.random.default_rng(0)
+    init = rng.dirichlet(np.ones(3), size=n)
+    trans = rng.dirichlet(np.ones(3), size=(n, 3))
+    return model, ss.HMMParams(jnp.asarray(init), jnp.asarray(trans),
+                               PoissonEmissions(jnp.asarray(rates)))
+
+
+def test_relabelling_restores_permuted_draws_and_keeps_the_likelihood():
+    rates = np.array([[1.0, 4.0, 9.0], [0.5, 2.0, 3.0]])
+    model, draws = _poisson_draws(rates)
+    y = np.array([0, 3, 9, 8, 2, 1, 4])
+    for perm in itertools.permutations(range(3)):
+        perm = jnp.array(perm)
+        shuffled = jax.vmap(lambda p: permute_states(model, p, perm))(draws)  # noqa: B023
+        back = relabel_states(model, shuffled, by="emissions.rates")
+        for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(draws), strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=0)
+        one = jax.tree.map(lambda a: a[0], shuffled)
+        np.testing.assert_allclose(ss.log_prob(model, one, y),
+                                   ss.log_prob(model, jax.tree.map(lambda a: a[0], draws), y),
+                                   rtol=1e-12)
+
+
+def test_posterior_predictive_forecast_mixes_the_draws():
+    """With two draws and many paths each, the forecast is the equal mixture of the two
+    analytic (Kalman) predictive laws: check its mean and variance."""
+    model = ss.LocalLevel()
+    y = ss.datasets.load_nile().to_numpy().astype(float)
+    draws = ss.LocalLevelParams(jnp.array([15000.0, 9000.0]), jnp.array([1500.0, 400.0]))
+    n = 4000
+    fc = posterior_predictive_forecast(model, draws, y, num_steps=3, key=jax.random.key(0),
+                                       samples_per_draw=n)
+    assert fc.samples.shape == (2 * n, 3)
+    exact = [model.forecast_moments(jax.tree.map(lambda a: a[i], draws), y,  # noqa: B023
+                                    num_steps=3) for i in range(2)]
+    means = np.stack([np.asarray(e.mean) for e in exact])
+    variances = np.stack([np.asarray(e.std) ** 2 for e in exact])
+    mix_mean = means.mean(0)
+    mix_var = variances.mean(0) + (means ** 2).mean(0) - mix_mean ** 2
+    samples = np.asarray(fc.samples)
+    np.testing.assert_array_less(np.abs(samples.mean(0) - mix_mean),
+                                 4 * np.sqrt(mix_var / (2 * n)))
+    # the sample variance of 8000 near-normal draws has relative sd about sqrt(2 / 8000)
+    np.testing.assert_allclose(samples.var(0), mix_var, rtol=5 * math.sqrt(2 / (2 * n)))
+    with pytest.raises(ValueError, match="non-finite"):
+        posterior_predictive_forecast(model, draws._replace(obs_var=jnp.array([1.0, np.nan])),
+                                      y, num_steps=2, key=jax.random.key(0))
