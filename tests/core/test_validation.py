@@ -166,3 +166,61 @@ def test_bad_sample_arguments(kwargs, exc, match):
 def test_bad_forecast_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         ss.forecast(SCALAR, SCALAR.default_params(), Y, key=jax.random.key(0), **kwargs)
+
+
+# ---- pandas input ----------------------------------------------------------------------
+def test_pandas_series_nan_is_missing():
+    """A pandas NaN is a missing value (masked), as mask=ss.missing_mask(y) would make it;
+    a NumPy NaN at an observed position stays an error."""
+    import pandas as pd
+
+    params = SCALAR.default_params()
+    y = Y.copy()
+    y[[5, 50]] = np.nan
+    series = pd.Series(y, index=pd.RangeIndex(T))
+    expected = ss.log_prob(SCALAR, params, np.nan_to_num(y), mask=ss.missing_mask(y))
+    np.testing.assert_allclose(ss.log_prob(SCALAR, params, series), expected, rtol=1e-12)
+    step_mask = np.ones(T, bool)
+    step_mask[7] = False  # combined with a user mask
+    both = ss.missing_mask(y) & step_mask
+    np.testing.assert_allclose(ss.log_prob(SCALAR, params, series, mask=step_mask),
+                               ss.log_prob(SCALAR, params, np.nan_to_num(y), mask=both),
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="non-finite"):
+        ss.log_prob(SCALAR, params, y)
+
+
+def test_pandas_dataframe_columns_are_emission_dims():
+    import pandas as pd
+
+    frame = pd.DataFrame(YV, columns=["up", "down"])
+    params = VECTOR.default_params()
+    np.testing.assert_allclose(ss.log_prob(VECTOR, params, frame),
+                               ss.log_prob(VECTOR, params, YV), rtol=1e-12)
+    frame.iloc[3, 1] = np.nan  # one entry missing: a per-entry mask
+    mask = np.ones(YV.shape, bool)
+    mask[3, 1] = False
+    np.testing.assert_allclose(ss.log_prob(VECTOR, params, frame),
+                               ss.log_prob(VECTOR, params, np.nan_to_num(frame.to_numpy()),
+                                           mask=mask), rtol=1e-12)
+    one = pd.DataFrame({"y": Y})  # one column for a scalar model: the series itself
+    np.testing.assert_allclose(ss.log_prob(SCALAR, SCALAR.default_params(), one),
+                               ss.log_prob(SCALAR, SCALAR.default_params(), Y), rtol=1e-12)
+    with pytest.raises(ValueError, match="y is a DataFrame with 2 columns"):
+        ss.log_prob(SCALAR, SCALAR.default_params(), frame)
+    with pytest.raises(TypeError, match="y must hold numbers"):
+        ss.log_prob(SCALAR, SCALAR.default_params(), pd.Series(["a"] * T))
+
+
+def test_pandas_nullable_counts():
+    import pandas as pd
+
+    model = ss.PoissonHMM(num_states=2)
+    counts = np.arange(T) % 7
+    params = model.initialize(counts, key=jax.random.key(0))
+    series = pd.Series(counts, dtype="Int64")
+    series.iloc[10] = pd.NA
+    mask = np.ones(T, bool)
+    mask[10] = False
+    np.testing.assert_allclose(ss.log_prob(model, params, series),
+                               ss.log_prob(model, params, counts, mask=mask), rtol=1e-12)
