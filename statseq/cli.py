@@ -147,7 +147,7 @@ NUM_FORECAST_SAMPLES = 2000
 def _format_table(rows: list[dict]) -> str:
     cols = [("model", "{}"), ("method", "{}"), ("k", "{}"), ("n", "{}"),
             ("log_lik", "{:.2f}"), ("aic", "{:.2f}"), ("bic", "{:.2f}"),
-            ("heldout_log_score", "{:.2f}"), ("heldout_crps", "{:.4g}"),
+            ("heldout_log_score", "{:.2f}"), ("heldout_crps", "{:#.4g}"),
             ("heldout_coverage_90", "{:.0%}"), ("fit_seconds", "{:.2f}")]
     header = ["model", "method", "k", "n", "log-lik", "AIC", "BIC", "held-out log score",
               "CRPS", "90% cover", "fit s"]
