@@ -92,8 +92,8 @@ def evaluate_forecast(forecast, y_true, *, levels=(0.5, 0.8, 0.9), log_scores=No
         raise ValueError("evaluate_forecast scores one series: forecast a single sequence")
     if index is None:
         index = pandas_values(y_true)[1]
-    if index is None:
-        index = getattr(forecast, "index", None)
+    if index is None and not _is_gaussian(forecast):
+        index = getattr(forecast, "index", None)  # (a NamedTuple's .index is a method)
     if _is_gaussian(forecast):
         mean = median = np.asarray(forecast.mean, float)
         lps = gaussian_log_density(forecast, y)
