@@ -358,3 +358,21 @@ def test_vector_forecast_frame_and_compare(log_lynx):
     assert comp.loc["too wide", "width_90"] > comp.loc["fitted", "width_90"]
     np.testing.assert_allclose(comp.loc["fitted", "crps"], table["crps"].mean())
     assert np.isnan(comp.loc["fitted", "log_score"])  # no density from samples
+
+
+def test_backtest_too_early_origin_scores_nan(log_lynx):
+    """A local linear trend needs two values to identify its diffuse level and slope: from
+    one value its forecast is improper, so those rows are NaN (with a warning), never the
+    diffuse likelihood term in disguise."""
+    import jax
+
+    model = ss.LocalLinearTrend()
+    params = model.default_params()
+    with pytest.warns(UserWarning, match=r"origins \[1\] are not finite"):
+        res = ss.backtest(model, params, log_lynx, origins=[1, 50], horizon=2, num_samples=10,
+                          key=jax.random.key(0))
+    early, late = res.table[res.table["origin"] == 1], res.table[res.table["origin"] == 50]
+    assert early[["crps", "log_score"]].isna().all().all()
+    gfc = model.forecast_moments(params, log_lynx[:50], num_steps=2)
+    np.testing.assert_allclose(late["log_score"], ss.evaluation.gaussian_log_density(
+        gfc, log_lynx[50:52]), rtol=1e-10)

@@ -22,6 +22,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from statseq.core.distributions import masked_log_prob
 from statseq.core.recurrence import _simulate
 
 
@@ -61,11 +62,13 @@ def origin_forecasts(model, params, y, mask, inputs, origins, keys, *, horizon, 
 
         def ahead(c, xs):
             y_t, m_t, u_t = xs
-            seen = jnp.any(m_t)
-            lp = jnp.where(seen, model.step(p, c, y_t, m_t, u_t)[0], jnp.nan)
+            # the predictive itself (not model.step, whose score may be a diffuse
+            # likelihood term): an improper predictive scores NaN
+            d = model.predict(p, c, u_t)
+            lp = jnp.where(jnp.any(m_t), masked_log_prob(d, y_t, m_t), jnp.nan)
             lp_d = None
             if per_dim:
-                lp_d = jax.vmap(lambda e: model.step(p, c, y_t, e, u_t)[0])(dims)
+                lp_d = jax.vmap(lambda e: masked_log_prob(d, y_t, e))(dims)
                 lp_d = jnp.where(m_t, lp_d, jnp.nan)
             unseen = jnp.zeros(event_shape, bool)
             return model.update(p, c, y_t, unseen, u_t), (lp, lp_d)

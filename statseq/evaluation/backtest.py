@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -267,6 +268,13 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         horizon=horizon, stacked=stacked, per_dim=per_dim, sample=True,
     )
     samples = np.asarray(samples, float)  # (m, S, h, *event)
+    bad = ~np.all(np.isfinite(samples.reshape(origins.size, -1)), axis=1)
+    if bad.any():
+        warnings.warn(
+            f"the forecasts from origins {origins[bad].tolist()} are not finite (too little "
+            "history to identify the state, e.g. diffuse components): their rows score NaN",
+            stacklevel=2,
+        )
     truth = np.where(np.asarray(data.mask[0]), np.asarray(data.y[0], float), np.nan)
     targets = origins[:, None] + np.arange(horizon)  # (m, h)
     y_future = truth[targets]
