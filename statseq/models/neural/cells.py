@@ -73,6 +73,76 @@ def _recur(cell, p, state, gi):
     return (h, c), h
 
 
+def _lstm_forward(w_rec, gis, h0, c0):
+    """LSTM recurrence over precomputed input projections ``gis`` ``(T, 4H)``; returns
+    ``(hs, cs, gates)`` with the activated gates ``[i, f, g, o]`` of every step."""
+    hid = h0.shape[-1]
+
+    def body(carry, gi):
+        h, c = carry
+        a = gi + w_rec @ h
+        ifo = jax.nn.sigmoid(jnp.concatenate([a[:2 * hid], a[3 * hid:]]))
+        i, f, o = ifo[:hid], ifo[hid:2 * hid], ifo[2 * hid:]
+        g = jnp.tanh(a[2 * hid:3 * hid])
+        c = f * c + i * g
+        h = o * jnp.tanh(c)
+        return (h, c), (h, c, jnp.concatenate([i, f, g, o]))
+
+    _, (hs, cs, gates) = jax.lax.scan(body, (h0, c0), gis)
+    return hs, cs, gates
+
+
+@jax.custom_vjp
+def lstm_recurrence(w_rec, gis, h0, c0):
+    """Hidden and cell states ``(hs, cs)`` ``(T, H)`` of an LSTM layer, from the input
+    projections ``gis = x_t W_x^T + b`` ``(T, 4H)`` and the initial ``(h0, c0)``.
+
+    Differentiated by a hand-written backward pass (backpropagation through time): a
+    reverse scan carries ``(dh, dc)`` and emits the gate pre-activation gradients, and the
+    recurrent weight gradient is one matrix product over all steps afterwards (automatic
+    differentiation of the scan would accumulate an outer product at every step).
+    """
+    hs, cs, _ = _lstm_forward(w_rec, gis, h0, c0)
+    return hs, cs
+
+
+def _lstm_fwd(w_rec, gis, h0, c0):
+    hs, cs, gates = _lstm_forward(w_rec, gis, h0, c0)
+    return (hs, cs), (w_rec, h0, c0, hs, cs, gates)
+
+
+def _lstm_bwd(res, cotangents):
+    w_rec, h0, c0, hs, cs, gates = res
+    dhs, dcs = cotangents
+    hid = h0.shape[-1]
+    c_prev = jnp.concatenate([c0[None], cs[:-1]], axis=0)
+    tanh_c = jnp.tanh(cs)
+
+    def body(carry, xs):
+        dh, dc = carry
+        dh_out, dc_out, gate, tc, cp = xs
+        i, f, g, o = gate[:hid], gate[hid:2 * hid], gate[2 * hid:3 * hid], gate[3 * hid:]
+        dh = dh + dh_out
+        dc = dc + dc_out + dh * o * (1.0 - tc**2)
+        da = jnp.concatenate([
+            dc * g * i * (1.0 - i),
+            dc * cp * f * (1.0 - f),
+            dc * i * (1.0 - g**2),
+            dh * tc * o * (1.0 - o),
+        ])
+        return (da @ w_rec, dc * f), da
+
+    zero = jnp.zeros_like(h0)
+    (dh0, dc0), das = jax.lax.scan(
+        body, (zero, zero), (dhs, dcs, gates, tanh_c, c_prev), reverse=True
+    )
+    h_prev = jnp.concatenate([h0[None], hs[:-1]], axis=0)
+    return das.T @ h_prev, das, dh0, dc0
+
+
+lstm_recurrence.defvjp(_lstm_fwd, _lstm_bwd)
+
+
 @dataclasses.dataclass(frozen=True)
 class RNNBackbone(Backbone):
     """A stack of ``num_layers`` recurrent cells of one kind.
@@ -162,8 +232,12 @@ class RNNBackbone(Backbone):
         finals, hs = [], xs
         for p, s in zip(params, state, strict=True):
             gis = hs @ p.w_in.T + p.bias
-            s, hs = jax.lax.scan(
-                lambda carry, gi, p=p: _recur(self.cell, p, carry, gi), s, gis
-            )
+            if self.cell == "lstm":
+                hs, cs = lstm_recurrence(p.w_rec, gis, *s)
+                s = (hs[-1], cs[-1])
+            else:
+                s, hs = jax.lax.scan(
+                    lambda carry, gi, p=p: _recur(self.cell, p, carry, gi), s, gis
+                )
             finals.append(s)
         return tuple(finals), hs
