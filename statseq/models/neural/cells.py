@@ -12,8 +12,10 @@ logistic function, the cells are (gate layouts as in PyTorch and equinox):
 Weights of all gates are fused into one matrix per layer (``w_in`` is ``(G H, I)``,
 ``w_rec`` ``(G H, H)`` for ``G`` gates). `RNNBackbone` stacks ``num_layers`` cells (layer
 ``l`` reads layer ``l-1``'s ``h_t``; the features are the last layer's ``h_t``). For a whole
-sequence, the input projection ``W_x x_t + b`` of each layer is computed for every ``t`` in
-one matrix product before the scan, which then carries only the recurrent product.
+sequence, Elman and GRU layers compute the input projection ``W_x x_t + b`` for every ``t``
+in one matrix product before the scan, which then carries only the recurrent product; the
+LSTM layer runs `lstm_layer`, whose backward pass is written by hand (weight gradients as
+one matrix product over all steps after a reverse scan).
 """
 
 from __future__ import annotations
@@ -73,14 +75,14 @@ def _recur(cell, p, state, gi):
     return (h, c), h
 
 
-def _lstm_forward(w_rec, gis, h0, c0):
-    """LSTM recurrence over precomputed input projections ``gis`` ``(T, 4H)``; returns
-    ``(hs, cs, gates)`` with the activated gates ``[i, f, g, o]`` of every step."""
+def _lstm_forward(w_in, bias, w_rec, xs, h0, c0):
+    """LSTM recurrence over inputs ``xs`` ``(T, I)``; returns ``(hs, cs, gates)`` with the
+    activated gates ``[i, f, g, o]`` of every step."""
     hid = h0.shape[-1]
 
-    def body(carry, gi):
+    def body(carry, x):
         h, c = carry
-        a = gi + w_rec @ h
+        a = w_in @ x + bias + w_rec @ h
         ifo = jax.nn.sigmoid(jnp.concatenate([a[:2 * hid], a[3 * hid:]]))
         i, f, o = ifo[:hid], ifo[hid:2 * hid], ifo[2 * hid:]
         g = jnp.tanh(a[2 * hid:3 * hid])
@@ -88,39 +90,40 @@ def _lstm_forward(w_rec, gis, h0, c0):
         h = o * jnp.tanh(c)
         return (h, c), (h, c, jnp.concatenate([i, f, g, o]))
 
-    _, (hs, cs, gates) = jax.lax.scan(body, (h0, c0), gis)
+    _, (hs, cs, gates) = jax.lax.scan(body, (h0, c0), xs)
     return hs, cs, gates
 
 
 @jax.custom_vjp
-def lstm_recurrence(w_rec, gis, h0, c0):
-    """Hidden and cell states ``(hs, cs)`` ``(T, H)`` of an LSTM layer, from the input
-    projections ``gis = x_t W_x^T + b`` ``(T, 4H)`` and the initial ``(h0, c0)``.
+def lstm_layer(w_in, bias, w_rec, xs, h0, c0):
+    """Hidden and cell states ``(hs, cs)`` ``(T, H)`` of an LSTM layer over inputs ``xs``
+    ``(T, I)`` from the initial ``(h0, c0)``.
 
     Differentiated by a hand-written backward pass (backpropagation through time): a
-    reverse scan carries ``(dh, dc)`` and emits the gate pre-activation gradients, and the
-    recurrent weight gradient is one matrix product over all steps afterwards (automatic
-    differentiation of the scan would accumulate an outer product at every step).
+    reverse scan carries ``(dh, dc)`` and emits the gate pre-activation gradients ``da_t``;
+    the weight gradients are then single matrix products over all steps
+    (``sum_t da_t h_{t-1}^T``, ``sum_t da_t x_t^T``), where automatic differentiation of
+    the scan would accumulate an outer product at every step.
     """
-    hs, cs, _ = _lstm_forward(w_rec, gis, h0, c0)
+    hs, cs, _ = _lstm_forward(w_in, bias, w_rec, xs, h0, c0)
     return hs, cs
 
 
-def _lstm_fwd(w_rec, gis, h0, c0):
-    hs, cs, gates = _lstm_forward(w_rec, gis, h0, c0)
-    return (hs, cs), (w_rec, h0, c0, hs, cs, gates)
+def _lstm_fwd(w_in, bias, w_rec, xs, h0, c0):
+    hs, cs, gates = _lstm_forward(w_in, bias, w_rec, xs, h0, c0)
+    return (hs, cs), (w_in, w_rec, xs, h0, c0, hs, cs, gates)
 
 
 def _lstm_bwd(res, cotangents):
-    w_rec, h0, c0, hs, cs, gates = res
+    w_in, w_rec, xs, h0, c0, hs, cs, gates = res
     dhs, dcs = cotangents
     hid = h0.shape[-1]
     c_prev = jnp.concatenate([c0[None], cs[:-1]], axis=0)
     tanh_c = jnp.tanh(cs)
 
-    def body(carry, xs):
+    def body(carry, step):
         dh, dc = carry
-        dh_out, dc_out, gate, tc, cp = xs
+        dh_out, dc_out, gate, tc, cp = step
         i, f, g, o = gate[:hid], gate[hid:2 * hid], gate[2 * hid:3 * hid], gate[3 * hid:]
         dh = dh + dh_out
         dc = dc + dc_out + dh * o * (1.0 - tc**2)
@@ -137,10 +140,10 @@ def _lstm_bwd(res, cotangents):
         body, (zero, zero), (dhs, dcs, gates, tanh_c, c_prev), reverse=True
     )
     h_prev = jnp.concatenate([h0[None], hs[:-1]], axis=0)
-    return das.T @ h_prev, das, dh0, dc0
+    return das.T @ xs, das.sum(0), das.T @ h_prev, das @ w_in, dh0, dc0
 
 
-lstm_recurrence.defvjp(_lstm_fwd, _lstm_bwd)
+lstm_layer.defvjp(_lstm_fwd, _lstm_bwd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,11 +234,11 @@ class RNNBackbone(Backbone):
         then a scan of the recurrent part."""
         finals, hs = [], xs
         for p, s in zip(params, state, strict=True):
-            gis = hs @ p.w_in.T + p.bias
             if self.cell == "lstm":
-                hs, cs = lstm_recurrence(p.w_rec, gis, *s)
+                hs, cs = lstm_layer(p.w_in, p.bias, p.w_rec, hs, *s)
                 s = (hs[-1], cs[-1])
             else:
+                gis = hs @ p.w_in.T + p.bias
                 s, hs = jax.lax.scan(
                     lambda carry, gi, p=p: _recur(self.cell, p, carry, gi), s, gis
                 )

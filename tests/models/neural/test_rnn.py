@@ -51,7 +51,7 @@ def test_cells_match_equinox(cell, num_layers):
     cells, params = eqx_layers(cell, num_layers, jax.random.key(3))
     ref, ref_state = run_eqx(cell, cells, jnp.asarray(XS))
     backbone = RNNBackbone(cell, I, H, num_layers)
-    # whole-sequence path (hoisted input projections)
+    # whole-sequence path (hoisted input projections; the LSTM's hand-written backward)
     final, hs = backbone.scan(params, backbone.initial_state(params), jnp.asarray(XS))
     np.testing.assert_allclose(np.asarray(hs), ref, rtol=1e-12, atol=1e-13)
     # step-by-step path
@@ -233,7 +233,7 @@ def test_trained_network_matches_true_ar1_held_out(cls):
 
 
 def test_lstm_hand_written_backward_equals_autodiff():
-    """The whole-sequence LSTM path has a hand-written BPTT (`lstm_recurrence`); its
+    """The whole-sequence LSTM path has a hand-written BPTT (`lstm_layer`); its
     gradients (through hidden states, cell states and the final state) equal automatic
     differentiation of the step-by-step recurrence in float64."""
     backbone = RNNBackbone("lstm", I, H, num_layers=2)
