@@ -28,7 +28,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from statseq.core.params import _is_constraint, _is_prior_leaf, is_shape, param_names
-from statseq.core.validation import float_dtype, prepare_data
+from statseq.core.validation import float_dtype
 
 
 class LKJCovariance(dist.Distribution):
@@ -91,11 +91,15 @@ class LKJCovariance(dist.Distribution):
         return lp
 
 
-def _data_moments(model, y, mask):
-    """Mean and standard deviation of the observed values (1-D summaries)."""
-    data = prepare_data(model, y, mask)
-    obs = np.asarray(data.mask)
-    vals = np.asarray(data.y, float)[obs]
+def _data_moments(y, mask):
+    """Mean and standard deviation of the observed (unmasked, finite) values."""
+    arr = np.asarray(y, float)
+    obs = np.isfinite(arr)
+    if mask is not None:
+        m = np.asarray(mask, bool)
+        m = m.reshape(m.shape + (1,) * (arr.ndim - m.ndim))
+        obs &= np.broadcast_to(m, arr.shape)
+    vals = arr[obs]
     if vals.size == 0:
         raise ValueError("y has no observed values to scale the default priors")
     m = float(vals.mean())
@@ -143,7 +147,7 @@ def default_priors(model, y, *, mask=None):
         >>> type(priors.transitions).__name__, type(priors.emissions.rates).__name__
         ('Dirichlet', 'LogNormal')
     """
-    m, s = _data_moments(model, y, mask)
+    m, s = _data_moments(y, mask)
     generic = jax.tree.map(
         lambda c, shape: _generic_prior(model, c, shape, m, s),
         model.param_constraints(), model.param_shapes(), is_leaf=_is_constraint,
