@@ -20,8 +20,8 @@ class DemoEntry:
     Any statseq model works as it is: the row's held-out scores come from
     `statseq.forecast` (sample paths), or from ``forecast`` when given (e.g. an exact
     `GaussianForecast`). A new model family adds rows with a few lines, e.g.
-    ``DemoEntry("LSTM(8)", "fit_sgd", ss.LSTM(hidden_size=8), fit_lstm)`` in
-    `demo_sections`.
+    ``DemoEntry("LSTM(8)", "fit_sgd", ss.LSTM(hidden_dim=8), fit_lstm)`` in
+    `demo_sections` (as `_neural_entries` does).
     """
 
     label: str
@@ -105,8 +105,29 @@ def _structural_entries(num_iters: int) -> list[DemoEntry]:
     ]
 
 
+def _neural_entries(specs, num_steps: int) -> list[DemoEntry]:
+    """Neural models fitted by Adam with gradient clipping and early stopping on the last
+    15% of the training values (the parameters with the best validation score are kept)."""
+    import jax
+    import optax
+
+    import statseq as ss
+
+    optimizer = optax.adam(1e-2)  # one object, so fits of equal shapes share a compile
+
+    def sgd(model, y):
+        start = model.initialize(y, key=jax.random.key(0))
+        fit = ss.fit_sgd(model, start, y, optimizer=optimizer, num_steps=num_steps,
+                         key=jax.random.key(1), clip_norm=1.0, validation=0.15,
+                         eval_every=10, patience=20, progress=False)
+        return fit.params
+
+    return [DemoEntry(label, "fit_sgd (Adam, early stopping)", model, sgd)
+            for label, model in specs]
+
+
 def demo_sections(quick: bool = False) -> list[DemoSection]:
-    """The datasets and models of ``statseq demo``. Later model families add entries here."""
+    """The datasets and models of ``statseq demo``: classical models beside neural ones."""
     import statseq as ss
 
     lynx = ss.datasets.load_lynx()
@@ -119,7 +140,11 @@ def demo_sections(quick: bool = False) -> list[DemoSection]:
             time=lynx.index.to_numpy(),
             ylabel="log10 trappings",
             horizon=14,
-            entries=_ar_entries(max_order=4, num_sgd_steps=300 if quick else 1500),
+            entries=_ar_entries(max_order=4, num_sgd_steps=300 if quick else 1500)
+            + _neural_entries(
+                [("GRU(8), Gaussian head", ss.GRU(hidden_dim=8)),
+                 ("Mamba(8), Gaussian head", ss.Mamba(hidden_dim=8, state_dim=4, num_layers=1))],
+                num_steps=100 if quick else 1500),
         ),
         DemoSection(
             title="annual counts of major earthquakes",
@@ -127,7 +152,10 @@ def demo_sections(quick: bool = False) -> list[DemoSection]:
             time=quakes.index.to_numpy(),
             ylabel="earthquakes (magnitude 7+)",
             horizon=10,
-            entries=_poisson_hmm_entries(max_states=4, num_restarts=2 if quick else 5),
+            entries=_poisson_hmm_entries(max_states=4, num_restarts=2 if quick else 5)
+            + _neural_entries([("LSTM(8), Poisson head", ss.LSTM(hidden_dim=8,
+                                                                  emission="poisson"))],
+                              num_steps=100 if quick else 1500),
         ),
         DemoSection(
             title="annual flow of the Nile at Aswan",

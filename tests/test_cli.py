@@ -38,6 +38,10 @@ def test_demo_quick_writes_table_and_plot(demo):
             assert np.isclose(r["heldout_coverage_90"] * h, round(r["heldout_coverage_90"] * h))
             # the state space rows are scored exactly (Gaussian forecast), the others by samples
             assert r["crps_exact"] == section.endswith("Nile at Aswan")
+    # the neural models sit beside the classical ones, scored on the same observations
+    labels = {r["model"] for r in rows}
+    assert {"GRU(8), Gaussian head", "Mamba(8), Gaussian head",
+            "LSTM(8), Poisson head"} <= labels
     # nested models: more states or lags never lower the maximized likelihood (restarts
     # and enough iterations make this hold here)
     hmm = [r["log_lik"] for r in rows if r["model"].startswith("Poisson HMM")]
