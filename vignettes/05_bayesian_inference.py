@@ -46,8 +46,8 @@ import statseq as ss
 
 jax.config.update("jax_enable_x64", True)
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
-NUM_WARMUP = 30 if SMOKE else 1000
-NUM_SAMPLES = 30 if SMOKE else 1000
+NUM_WARMUP = 30 if SMOKE else 500
+NUM_SAMPLES = 30 if SMOKE else 500
 NUM_CHAINS = 2 if SMOKE else 4
 HOLDOUT = 10  # years held out for the forecast comparison
 

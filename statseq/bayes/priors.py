@@ -14,7 +14,9 @@ the data (``m``, ``s``: mean and standard deviation of the observed values):
 | positive definite | `LKJCovariance` (LKJ(2) correlations, half-normal(2 s) scales) | covariances |
 
 A model may override these with a ``default_priors(y, mask)`` method returning a priors
-pytree (leaves it leaves ``None`` fall back to the table).
+pytree (leaves it leaves ``None`` fall back to the table): HMMs put logit-scale priors on
+input-driven transitions, and the Gaussian HMM scales its means and covariances per
+emission dimension.
 """
 
 from __future__ import annotations

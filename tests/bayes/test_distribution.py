@@ -158,6 +158,18 @@ def test_default_priors_follow_the_constraints_and_data_scale():
     yr = np.random.default_rng(0).normal(3.0, 2.0, size=(50, 2))
     g = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2), yr)
     assert isinstance(g.emissions.covs, LKJCovariance) and g.emissions.covs.batch_shape == (2,)
+    # the Gaussian HMM scales each emission dimension separately
+    yr[:, 1] = 100.0 * yr[:, 1]
+    g = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2), yr)
+    np.testing.assert_allclose(g.emissions.means.loc, np.broadcast_to(yr.mean(0), (2, 2)))
+    np.testing.assert_allclose(g.emissions.covs.scale, np.broadcast_to(2 * yr.std(0), (2, 2)))
+    gd = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2, covariance="diagonal"), yr)
+    np.testing.assert_allclose(np.exp(gd.emissions.variances.loc),
+                               np.broadcast_to(yr.var(0), (2, 2)))
+    # input-driven transitions: logit-scale priors, not data-scaled ones
+    gi = default_priors(ss.PoissonHMM(num_states=2, input_dim=1), y)
+    assert gi.transitions.weights.scale == 1.0 and gi.transitions.bias.scale == 2.0
+    assert isinstance(gi.initial_probs, dist.Dirichlet)
     ll = default_priors(ss.LocalLevel(), yr[:, 0])
     np.testing.assert_allclose(np.exp(ll.obs_var.loc), yr[:, 0].std() ** 2)
 

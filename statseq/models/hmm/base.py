@@ -188,6 +188,24 @@ class HMMBase(SequenceModel):
             initial_probs = None
         return HMMParams(initial_probs, transitions, emissions)
 
+    def default_priors(self, y, mask=None) -> HMMParams:
+        """Model-specific Bayesian defaults (`statseq.bayes.default_priors` fills ``None``).
+
+        The initial law and fixed transition rows keep the generic uniform Dirichlet priors;
+        input-driven transitions get ``Normal(0, 1)`` weights and ``Normal(0, 2)`` biases on
+        the logit scale (the generic prior for real leaves is scaled to ``y``, not to
+        logits). Emission families may add their own.
+        """
+        del y, mask
+        transitions = None
+        if self.input_dim:
+            k, dtype = self.num_states, float_dtype()
+            transitions = TransitionRegression(
+                dist.Normal(jnp.zeros((k, k, self.input_dim), dtype), 1.0),
+                dist.Normal(jnp.zeros((k, k), dtype), 2.0),
+            )
+        return HMMParams(None, transitions, None)
+
     # ---- the filter -------------------------------------------------------------------
     def initial_carry(self, params) -> HMMCarry:
         return HMMCarry(self.initial_probs(params), jnp.zeros((), bool))

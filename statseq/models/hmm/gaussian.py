@@ -369,6 +369,36 @@ class GaussianHMM(HMMBase):
             return GaussianEmissions((k, d), (k, d, d))
         return DiagonalGaussianEmissions((k, d), (k, d))
 
+    def default_priors(self, y, mask=None):
+        """Bayesian defaults with per-dimension scales (``m_d``, ``s_d``: mean and standard
+        deviation of the observed values of dimension ``d``): means ``N(m_d, (2 s_d)^2)``;
+        full covariances `statseq.bayes.LKJCovariance` (LKJ(2) correlations, half-normal
+        ``2 s_d`` scales), diagonal variances ``LogNormal(log s_d^2, 2)``; the initial law
+        and transitions as in `HMMBase.default_priors`."""
+        from statseq.bayes.priors import LKJCovariance  # the Bayesian layer sits above models
+
+        d, k, dtype = self.emission_dim, self.num_states, float_dtype()
+        arr = np.asarray(y, float)
+        obs = np.isfinite(arr)
+        if mask is not None:
+            m = np.asarray(mask, bool)
+            obs &= np.broadcast_to(m.reshape(m.shape + (1,) * (arr.ndim - m.ndim)), arr.shape)
+        arr, obs = arr.reshape(-1, d), obs.reshape(-1, d)
+        mean = np.array([arr[obs[:, j], j].mean() if obs[:, j].any() else 0.0 for j in range(d)])
+        sd = np.array([arr[obs[:, j], j].std() if obs[:, j].sum() > 1 else 1.0
+                       for j in range(d)])
+        sd = np.where(sd > 0, sd, 1.0)
+        means = dist.Normal(jnp.asarray(np.broadcast_to(mean, (k, d)), dtype),
+                            jnp.asarray(2.0 * sd, dtype))
+        if self._full:
+            emissions = GaussianEmissions(
+                means, LKJCovariance(d, jnp.asarray(np.broadcast_to(2.0 * sd, (k, d)), dtype)))
+        else:
+            emissions = DiagonalGaussianEmissions(
+                means, dist.LogNormal(jnp.asarray(np.broadcast_to(np.log(sd ** 2), (k, d)),
+                                                  dtype), 2.0))
+        return HMMBase.default_priors(self, y, mask)._replace(emissions=emissions)
+
     def emission_constraints(self):
         if self._full:
             return GaussianEmissions(constraints.real, constraints.positive_definite)
