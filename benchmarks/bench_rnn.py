@@ -286,7 +286,7 @@ def main(argv=None):
             wall = time.perf_counter() - t0
         impls[name] = fn
         firsts[name] = (loss_value(out), wall, clock.total)
-    for name, fn in ((f"PyTorch nn.LSTM ({torch_threads} threads)", torch_default),
+    for name, fn in ((f"PyTorch nn.LSTM (default: {torch_threads} threads)", torch_default),
                      ("PyTorch nn.LSTM (1 thread)", torch_one)):
         print(f"first call: {name}", file=sys.stderr)
         t0 = time.perf_counter()
