@@ -133,7 +133,9 @@ def test_missing_values_are_skipped_and_fed_as_zero_with_indicator(lstm_setup):
 def test_gradients_finite_on_long_sequences():
     rng = np.random.default_rng(2)
     y = np.cumsum(rng.normal(size=2000)) * 0.1
-    for model in (ss.LSTM(hidden_dim=4), ss.GRU(hidden_dim=4), ss.ElmanRNN(hidden_dim=4)):
+    # the LSTM's hand-written backward and the Elman cell (the most prone to explode); the
+    # GRU's gradients are checked by the contract tests
+    for model in (ss.LSTM(hidden_dim=4), ss.ElmanRNN(hidden_dim=4)):
         params = model.initialize(y, key=jax.random.key(0))
         grads = jax.grad(lambda p, m=model: ss.log_prob(m, p, y))(params)
         leaves = jax.tree.leaves(grads)
@@ -200,9 +202,8 @@ def _simulate_ar1(rng, n, phi=0.8, c=0.5):
     return y
 
 
-@pytest.mark.parametrize("cls", [ss.GRU, ss.LSTM])
-def test_trained_network_matches_true_ar1_held_out(cls):
-    """A small network fitted by fit_sgd (windows of 100 with warmup 10, early stopping
+def test_trained_lstm_matches_true_ar1_held_out():
+    """A small LSTM fitted by fit_sgd (windows of 100 with warmup 10, early stopping
     on 20% of the windows) to T=2000 steps of a Gaussian AR(1) scores a held-out series of
     1000 steps within 0.05 nats/step of the true model.
 
@@ -220,7 +221,7 @@ def test_trained_network_matches_true_ar1_held_out(cls):
                               input_weights=np.zeros((1, 0)), cov=np.array([[1.0]]))
     ref = float(np.mean(np.asarray(ss.filter(true, true_params, test).log_probs)[1:]))
     iid = -0.5 * np.log(2 * np.pi * test.var()) - 0.5  # best iid Gaussian, in-sample
-    model = cls(hidden_dim=6)
+    model = ss.LSTM(hidden_dim=6)
     params = model.initialize(train, key=jax.random.key(0))
     w = ss.make_windows(train, length=100, warmup=10)
     fit = ss.fit_sgd(model, params, **w.fit_kwargs(),
@@ -254,12 +255,4 @@ def test_lstm_hand_written_backward_equals_autodiff():
     g_fast = jax.grad(objective(whole), argnums=(0, 1))(params, xs)
     g_ref = jax.grad(objective(stepwise), argnums=(0, 1))(params, xs)
     for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
-    # and through the model's likelihood (fast path vs per-step filter)
-    model = ss.LSTM(hidden_dim=3)
-    y = np.random.default_rng(7).normal(size=20)
-    p0 = model.initialize(y, key=jax.random.key(0))
-    g1 = jax.grad(lambda p: ss.log_prob(model, p, y))(p0)
-    g2 = jax.grad(lambda p: jnp.sum(ss.filter(model, p, y, return_carries=True).log_probs))(p0)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
