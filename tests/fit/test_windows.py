@@ -121,3 +121,19 @@ def test_optax_schedule_as_learning_rate(series):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
     assert np.all(np.diff(scheduled.log_joint[10:]) == 0)
     assert not np.all(np.diff(scheduled.log_joint[:10]) == 0)
+
+
+def test_scored_steps_of_a_single_series_with_validation(series):
+    """One series: ``scored`` drops leading steps from the objective; the time split for
+    validation still holds out the final steps (masked in training)."""
+    model = ss.ElmanRNN(hidden_dim=3)
+    params = model.initialize(series, key=jax.random.key(0))
+    scored = np.arange(60) >= 5
+    fit = ss.fit_sgd(model, params, series, scored=scored, validation=0.25, eval_every=1,
+                     optimizer=optax.sgd(0.0), num_steps=1, key=jax.random.key(1),
+                     progress=False)
+    train_mask = np.arange(60) < 45
+    lps = np.asarray(ss.filter(model, params, series, mask=train_mask).log_probs)
+    np.testing.assert_allclose(fit.log_joint[0], lps[5:].sum(), rtol=1e-12)
+    full = np.asarray(ss.filter(model, params, series).log_probs)
+    np.testing.assert_allclose(fit.validation_log_prob[0], full[45:].sum(), rtol=1e-12)
