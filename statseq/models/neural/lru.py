@@ -35,8 +35,7 @@ import jax.numpy as jnp
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference.linear_recurrence import linear_recurrence
-from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, dense_init
+from statseq.models.neural.residual import ResidualStack, ResidualStackModel, dense_init
 
 
 class LRULayerParams(NamedTuple):
@@ -187,7 +186,7 @@ class LRUBackbone(ResidualStack):
 
 @register_model
 @dataclasses.dataclass(frozen=True)
-class LRU(NeuralSequenceModel):
+class LRU(ResidualStackModel):
     """Stacked linear recurrent units (LRU) with an emission head.
 
         h_t = λ * h_{t-1} + γ * (B v_t),   |λ| < 1,   y_t = Re(C h_t) + D * v_t,
@@ -220,18 +219,10 @@ class LRU(NeuralSequenceModel):
         True
     """
 
-    hidden_dim: int = 16
-    state_dim: int = 16
-    num_layers: int = 2
     r_min: float = 0.5
     r_max: float = 0.99
     max_phase: float = math.pi
     parallel: bool | None = None
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
 
     @property
     def backbone(self) -> LRUBackbone:
@@ -241,7 +232,3 @@ class LRU(NeuralSequenceModel):
             r_min=float(self.r_min), r_max=float(self.r_max),
             max_phase=float(self.max_phase),
         )
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim

@@ -40,8 +40,7 @@ import jax.numpy as jnp
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference.linear_recurrence import selective_scan
-from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, dense_init
+from statseq.models.neural.residual import ResidualStack, ResidualStackModel, dense_init
 
 #: Range of the initial step sizes Δ (log-uniform), as in the Mamba paper.
 DT_MIN, DT_MAX = 1e-3, 1e-1
@@ -203,7 +202,7 @@ class MambaBackbone(ResidualStack):
 
 @register_model
 @dataclasses.dataclass(frozen=True)
-class Mamba(NeuralSequenceModel):
+class Mamba(ResidualStackModel):
     """Stacked Mamba (selective state space) layers with an emission head.
 
         h_t = exp(Δ_t A) * h_{t-1} + (Δ_t c_t) B_t,   y_t = h_t C_t + D c_t,
@@ -238,18 +237,10 @@ class Mamba(NeuralSequenceModel):
         True
     """
 
-    hidden_dim: int = 16
-    state_dim: int = 16
-    num_layers: int = 2
     expand: int = 2
     conv_width: int = 4
     dt_rank: int | None = None
     parallel: bool | None = None
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
 
     @property
     def backbone(self) -> MambaBackbone:
@@ -258,7 +249,3 @@ class Mamba(NeuralSequenceModel):
             num_layers=self.num_layers, parallel=self.parallel, state_dim=self.state_dim,
             expand=self.expand, conv_width=self.conv_width, dt_rank=self.dt_rank,
         )
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from numpyro.distributions import constraints
 
 from statseq.core.validation import check_positive_int, float_dtype
-from statseq.models.neural.base import Backbone
+from statseq.models.neural.base import Backbone, NeuralSequenceModel
 
 #: Added to the mean square in `rms_norm`.
 RMS_EPS = 1e-5
@@ -163,3 +163,28 @@ class ResidualStack(Backbone):
 
         z, state = jax.lax.scan(layer, z, (params.norm, params.layers, state))
         return state, rms_norm(z, params.final_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualStackModel(NeuralSequenceModel):
+    """Fields and checks shared by the models built on a `ResidualStack` (Mamba, LRU).
+
+    Args:
+        hidden_dim: model width ``d`` (the features the head reads).
+        state_dim: state size ``N`` of each layer's recurrence.
+        num_layers: number of stacked layers.
+    """
+
+    hidden_dim: int = 16
+    state_dim: int = 16
+    num_layers: int = 2
+
+    def __post_init__(self):
+        check_positive_int(self.hidden_dim, "hidden_dim")
+        super().__post_init__()
+        self.backbone  # noqa: B018 - validates the architecture fields eagerly
+
+    @property
+    def feature_dim(self) -> int:
+        return self.hidden_dim
+
