@@ -247,3 +247,50 @@ def test_bad_shapes_are_reported():
         kalman_filter(arr, y, mask, u[:-1])
     with pytest.raises(ValueError, match="initial_diffuse"):
         kalman_filter(arr._replace(initial_diffuse=jnp.zeros((N + 1, 1))), y, mask, u)
+
+
+# ---- steady-state smoother (time-invariant, complete data) ------------------------------
+def _steady_case(q, m, t_len=100, seed=3):
+    rng = np.random.default_rng(seed)
+    arr = random_arrays(rng, q=q, n=2, d=2, m=m, t=t_len)
+    y = jnp.asarray(rng.normal(size=(t_len, 2)))
+    u = jnp.asarray(rng.normal(size=(t_len, m)))
+    return arr, y, u
+
+
+def _assert_same_smoother(got, ref, rtol):
+    for name in ref._fields:
+        a, b = np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))
+        scale = np.max(np.abs(b))
+        assert np.max(np.abs(a - b)) <= rtol * scale, name
+
+
+@pytest.mark.parametrize(("q", "m"), [(0, 1), (1, 0), (2, 1)])
+def test_steady_state_smoother_equals_exact_smoother(q, m):
+    """n = 2, D = 2 with and without inputs, proper and (partly or fully) diffuse starts:
+    the fast path is taken (the covariances have converged) and agrees to ~1e-12."""
+    from statseq.inference.kalman import _steady_smoother_parts, steady_state_smoother
+
+    arr, y, u = _steady_case(q, m)
+    head = 32
+    assert bool(jax.jit(_steady_smoother_parts, static_argnums=(1, 2))(arr, head, 1e-13)[-1])
+    fast = jax.jit(steady_state_smoother, static_argnames="head")(arr, y, u, head=head)
+    ref = jax.jit(kalman_smoother)(arr, y, jnp.ones(y.shape, bool), u)
+    _assert_same_smoother(fast, ref, 1e-11)
+    # and the fast path is not the exact one in disguise: it differs at rounding level
+    assert not np.array_equal(np.asarray(fast.smoothed_means), np.asarray(ref.smoothed_means))
+
+
+def test_steady_state_smoother_falls_back_when_short_or_not_converged():
+    from statseq.inference.kalman import steady_state_smoother
+
+    arr, y, u = _steady_case(1, 1, t_len=30)
+    ref = jax.jit(kalman_smoother)(arr, y, jnp.ones(y.shape, bool), u)
+    fast = jax.jit(steady_state_smoother, static_argnames=("head", "tol"))
+    short = fast(arr, y, u, head=16)  # T <= 2 head + 1: exact path
+    unconverged = fast(arr, y, u, head=8)  # not converged after 8 steps
+    for got in (short, unconverged):
+        _assert_same_smoother(got, ref, 1e-14)
+    # the check matters: forcing the constant gain after 8 steps is visibly wrong
+    forced = fast(arr, y, u, head=8, tol=np.inf)
+    assert np.max(np.abs(forced.smoothed_covs - ref.smoothed_covs)) > 1e-8

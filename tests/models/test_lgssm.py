@@ -305,3 +305,68 @@ def test_numerically_singular_covariances_are_rejected_not_scored(data):
     message = degenerate_fit_warning(model, p._replace(emission_cov=jnp.asarray(r)), "fit_x")
     assert message is not None and "unbounded" in message
     assert degenerate_fit_warning(model, p, "fit_x") is None
+
+
+# ---- steady-state smoother through the public call --------------------------------------
+class _ShortHeadLGSSM(ss.LinearGaussianSSM):
+    steady_state_head = 32  # short enough for a test-sized series (T = 120)
+
+
+class _ShortHeadLocalLevel(ss.LocalLevel):
+    steady_state_head = 56
+
+
+class _ShortHeadTrend(ss.LocalLinearTrend):
+    steady_state_head = 40
+
+
+def _smoother_cases(data):
+    model, p, y, u = data
+    lgssm = _ShortHeadLGSSM(state_dim=STATE, emission_dim=EMIT, input_dim=INPUT)
+    nile = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)  # Durbin and Koopman
+    trend = ss.LocalLinearTrendParams(obs_var=1.0, level_var=0.5, slope_var=0.1)
+    y_ll = np.asarray(ss.sample(ss.LocalLevel(), nile, num_timesteps=T, key=jax.random.key(3)))
+    y_tr = np.cumsum(np.cumsum(np.random.default_rng(4).normal(size=T)))
+    return [(lgssm, p, y, u), (_ShortHeadLocalLevel(), nile, y_ll, None),
+            (_ShortHeadTrend(), trend, y_tr, None)]
+
+
+def test_smoother_steady_state_path_equals_exact_smoother(data, monkeypatch):
+    """Complete data: `smoother(parallel=False)` takes the steady-state path (a spy counts
+    it) for the n=2/D=3 model with inputs and for the diffuse local level (Nile variances)
+    and local linear trend, and equals the step-by-step smoother to 1e-9; masked data
+    takes the exact path."""
+    from statseq.inference import kalman
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return steady(*args, **kwargs)
+
+    steady = kalman.steady_state_smoother
+    monkeypatch.setattr(kalman, "steady_state_smoother", spy)
+    exact = jax.jit(kalman.kalman_smoother)
+    converged = jax.jit(lambda a, h: kalman._steady_smoother_parts(a, h, 1e-13)[-1],
+                        static_argnums=1)
+    for model, p, y, u in _smoother_cases(data):
+        arrays = model.to_arrays(p)
+        yy = jnp.reshape(jnp.asarray(y), (T, model.dim))
+        uu = jnp.zeros((T, 0)) if u is None else jnp.asarray(u)
+        assert bool(converged(arrays, model.steady_state_head))
+        ref = exact(arrays, yy, jnp.ones(yy.shape, bool), uu)
+        n_before = len(calls)
+        got = model.smoother(p, y, inputs=u, parallel=False)
+        assert len(calls) == n_before + 1
+        for name in ref._fields:
+            a, b = np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))
+            assert np.max(np.abs(a - b)) <= 1e-9 * np.max(np.abs(b)), (model, name)
+    model, p, y, u = _smoother_cases(data)[1]
+    mask = np.ones(T, bool)
+    mask[70] = False
+    n_before = len(calls)
+    got = model.smoother(p, y, mask=mask, parallel=False)
+    assert len(calls) == n_before
+    ref = exact(model.to_arrays(p), jnp.asarray(y)[:, None], jnp.asarray(mask)[:, None],
+                jnp.zeros((T, 0)))
+    np.testing.assert_allclose(got.smoothed_means, ref.smoothed_means, rtol=1e-12)

@@ -208,8 +208,9 @@ class GaussianSSMBase(SequenceModel):
         validate_params(self, params)
         data = prepare_data(self, y, mask, inputs)
         self._check_num_timesteps(data.num_timesteps)
+        # complete data (known eagerly) may use the steady-state smoother
         out = _ssm_posterior(self, params, data.y, data.mask, data.inputs, what=what,
-                             kind=kind)
+                             kind=kind, complete=data.complete)
         return jax.tree.map(lambda a: jnp.reshape(a, data.batch_shape + a.shape[1:]), out)
 
     def _check_num_timesteps(self, num_timesteps: int) -> None:  # noqa: B027 - optional hook
@@ -288,10 +289,13 @@ class GaussianSSMBase(SequenceModel):
 
 
 # ---- compiled workers (module level: one compilation per model and shapes) --------------
-def _posterior_one(model, params, y, mask, inputs, what, kind):
+def _posterior_one(model, params, y, mask, inputs, what, kind, complete):
     arrays = model.to_arrays(params)
     y = jnp.reshape(y, (y.shape[0], model.dim)).astype(arrays.initial_cov.dtype)
     mask = jnp.reshape(mask, (mask.shape[0], -1)) & jnp.ones((1, model.dim), bool)
+    if (kind == "seq" and what == "smoother" and complete
+            and not kalman.is_time_varying(arrays)):
+        return kalman.steady_state_smoother(arrays, y, inputs, head=model.steady_state_head)
     if kind == "parallel":
         from statseq.inference import kalman_parallel as lib
 
@@ -305,10 +309,11 @@ def _posterior_one(model, params, y, mask, inputs, what, kind):
     return fn(arrays, y, mask, inputs)
 
 
-@partial(jax.jit, static_argnames=("model", "what", "kind"))
-def _ssm_posterior(model, params, y, mask, inputs, *, what, kind):
+@partial(jax.jit, static_argnames=("model", "what", "kind", "complete"))
+def _ssm_posterior(model, params, y, mask, inputs, *, what, kind, complete=False):
     return jax.vmap(
-        lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, what, kind)
+        lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, what, kind,
+                                             complete)
     )(y, mask, inputs)
 
 
