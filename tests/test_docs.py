@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ DOCS = ROOT / "docs"
 SETUP_COMMANDS = [
     "python3 -m venv .venv && . .venv/bin/activate && pip install . && statseq demo",
     'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" '
-    "&& python -m pytest",
+    "&& python -m pytest -n auto",
 ]
 
 
@@ -54,8 +55,12 @@ def test_readme_starts_with_the_setup_commands():
 
 def test_readme_quick_start_runs(tmp_path, monkeypatch):
     blocks = _code_blocks(_section(README.read_text(), "Quick start"), "python")
-    assert len(blocks) == 3
-    ns = _run("\n".join(blocks), tmp_path, monkeypatch)
+    assert len(blocks) == 4
+    # the last block (an LSTM and NUTS) runs with fewer steps and draws, else as written
+    fast = (blocks[3].replace("num_steps=1000", "num_steps=50")
+            .replace("num_chains=4)", "num_chains=2, num_warmup=50, num_samples=50)"))
+    assert fast.count("num_steps=50") == 1 and "num_warmup=50" in fast
+    ns = _run("\n".join(blocks[:3] + [fast]), tmp_path, monkeypatch)
     assert (tmp_path / "lynx_ar2.npz").exists()
     assert ns["model2"] == ns["model"]
     assert ns["lower"].shape == ns["upper"].shape == (10,)
@@ -67,6 +72,10 @@ def test_readme_quick_start_runs(tmp_path, monkeypatch):
     assert abs(float(ns["mle"].params.level_var) - 1469.1) < 0.5
     assert "AIC" in str(ns["ss"].summary(ns["ll"], ns["mle"].params, ns["nile"]))
     assert ns["level"].shape == (100, 1) and ns["lower"].shape == (10,)
+    # the neural and Bayesian block: a posterior predictive forecast of the held-out decade
+    assert ns["draws"].obs_var.shape == (2, 50)
+    assert ns["fc"].samples.shape == (100, 10)
+    assert np.all(np.isfinite(np.asarray(ns["ss"].evaluation.crps(ns["fc"], ns["test"]))))
 
 
 def test_docs_home_page_example_runs(tmp_path, monkeypatch):
