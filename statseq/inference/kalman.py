@@ -617,33 +617,11 @@ def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, t
         return lp_head, carry
     tail_y, tail_m, tail_u = y[head:], mask[head:], inputs[head:]
 
-    f, q = arrays.dynamics_weights, arrays.dynamics_cov
-    h = arrays.emission_weights
-    n = f.shape[0]
-    pred_cov = symmetrize(f @ carry.cov @ f.T + q)
-    s = symmetrize(h @ pred_cov @ h.T + arrays.emission_cov)
-    chol = jnp.linalg.cholesky(s)
-    w = jsl.solve_triangular(chol, h @ pred_cov, lower=True)
-    filt_cov = symmetrize(pred_cov - w.T @ w)
-    change = jnp.max(jnp.abs(filt_cov - carry.cov))
-    converged = carry.collapsed & (change <= tol * jnp.maximum(jnp.max(jnp.abs(carry.cov)),
-                                                              jnp.finfo(dtype).tiny))
+    _, chol, w, filt_cov, converged = _steady_gain(arrays, carry.cov, tol)
+    converged = carry.collapsed & converged
 
     def steady(_):
-        gain = jsl.solve_triangular(chol, jnp.eye(dim, dtype=dtype), lower=True)  # L^{-1}
-        k_mat = w.T @ gain  # K = P H^T S^{-1}
-        ikh = jnp.eye(n, dtype=dtype) - k_mat @ h
-        a_mat = ikh @ f
-        drive = tail_u @ arrays.dynamics_input_weights.T + arrays.dynamics_bias
-        obs_off = tail_u @ arrays.emission_input_weights.T + arrays.emission_bias
-        g = (drive @ ikh.T) + (tail_y - obs_off) @ k_mat.T
-        powers, offsets = _affine_prefix(a_mat, g)
-        means = jnp.einsum("kij,j->ki", powers, carry.mean) + offsets  # filtered m_t
-        prev = jnp.concatenate([carry.mean[None], means[:-1]], axis=0)
-        pred = prev @ f.T + drive
-        z = (tail_y - pred @ h.T - obs_off) @ gain.T
-        lps = (-0.5 * jnp.sum(z**2, axis=1) - jnp.sum(jnp.log(jnp.diagonal(chol)))
-               - 0.5 * dim * _LOG_2PI)
+        lps, means, _ = _steady_means(arrays, carry.mean, chol, w, tail_y, tail_u)
         final = carry._replace(mean=means[-1], cov=filt_cov, t=carry.t + tail_y.shape[0])
         return lps, final
 
@@ -652,6 +630,79 @@ def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, t
 
     lp_tail, final = jax.lax.cond(converged, steady, continue_exact, None)
     return jnp.concatenate([lp_head, lp_tail]), final
+
+
+def _steady_means(arrays: GaussianSSMArrays, mean0, chol, w, y, u, powers_out=False):
+    """Log-densities, filtered and predicted means of fully observed ``y`` under the
+    constant gain (innovation factor ``chol``, whitened gain ``w``), from the filtered mean
+    ``mean0`` before the first of them, by an associative scan (with the powers of
+    ``(I - K H) F`` when ``powers_out``)."""
+    f, h = arrays.dynamics_weights, arrays.emission_weights
+    dim, n = h.shape
+    dtype = chol.dtype
+    linv = jsl.solve_triangular(chol, jnp.eye(dim, dtype=dtype), lower=True)  # L^{-1}
+    k_mat = w.T @ linv  # K = P H^T S^{-1}
+    ikh = jnp.eye(n, dtype=dtype) - k_mat @ h
+    drive = u @ arrays.dynamics_input_weights.T + arrays.dynamics_bias
+    obs_off = u @ arrays.emission_input_weights.T + arrays.emission_bias
+    g = (drive @ ikh.T) + (y - obs_off) @ k_mat.T
+    powers, offsets = _affine_prefix(ikh @ f, g)
+    means = jnp.einsum("kij,j->ki", powers, mean0) + offsets  # filtered m_t
+    pred = jnp.concatenate([mean0[None], means[:-1]], axis=0) @ f.T + drive
+    z = (y - pred @ h.T - obs_off) @ linv.T
+    lps = (-0.5 * jnp.sum(z**2, axis=1) - jnp.sum(jnp.log(jnp.diagonal(chol)))
+           - 0.5 * dim * _LOG_2PI)
+    if powers_out:
+        return lps, means, pred, z, powers
+    return lps, means, pred
+
+
+def steady_state_filter(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None
+                        ) -> KalmanFilterResult:
+    """`kalman_filter` of fully observed ``y`` using the steady-state gain where it holds.
+
+    As `steady_state_log_probs` (``head`` exact steps, then, if the data identified every
+    diffuse direction and the filtered covariance has converged, constant covariances and
+    the filtered means as an associative scan), returning every moment. The same numbers
+    up to the convergence tolerance; a test checks this.
+
+    Args:
+        arrays: time-invariant matrices (no time axes).
+        y: ``(T, D)`` fully observed.
+        inputs: ``(T, m)``.
+        head: number of exact steps before switching (static).
+        tol: relative tolerance of the convergence check.
+
+    Returns:
+        A `KalmanFilterResult`.
+    """
+    if is_time_varying(arrays):
+        raise ValueError("the steady-state filter needs time-invariant matrices")
+    num_t, dim = y.shape
+    n = arrays.initial_mean.shape[-1]
+    dtype = arrays.initial_cov.dtype
+    tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
+    mask = jnp.ones((num_t, dim), bool)
+    if num_t <= 2 * head:
+        return kalman_filter(arrays, y, mask, inputs)
+    carry, (lp_h, mean_h, cov_h, _, filt_h, _) = _scan_filter(
+        arrays, y[:head], mask[:head], inputs[:head], collapse=True)
+    pred_cov, chol, w, filt_cov, conv = _steady_gain(arrays, carry.cov, tol)
+    num_k = num_t - head
+
+    def steady(_):
+        lps, means, pred = _steady_means(arrays, carry.mean, chol, w, y[head:], inputs[head:])
+        lp = jnp.concatenate([lp_h, lps])
+        return KalmanFilterResult(
+            pairwise_sum(lp), lp, jnp.concatenate([mean_h, pred]),
+            jnp.concatenate([cov_h, jnp.broadcast_to(pred_cov, (num_k, n, n))]),
+            jnp.concatenate([filt_h.mean, means]),
+            jnp.concatenate([filt_h.cov, jnp.broadcast_to(filt_cov, (num_k, n, n))]))
+
+    def exact(_):
+        return kalman_filter(arrays, y, mask, inputs)
+
+    return jax.lax.cond(carry.collapsed & conv, steady, exact, None)
 
 
 def _steady_gain(arrays: GaussianSSMArrays, filt_cov, tol):
@@ -769,7 +820,7 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
         return kalman_smoother(arrays, y, mask, inputs)
     (pred_cov, filt_cov, chol, w, lh, l_bar, info_mat, n_far, n_rev,
      converged) = _steady_smoother_parts(arrays, head, tol)
-    f, h = arrays.dynamics_weights, arrays.emission_weights
+    f = arrays.dynamics_weights
     eye = jnp.eye(n, dtype=dtype)
     num_k = num_t - head
     cat = jnp.concatenate
@@ -777,19 +828,8 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
     def steady(_):
         carry, (lp_h, mean_h, cov_h, dif_h, filt_h, inn_h) = _scan_filter(
             arrays, y[:head], mask[:head], inputs[:head], collapse=False)
-        tail_y, tail_u = y[head:], inputs[head:]
-        linv = jsl.solve_triangular(chol, jnp.eye(dim, dtype=dtype), lower=True)
-        k_mat = w.T @ linv  # K = P H^T S^{-1}
-        ikh = eye - k_mat @ h
-        drive = tail_u @ arrays.dynamics_input_weights.T + arrays.dynamics_bias
-        obs_off = tail_u @ arrays.emission_input_weights.T + arrays.emission_bias
-        g = drive @ ikh.T + (tail_y - obs_off) @ k_mat.T
-        powers, offsets = _affine_prefix(ikh @ f, g)
-        f_means = jnp.einsum("kij,j->ki", powers, carry.mean) + offsets
-        p_means = cat([carry.mean[None], f_means[:-1]]) @ f.T + drive
-        z = (tail_y - p_means @ h.T - obs_off) @ linv.T
-        inn_lp = (-0.5 * jnp.sum(z**2, axis=1) - jnp.sum(jnp.log(jnp.diagonal(chol)))
-                  - 0.5 * dim * _LOG_2PI)
+        inn_lp, f_means, p_means, z, powers = _steady_means(
+            arrays, carry.mean, chol, w, y[head:], inputs[head:], powers_out=True)
         offs = (z @ lh)[:, :, None]  # H^T S^{-1} v_t
         filt = KalmanCarry(cat([filt_h.mean, f_means]),
                            cat([filt_h.cov, jnp.broadcast_to(filt_cov, (num_k, n, n))]),

@@ -294,3 +294,24 @@ def test_steady_state_smoother_falls_back_when_short_or_not_converged():
     # the check matters: forcing the constant gain after 8 steps is visibly wrong
     forced = fast(arr, y, u, head=8, tol=np.inf)
     assert np.max(np.abs(forced.smoothed_covs - ref.smoothed_covs)) > 1e-8
+
+
+def test_steady_state_filter_equals_exact_filter():
+    """Every moment of the steady-state filter (fully diffuse start, collapsed within the
+    exact head, with inputs) equals the step-by-step filter to ~1e-11; the proper start is
+    checked through `filter_states` in tests/models/test_lgssm.py."""
+    from statseq.inference.kalman import kalman_filter, steady_state_filter
+
+    fast = jax.jit(steady_state_filter, static_argnames=("head", "tol"))
+    exact = jax.jit(kalman_filter)
+    for q in (2,):
+        arr, y, u = _steady_case(q, 1)
+        ref = exact(arr, y, jnp.ones(y.shape, bool), u)
+        got = fast(arr, y, u, head=32)
+        _assert_same_smoother(got, ref, 1e-11)
+        assert not np.array_equal(np.asarray(got.filtered_means),
+                                  np.asarray(ref.filtered_means))
+    # not converged after 8 steps: the exact filter (forcing the gain would be wrong)
+    _assert_same_smoother(fast(arr, y, u, head=8), ref, 1e-14)
+    forced = fast(arr, y, u, head=8, tol=np.inf)
+    assert np.max(np.abs(forced.filtered_covs - ref.filtered_covs)) > 1e-8

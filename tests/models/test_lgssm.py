@@ -346,6 +346,14 @@ def test_smoother_steady_state_path_equals_exact_smoother(data, monkeypatch):
 
     steady = kalman.steady_state_smoother
     monkeypatch.setattr(kalman, "steady_state_smoother", spy)
+    filter_calls = []
+
+    def filter_spy(*args, **kwargs):
+        filter_calls.append(1)
+        return steady_filter(*args, **kwargs)
+
+    steady_filter = kalman.steady_state_filter
+    monkeypatch.setattr(kalman, "steady_state_filter", filter_spy)
     exact = jax.jit(kalman.kalman_smoother)
     converged = jax.jit(lambda a, h: kalman._steady_smoother_parts(a, h, 1e-13)[-1],
                         static_argnums=1)
@@ -361,6 +369,17 @@ def test_smoother_steady_state_path_equals_exact_smoother(data, monkeypatch):
         for name in ref._fields:
             a, b = np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))
             assert np.max(np.abs(a - b)) <= 1e-9 * np.max(np.abs(b)), (model, name)
+    # filter_states: same steady-state switch (n=2/D=3 with inputs, diffuse local level)
+    exact_f = jax.jit(kalman.kalman_filter)
+    for model, p, y, u in _smoother_cases(data)[:2]:
+        yy = jnp.reshape(jnp.asarray(y), (T, model.dim))
+        uu = jnp.zeros((T, 0)) if u is None else jnp.asarray(u)
+        ref = exact_f(model.to_arrays(p), yy, jnp.ones(yy.shape, bool), uu)
+        got = model.filter_states(p, y, inputs=u, parallel=False)
+        for name in ref._fields:
+            a, b = np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))
+            assert np.max(np.abs(a - b)) <= 1e-9 * np.max(np.abs(b)), (model, name)
+    assert len(filter_calls) == 2
     model, p, y, u = _smoother_cases(data)[1]
     mask = np.ones(T, bool)
     mask[70] = False

@@ -293,9 +293,10 @@ def _posterior_one(model, params, y, mask, inputs, what, kind, complete):
     arrays = model.to_arrays(params)
     y = jnp.reshape(y, (y.shape[0], model.dim)).astype(arrays.initial_cov.dtype)
     mask = jnp.reshape(mask, (mask.shape[0], -1)) & jnp.ones((1, model.dim), bool)
-    if (kind == "seq" and what == "smoother" and complete
-            and not kalman.is_time_varying(arrays)):
-        return kalman.steady_state_smoother(arrays, y, inputs, head=model.steady_state_head)
+    if kind == "seq" and complete and not kalman.is_time_varying(arrays):
+        fn = (kalman.steady_state_filter if what == "filter"
+              else kalman.steady_state_smoother)
+        return fn(arrays, y, inputs, head=model.steady_state_head)
     if kind == "parallel":
         from statseq.inference import kalman_parallel as lib
 
