@@ -269,7 +269,7 @@ def _assert_same_smoother(got, ref, rtol):
 def test_steady_state_smoother_equals_exact_smoother(q, m):
     """n = 2, D = 2 with and without inputs, proper and (partly or fully) diffuse starts:
     the fast path is taken (the covariances have converged) and agrees to ~1e-12."""
-    from statseq.inference.kalman import _steady_smoother_parts, steady_state_smoother
+    from statseq.inference.kalman_steady import _steady_smoother_parts, steady_state_smoother
 
     arr, y, u = _steady_case(q, m)
     head = 32
@@ -282,7 +282,7 @@ def test_steady_state_smoother_equals_exact_smoother(q, m):
 
 
 def test_steady_state_smoother_falls_back_when_short_or_not_converged():
-    from statseq.inference.kalman import steady_state_smoother
+    from statseq.inference.kalman_steady import steady_state_smoother
 
     arr, y, u = _steady_case(1, 1, t_len=30)
     ref = jax.jit(kalman_smoother)(arr, y, jnp.ones(y.shape, bool), u)
@@ -300,7 +300,8 @@ def test_steady_state_filter_equals_exact_filter():
     """Every moment of the steady-state filter (fully diffuse start, collapsed within the
     exact head, with inputs) equals the step-by-step filter to ~1e-11; the proper start is
     checked through `filter_states` in tests/models/test_lgssm.py."""
-    from statseq.inference.kalman import kalman_filter, steady_state_filter
+    from statseq.inference.kalman import kalman_filter
+    from statseq.inference.kalman_steady import steady_state_filter
 
     fast = jax.jit(steady_state_filter, static_argnames=("head", "tol"))
     exact = jax.jit(kalman_filter)

@@ -336,7 +336,7 @@ def test_smoother_steady_state_path_equals_exact_smoother(data, monkeypatch):
     it) for the n=2/D=3 model with inputs and for the diffuse local level (Nile variances)
     and local linear trend, and equals the step-by-step smoother to 1e-9; masked data
     takes the exact path."""
-    from statseq.inference import kalman
+    from statseq.inference import kalman, kalman_steady
 
     calls = []
 
@@ -344,18 +344,18 @@ def test_smoother_steady_state_path_equals_exact_smoother(data, monkeypatch):
         calls.append(1)
         return steady(*args, **kwargs)
 
-    steady = kalman.steady_state_smoother
-    monkeypatch.setattr(kalman, "steady_state_smoother", spy)
+    steady = kalman_steady.steady_state_smoother
+    monkeypatch.setattr(kalman_steady, "steady_state_smoother", spy)
     filter_calls = []
 
     def filter_spy(*args, **kwargs):
         filter_calls.append(1)
         return steady_filter(*args, **kwargs)
 
-    steady_filter = kalman.steady_state_filter
-    monkeypatch.setattr(kalman, "steady_state_filter", filter_spy)
+    steady_filter = kalman_steady.steady_state_filter
+    monkeypatch.setattr(kalman_steady, "steady_state_filter", filter_spy)
     exact = jax.jit(kalman.kalman_smoother)
-    converged = jax.jit(lambda a, h: kalman._steady_smoother_parts(a, h, 1e-13)[-1],
+    converged = jax.jit(lambda a, h: kalman_steady._steady_smoother_parts(a, h, 1e-13)[-1],
                         static_argnums=1)
     for model, p, y, u in _smoother_cases(data):
         arrays = model.to_arrays(p)

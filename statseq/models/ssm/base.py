@@ -28,7 +28,7 @@ from jax.scipy.special import ndtri
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
-from statseq.inference import kalman
+from statseq.inference import kalman, kalman_steady
 from statseq.inference._backend import use_parallel
 from statseq.inference.gaussian import symmetrize
 
@@ -139,7 +139,7 @@ class GaussianSSMBase(SequenceModel):
     def complete_data_log_probs(self, params, y, inputs):
         """Per-step log-densities of fully observed ``y`` (one sequence), using the
         steady-state gain once the covariance recursion has converged (time-invariant
-        models; see `statseq.inference.kalman.steady_state_log_probs`). Equal to the
+        models; see `statseq.inference.kalman_steady.steady_state_log_probs`). Equal to the
         step-by-step filter up to the convergence tolerance; a test checks this."""
         arrays = self.to_arrays(params)
         y = jnp.reshape(y, (y.shape[0], self.dim)).astype(arrays.initial_cov.dtype)
@@ -153,7 +153,7 @@ class GaussianSSMBase(SequenceModel):
             mask = jnp.ones(y.shape, bool)
             carry, out = jax.lax.scan(step, carry, (y, mask, inputs))
             return out, carry
-        return kalman.steady_state_log_probs(arrays, y, inputs, head=self.steady_state_head)
+        return kalman_steady.steady_state_log_probs(arrays, y, inputs, head=self.steady_state_head)
 
     def update(self, params, carry, y_t, mask_t, inputs_t) -> kalman.KalmanCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
@@ -294,8 +294,8 @@ def _posterior_one(model, params, y, mask, inputs, what, kind, complete):
     y = jnp.reshape(y, (y.shape[0], model.dim)).astype(arrays.initial_cov.dtype)
     mask = jnp.reshape(mask, (mask.shape[0], -1)) & jnp.ones((1, model.dim), bool)
     if kind == "seq" and complete and not kalman.is_time_varying(arrays):
-        fn = (kalman.steady_state_filter if what == "filter"
-              else kalman.steady_state_smoother)
+        fn = (kalman_steady.steady_state_filter if what == "filter"
+              else kalman_steady.steady_state_smoother)
         return fn(arrays, y, inputs, head=model.steady_state_head)
     if kind == "parallel":
         from statseq.inference import kalman_parallel as lib
