@@ -5,7 +5,11 @@ it, and an update that conditions the state on the next observation. Likelihoods
 sampling, forecasting and fitting are written once over that protocol.
 """
 
-from statseq import _cache
+from statseq import _compat
+
+_compat.load_numpyro_fully()
+
+from statseq import _cache  # noqa: E402
 
 _cache._configure_on_import()
 

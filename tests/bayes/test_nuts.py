@@ -112,3 +112,15 @@ def test_fit_nuts_validates_eagerly():
         fit_svi(model, y, key=key, guide="flow")
     with pytest.raises(ValueError, match="count"):
         fit_nuts(model, np.array([1.5, 2.0]), key=key)
+
+
+def test_importing_arviz_first_leaves_numpyro_whole():
+    """arviz 1.x loads numpyro lazily when imported first; statseq must still find every
+    numpyro submodule (numpyro.factor, used by fit_nuts, reads one as an attribute)."""
+    import subprocess
+    import sys
+
+    code = ("import arviz, numpyro.distributions as d, statseq; "
+            "assert hasattr(d, 'distribution'), 'numpyro.distributions.distribution missing'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
