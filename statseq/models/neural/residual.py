@@ -142,27 +142,23 @@ class ResidualStack(Backbone):
     def initial_state(self, params):
         return jax.vmap(self.layer_initial_state)(params.layers)
 
-    def step(self, params, state, x_t):
-        z = x_t @ params.embed_weight + params.embed_bias
+    def _run(self, layer_fn, params, state, x):
+        """Embed ``x``, run the residual layers (scanned over depth), normalize."""
+        z = x @ params.embed_weight + params.embed_bias
 
         def layer(z, xs):
             norm, layer_params, s = xs
-            s, out = self.layer_step(layer_params, s, rms_norm(z, norm))
+            s, out = layer_fn(layer_params, s, rms_norm(z, norm))
             return z + out, s
 
         z, state = jax.lax.scan(layer, z, (params.norm, params.layers, state))
         return state, rms_norm(z, params.final_norm)
+
+    def step(self, params, state, x_t):
+        return self._run(self.layer_step, params, state, x_t)
 
     def scan(self, params, state, xs):
-        z = xs @ params.embed_weight + params.embed_bias
-
-        def layer(z, layer_xs):
-            norm, layer_params, s = layer_xs
-            s, out = self.layer_scan(layer_params, s, rms_norm(z, norm))
-            return z + out, s
-
-        z, state = jax.lax.scan(layer, z, (params.norm, params.layers, state))
-        return state, rms_norm(z, params.final_norm)
+        return self._run(self.layer_scan, params, state, xs)
 
 
 @dataclasses.dataclass(frozen=True)
