@@ -53,6 +53,7 @@ from statseq.fit.restarts import RestartsResult, fit_restarts  # noqa: E402
 from statseq.fit.sgd import fit_sgd  # noqa: E402
 from statseq.fit.windows import Windows, make_windows  # noqa: E402
 from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
+from statseq.interop import from_dynamax, to_dynamax  # noqa: E402 - dynamax loads lazily
 from statseq.io import load, save  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
@@ -145,6 +146,8 @@ __all__ = [
     "Windows",
     "forecast",
     "from_unconstrained",
+    "from_dynamax",
+    "to_dynamax",
     "information_criteria",
     "interval_coverage",
     "interval_score",
