@@ -59,6 +59,42 @@ def future_index(index, num_steps: int):
     return None
 
 
+def _forecast_frame(stats, interval, levels, *, index, columns, event_ndim: int):
+    """The table of one series' forecast: shared by `Forecast` and `GaussianForecast`.
+
+    Args:
+        stats: ``{name: (num_steps,) + event_shape}`` point statistics (mean, median).
+        interval: ``level -> (lower, upper)``, the forecast's central intervals.
+        levels: a coverage or a sequence of them; each adds ``lower_<p>`` and
+            ``upper_<p>`` columns (``p`` = 100 level).
+        index: ``num_steps`` row labels, or ``None`` for ``horizon`` ``1, ..., h``.
+        columns: labels of the emission dimensions, or ``None`` for ``0, ..., D - 1``.
+        event_ndim: 0 for a scalar series (one column per statistic), 1 for a vector
+            series (column pairs ``(statistic, series)``).
+
+    Returns:
+        A pandas DataFrame.
+    """
+    import pandas as pd
+
+    stats = dict(stats)
+    for level in (levels,) if np.ndim(levels) == 0 else levels:
+        lower, upper = (np.asarray(a) for a in interval(float(level)))
+        stats[f"lower_{100 * level:g}"], stats[f"upper_{100 * level:g}"] = lower, upper
+    num_steps = len(next(iter(stats.values())))
+    if index is None:
+        index = pd.RangeIndex(1, num_steps + 1, name="horizon")
+    elif len(index) != num_steps:
+        raise ValueError(f"index must have one label per forecast step ({num_steps}), got "
+                         f"{len(index)}")
+    if event_ndim == 0:
+        return pd.DataFrame(stats, index=index)
+    first = next(iter(stats.values()))
+    names = columns if columns is not None else range(first.shape[-1])
+    frames = {k: pd.DataFrame(v, index=index, columns=names) for k, v in stats.items()}
+    return pd.concat(frames, axis=1)
+
+
 class Forecast(NamedTuple):
     """Sample-based predictive distribution of the next ``num_steps`` observations.
 
@@ -101,7 +137,7 @@ class Forecast(NamedTuple):
         lower, upper = self.quantile(jnp.array([alpha, 1.0 - alpha]))
         return lower, upper
 
-    def to_frame(self, levels=(0.5, 0.9)):
+    def to_frame(self, levels=(0.5, 0.9), index=None):
         """Mean, median and central intervals per future step, as a pandas DataFrame.
 
         Columns ``mean``, ``median``, ``lower_<p>``, ``upper_<p>`` (``p`` = 100 level); for
@@ -110,28 +146,19 @@ class Forecast(NamedTuple):
 
         Args:
             levels: central interval coverages.
+            index: ``num_steps`` labels for the rows (default: the forecast's ``index``).
 
         Returns:
             A pandas DataFrame (one series only: select a batch element first).
         """
-        import pandas as pd
-
         samples = np.asarray(self.samples, float)
         if samples.ndim != 2 + self.event_ndim:
             raise ValueError("to_frame describes one series; this forecast has batch axes "
                              f"(samples of shape {samples.shape})")
         stats = {"mean": samples.mean(axis=0), "median": np.median(samples, axis=0)}
-        for level in (levels,) if np.ndim(levels) == 0 else levels:
-            lower, upper = (np.asarray(a) for a in self.interval(float(level)))
-            stats[f"lower_{100 * level:g}"], stats[f"upper_{100 * level:g}"] = lower, upper
-        index = self.index
-        if index is None:
-            index = pd.RangeIndex(1, self.num_steps + 1, name="horizon")
-        if self.event_ndim == 0:
-            return pd.DataFrame(stats, index=index)
-        names = self.columns if self.columns is not None else range(samples.shape[-1])
-        frames = {k: pd.DataFrame(v, index=index, columns=names) for k, v in stats.items()}
-        return pd.concat(frames, axis=1)
+        return _forecast_frame(stats, self.interval, levels,
+                               index=self.index if index is None else index,
+                               columns=self.columns, event_ndim=self.event_ndim)
 
     def plot(self, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None, **kwargs):
         """Fan chart: history, predictive median and central intervals (scalar series).

@@ -27,7 +27,13 @@ from jax.scipy.special import ndtri
 
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    float_dtype,
+    pandas_values,
+    prepare_data,
+)
+from statseq.forecast import _forecast_frame, future_index
 from statseq.inference import kalman, kalman_steady
 from statseq.inference._backend import use_parallel
 from statseq.inference.gaussian import symmetrize
@@ -43,6 +49,10 @@ class GaussianForecast(NamedTuple):
         state_mean: ``batch_shape + (num_steps, n)`` predictive means of ``x_{T+h}``.
         state_cov: ``batch_shape + (num_steps, n, n)``.
         history: the conditioning series (for plotting).
+        index: time labels of the forecast steps (a pandas ``Index``) when the history
+            was a time-indexed pandas object, else ``None``.
+        history_index: the history's pandas index, or ``None``.
+        columns: a DataFrame history's column labels (the emission dimensions), or ``None``.
     """
 
     mean: Any
@@ -50,6 +60,9 @@ class GaussianForecast(NamedTuple):
     state_mean: Any
     state_cov: Any
     history: Any = None
+    index: Any = None
+    history_index: Any = None
+    columns: Any = None
 
     @property
     def std(self):
@@ -69,6 +82,40 @@ class GaussianForecast(NamedTuple):
         q = jnp.asarray(q, float_dtype())
         z = ndtri(q).reshape(q.shape + (1,) * jnp.ndim(self.mean))
         return self.mean + z * self.std
+
+    def to_frame(self, levels=(0.5, 0.9), index=None):
+        """Mean, median and exact central intervals per future step, as a pandas DataFrame.
+
+        The columns of `statseq.Forecast.to_frame`: ``mean``, ``median`` (equal to the
+        mean, the predictive being Gaussian), ``lower_<p>``, ``upper_<p>`` (``p`` = 100
+        level, from `interval`); for a vector series, column pairs ``(statistic, series)``.
+        Indexed by future time when the history was a time-indexed pandas object, else by
+        ``horizon`` ``1, ..., h``.
+
+        Args:
+            levels: central interval coverages.
+            index: ``num_steps`` labels for the rows (default: the forecast's ``index``).
+
+        Returns:
+            A pandas DataFrame (one series only: select a batch element first).
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.LocalLevel()
+            >>> y = ss.sample(model, model.default_params(), num_timesteps=30,
+            ...               key=jax.random.key(0))
+            >>> fc = model.forecast_moments(model.default_params(), y, num_steps=3)
+            >>> list(fc.to_frame(levels=0.9).columns)
+            ['mean', 'median', 'lower_90', 'upper_90']
+        """
+        mean = np.asarray(self.mean, float)
+        event_ndim = mean.ndim - (np.ndim(self.cov) - 2)
+        if mean.ndim != 1 + event_ndim:
+            raise ValueError("to_frame describes one series; this forecast has batch axes "
+                             f"(mean of shape {mean.shape})")
+        return _forecast_frame({"mean": mean, "median": mean}, self.interval, levels,
+                               index=self.index if index is None else index,
+                               columns=self.columns, event_ndim=event_ndim)
 
     def plot(self, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None, **kwargs):
         """Fan chart of a scalar series: history, predictive mean and central intervals."""
@@ -250,6 +297,7 @@ class GaussianSSMBase(SequenceModel):
         """
         validate_params(self, params)
         num_steps = check_positive_int(num_steps, "num_steps")
+        values, history_index, columns = pandas_values(y, len(self.event_shape))
         data = prepare_data(self, y, mask, inputs)
         self._check_num_timesteps(data.num_timesteps)
         u = self._future_inputs(future_inputs, num_steps)
@@ -267,7 +315,9 @@ class GaussianSSMBase(SequenceModel):
             cov=jnp.reshape(y_cov, bs + (num_steps, self.dim, self.dim)),
             state_mean=jnp.reshape(state_mean, bs + state_mean.shape[1:]),
             state_cov=jnp.reshape(state_cov, bs + state_cov.shape[1:]),
-            history=np.asarray(y),
+            history=np.asarray(values),
+            index=None if history_index is None else future_index(history_index, num_steps),
+            history_index=history_index, columns=columns,
         )
 
     def _future_inputs(self, future_inputs, num_steps):
