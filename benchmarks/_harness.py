@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
+import time
 from pathlib import Path
 
 _COMPILE_EVENTS = (
@@ -32,6 +34,74 @@ class CompileClock:
 
     def __exit__(self, *exc):
         self.active = False
+
+
+class Timer:
+    """First-call and steady-state timing; steady state is measured in interleaved rounds.
+
+    The machine this runs on may be shared, so steady-state repeats are interleaved: each
+    round times every implementation once (in a rotating order), and rounds continue until
+    ``min_rounds`` are done and ``budget_s`` has passed (or ``max_rounds``). A burst of
+    outside load then hits all implementations alike, and ratios can be taken per round.
+    Compilation during the rounds is recorded (``recompiled``, ``recompile_s``), so a timed
+    function that retraces is flagged rather than silently timed with its compile time.
+    """
+
+    def __init__(self, min_rounds: int, max_rounds: int = 200, budget_s: float = 1.0):
+        self.min_rounds, self.max_rounds, self.budget_s = min_rounds, max_rounds, budget_s
+        self.clock = CompileClock()
+
+    @staticmethod
+    def _block(x):
+        import jax
+
+        return jax.block_until_ready(x)
+
+    def first(self, fn):
+        """(value, wall seconds, compile seconds) of one call."""
+        gc.collect()
+        with self.clock:
+            t0 = time.perf_counter()
+            value = self._block(fn())
+            wall = time.perf_counter() - t0
+        return value, wall, self.clock.total
+
+    def rounds(self, fns: dict, min_rounds=None, budget_s=None, max_rounds=None):
+        """Interleaved repeats of ``fns`` (name -> zero-argument callable).
+
+        Returns name -> dict(times=[...] (one per round), median, min, n, recompiled
+        (whether any round compiled), recompile_s (compile seconds per round)).
+        """
+        min_rounds = self.min_rounds if min_rounds is None else min_rounds
+        budget_s = self.budget_s if budget_s is None else budget_s
+        max_rounds = self.max_rounds if max_rounds is None else max_rounds
+        names = list(fns)
+        times = {n: [] for n in names}
+        recompiled = dict.fromkeys(names, 0.0)
+        gc.collect()
+        gc.disable()
+        try:
+            with self.clock:
+                start, r = time.perf_counter(), 0
+                while r < min_rounds or (
+                    r < max_rounds and time.perf_counter() - start < budget_s
+                ):
+                    k = r % len(names)
+                    for name in names[k:] + names[:k]:
+                        before = self.clock.total
+                        t0 = time.perf_counter()
+                        self._block(fns[name]())
+                        times[name].append(time.perf_counter() - t0)
+                        recompiled[name] += self.clock.total - before
+                    r += 1
+        finally:
+            gc.enable()
+        return {
+            n: dict(times=times[n], median=statistics.median(times[n]), min=min(times[n]),
+                    n=len(times[n]), recompiled=recompiled[n] > 0,
+                    recompile_s=recompiled[n] / len(times[n]))
+            for n in names
+        }
 
 
 def paired_ratio(num, den):

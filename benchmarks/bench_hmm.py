@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
@@ -45,7 +44,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _harness import CompileClock, fmt_rel, fmt_s, load_average, md_table, paired_ratio, render  # noqa: E402
+from _harness import (  # noqa: E402
+    Timer,
+    fmt_rel,
+    fmt_s,
+    load_average,
+    md_table,
+    paired_ratio,
+    render,
+)
 
 SEED = 20240611
 # The simulated HMMs (Poisson emissions). Sticky chains, well separated rates.
@@ -120,62 +127,6 @@ def simulate_gaussian(num_timesteps, seed):
 # ---------------------------------------------------------------------------------------
 # timing helpers (same conventions as bench_ar.py)
 # ---------------------------------------------------------------------------------------
-class Timer:
-    """First-call and steady-state timing; steady state in interleaved rounds."""
-
-    def __init__(self, min_rounds: int, max_rounds: int, budget_s: float):
-        self.min_rounds, self.max_rounds, self.budget_s = min_rounds, max_rounds, budget_s
-        self.clock = CompileClock()
-
-    @staticmethod
-    def _block(x):
-        import jax
-
-        return jax.block_until_ready(x)
-
-    def first(self, fn):
-        """(value, wall seconds, compile seconds) of one call."""
-        gc.collect()
-        with self.clock:
-            t0 = time.perf_counter()
-            value = self._block(fn())
-            wall = time.perf_counter() - t0
-        return value, wall, self.clock.total
-
-    def rounds(self, fns: dict, min_rounds=None, budget_s=None, max_rounds=None):
-        """Interleaved repeats of ``fns`` (name -> zero-argument callable)."""
-        min_rounds = self.min_rounds if min_rounds is None else min_rounds
-        budget_s = self.budget_s if budget_s is None else budget_s
-        max_rounds = self.max_rounds if max_rounds is None else max_rounds
-        names = list(fns)
-        times = {n: [] for n in names}
-        recompiled = dict.fromkeys(names, 0.0)
-        gc.collect()
-        gc.disable()
-        try:
-            with self.clock:
-                start, r = time.perf_counter(), 0
-                while r < min_rounds or (
-                    r < max_rounds and time.perf_counter() - start < budget_s
-                ):
-                    k = r % len(names)
-                    for name in names[k:] + names[:k]:
-                        before = self.clock.total
-                        t0 = time.perf_counter()
-                        self._block(fns[name]())
-                        times[name].append(time.perf_counter() - t0)
-                        recompiled[name] += self.clock.total - before
-                    r += 1
-        finally:
-            gc.enable()
-        return {
-            n: dict(times=times[n], median=statistics.median(times[n]), min=min(times[n]),
-                    n=len(times[n]), recompiled=recompiled[n] > 0,
-                    recompile_s=recompiled[n] / len(times[n]))
-            for n in names
-        }
-
-
 def rel_cell(peer, ours):
     """statseq (``ours``) vs a peer: paired median ratio, and (min:) the ratio of minima."""
     return f"{fmt_rel(paired_ratio(peer, ours))} (min: {fmt_rel(peer['min'] / ours['min'])})"

@@ -447,7 +447,7 @@ def main(argv=None):
     jax.config.update("jax_enable_compilation_cache", False)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    from bench_hmm import Timer
+    from _harness import Timer
 
     command = "python benchmarks/bench_lgssm.py" + (" --quick" if args.quick else "")
     output = args.output or (None if args.quick else HERE / "RESULTS.md")
