@@ -21,6 +21,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
+from statseq.core.memo import IdentityMemo
 from statseq.core.validation import float_dtype
 
 
@@ -129,8 +130,24 @@ def validate_priors(model, priors) -> None:
         ) from err
 
 
+#: parameter sets (by the identity of their JAX arrays) that passed `validate_params`
+_PARAMS_OK = IdentityMemo(maxsize=64)
+
+
 def validate_params(model, params) -> None:
-    """Eagerly check the structure, shapes, finiteness and constraints of ``params``."""
+    """Eagerly check the structure, shapes, finiteness and constraints of ``params``.
+
+    A check passed by the same JAX array objects (immutable) for an equal model is
+    remembered and not repeated (`statseq.core.memo`)."""
+    flat, treedef = jax.tree.flatten(params)
+    flat = tuple(flat)
+    if _PARAMS_OK.get((model, treedef), flat):
+        return
+    _validate_params(model, params)
+    _PARAMS_OK.put((model, treedef), flat, True)
+
+
+def _validate_params(model, params) -> None:
     shapes = model.param_shapes()
     expected_leaves, tree = jax.tree.flatten(shapes, is_leaf=is_shape)
     try:

@@ -54,13 +54,20 @@ def _filter_flat(model, params, y, mask, inputs, return_carries=False, complete=
 
     With complete data, a model may supply ``complete_data_log_probs`` (an equivalent,
     faster evaluation without the per-step scan); it is used unless carries are wanted.
+    A model may also supply ``complete_data_log_probs_batch(params, y (N, T, ...),
+    inputs (N, T, U)) -> (log_probs (N, T), final carries)``, which then replaces the
+    per-sequence version vmapped over the batch (e.g. one scan over the whole batch with
+    matrix-matrix recurrent products and batch-level weight gradients).
     """
     fast = hasattr(model, "complete_data_log_probs") and y.shape[1] >= getattr(
         model, "fast_path_min_timesteps", 0
     )
     if complete and not return_carries and fast:
-        fast = partial(model.complete_data_log_probs, params)
-        log_probs, final = jax.vmap(fast)(y, inputs)
+        if hasattr(model, "complete_data_log_probs_batch"):  # the whole batch at once
+            log_probs, final = model.complete_data_log_probs_batch(params, y, inputs)
+        else:
+            fast = partial(model.complete_data_log_probs, params)
+            log_probs, final = jax.vmap(fast)(y, inputs)
         return pairwise_sum(log_probs), log_probs, None, final
     carry0 = model.initial_carry(params)
     run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries)
@@ -79,8 +86,20 @@ def run_filter(model, params, y, mask, inputs, *, complete, return_carries=False
     )
 
 
+@partial(jax.jit, static_argnums=1)
 def _unflatten(tree, batch_shape):
+    """Restore the batch shape of every leaf (one compiled call, not one per leaf)."""
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
+
+
+def _run(model, params, y, mask, inputs, return_carries):
+    validate_params(model, params)
+    data = prepare_data(model, y, mask, inputs)
+    out = run_filter(
+        model, params, data.y, data.mask, data.inputs, complete=data.complete,
+        return_carries=return_carries,
+    )
+    return data, out
 
 
 def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001
@@ -111,19 +130,12 @@ def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) ->
         >>> ss.filter(model, params, jnp.array([0.1, -0.3, 0.2])).log_probs.shape
         (3,)
     """
-    validate_params(model, params)
-    data = prepare_data(model, y, mask, inputs)
-    total, log_probs, carries, final = run_filter(
-        model, params, data.y, data.mask, data.inputs, complete=data.complete,
-        return_carries=return_carries,
-    )
-    bs = data.batch_shape
-    return FilterResult(
-        log_prob=jnp.reshape(total, bs),
-        log_probs=jnp.reshape(log_probs, bs + (data.num_timesteps,)),
-        carries=_unflatten(carries, bs) if return_carries else None,
-        final_carry=_unflatten(final, bs),
-    )
+    data, (total, log_probs, carries, final) = _run(model, params, y, mask, inputs,
+                                                    return_carries)
+    total, log_probs, carries, final = _unflatten((total, log_probs, carries, final),
+                                                  data.batch_shape)
+    return FilterResult(log_prob=total, log_probs=log_probs, carries=carries,
+                        final_carry=final)
 
 
 def log_prob(model, params, y, *, mask=None, inputs=None):
@@ -139,7 +151,8 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
     Returns:
         An array of shape ``batch_shape``.
     """
-    return filter(model, params, y, mask=mask, inputs=inputs).log_prob
+    data, out = _run(model, params, y, mask, inputs, False)
+    return jnp.reshape(out[0], data.batch_shape)
 
 
 def _simulate(model, params, carry, key, inputs):

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core.memo import IdentityMemo
+
 
 class Prepared(NamedTuple):
     """Data normalized to a flat batch: ``y`` is ``(num_sequences, num_timesteps, *event)``."""
@@ -119,7 +121,26 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
     are treated as missing observations: they are masked out (combined with ``mask``), as
     ``mask=statseq.missing_mask(y)`` would do. NumPy arrays with ``NaN`` at observed
     positions are still an error, since there a ``NaN`` is more often a bug than a gap.
+
+    The result for the same JAX array objects (immutable) and an equal model is remembered,
+    so repeated calls on one series (a likelihood evaluated at many parameter values)
+    check it once (`statseq.core.memo`).
     """
+    given = (y, mask, inputs)
+    key = (model, name, tuple(a is None for a in given), float_dtype())
+    arrays = tuple(a for a in given if a is not None)
+    done = _PREPARED.get(key, arrays)
+    if done is None:
+        done = _prepare_data(model, y, mask, inputs, name)
+        _PREPARED.put(key, arrays, done)
+    return done
+
+
+#: data (by the identity of its JAX arrays) already checked and normalized for a model
+_PREPARED = IdentityMemo(maxsize=8)
+
+
+def _prepare_data(model, y, mask, inputs, name) -> Prepared:
     event_shape = tuple(model.event_shape)
     event_ndim = len(event_shape)
     if is_pandas(y):

@@ -2,11 +2,13 @@
 
 Once the filtered covariance of a time-invariant model has converged, the gain, the
 innovation covariance and the smoother's ``N_t`` are constant, so the mean recursions are
-affine maps with constant matrices and run as associative scans instead of a per-step scan
-with matrix work. Each function runs an exact head of ``head`` steps, checks convergence
-from the covariances alone (they do not depend on ``y`` when nothing is missing), and falls
-back to the exact recursion of `statseq.inference.kalman` when it has not converged. Tests
-show the fast and exact paths agree to float64 precision.
+affine maps with constant matrices, ``h_t = A h_{t-1} + g_t``: one small matrix product per
+step instead of a Cholesky factorization and triangular solves. The filter and the
+log-likelihood run the exact recursion of `statseq.inference.kalman` in chunks of 16 steps
+until the steady state holds, checked from the covariances alone (they do not depend on
+``y`` when nothing is missing); the smoother uses a fixed exact head at each end. Where the
+steady state is not reached, the exact recursion continues. Tests show the fast and exact
+paths agree to float64 precision.
 """
 
 from __future__ import annotations
@@ -36,36 +38,95 @@ from statseq.inference.kalman import (
 )
 
 
-def _affine_prefix(a_mat, g):
-    """``m_k = A m_{k-1} + g_k`` for ``k = 0..K-1`` from ``m_{-1} = 0``, by associative scan."""
+def _affine_scan(a_mat, g, h0):
+    """``h_k = A h_{k-1} + g_k`` for ``k = 0..K-1`` from ``h_{-1} = h0`` (vectors ``(K, n)``
+    or matrices ``(K, n, c)``).
 
-    def compose(left, right):
-        a1, g1 = left
-        a2, g2 = right
-        return a2 @ a1, jnp.einsum("...ij,...j->...i", a2, g1) + g2
+    A plain `jax.lax.scan`: with a constant matrix the step is one small product, which
+    XLA:CPU runs in about 10 ns per step for small ``n``, faster than an associative scan
+    (which also multiplies the matrices) at every length and state size measured
+    (``benchmarks/RESULTS.md``)."""
 
-    num = g.shape[0]
-    mats = jnp.broadcast_to(a_mat, (num,) + a_mat.shape)
-    powers, offsets = jax.lax.associative_scan(compose, (mats, g))
-    return powers, offsets
+    def body(h, g_k):
+        h = a_mat @ h + g_k
+        return h, h
+
+    return jax.lax.scan(body, h0, g)[1]
+
+
+#: exact steps run between two checks of the steady state
+_CHUNK = 16
+
+
+def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, outputs,
+                        chunk: int):
+    """Exact filter steps in chunks of ``chunk`` (a divisor of ``head``), until the steady
+    state holds or ``head`` steps are done, whichever is first.
+
+    ``outputs(step_result) -> pytree`` picks what to keep of each step's
+    `kalman_step` result ``(log_prob, new_carry, (mean, cov, diffuse, innovation))``; it is
+    stored in buffers of ``head`` rows (rows past the stopping point stay zero).
+
+    Returns:
+        ``(k, carry, steady, buffers, gain)``: the number of exact steps (a multiple of
+        ``chunk``; ``head`` when the steady state was not reached), the carry after them,
+        whether the steady state holds from there, the stored outputs, and the constant
+        gain pieces `_steady_gain` gives at the carry's covariance.
+    """
+    dim = y.shape[1]
+    mask = jnp.ones((chunk, dim), bool)
+
+    def run_chunk(carry, start):
+        def step(c, xs):
+            res = kalman_step(arrays, c, *xs)
+            return res[1], outputs(res)
+
+        xs = (jax.lax.dynamic_slice_in_dim(y, start, chunk),
+              mask, jax.lax.dynamic_slice_in_dim(inputs, start, chunk))
+        return jax.lax.scan(step, carry, xs)
+
+    carry0 = initial_carry(arrays)
+    out_shape = jax.eval_shape(lambda c: run_chunk(c, 0)[1], carry0)
+    bufs = jax.tree.map(lambda s: jnp.zeros((head,) + s.shape[1:], s.dtype), out_shape)
+    gain0 = _steady_gain(arrays, carry0.cov, tol)
+
+    def cond(state):
+        i, _, steady, _, _ = state
+        return (i * chunk < head) & ~steady
+
+    def body(state):
+        i, carry, _, bufs, _ = state
+        start = i * chunk
+        carry, outs = run_chunk(carry, start)
+        bufs = jax.tree.map(
+            lambda b, o: jax.lax.dynamic_update_slice_in_dim(b, o, start, 0), bufs, outs)
+        gain = _steady_gain(arrays, carry.cov, tol)
+        return i + 1, carry, carry.collapsed & gain[4], bufs, gain
+
+    i, carry, steady, bufs, gain = jax.lax.while_loop(
+        cond, body, (jnp.zeros((), jnp.int32), carry0, jnp.asarray(False), bufs, gain0))
+    return i * chunk, carry, steady, bufs, gain
 
 
 def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None):
     """Per-step log-densities of fully observed ``y`` using the steady-state gain.
 
-    The first ``head`` steps run the exact filter (including any diffuse phase). If by then
-    the data identified every diffuse direction and the covariance recursion has converged
-    (one more Riccati step changes the filtered covariance by less than ``tol`` relative),
-    the remaining steps use the constant gain: the filtered mean then follows the
-    time-invariant affine recursion ``m_t = (I - K H) F m_{t-1} + g_t``, evaluated by an
-    associative scan instead of a step-by-step loop. Otherwise the exact filter continues.
-    Same numbers as `kalman_filter` up to the convergence tolerance (float64: ``1e-13``).
+    The exact filter runs (including any diffuse phase) in chunks of 16 steps until the
+    data have identified every diffuse direction and the covariance recursion has
+    converged (one more Riccati step changes the filtered covariance by less than ``tol``
+    relative), for at most ``head`` steps. From there on the gain is constant and the
+    filtered mean follows the time-invariant affine recursion
+    ``m_t = (I - K H) F m_{t-1} + g_t``, one small matrix product per step. If the
+    steady state is not reached within ``head`` steps, the exact filter continues. Same
+    numbers as `kalman_filter` up to the convergence tolerance (float64: ``1e-13``).
 
     Args:
         arrays: time-invariant matrices (no time axes).
         y: ``(T, D)`` fully observed.
         inputs: ``(T, m)``.
-        head: number of exact steps before switching (static).
+        head: the most exact steps before giving up on the steady state (static; the
+            check runs every ``min(16, head)`` steps, and ``head`` is rounded down to a
+            multiple of that and to at most ``T``).
         tol: relative tolerance of the covariance convergence check.
 
     Returns:
@@ -76,76 +137,93 @@ def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, t
     num_t, dim = y.shape
     dtype = arrays.initial_cov.dtype
     tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
-    mask = jnp.ones((num_t, dim), bool)
     head = min(head, num_t)
+    chunk = min(_CHUNK, head)
+    if chunk == 0:
+        return _exact(arrays, initial_carry(arrays), y, inputs)
+    head = head // chunk * chunk
+    k, carry, steady, lp_head, (_, chol, w, filt_cov, _) = _exact_until_steady(
+        arrays, y, inputs, head, tol, lambda res: res[0], chunk)
+    t = jnp.arange(num_t)
 
-    def exact(carry, ys, ms, us):
-        def step(c, xs):
-            lp, new, _ = kalman_step(arrays, c, *xs)
-            return new, lp
+    def steady_tail(_):
+        lps, means, _ = _steady_means(arrays, carry.mean, chol, w, y, inputs, start=k)
+        lps = jnp.where(t < k, jnp.pad(lp_head, (0, num_t - head)), lps)
+        return lps, carry._replace(mean=means[-1], cov=filt_cov, t=jnp.int32(num_t))
 
-        final, lps = jax.lax.scan(step, carry, (ys, ms, us))
-        return lps, final
+    def exact_tail(_):
+        lps, final = _exact(arrays, carry, y[head:], inputs[head:])
+        return jnp.concatenate([lp_head, lps]), final
 
-    lp_head, carry = exact(initial_carry(arrays), y[:head], mask[:head], inputs[:head])
-    if head == num_t:
-        return lp_head, carry
-    tail_y, tail_m, tail_u = y[head:], mask[head:], inputs[head:]
-
-    _, chol, w, filt_cov, converged = _steady_gain(arrays, carry.cov, tol)
-    converged = carry.collapsed & converged
-
-    def steady(_):
-        lps, means, _ = _steady_means(arrays, carry.mean, chol, w, tail_y, tail_u)
-        final = carry._replace(mean=means[-1], cov=filt_cov, t=carry.t + tail_y.shape[0])
-        return lps, final
-
-    def continue_exact(_):
-        return exact(carry, tail_y, tail_m, tail_u)
-
-    lp_tail, final = jax.lax.cond(converged, steady, continue_exact, None)
-    return jnp.concatenate([lp_head, lp_tail]), final
+    return jax.lax.cond(steady, steady_tail, exact_tail, None)
 
 
-def _steady_means(arrays: GaussianSSMArrays, mean0, chol, w, y, u, powers_out=False):
-    """Log-densities, filtered and predicted means of fully observed ``y`` under the
-    constant gain (innovation factor ``chol``, whitened gain ``w``), from the filtered mean
-    ``mean0`` before the first of them, by an associative scan (with the powers of
-    ``(I - K H) F`` when ``powers_out``)."""
+def _exact(arrays, carry, y, inputs):
+    """``(log_probs, final carry)`` of the exact filter over fully observed ``y``."""
+
+    def step(c, xs):
+        lp, new, _ = kalman_step(arrays, c, *xs)
+        return new, lp
+
+    final, lps = jax.lax.scan(step, carry, (y, jnp.ones(y.shape, bool), inputs))
+    return lps, final
+
+
+def _steady_means(arrays: GaussianSSMArrays, mean0, chol, w, y, u, start=0):
+    """Log-densities, filtered and predicted means of fully observed ``y[start:]`` under
+    the constant gain (innovation factor ``chol``, whitened gain ``w``), from the filtered
+    mean ``mean0`` after step ``start - 1``. ``start`` may be traced: rows before it are
+    computed from zeros and are to be discarded (they keep every shape static).
+
+    Also returns the whitened innovations ``z`` when asked by `_steady_means_z`."""
+    return _steady_means_z(arrays, mean0, chol, w, y, u, start)[:3]
+
+
+def _steady_means_z(arrays: GaussianSSMArrays, mean0, chol, w, y, u, start=0):
     f, h = arrays.dynamics_weights, arrays.emission_weights
     dim, n = h.shape
     dtype = chol.dtype
     linv = jsl.solve_triangular(chol, jnp.eye(dim, dtype=dtype), lower=True)  # L^{-1}
     k_mat = w.T @ linv  # K = P H^T S^{-1}
     ikh = jnp.eye(n, dtype=dtype) - k_mat @ h
+    a_mat = ikh @ f
     drive = u @ arrays.dynamics_input_weights.T + arrays.dynamics_bias
     obs_off = u @ arrays.emission_input_weights.T + arrays.emission_bias
     g = (drive @ ikh.T) + (y - obs_off) @ k_mat.T
-    powers, offsets = _affine_prefix(ikh @ f, g)
-    means = jnp.einsum("kij,j->ki", powers, mean0) + offsets  # filtered m_t
-    pred = jnp.concatenate([mean0[None], means[:-1]], axis=0) @ f.T + drive
+    t = jnp.arange(y.shape[0])
+    g = jnp.where((t >= start)[:, None], g, 0.0)
+    g = g + jnp.where((t == start)[:, None], (a_mat @ mean0)[None], 0.0)
+    means = _affine_scan(a_mat, g, jnp.zeros_like(mean0))  # filtered m_t (t >= start)
+    prev = jnp.concatenate([jnp.zeros_like(mean0)[None], means[:-1]], axis=0)
+    prev = jnp.where((t == start)[:, None], mean0[None], prev)
+    pred = prev @ f.T + drive
     z = (y - pred @ h.T - obs_off) @ linv.T
     lps = (-0.5 * jnp.sum(z**2, axis=1) - jnp.sum(jnp.log(jnp.diagonal(chol)))
            - 0.5 * dim * _LOG_2PI)
-    if powers_out:
-        return lps, means, pred, z, powers
-    return lps, means, pred
+    return lps, means, pred, z, a_mat
+
+
+def _filter_outputs(res):
+    """What `steady_state_filter` keeps of a `kalman_step` result: the log-density, the
+    predicted and the filtered moments."""
+    lp, new, (mean, cov, _, _) = res
+    return lp, mean, cov, new.mean, new.cov
 
 
 def steady_state_filter(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None
                         ) -> KalmanFilterResult:
     """`kalman_filter` of fully observed ``y`` using the steady-state gain where it holds.
 
-    As `steady_state_log_probs` (``head`` exact steps, then, if the data identified every
-    diffuse direction and the filtered covariance has converged, constant covariances and
-    the filtered means as an associative scan), returning every moment. The same numbers
-    up to the convergence tolerance; a test checks this.
+    As `steady_state_log_probs` (exact steps until the data identified every diffuse
+    direction and the filtered covariance has converged, at most ``head`` of them; then
+    constant covariances and the filtered means by the constant-gain recursion), returning
+    every moment. The same numbers up to the convergence tolerance; a test checks this.
 
     Args:
         arrays: time-invariant matrices (no time axes).
         y: ``(T, D)`` fully observed.
         inputs: ``(T, m)``.
-        head: number of exact steps before switching (static).
+        head: the most exact steps before giving up on the steady state (static).
         tol: relative tolerance of the convergence check.
 
     Returns:
@@ -154,30 +232,37 @@ def steady_state_filter(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=
     if is_time_varying(arrays):
         raise ValueError("the steady-state filter needs time-invariant matrices")
     num_t, dim = y.shape
-    n = arrays.initial_mean.shape[-1]
     dtype = arrays.initial_cov.dtype
     tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
-    mask = jnp.ones((num_t, dim), bool)
-    if num_t <= 2 * head:
-        return kalman_filter(arrays, y, mask, inputs)
-    carry, (lp_h, mean_h, cov_h, _, filt_h, _) = _scan_filter(
-        arrays, y[:head], mask[:head], inputs[:head], collapse=True)
-    pred_cov, chol, w, filt_cov, conv = _steady_gain(arrays, carry.cov, tol)
-    num_k = num_t - head
+    head = min(head, num_t)
+    chunk = min(_CHUNK, head)
+    if chunk == 0:
+        return kalman_filter(arrays, y, jnp.ones((num_t, dim), bool), inputs)
+    head = head // chunk * chunk
+    k, carry, steady, bufs, (pred_cov, chol, w, filt_cov, _) = _exact_until_steady(
+        arrays, y, inputs, head, tol, _filter_outputs, chunk)
+    early = jnp.arange(num_t) < k
 
-    def steady(_):
-        lps, means, pred = _steady_means(arrays, carry.mean, chol, w, y[head:], inputs[head:])
-        lp = jnp.concatenate([lp_h, lps])
-        return KalmanFilterResult(
-            pairwise_sum(lp), lp, jnp.concatenate([mean_h, pred]),
-            jnp.concatenate([cov_h, jnp.broadcast_to(pred_cov, (num_k, n, n))]),
-            jnp.concatenate([filt_h.mean, means]),
-            jnp.concatenate([filt_h.cov, jnp.broadcast_to(filt_cov, (num_k, n, n))]))
+    def pick(buf, late):
+        buf = jnp.pad(buf, [(0, num_t - head)] + [(0, 0)] * (buf.ndim - 1))
+        late = jnp.broadcast_to(late, buf.shape)
+        return jnp.where(early.reshape((-1,) + (1,) * (buf.ndim - 1)), buf, late)
 
-    def exact(_):
-        return kalman_filter(arrays, y, mask, inputs)
+    def steady_tail(_):
+        lps, means, pred = _steady_means(arrays, carry.mean, chol, w, y, inputs, start=k)
+        return tuple(map(pick, bufs, (lps, pred, pred_cov, means, filt_cov)))
 
-    return jax.lax.cond(carry.collapsed & conv, steady, exact, None)
+    def exact_tail(_):
+        def step(c, xs):
+            res = kalman_step(arrays, c, *xs)
+            return res[1], _filter_outputs(res)
+
+        xs = (y[head:], jnp.ones((num_t - head, dim), bool), inputs[head:])
+        tail = jax.lax.scan(step, carry, xs)[1]
+        return tuple(jnp.concatenate([b, t_], axis=0) for b, t_ in zip(bufs, tail, strict=True))
+
+    lp, mean, cov, f_mean, f_cov = jax.lax.cond(steady, steady_tail, exact_tail, None)
+    return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, f_mean, f_cov)
 
 
 def _steady_gain(arrays: GaussianSSMArrays, filt_cov, tol):
@@ -196,18 +281,6 @@ def _steady_gain(arrays: GaussianSSMArrays, filt_cov, tol):
 def _unchanged(new, old, tol):
     scale = jnp.maximum(jnp.max(jnp.abs(old)), jnp.finfo(old.dtype).tiny)
     return jnp.max(jnp.abs(new - old)) <= tol * scale
-
-
-def _affine_prefix_cols(a_mat, g):
-    """``M_k = A M_{k-1} + G_k`` for matrices ``G_k`` ``(K, n, c)`` from ``M_{-1} = 0``."""
-
-    def compose(left, right):
-        a1, g1 = left
-        a2, g2 = right
-        return a2 @ a1, a2 @ g1 + g2
-
-    mats = jnp.broadcast_to(a_mat, (g.shape[0],) + a_mat.shape)
-    return jax.lax.associative_scan(compose, (mats, g))[1]
 
 
 def _steady_smoother_parts(arrays: GaussianSSMArrays, head: int, tol):
@@ -303,8 +376,8 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
     def steady(_):
         carry, (lp_h, mean_h, cov_h, dif_h, filt_h, inn_h) = _scan_filter(
             arrays, y[:head], mask[:head], inputs[:head], collapse=False)
-        inn_lp, f_means, p_means, z, powers = _steady_means(
-            arrays, carry.mean, chol, w, y[head:], inputs[head:], powers_out=True)
+        inn_lp, f_means, p_means, z, a_mat = _steady_means_z(
+            arrays, carry.mean, chol, w, y[head:], inputs[head:])
         offs = (z @ lh)[:, :, None]  # H^T S^{-1} v_t
         filt = KalmanCarry(cat([filt_h.mean, f_means]),
                            cat([filt_h.cov, jnp.broadcast_to(filt_cov, (num_k, n, n))]),
@@ -312,7 +385,7 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
         total = pairwise_sum(cat([lp_h, inn_lp]))
         p_dif = jnp.zeros((num_k, n, q), dtype)
         if q:
-            f_dif = jnp.einsum("kij,jq->kiq", powers, carry.diffuse)
+            f_dif = _affine_scan(a_mat, jnp.zeros((num_k, n, q), dtype), carry.diffuse)
             p_dif = jnp.einsum("ij,kjq->kiq", f, cat([carry.diffuse[None], f_dif[:-1]]))
             xw = jnp.einsum("di,kiq->kdq", lh, p_dif)
             info = carry.info + jnp.cumsum(jnp.einsum("kdq,kdp->kqp", xw, xw), axis=0)
@@ -322,7 +395,7 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
                                  score=cat([filt_h.score, score]))
             total = total + _pdet_terms(info[-1], score[-1], dtype)[0] - carry.diffuse_log_lik
             offs = cat([offs, jnp.einsum("ij,kjq->kiq", info_mat, p_dif)], axis=2)
-        back = _affine_prefix_cols(l_bar.T, offs[::-1])[::-1]  # r_{t-1} (and r_X) at t
+        back = _affine_scan(l_bar.T, offs[::-1], jnp.zeros_like(offs[0]))[::-1]  # r_{t-1}, r_X
         n_tail = cat([jnp.broadcast_to(n_far, (num_k - head - 1, n, n)), n_rev[::-1],
                       info_mat[None]])
         l_tail = cat([jnp.broadcast_to(l_bar, (num_k - 1, n, n)), eye[None]])
