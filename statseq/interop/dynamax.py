@@ -40,6 +40,13 @@ from statseq.models.ssm.linear import (
 
 _SUPPORTED = "LinearGaussianSSM, CategoricalHMM, GaussianHMM, PoissonHMM, BernoulliHMM"
 
+_ARHMM_NOTE = (
+    "LinearAutoregressiveHMM is not converted: statseq's likelihood conditions on the "
+    "first num_lags observations, dynamax's scores them with zero pre-sample lags, so the "
+    "same parameters give different models (see LinearAutoregressiveHMM's docstring for "
+    "how to make dynamax compute statseq's likelihood)"
+)
+
 
 def _import_dynamax():
     """The dynamax modules used here, or an `ImportError` saying how to install them."""
@@ -104,6 +111,8 @@ def to_dynamax(model, params):
             "time-varying matrices differently); only the time-invariant LinearGaussianSSM "
             "converts"
         )
+    if type(model).__name__ == "LinearAutoregressiveHMM":
+        raise TypeError(_ARHMM_NOTE)
     converter = _TO_DYNAMAX.get(type(model))
     if converter is None:
         raise TypeError(
@@ -261,6 +270,8 @@ def from_dynamax(dynamax_model, dynamax_params, *, scalar: bool = False):
         dhmm.PoissonHMM: _poisson_from,
         dhmm.BernoulliHMM: _bernoulli_from,
     }
+    if type(dynamax_model) is dhmm.LinearAutoregressiveHMM:
+        raise TypeError(_ARHMM_NOTE)
     converter = table.get(type(dynamax_model))
     if converter is None:
         raise TypeError(

@@ -242,6 +242,17 @@ def test_to_dynamax_rejects_models_without_a_twin():
         ss.to_dynamax(model, model.default_params())
 
 
+def test_autoregressive_hmms_are_not_converted_either_way():
+    """The two libraries' AR-HMMs treat the first num_lags steps differently."""
+    from statseq.models.hmm.autoregressive import LinearAutoregressiveHMM
+
+    with pytest.raises(TypeError, match="conditions on the first num_lags"):
+        ss.to_dynamax(LinearAutoregressiveHMM(num_states=2, emission_dim=1), None)
+    dmodel = dhmm.LinearAutoregressiveHMM(2, emission_dim=1, num_lags=1)
+    with pytest.raises(TypeError, match="conditions on the first num_lags"):
+        ss.from_dynamax(dmodel, None)
+
+
 def test_to_dynamax_checks_params():
     model = ss.LinearGaussianSSM(state_dim=2)
     bad = model.default_params()._replace(dynamics_weights=jnp.eye(3))
@@ -252,11 +263,11 @@ def test_to_dynamax_checks_params():
 def test_from_dynamax_rejects_what_statseq_cannot_express():
     spherical = dhmm.SphericalGaussianHMM(2, emission_dim=2)
     with pytest.raises(TypeError, match="SphericalGaussianHMM has no statseq counterpart"):
-        ss.from_dynamax(spherical, spherical.initialize()[0])
+        ss.from_dynamax(spherical, None)
 
     several = dhmm.CategoricalHMM(2, emission_dim=2, num_classes=3)
     with pytest.raises(ValueError, match="emission_dim=2"):
-        ss.from_dynamax(several, several.initialize()[0])
+        ss.from_dynamax(several, None)
 
     lgssm = dlgssm.LinearGaussianSSM(state_dim=1, emission_dim=1)
     params, _ = lgssm.initialize()
@@ -267,7 +278,7 @@ def test_from_dynamax_rejects_what_statseq_cannot_express():
 
     bernoulli = dhmm.BernoulliHMM(2, emission_dim=1)
     with pytest.raises(ValueError, match="scalar=True applies"):
-        ss.from_dynamax(bernoulli, bernoulli.initialize()[0], scalar=True)
+        ss.from_dynamax(bernoulli, None, scalar=True)
 
 
 def test_conversion_reports_a_missing_dynamax(monkeypatch):
