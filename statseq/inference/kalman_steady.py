@@ -223,7 +223,8 @@ def steady_state_filter(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=
         arrays: time-invariant matrices (no time axes).
         y: ``(T, D)`` fully observed.
         inputs: ``(T, m)``.
-        head: the most exact steps before giving up on the steady state (static).
+        head: the most exact steps before giving up on the steady state (static; for
+            ``T <= 2 head`` this is `kalman_filter`).
         tol: relative tolerance of the convergence check.
 
     Returns:
@@ -234,10 +235,9 @@ def steady_state_filter(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=
     num_t, dim = y.shape
     dtype = arrays.initial_cov.dtype
     tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
-    head = min(head, num_t)
-    chunk = min(_CHUNK, head)
-    if chunk == 0:
+    if head < 1 or num_t <= 2 * head:  # too short to pay for compiling the steady path
         return kalman_filter(arrays, y, jnp.ones((num_t, dim), bool), inputs)
+    chunk = min(_CHUNK, head)
     head = head // chunk * chunk
     k, carry, steady, bufs, (pred_cov, chol, w, filt_cov, _) = _exact_until_steady(
         arrays, y, inputs, head, tol, _filter_outputs, chunk)

@@ -316,3 +316,24 @@ def test_steady_state_filter_equals_exact_filter():
     _assert_same_smoother(fast(arr, y, u, head=8), ref, 1e-14)
     forced = fast(arr, y, u, head=8, tol=np.inf)
     assert np.max(np.abs(forced.filtered_covs - ref.filtered_covs)) > 1e-8
+
+
+@pytest.mark.parametrize("q", [0, 2])
+def test_steady_state_log_probs_switches_as_soon_as_converged(q):
+    """The exact head stops at the first 16-step boundary where the covariance has
+    converged (well before ``head = 128`` here), and the log-densities from there on, by
+    the constant-gain recursion started at that traced step, equal the exact filter's."""
+    from statseq.inference.kalman import kalman_filter
+    from statseq.inference.kalman_steady import _exact_until_steady, steady_state_log_probs
+
+    arr, y, u = _steady_case(q, 1, t_len=300)
+    k, _, steady, _, _ = jax.jit(
+        lambda a, y, u: _exact_until_steady(a, y, u, 128, 1e-13, lambda r: r[0], 16)
+    )(arr, y, u)
+    assert bool(steady) and int(k) % 16 == 0 and 16 <= int(k) < 128
+    ref = jax.jit(kalman_filter)(arr, y, jnp.ones(y.shape, bool), u).log_probs
+    got, final = jax.jit(steady_state_log_probs, static_argnames="head")(arr, y, u, head=128)
+    np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-11)
+    assert not np.array_equal(np.asarray(got[int(k):]), np.asarray(ref[int(k):]))
+    np.testing.assert_array_equal(got[: int(k)], ref[: int(k)])  # the exact head itself
+    assert int(final.t) == y.shape[0]

@@ -1,0 +1,87 @@
+"""Checks passed by the same immutable JAX arrays are remembered (`statseq.core.memo`);
+mutable inputs and failed checks never are."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import statseq as ss
+from statseq.core import params as params_module
+from statseq.core import validation
+from statseq.core.memo import IdentityMemo
+
+
+def test_identity_memo_matches_objects_not_values():
+    memo = IdentityMemo(maxsize=2)
+    x, y = jnp.ones(3), jnp.ones(3)
+    memo.put("k", (x,), 1)
+    assert memo.get("k", (x,)) == 1
+    assert memo.get("k", (y,)) is None  # equal values, another object
+    assert memo.get("other", (x,)) is None
+    memo.put("k", (np.ones(3),), 2)  # NumPy arrays are mutable: never stored
+    assert len(memo._entries) == 1
+    memo.put("k", (y,), 3)
+    memo.put("k2", (y,), 4)  # maxsize 2: the least recently used entry (x) goes
+    assert memo.get("k", (x,)) is None and memo.get("k", (y,)) == 3
+    memo.put(["unhashable"], (x,), 5)  # ignored, not an error
+    assert memo.get(["unhashable"], (x,)) is None
+
+
+def test_identity_memo_forgets_freed_arrays():
+    memo = IdentityMemo()
+    x = jnp.arange(4.0)
+    memo.put("k", (x,), "ok")
+    (full,) = memo._entries
+    del x
+    # whatever object gets the freed id next, the dead weak reference cannot match it
+    refs, _ = memo._entries[full]
+    assert refs[0]() is None
+
+
+def test_validate_params_runs_once_per_set_of_arrays(monkeypatch):
+    model = ss.AR(order=1)
+    p = model.default_params()
+    calls = []
+    original = params_module._validate_params
+    monkeypatch.setattr(params_module, "_validate_params",
+                        lambda m, q: calls.append(1) or original(m, q))
+    params_module._PARAMS_OK.clear()
+    y = jnp.asarray(np.random.default_rng(0).normal(size=20))
+    ss.log_prob(model, p, y)
+    ss.log_prob(model, p, y)
+    assert len(calls) == 1
+    ss.log_prob(model, p._replace(coeffs=jnp.asarray(p.coeffs) * 0.5), y)
+    assert len(calls) == 2
+    # NumPy leaves are mutable: checked on every call
+    p_np = p._replace(coeffs=np.asarray(p.coeffs))
+    ss.log_prob(model, p_np, y)
+    ss.log_prob(model, p_np, y)
+    assert len(calls) == 4
+
+
+def test_invalid_params_and_data_raise_on_every_call():
+    model = ss.AR(order=1)
+    p = model.default_params()
+    bad = p._replace(cov=-jnp.asarray(p.cov))
+    y = jnp.asarray([0.1, np.nan, 0.3])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="non-finite"):
+            ss.log_prob(model, p, y)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cov"):
+            ss.log_prob(model, bad, jnp.zeros(3))
+
+
+def test_prepare_data_is_remembered_for_the_same_arrays():
+    model = ss.AR(order=1)
+    y = jnp.asarray(np.random.default_rng(1).normal(size=10))
+    mask = jnp.asarray(np.arange(10) % 3 != 1)
+    a = validation.prepare_data(model, y)
+    assert validation.prepare_data(model, y) is a
+    b = validation.prepare_data(model, y, mask)
+    assert b is not a and not b.complete
+    assert validation.prepare_data(model, y, mask) is b
+    y_np = np.asarray(y)
+    assert validation.prepare_data(model, y_np) is not validation.prepare_data(model, y_np)
