@@ -172,7 +172,7 @@ def _lgssm_to(model, params, dhmm, dlgssm):
 
 def _initialize(dmodel, **values):
     """``dmodel.initialize`` with every value given (nothing is drawn from the key)."""
-    dparams, _ = dmodel.initialize(key=jax.random.PRNGKey(0), **values)
+    dparams, _ = dmodel.initialize(key=jax.random.key(0), **values)
     return dmodel, dparams
 
 

@@ -168,13 +168,13 @@ def test_from_dynamax_preserves_the_likelihood_and_round_trips(name, rng):
     dmodel = DYNAMAX_MODELS[name]()
     if name.startswith("lgssm"):
         dparams, _ = dmodel.initialize(
-            jax.random.PRNGKey(1), dynamics_weights=jnp.asarray([[0.8, 0.1], [-0.2, 0.7]]),
+            jax.random.key(1), dynamics_weights=jnp.asarray([[0.8, 0.1], [-0.2, 0.7]]),
             **({"dynamics_input_weights": jnp.asarray(rng.normal(size=(2, 1))),
                 "dynamics_bias": jnp.asarray(rng.normal(size=2)),
                 "emission_input_weights": jnp.asarray(rng.normal(size=(3, 1))),
                 "emission_bias": jnp.asarray(rng.normal(size=3))} if name == "lgssm" else {}))
     else:
-        dparams, _ = dmodel.initialize(jax.random.PRNGKey(1))  # draws from dynamax's prior
+        dparams, _ = dmodel.initialize(jax.random.key(1))  # draws from dynamax's prior
     y, inputs = _dynamax_data(name, dmodel, rng)
     model, params = ss.from_dynamax(dmodel, dparams)
     y_statseq = y[:, 0] if name == "categorical" else y
@@ -200,7 +200,7 @@ def test_from_dynamax_preserves_the_likelihood_and_round_trips(name, rng):
 
 def test_scalar_option_gives_statseq_scalar_models(rng):
     dmodel = dhmm.PoissonHMM(K, emission_dim=1)
-    dparams, _ = dmodel.initialize(jax.random.PRNGKey(2))
+    dparams, _ = dmodel.initialize(jax.random.key(2))
     model, params = ss.from_dynamax(dmodel, dparams, scalar=True)
     assert model.event_shape == () and params.emissions.rates.shape == (K,)
     y = rng.poisson(2.0, size=T)
@@ -210,7 +210,7 @@ def test_scalar_option_gives_statseq_scalar_models(rng):
 
 def test_diagonal_emission_covariance_vector_is_accepted(rng):
     dmodel = dlgssm.LinearGaussianSSM(state_dim=2, emission_dim=2)
-    dparams, _ = dmodel.initialize(jax.random.PRNGKey(3))
+    dparams, _ = dmodel.initialize(jax.random.key(3))
     diag = jnp.asarray([0.3, 0.7])
     diag_params = dparams._replace(emissions=dparams.emissions._replace(cov=diag))
     model, params = ss.from_dynamax(dmodel, diag_params)
