@@ -15,10 +15,11 @@ loss (the table shows the relative difference from statseq's). Peers:
 * PyTorch ``nn.LSTM`` (fused CPU kernels), default thread count and single-threaded.
 
 statseq runs the program `statseq.fit_sgd` compiles: ``run_filter`` on complete data (the
-whole-sequence path: the input projection hoisted out of the scan) under
-``jax.value_and_grad``. First calls are timed with compile time separated (JAX's own
-compile events); steady-state times are medians over interleaved rounds (every
-implementation once per round, rotating order) and ratios are medians of per-round ratios.
+batch-level path: one time-major scan over the whole batch, the LSTM layer's hand-written
+chunked backward pass) under ``jax.value_and_grad``. First calls are timed with compile
+time separated (JAX's own compile events); steady-state times are medians over interleaved
+rounds (every implementation once per round, rotating order) and ratios are medians of
+per-round ratios.
 
 Usage:
     python benchmarks/bench_rnn.py [--quick] [--output PATH] [--cpus 0]

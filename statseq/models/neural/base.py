@@ -81,6 +81,15 @@ class Backbone(abc.ABC):
         """Run from ``state`` over ``xs`` ``(T, input_dim)``: ``(final_state, hs (T, F))``."""
         return jax.lax.scan(lambda s, x: self.step(params, s, x), state, xs)
 
+    def scan_time_major(self, params, state, xs):
+        """Run a batch: ``state`` with leaves ``(N, ...)``, ``xs`` ``(T, N, input_dim)`` ->
+        ``(final_state (N, ...), hs (T, N, F))``.
+
+        Default: `scan` vmapped over the batch. A backbone whose `scan` handles a batch
+        directly (one scan with ``(N, H)`` states, batched weight gradients) overrides it.
+        """
+        return jax.vmap(self.scan, in_axes=(None, 0, 1), out_axes=(0, 1))(params, state, xs)
+
     def sequence(self, params, xs):
         """Features ``hs`` of shape ``(T, output_dim)`` for inputs ``xs`` ``(T, input_dim)``
         from the initial state."""
@@ -233,21 +242,40 @@ class NeuralSequenceModel(SequenceModel):
         return lp, NeuralCarry(state, self.head.encode(y_t, mask_t))
 
     def complete_data_log_probs(self, params, y, inputs):
-        """Per-step log-densities of a fully observed sequence through `Backbone.scan`.
-
-        The inputs ``x_{1:T}`` (shifted encoded observations and covariates) are built at
-        once, the backbone runs over the whole sequence, and the head scores every step
-        in one call. Equal to the step-by-step filter (a test checks this in float64).
+        """Per-step log-densities of one fully observed sequence (`complete_data_log_probs_batch`
+        on a batch of one).
 
         Returns:
             ``(log_probs (T,), final_carry)``.
         """
-        head = self.head
-        ones = jnp.ones(y.shape, bool)
-        enc = jax.vmap(head.encode)(y, ones)  # (T, E)
+        log_probs, final = self.complete_data_log_probs_batch(params, y[None], inputs[None])
+        return log_probs[0], jax.tree.map(lambda a: a[0], final)
+
+    def complete_data_log_probs_batch(self, params, y, inputs):
+        """Per-step log-densities of a batch of fully observed sequences, time-major inside.
+
+        The inputs ``x_{1:T}`` (shifted encoded observations and covariates) of every
+        sequence are built at once as a ``(T, N, input_dim)`` array, the backbone runs over
+        the whole batch (`Backbone.scan_time_major`: for the recurrent cells one scan whose
+        recurrent products are ``(N, H)`` matrix products), and the head scores every step
+        in one call. Equal to the step-by-step filter (a test checks this in float64).
+
+        Args:
+            params: `NeuralParams`.
+            y: ``(N, T) + event_shape`` observations (nothing masked).
+            inputs: ``(N, T, input_dim)`` covariates.
+
+        Returns:
+            ``(log_probs (N, T), final_carry)`` with carry leaves ``(N, ...)``.
+        """
+        head, backbone = self.head, self.backbone
+        y_tm = jnp.swapaxes(y, 0, 1)  # (T, N, *event)
+        enc = jax.vmap(jax.vmap(head.encode))(y_tm, jnp.ones(y_tm.shape, bool))  # (T, N, E)
         prev = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]], axis=0)
-        xs = jnp.concatenate([prev, inputs.astype(enc.dtype)], axis=1)
-        state0 = self.backbone.initial_state(params.backbone)
-        final, hs = self.backbone.scan(params.backbone, state0, xs)
-        log_probs = head.distribution(params.head, hs).log_prob(y)
-        return log_probs, NeuralCarry(final, enc[-1])
+        xs = jnp.concatenate([prev, jnp.swapaxes(inputs, 0, 1).astype(enc.dtype)], axis=-1)
+        num = y.shape[0]
+        state0 = jax.tree.map(lambda a: jnp.broadcast_to(a, (num,) + a.shape),
+                              backbone.initial_state(params.backbone))
+        final, hs = backbone.scan_time_major(params.backbone, state0, xs)
+        log_probs = head.distribution(params.head, hs).log_prob(y_tm)  # (T, N)
+        return log_probs.T, NeuralCarry(final, enc[-1])

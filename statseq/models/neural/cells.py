@@ -15,7 +15,9 @@ Weights of all gates are fused into one matrix per layer (``w_in`` is ``(G H, I)
 sequence, Elman and GRU layers compute the input projection ``W_x x_t + b`` for every ``t``
 in one matrix product before the scan, which then carries only the recurrent product; the
 LSTM layer runs `lstm_layer`, whose backward pass is written by hand (weight gradients as
-one matrix product over all steps after a reverse scan).
+large matrix products over chunks of steps). Every layer also runs a time-major batch
+``(T, N, I)`` with states ``(N, H)`` in one scan (`RNNBackbone.scan_time_major`, the
+models' batch-level fast path).
 """
 
 from __future__ import annotations
@@ -53,97 +55,151 @@ class RNNLayerParams(NamedTuple):
 
 
 def _recur(cell, p, state, gi):
-    """One cell step from the precomputed input projection ``gi = W_x x + b``."""
+    """One cell step from the precomputed input projection ``gi = W_x x + b``.
+
+    States may carry leading batch dimensions (``(H,)`` or ``(N, H)``): the recurrent
+    product is ``state @ W_h^T`` and gates are sliced on the last axis.
+    """
     if cell == "elman":
-        h = jnp.tanh(gi + p.w_rec @ state)
+        h = jnp.tanh(gi + state @ p.w_rec.T)
         return h, h
     if cell == "gru":
         hid = state.shape[-1]
-        gh = p.w_rec @ state
-        r = jax.nn.sigmoid(gi[:hid] + gh[:hid])
-        z = jax.nn.sigmoid(gi[hid:2 * hid] + gh[hid:2 * hid])
-        n = jnp.tanh(gi[2 * hid:] + r * (gh[2 * hid:] + p.bias_rec))
+        gh = state @ p.w_rec.T
+        r = jax.nn.sigmoid(gi[..., :hid] + gh[..., :hid])
+        z = jax.nn.sigmoid(gi[..., hid:2 * hid] + gh[..., hid:2 * hid])
+        n = jnp.tanh(gi[..., 2 * hid:] + r * (gh[..., 2 * hid:] + p.bias_rec))
         h = n + z * (state - n)
         return h, h
     h_prev, c_prev = state
-    hid = h_prev.shape[-1]
-    g = gi + p.w_rec @ h_prev
-    i = jax.nn.sigmoid(g[:hid])
-    f = jax.nn.sigmoid(g[hid:2 * hid])
-    c = f * c_prev + i * jnp.tanh(g[2 * hid:3 * hid])
-    h = jax.nn.sigmoid(g[3 * hid:]) * jnp.tanh(c)
+    h, c, _ = _lstm_cell(gi + h_prev @ p.w_rec.T, c_prev)
     return (h, c), h
 
 
-def _lstm_forward(w_in, bias, w_rec, xs, h0, c0):
-    """LSTM recurrence over inputs ``xs`` ``(T, I)``; returns ``(hs, cs, gates)`` with the
-    activated gates ``[i, f, g, o]`` of every step."""
-    hid = h0.shape[-1]
+def _lstm_cell(a, c_prev):
+    """LSTM update from the gate pre-activations ``a`` ``(..., 4H)`` ``[i, f, g, o]``:
+    ``(h, c, (i, f, g, o, tanh(c)))``."""
+    hid = c_prev.shape[-1]
+    ifo = jax.nn.sigmoid(jnp.concatenate([a[..., :2 * hid], a[..., 3 * hid:]], axis=-1))
+    i, f, o = ifo[..., :hid], ifo[..., hid:2 * hid], ifo[..., 2 * hid:]
+    g = jnp.tanh(a[..., 2 * hid:3 * hid])
+    c = f * c_prev + i * g
+    tc = jnp.tanh(c)
+    return o * tc, c, (i, f, g, o, tc)
+
+
+def _lstm_forward(w_in, bias, w_rec, xs, h0, c0, residuals: bool):
+    """LSTM recurrence over ``xs`` ``(T, N, I)`` from ``h0``, ``c0`` ``(N, H)``: ``(hs,
+    c_T, rs)``, with (if ``residuals``) per step ``r_t = [D_t, f_t, e_t]`` ``(N, 6H)``:
+    ``D = [g i(1-i), c_{t-1} f(1-f), i(1-g^2), tanh(c_t) o(1-o)]`` (the derivatives of
+    the gate pre-activations, up to the factors ``dc_t`` and ``dh_t``), the forget gate,
+    and ``e = o (1 - tanh(c_t)^2)`` (``d c_t / d h_t``)."""
 
     def body(carry, x):
-        h, c = carry
-        a = w_in @ x + bias + w_rec @ h
-        ifo = jax.nn.sigmoid(jnp.concatenate([a[:2 * hid], a[3 * hid:]]))
-        i, f, o = ifo[:hid], ifo[hid:2 * hid], ifo[2 * hid:]
-        g = jnp.tanh(a[2 * hid:3 * hid])
-        c = f * c + i * g
-        h = o * jnp.tanh(c)
-        return (h, c), (h, c, jnp.concatenate([i, f, g, o]))
+        h, c_prev = carry
+        h, c, (i, f, g, o, tc) = _lstm_cell(x @ w_in.T + bias + h @ w_rec.T, c_prev)
+        if not residuals:
+            return (h, c), (h, None)
+        r = jnp.concatenate([g * i * (1.0 - i), c_prev * f * (1.0 - f), i * (1.0 - g * g),
+                             tc * o * (1.0 - o), f, o * (1.0 - tc * tc)], axis=-1)
+        return (h, c), (h, r)
 
-    _, (hs, cs, gates) = jax.lax.scan(body, (h0, c0), xs)
-    return hs, cs, gates
+    (_, c_last), (hs, rs) = jax.lax.scan(body, (h0, c0), xs)
+    return hs, c_last, rs
+
+
+def lstm_layer(w_in, bias, w_rec, xs, h0, c0):
+    """Hidden states ``hs`` ``(T, ..., H)`` and the last cell state ``c_T`` of an LSTM
+    layer over inputs ``xs`` ``(T, ..., I)`` from ``(h0, c0)`` ``(..., H)``: one sequence
+    (``xs`` ``(T, I)``) or a time-major batch (``(T, N, I)``, states ``(N, H)``).
+
+    Differentiated by a hand-written backward pass (backpropagation through time,
+    `_lstm_bwd`): the forward pass stores per step the gate derivatives, the reverse pass
+    needs one elementwise product and one ``(N, 4H) @ (4H, H)`` product per step, and the
+    weight gradients are large matrix products over chunks of steps, where automatic
+    differentiation of the scan would form an outer product at every step.
+
+    Returns:
+        ``(hs, c_T)``.
+    """
+    if xs.ndim == 2:  # one sequence: a batch of one
+        hs, c_last = _lstm_layer(w_in, bias, w_rec, xs[:, None], h0[None], c0[None])
+        return hs[:, 0], c_last[0]
+    return _lstm_layer(w_in, bias, w_rec, xs, h0, c0)
 
 
 @jax.custom_vjp
-def lstm_layer(w_in, bias, w_rec, xs, h0, c0):
-    """Hidden and cell states ``(hs, cs)`` ``(T, H)`` of an LSTM layer over inputs ``xs``
-    ``(T, I)`` from the initial ``(h0, c0)``.
-
-    Differentiated by a hand-written backward pass (backpropagation through time): a
-    reverse scan carries ``(dh, dc)`` and emits the gate pre-activation gradients ``da_t``;
-    the weight gradients are then single matrix products over all steps
-    (``sum_t da_t h_{t-1}^T``, ``sum_t da_t x_t^T``), where automatic differentiation of
-    the scan would accumulate an outer product at every step.
-    """
-    hs, cs, _ = _lstm_forward(w_in, bias, w_rec, xs, h0, c0)
-    return hs, cs
+def _lstm_layer(w_in, bias, w_rec, xs, h0, c0):
+    hs, c_last, _ = _lstm_forward(w_in, bias, w_rec, xs, h0, c0, residuals=False)
+    return hs, c_last
 
 
 def _lstm_fwd(w_in, bias, w_rec, xs, h0, c0):
-    hs, cs, gates = _lstm_forward(w_in, bias, w_rec, xs, h0, c0)
-    return (hs, cs), (w_in, w_rec, xs, h0, c0, hs, cs, gates)
+    hs, c_last, rs = _lstm_forward(w_in, bias, w_rec, xs, h0, c0, residuals=True)
+    return (hs, c_last), (w_in, w_rec, xs, h0, hs, rs)
+
+
+_CHUNK = 32
 
 
 def _lstm_bwd(res, cotangents):
-    w_in, w_rec, xs, h0, c0, hs, cs, gates = res
-    dhs, dcs = cotangents
+    """Backpropagation through time, last chunk of ``_CHUNK`` steps first.
+
+    Per step (reverse): ``dh_t += dL/dh_t``, ``dc_t += dh_t e_t``,
+    ``da_t = [dc_t, dc_t, dc_t, dh_t] * D_t``, then ``dh_{t-1} = da_t W_h``,
+    ``dc_{t-1} = dc_t f_t``. The ``da_t`` of a chunk are written feature-major into a
+    ``(4H, K, N)`` buffer, so that the chunk's weight gradient is one plain matrix product
+    ``(4H, K N) @ (K N, H + I)`` with the rows ``[h_{t-1}, x_t]``. Chunks keep temporaries
+    small (no full-length gradient arrays, whose fresh memory costs page faults on every
+    call) while the weight products stay large.
+    """
+    w_in, w_rec, xs, h0, hs, rs = res
+    dhs, dc_last = cotangents
+    num_t, num_b, num_in = xs.shape
     hid = h0.shape[-1]
-    c_prev = jnp.concatenate([c0[None], cs[:-1]], axis=0)
-    tanh_c = jnp.tanh(cs)
+    gates = 4 * hid
 
-    def body(carry, step):
-        dh, dc = carry
-        dh_out, dc_out, gate, tc, cp = step
-        i, f, g, o = gate[:hid], gate[hid:2 * hid], gate[2 * hid:3 * hid], gate[3 * hid:]
-        dh = dh + dh_out
-        dc = dc + dc_out + dh * o * (1.0 - tc**2)
-        da = jnp.concatenate([
-            dc * g * i * (1.0 - i),
-            dc * cp * f * (1.0 - f),
-            dc * i * (1.0 - g**2),
-            dh * tc * o * (1.0 - o),
-        ])
-        return (da @ w_rec, dc * f), da
+    def chunk(state, start, length):
+        """Steps ``start .. start + length - 1`` (``length`` static)."""
+        dh, dc, dw, db, buf = state
 
-    zero = jnp.zeros_like(h0)
-    (dh0, dc0), das = jax.lax.scan(
-        body, (zero, zero), (dhs, dcs, gates, tanh_c, c_prev), reverse=True
-    )
-    h_prev = jnp.concatenate([h0[None], hs[:-1]], axis=0)
-    return das.T @ xs, das.sum(0), das.T @ h_prev, das @ w_in, dh0, dc0
+        def body(j, carry):
+            dh, dc, buf = carry
+            k = length - 1 - j
+            r, dh = rs[start + k], dh + dhs[start + k]
+            dc = dc + dh * r[:, 5 * hid:]
+            da = jnp.concatenate([dc, dc, dc, dh], axis=-1) * r[:, :gates]
+            buf = jax.lax.dynamic_update_slice(buf, da.T[:, None, :], (0, k, 0))
+            return da @ w_rec, dc * r[:, gates:5 * hid], buf
+
+        dh, dc, buf = jax.lax.fori_loop(0, length, body, (dh, dc, buf))
+        if isinstance(start, int) and start == 0:
+            h_prev = jnp.concatenate([h0[None], hs[:length - 1]], axis=0)
+        else:
+            h_prev = jax.lax.dynamic_slice_in_dim(hs, start - 1, length)
+        x = jax.lax.dynamic_slice_in_dim(xs, start, length)
+        rows = jnp.concatenate([h_prev, x], axis=-1).reshape(length * num_b, hid + num_in)
+        dw = dw + buf.reshape(gates, length * num_b) @ rows
+        dx = jnp.einsum("gkn,gi->kni", buf, w_in)
+        return (dh, dc, dw, db + buf.sum((1, 2)), buf), dx
+
+    first = num_t % _CHUNK or min(num_t, _CHUNK)  # steps 0 .. first - 1, a static chunk
+    num_chunks = (num_t - first) // _CHUNK
+    dtype = w_rec.dtype
+    state = (jnp.zeros_like(h0), dc_last, jnp.zeros((gates, hid + num_in), dtype),
+             jnp.zeros((gates,), dtype), jnp.zeros((gates, _CHUNK, num_b), dtype))
+    dxs = []
+    if num_chunks:
+        state, dx = jax.lax.scan(lambda s, c: chunk(s, first + c * _CHUNK, _CHUNK), state,
+                                 jnp.arange(num_chunks), reverse=True)
+        dxs.append(dx.reshape((num_chunks * _CHUNK,) + dx.shape[2:]))
+    state = state[:4] + (jnp.zeros((gates, first, num_b), dtype),)
+    (dh0, dc0, dw, db, _), dx = chunk(state, 0, first)
+    dxs = jnp.concatenate([dx] + dxs, axis=0) if dxs else dx
+    return dw[:, hid:], db, dw[:, :hid], dxs, dh0, dc0
 
 
-lstm_layer.defvjp(_lstm_fwd, _lstm_bwd)
+_lstm_layer.defvjp(_lstm_fwd, _lstm_bwd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,12 +287,17 @@ class RNNBackbone(Backbone):
 
     def scan(self, params, state, xs):
         """Layer by layer: one matrix product for the input projection of every step,
-        then a scan of the recurrent part."""
+        then a scan of the recurrent part (the LSTM's with `lstm_layer`).
+
+        ``xs`` is ``(T, I)`` with the state's leaves ``(H,)``, or a time-major batch
+        ``(T, N, I)`` with leaves ``(N, H)`` (then the recurrent products are
+        matrix-matrix products over the batch).
+        """
         finals, hs = [], xs
         for p, s in zip(params, state, strict=True):
             if self.cell == "lstm":
-                hs, cs = lstm_layer(p.w_in, p.bias, p.w_rec, hs, *s)
-                s = (hs[-1], cs[-1])
+                hs, c_last = lstm_layer(p.w_in, p.bias, p.w_rec, hs, *s)
+                s = (hs[-1], c_last)
             else:
                 gis = hs @ p.w_in.T + p.bias
                 s, hs = jax.lax.scan(
@@ -244,3 +305,8 @@ class RNNBackbone(Backbone):
                 )
             finals.append(s)
         return tuple(finals), hs
+
+    def scan_time_major(self, params, state, xs):
+        """A time-major batch ``xs`` ``(T, N, I)`` from ``state`` (leaves ``(N, H)``): one
+        scan over the whole batch (`scan` handles leading batch dimensions)."""
+        return self.scan(params, state, xs)
