@@ -12,6 +12,7 @@ prior density taken in the constrained (natural) parameterization.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -147,9 +148,25 @@ def validate_params(model, params) -> None:
     _PARAMS_OK.put((model, treedef), flat, True)
 
 
-def _validate_params(model, params) -> None:
+def _param_spec(model):
+    """``(shapes, expected leaf shapes, treedef, constraints, names)`` of ``model``'s
+    parameters; computed once per (hashable) model."""
+    try:
+        return _param_spec_cached(model)
+    except TypeError:  # an unhashable model
+        return _param_spec_cached.__wrapped__(model)
+
+
+@functools.lru_cache(maxsize=64)
+def _param_spec_cached(model):
     shapes = model.param_shapes()
     expected_leaves, tree = jax.tree.flatten(shapes, is_leaf=is_shape)
+    cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+    return shapes, expected_leaves, tree, cons, _leaf_names(shapes, is_shape)
+
+
+def _validate_params(model, params) -> None:
+    shapes, expected_leaves, tree, cons, names = _param_spec(model)
     try:
         leaves = tree.flatten_up_to(params)
     except (ValueError, TypeError) as err:
@@ -157,8 +174,6 @@ def _validate_params(model, params) -> None:
             f"params must be a {type(shapes).__name__} for {type(model).__name__}; "
             f"got {type(params).__name__}"
         ) from err
-    names = _leaf_names(shapes, is_shape)
-    cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
     for name, shape, value, con in zip(names, expected_leaves, leaves, cons, strict=True):
         if isinstance(value, jax.core.Tracer):
             continue
@@ -188,19 +203,17 @@ def _satisfies(con, arr) -> bool:
         tol = 1e-4 if arr.dtype == np.float32 else 1e-8
         return bool(np.all(arr >= 0) and np.allclose(arr.sum(-1), 1.0, atol=tol * arr.shape[-1]))
     if con is constraints.positive_definite:
-        sym = np.allclose(arr, np.swapaxes(arr, -1, -2), rtol=1e-5, atol=1e-6 * (
-            1.0 + np.abs(arr).max()))
         a64 = np.asarray(arr, np.float64)
-        try:
-            np.linalg.cholesky(a64)
-        except np.linalg.LinAlgError:
+        a_t = np.swapaxes(a64, -1, -2)
+        atol = 1e-6 * (1.0 + np.abs(a64).max())
+        if not (np.abs(a64 - a_t) <= atol + 1e-5 * np.abs(a_t)).all():  # np.allclose
             return False
-        # numerically singular matrices pass Cholesky but break every density downstream
-        evals = np.linalg.eigvalsh(0.5 * (a64 + np.swapaxes(a64, -1, -2)))
-        eps = np.finfo(np.asarray(arr).dtype if np.asarray(arr).dtype.kind == "f"
-                       else np.float64).eps
+        # the smallest eigenvalue above a floor: positive definite, and not numerically
+        # singular (such matrices pass Cholesky but break every density downstream)
+        evals = np.linalg.eigvalsh(0.5 * (a64 + a_t))
+        eps = np.finfo(arr.dtype if arr.dtype.kind == "f" else np.float64).eps
         floor = 10 * arr.shape[-1] * eps * np.abs(evals).max(axis=-1)
-        return bool(sym) and bool(np.all(evals.min(axis=-1) > floor))
+        return bool((evals.min(axis=-1) > floor).all())
     return bool(np.all(con.check(jnp.asarray(arr))))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -132,7 +133,8 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
     done = _PREPARED.get(key, arrays)
     if done is None:
         done = _prepare_data(model, y, mask, inputs, name)
-        _PREPARED.put(key, arrays, done)
+        if not any(map(_is_tracer, (done.y, done.mask, done.inputs))):  # not inside a trace
+            _PREPARED.put(key, arrays, done)
     return done
 
 
@@ -213,14 +215,17 @@ def _prepare_data(model, y, mask, inputs, name) -> Prepared:
                 f"(first at index {first}); mark missing values with mask=False "
                 "(statseq.missing_mask(y) builds such a mask)"
             )
-        model.validate_data(np.where(mask_arr, y_np, 0), np.asarray(mask_arr))
+        model.validate_data(y_np if mask is None else np.where(mask_arr, y_np, 0),
+                            np.asarray(mask_arr))
 
     dtype = float_dtype() if model.observation_dtype == "real" else jnp.int32
     eager = not (_is_tracer(y) or _is_tracer(mask_arr) or _is_tracer(inputs))
     # eagerly, clean and reshape in NumPy and transfer once: each eager jnp op costs a
     # dispatch, which dominated short calls
     xp = np if eager else jnp
-    if model.observation_dtype == "real":
+    if model.observation_dtype == "real" and eager and mask is None:
+        y_clean = np.asarray(y).astype(dtype, copy=False)  # checked finite above
+    elif model.observation_dtype == "real":
         y_clean = xp.where(xp.asarray(mask_arr), xp.asarray(y).astype(dtype), 0.0)
     else:
         y_clean = xp.where(xp.asarray(mask_arr), xp.asarray(y), 0).astype(dtype)
@@ -255,14 +260,30 @@ def _prepare_data(model, y, mask, inputs, name) -> Prepared:
         )
 
     flat = (int(np.prod(batch_shape, dtype=int)), num_timesteps)
+    if eager and mask is None:  # an all-True mask: one shared device array per shape
+        mask_dev = _device_constant(flat + event_shape, "bool", True)
+    else:
+        mask_dev = jnp.asarray(xp.reshape(xp.asarray(mask_arr), flat + event_shape))
+    if eager and num_inputs == 0:
+        inputs_dev = _device_constant(flat + (0,), np.dtype(float_dtype()).name, 0)
+    else:
+        inputs_dev = jnp.asarray(xp.reshape(inputs_arr, flat + (num_inputs,)))
     return Prepared(
         y=jnp.asarray(xp.reshape(y_clean, flat + event_shape)),
-        mask=jnp.asarray(xp.reshape(xp.asarray(mask_arr), flat + event_shape)),
-        inputs=jnp.asarray(xp.reshape(inputs_arr, flat + (num_inputs,))),
+        mask=mask_dev,
+        inputs=inputs_dev,
         batch_shape=batch_shape,
         num_timesteps=num_timesteps,
         complete=bool(mask is None or (not _is_tracer(mask_arr) and np.all(mask_arr))),
     )
+
+
+@functools.lru_cache(maxsize=32)
+def _device_constant(shape: tuple, dtype: str, value):
+    """A device array of ``shape`` filled with ``value`` (JAX arrays are immutable, so one
+    can serve every call with that shape); concrete even when called under a trace."""
+    with jax.ensure_compile_time_eval():
+        return jnp.full(shape, value, dtype)
 
 
 def missing_mask(y):

@@ -90,22 +90,24 @@ def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, ou
     bufs = jax.tree.map(lambda s: jnp.zeros((head,) + s.shape[1:], s.dtype), out_shape)
     gain0 = _steady_gain(arrays, carry0.cov, tol)
 
-    def cond(state):
-        i, _, steady, _, _ = state
-        return (i * chunk < head) & ~steady
+    def body(state, i):
+        def run(_):
+            _, carry, _, bufs, _ = state
+            start = i * chunk
+            carry, outs = run_chunk(carry, start)
+            bufs = jax.tree.map(
+                lambda b, o: jax.lax.dynamic_update_slice_in_dim(b, o, start, 0), bufs, outs)
+            gain = _steady_gain(arrays, carry.cov, tol)
+            return start + chunk, carry, carry.collapsed & gain[4], bufs, gain
 
-    def body(state):
-        i, carry, _, bufs, _ = state
-        start = i * chunk
-        carry, outs = run_chunk(carry, start)
-        bufs = jax.tree.map(
-            lambda b, o: jax.lax.dynamic_update_slice_in_dim(b, o, start, 0), bufs, outs)
-        gain = _steady_gain(arrays, carry.cov, tol)
-        return i + 1, carry, carry.collapsed & gain[4], bufs, gain
+        # a scan over the chunks with the rest skipped once steady (not a while_loop, which
+        # reverse-mode differentiation cannot go through)
+        return jax.lax.cond(state[2], lambda _: state, run, None), None
 
-    i, carry, steady, bufs, gain = jax.lax.while_loop(
-        cond, body, (jnp.zeros((), jnp.int32), carry0, jnp.asarray(False), bufs, gain0))
-    return i * chunk, carry, steady, bufs, gain
+    init = (jnp.zeros((), jnp.int32), carry0, jnp.asarray(False), bufs, gain0)
+    steps = jnp.arange(head // chunk, dtype=jnp.int32)
+    (k, carry, steady, bufs, gain), _ = jax.lax.scan(body, init, steps)
+    return k, carry, steady, bufs, gain
 
 
 def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None):

@@ -85,3 +85,18 @@ def test_prepare_data_is_remembered_for_the_same_arrays():
     assert validation.prepare_data(model, y, mask) is b
     y_np = np.asarray(y)
     assert validation.prepare_data(model, y_np) is not validation.prepare_data(model, y_np)
+
+
+def test_log_prob_inside_jit_with_a_captured_series_leaks_no_tracer():
+    """Under a trace the prepared arrays are tracers: they must not be remembered (a later
+    eager call with the same series would otherwise receive a leaked tracer)."""
+    import jax
+
+    model = ss.AR(order=1)
+    p = model.default_params()
+    y = jnp.asarray(np.random.default_rng(2).normal(size=12))
+    traced = jax.jit(lambda coeffs: ss.log_prob(model, p._replace(coeffs=coeffs), y))
+    a = traced(p.coeffs)
+    b = ss.log_prob(model, p, y)
+    np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert not isinstance(validation.prepare_data(model, y).y, jax.core.Tracer)

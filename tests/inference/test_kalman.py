@@ -337,3 +337,24 @@ def test_steady_state_log_probs_switches_as_soon_as_converged(q):
     assert not np.array_equal(np.asarray(got[int(k):]), np.asarray(ref[int(k):]))
     np.testing.assert_array_equal(got[: int(k)], ref[: int(k)])  # the exact head itself
     assert int(final.t) == y.shape[0]
+
+
+@pytest.mark.parametrize("q", [0, 1])
+def test_steady_state_log_likelihood_gradient_equals_exact(q):
+    """Reverse-mode gradients go through the early switch (fit_sgd, fit_lbfgs and NUTS
+    differentiate it) and equal those of the exact filter."""
+    from statseq.inference.kalman import kalman_filter
+    from statseq.inference.kalman_steady import steady_state_log_probs
+
+    arr, y, u = _steady_case(q, 1, t_len=300)
+
+    def fast(scale):
+        a = arr._replace(dynamics_cov=scale * arr.dynamics_cov)
+        return jnp.sum(steady_state_log_probs(a, y, u, head=128)[0])
+
+    def exact(scale):
+        a = arr._replace(dynamics_cov=scale * arr.dynamics_cov)
+        return kalman_filter(a, y, jnp.ones(y.shape, bool), u).marginal_log_lik
+
+    g_fast, g_exact = jax.jit(jax.grad(fast))(1.3), jax.jit(jax.grad(exact))(1.3)
+    np.testing.assert_allclose(g_fast, g_exact, rtol=1e-9)
