@@ -174,14 +174,19 @@ def _validate_params(model, params) -> None:
             f"params must be a {type(shapes).__name__} for {type(model).__name__}; "
             f"got {type(params).__name__}"
         ) from err
+    checked = []
     for name, shape, value, con in zip(names, expected_leaves, leaves, cons, strict=True):
         if isinstance(value, jax.core.Tracer):
             continue
         arr = np.asarray(value)
         if tuple(arr.shape) != tuple(shape):
             raise ValueError(f"params.{name} must have shape {tuple(shape)}, got {arr.shape}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"params.{name} contains non-finite values")
+        checked.append((name, arr, con))
+    if checked and not np.isfinite(np.concatenate(
+            [np.ravel(arr).astype(np.float64, copy=False) for _, arr, _ in checked])).all():
+        name = next(n for n, arr, _ in checked if not np.all(np.isfinite(arr)))
+        raise ValueError(f"params.{name} contains non-finite values")
+    for name, arr, con in checked:
         if arr.size and not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
     if hasattr(model, "check_params") and not any(
@@ -203,6 +208,8 @@ def _satisfies(con, arr) -> bool:
         tol = 1e-4 if arr.dtype == np.float32 else 1e-8
         return bool(np.all(arr >= 0) and np.allclose(arr.sum(-1), 1.0, atol=tol * arr.shape[-1]))
     if con is constraints.positive_definite:
+        if arr.shape[-2:] == (1, 1):  # a variance: its one eigenvalue
+            return bool((arr > 0).all())
         a64 = np.asarray(arr, np.float64)
         a_t = np.swapaxes(a64, -1, -2)
         atol = 1e-6 * (1.0 + np.abs(a64).max())
