@@ -15,8 +15,10 @@ the data (``m``, ``s``: mean and standard deviation of the observed values):
 
 A model may override these with a ``default_priors(y, mask)`` method returning a priors
 pytree (leaves it leaves ``None`` fall back to the table): HMMs put logit-scale priors on
-input-driven transitions, and the Gaussian HMM scales its means and covariances per
-emission dimension.
+input-driven transitions, the Gaussian HMM scales its means and covariances per
+emission dimension, and the neural models put fan-in-scaled ``Normal(0, 1 / sqrt(fan_in))``
+priors on recurrent weights and ``Normal(0, 2 max(1, s) / sqrt(F))`` on the readout
+(`statseq.models.neural.base.NeuralSequenceModel.default_priors`).
 """
 
 from __future__ import annotations
@@ -167,7 +169,8 @@ def default_priors(model, y, *, mask=None):
 
 def leaf_priors(model, priors, y, mask, trainable_flags):
     """One prior per parameter leaf (pytree order): the user's where given, else the
-    default; frozen leaves get ``None``. Checks shapes and supports eagerly."""
+    default; frozen leaves and empty leaves (size 0, e.g. the Elman/LSTM ``bias_rec``,
+    which NumPyro cannot sample) get ``None``. Checks shapes and supports eagerly."""
     names = param_names(model)
     shapes = jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)
     cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
@@ -191,7 +194,7 @@ def leaf_priors(model, priors, y, mask, trainable_flags):
     out = []
     for name, shape, con, g, d, flag in zip(names, shapes, cons, given, defaults,
                                             trainable_flags, strict=True):
-        if not flag:
+        if not flag or math.prod(shape) == 0:
             out.append(None)
             continue
         prior = g if g is not None else d
