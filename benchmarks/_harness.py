@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 import statistics
 import time
 from pathlib import Path
@@ -40,9 +41,10 @@ class Timer:
     """First-call and steady-state timing; steady state is measured in interleaved rounds.
 
     The machine this runs on may be shared, so steady-state repeats are interleaved: each
-    round times every implementation once (in a rotating order), and rounds continue until
-    ``min_rounds`` are done and ``budget_s`` has passed (or ``max_rounds``). A burst of
-    outside load then hits all implementations alike, and ratios can be taken per round.
+    round times every implementation once (in an order shuffled per round, seeded), and
+    rounds continue until ``min_rounds`` are done and ``budget_s`` has passed (or
+    ``max_rounds``). A burst of outside load then hits all implementations alike, and
+    ratios can be taken per round.
     Compilation during the rounds is recorded (``recompiled``, ``recompile_s``), so a timed
     function that retraces is flagged rather than silently timed with its compile time.
     """
@@ -86,8 +88,12 @@ class Timer:
                 while r < min_rounds or (
                     r < max_rounds and time.perf_counter() - start < budget_s
                 ):
-                    k = r % len(names)
-                    for name in names[k:] + names[:k]:
+                    # a fresh order each round (seeded): with a fixed rotation the same
+                    # row always ran right after the slowest one (e.g. pykalman's
+                    # 0.2 s numpy call), and paid its cache and thread wake-up cost
+                    order = list(names)
+                    random.Random(r).shuffle(order)
+                    for name in order:
                         before = self.clock.total
                         t0 = time.perf_counter()
                         self._block(fns[name]())

@@ -14,7 +14,7 @@ absolute difference) so a wrong answer is never timed. For each implementation w
 * ``compile``: the part of the first call JAX spent tracing, lowering and compiling
   (summed from ``jax.monitoring`` duration events; 0 for numpy/Cython peers);
 * ``steady``: median wall time of repeated calls once compiled. Repeats are interleaved
-  in rounds (every implementation once per round, rotating order), and ratios are medians
+  in rounds (every implementation once per round, order shuffled per round), and ratios are medians
   of per-round ratios, so bursts of outside load on a shared machine hit all alike.
 
 The main process runs with the persistent compilation cache OFF

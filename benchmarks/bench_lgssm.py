@@ -476,7 +476,8 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t_start:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
     info = machine_info()
-    timer = Timer(min_rounds=3, max_rounds=200, budget_s=0.8 if args.quick else 1.5)
+    timer = Timer(min_rounds=3 if args.quick else 15, max_rounds=200,
+                  budget_s=0.8 if args.quick else 1.5)
     lengths = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5, 10**6]
     rows, ratio_rows, agree_rows = [], [], []
     for name in MODELS:
