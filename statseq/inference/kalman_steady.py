@@ -58,23 +58,31 @@ def _affine_scan(a_mat, g, h0):
 _CHUNK = 16
 
 
-def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, outputs,
-                        chunk: int):
-    """Exact filter steps in chunks of ``chunk`` (a divisor of ``head``), until the steady
-    state holds or ``head`` steps are done, whichever is first.
+def _default_tol(dtype, tol):
+    """The relative tolerance of the convergence checks: ``tol``, else 1e-13 in float64
+    and 1e-6 in float32."""
+    return (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
+
+
+def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, outputs):
+    """Exact filter steps in chunks of ``chunk = min(16, head)``, until the steady state
+    holds or ``head`` steps (rounded down to a multiple of ``chunk``; ``1 <= head <= T``)
+    are done, whichever is first.
 
     ``outputs(step_result) -> pytree`` picks what to keep of each step's
     `kalman_step` result ``(log_prob, new_carry, (mean, cov, diffuse, innovation))``; it is
     stored in buffers of ``head`` rows (rows past the stopping point stay zero).
 
     Returns:
-        ``(k, carry, steady, buffers, gain)``: the number of exact steps (a multiple of
-        ``chunk``; ``head`` when the steady state was not reached), the carry after them,
+        ``(head, k, carry, steady, buffers, gain)``: the rounded ``head``, the number of
+        exact steps (a multiple of ``chunk``; ``head`` when the steady state was not
+        reached), the carry after them,
         whether the steady state holds from there, the stored outputs, and the constant
         gain pieces `_steady_gain` gives at the carry's covariance.
     """
-    dim = y.shape[1]
-    mask = jnp.ones((chunk, dim), bool)
+    chunk = min(_CHUNK, head)
+    head = head // chunk * chunk
+    mask = jnp.ones((chunk, y.shape[1]), bool)
 
     def run_chunk(carry, start):
         def step(c, xs):
@@ -107,7 +115,7 @@ def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, ou
     init = (jnp.zeros((), jnp.int32), carry0, jnp.asarray(False), bufs, gain0)
     steps = jnp.arange(head // chunk, dtype=jnp.int32)
     (k, carry, steady, bufs, gain), _ = jax.lax.scan(body, init, steps)
-    return k, carry, steady, bufs, gain
+    return head, k, carry, steady, bufs, gain
 
 
 def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None):
@@ -138,18 +146,15 @@ def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, t
         raise ValueError("the steady-state filter needs time-invariant matrices")
     num_t, dim = y.shape
     dtype = arrays.initial_cov.dtype
-    tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
-    head = min(head, num_t)
-    chunk = min(_CHUNK, head)
-    if chunk == 0:
+    tol = _default_tol(dtype, tol)
+    if min(head, num_t) < 1:
         return _exact(arrays, initial_carry(arrays), y, inputs)
-    head = head // chunk * chunk
-    k, carry, steady, lp_head, (_, chol, w, filt_cov, _) = _exact_until_steady(
-        arrays, y, inputs, head, tol, lambda res: res[0], chunk)
+    head, k, carry, steady, lp_head, (_, chol, w, filt_cov, _) = _exact_until_steady(
+        arrays, y, inputs, min(head, num_t), tol, lambda res: res[0])
     t = jnp.arange(num_t)
 
     def steady_tail(_):
-        lps, means, _ = _steady_means(arrays, carry.mean, chol, w, y, inputs, start=k)
+        lps, means, *_ = _steady_means(arrays, carry.mean, chol, w, y, inputs, start=k)
         lps = jnp.where(t < k, jnp.pad(lp_head, (0, num_t - head)), lps)
         return lps, carry._replace(mean=means[-1], cov=filt_cov, t=jnp.int32(num_t))
 
@@ -172,16 +177,11 @@ def _exact(arrays, carry, y, inputs):
 
 
 def _steady_means(arrays: GaussianSSMArrays, mean0, chol, w, y, u, start=0):
-    """Log-densities, filtered and predicted means of fully observed ``y[start:]`` under
-    the constant gain (innovation factor ``chol``, whitened gain ``w``), from the filtered
-    mean ``mean0`` after step ``start - 1``. ``start`` may be traced: rows before it are
-    computed from zeros and are to be discarded (they keep every shape static).
-
-    Also returns the whitened innovations ``z`` when asked by `_steady_means_z`."""
-    return _steady_means_z(arrays, mean0, chol, w, y, u, start)[:3]
-
-
-def _steady_means_z(arrays: GaussianSSMArrays, mean0, chol, w, y, u, start=0):
+    """Log-densities, filtered and predicted means, whitened innovations ``z`` and the
+    recursion matrix ``(I - K H) F`` of fully observed ``y[start:]`` under the constant
+    gain (innovation factor ``chol``, whitened gain ``w``), from the filtered mean ``mean0``
+    after step ``start - 1``. ``start`` may be traced: rows before it are computed from
+    zeros and are to be discarded (they keep every shape static)."""
     f, h = arrays.dynamics_weights, arrays.emission_weights
     dim, n = h.shape
     dtype = chol.dtype
@@ -236,13 +236,11 @@ def steady_state_filter(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=
         raise ValueError("the steady-state filter needs time-invariant matrices")
     num_t, dim = y.shape
     dtype = arrays.initial_cov.dtype
-    tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
+    tol = _default_tol(dtype, tol)
     if head < 1 or num_t <= 2 * head:  # too short to pay for compiling the steady path
         return kalman_filter(arrays, y, jnp.ones((num_t, dim), bool), inputs)
-    chunk = min(_CHUNK, head)
-    head = head // chunk * chunk
-    k, carry, steady, bufs, (pred_cov, chol, w, filt_cov, _) = _exact_until_steady(
-        arrays, y, inputs, head, tol, _filter_outputs, chunk)
+    head, k, carry, steady, bufs, (pred_cov, chol, w, filt_cov, _) = _exact_until_steady(
+        arrays, y, inputs, head, tol, _filter_outputs)
     early = jnp.arange(num_t) < k
 
     def pick(buf, late):
@@ -251,7 +249,7 @@ def steady_state_filter(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=
         return jnp.where(early.reshape((-1,) + (1,) * (buf.ndim - 1)), buf, late)
 
     def steady_tail(_):
-        lps, means, pred = _steady_means(arrays, carry.mean, chol, w, y, inputs, start=k)
+        lps, means, pred, *_ = _steady_means(arrays, carry.mean, chol, w, y, inputs, start=k)
         return tuple(map(pick, bufs, (lps, pred, pred_cov, means, filt_cov)))
 
     def exact_tail(_):
@@ -363,7 +361,7 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
     num_t, dim = y.shape
     n, q = arrays.initial_diffuse.shape
     dtype = arrays.initial_cov.dtype
-    tol = (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
+    tol = _default_tol(dtype, tol)
     mask = jnp.ones((num_t, dim), bool)
     _check(arrays, y, mask, inputs)
     if num_t <= 2 * head + 1:
@@ -378,7 +376,7 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
     def steady(_):
         carry, (lp_h, mean_h, cov_h, dif_h, filt_h, inn_h) = _scan_filter(
             arrays, y[:head], mask[:head], inputs[:head], collapse=False)
-        inn_lp, f_means, p_means, z, a_mat = _steady_means_z(
+        inn_lp, f_means, p_means, z, a_mat = _steady_means(
             arrays, carry.mean, chol, w, y[head:], inputs[head:])
         offs = (z @ lh)[:, :, None]  # H^T S^{-1} v_t
         filt = KalmanCarry(cat([filt_h.mean, f_means]),

@@ -327,8 +327,8 @@ def test_steady_state_log_probs_switches_as_soon_as_converged(q):
     from statseq.inference.kalman_steady import _exact_until_steady, steady_state_log_probs
 
     arr, y, u = _steady_case(q, 1, t_len=300)
-    k, _, steady, _, _ = jax.jit(
-        lambda a, y, u: _exact_until_steady(a, y, u, 128, 1e-13, lambda r: r[0], 16)
+    _, k, _, steady, _, _ = jax.jit(
+        lambda a, y, u: _exact_until_steady(a, y, u, 128, 1e-13, lambda r: r[0])
     )(arr, y, u)
     assert bool(steady) and int(k) % 16 == 0 and 16 <= int(k) < 128
     ref = jax.jit(kalman_filter)(arr, y, jnp.ones(y.shape, bool), u).log_probs

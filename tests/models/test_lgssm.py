@@ -331,6 +331,18 @@ def _smoother_cases(data):
             (_ShortHeadTrend(), trend, y_tr, None)]
 
 
+def _spy(monkeypatch, module, name):
+    """Replace ``module.name`` by a wrapper that records each call; returns the record."""
+    calls, original = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
 def test_smoother_steady_state_path_equals_exact_smoother(data, monkeypatch):
     """Complete data: `smoother(parallel=False)` takes the steady-state path (a spy counts
     it) for the n=2/D=3 model with inputs and for the diffuse local level (Nile variances)
@@ -338,22 +350,8 @@ def test_smoother_steady_state_path_equals_exact_smoother(data, monkeypatch):
     takes the exact path."""
     from statseq.inference import kalman, kalman_steady
 
-    calls = []
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return steady(*args, **kwargs)
-
-    steady = kalman_steady.steady_state_smoother
-    monkeypatch.setattr(kalman_steady, "steady_state_smoother", spy)
-    filter_calls = []
-
-    def filter_spy(*args, **kwargs):
-        filter_calls.append(1)
-        return steady_filter(*args, **kwargs)
-
-    steady_filter = kalman_steady.steady_state_filter
-    monkeypatch.setattr(kalman_steady, "steady_state_filter", filter_spy)
+    calls = _spy(monkeypatch, kalman_steady, "steady_state_smoother")
+    filter_calls = _spy(monkeypatch, kalman_steady, "steady_state_filter")
     exact = jax.jit(kalman.kalman_smoother)
     converged = jax.jit(lambda a, h: kalman_steady._steady_smoother_parts(a, h, 1e-13)[-1],
                         static_argnums=1)
