@@ -443,6 +443,44 @@ def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
     return jnp.concatenate([states, last[None]])
 
 
+def hmm_path_log_prob(initial_probs, transition_matrix, log_likelihoods, states):
+    """Log joint ``log p(y_{0:T-1}, z_{0:T-1})`` of one state path (e.g. the Viterbi path).
+
+        log p(y, z) = log pi[z_0] + sum_{t>=1} log A_{t-1}[z_{t-1}, z_t] + sum_t ll[t, z_t].
+
+    Evaluated directly on the path (no max-product shifts), so for the Viterbi path it is
+    ``max_z log p(y, z)``; subtract ``log p(y)`` for ``log p(z* | y)``.
+
+    Args:
+        initial_probs: ``(K,)`` ``p(z_0)``.
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
+        log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
+        states: ``(T,)`` integer states.
+
+    Returns:
+        A scalar.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> ll = jnp.log(jnp.array([[0.9, 0.2], [0.1, 0.7]]))
+        >>> a = jnp.array([[0.8, 0.2], [0.3, 0.7]])
+        >>> z = hmm_viterbi(jnp.array([0.5, 0.5]), a, ll)
+        >>> round(float(jnp.exp(hmm_path_log_prob(jnp.array([0.5, 0.5]), a, ll, z))), 4)
+        0.0504
+    """
+    pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    states = jnp.asarray(states)
+    if states.shape != ll.shape[:1]:
+        raise ValueError(f"states must have shape ({ll.shape[0]},); got {states.shape}")
+    emit = jnp.sum(jnp.take_along_axis(ll, states[:, None], axis=1))
+    prev, nxt = states[:-1], states[1:]
+    if fixed is not None:
+        moves = fixed[prev, nxt]
+    else:
+        moves = per_step[jnp.arange(prev.shape[0]), prev, nxt]
+    return jnp.log(pi[states[0]]) + jnp.sum(jnp.log(moves)) + emit
+
+
 def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, key):
     """One path from ``p(z_{0:T-1} | y_{0:T-1})`` by forward filtering, backward sampling.
 

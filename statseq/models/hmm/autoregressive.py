@@ -14,6 +14,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from statseq.core.distributions import FiniteMixture
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
 from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
@@ -173,7 +174,7 @@ class LinearAutoregressiveHMM(HMMBase):
     def predict(self, params, carry, inputs_t):
         probs = self._predicted(params, self._state(carry), inputs_t)
         comp = self.emission_distribution(params.emissions, carry.lags.reshape(-1))
-        return dist.MixtureSameFamily(dist.Categorical(probs=probs), comp)
+        return FiniteMixture(dist.Categorical(probs=probs), comp)
 
     def step(self, params, carry, y_t, mask_t, inputs_t):
         """Score ``y_t`` under the predictive and update; during the first ``num_lags``

@@ -27,6 +27,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from statseq.core.distributions import FiniteMixture
 from statseq.core.model import SequenceModel
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
@@ -218,11 +219,13 @@ class HMMBase(SequenceModel):
         """The predictive ``sum_k state_probs[..., k] p(y | theta_k)`` as a distribution.
 
         ``state_probs`` may carry batch axes. Families whose mixture has a closed form
-        of the same family (categorical) override this.
+        of the same family (categorical) override this. For a scalar (or length-1)
+        observation the mixture has a ``cdf`` (``sum_k w_k F_k(y)``) and an ``icdf``
+        (bisection on the cdf): a `statseq.core.distributions.FiniteMixture`.
         """
         comp = self.emission_distribution(emissions)
         comp = comp.expand(state_probs.shape[:-1] + comp.batch_shape)
-        return dist.MixtureSameFamily(dist.Categorical(probs=state_probs), comp)
+        return FiniteMixture(dist.Categorical(probs=state_probs), comp)
 
     def predict(self, params, carry, inputs_t):
         return self.mixture(self._predicted(params, carry, inputs_t), params.emissions)
@@ -279,14 +282,30 @@ class HMMBase(SequenceModel):
                              kind="smoother", parallel=use_parallel(parallel))
         return _reshape_batch(out, data.batch_shape)
 
-    def most_likely_states(self, params, y, *, mask=None, inputs=None):
-        """The Viterbi path ``argmax_z p(z_{1:T} | y_{1:T})``: ``batch_shape + (T,)`` ints."""
+    def most_likely_states(self, params, y, *, mask=None, inputs=None,
+                           return_log_prob: bool = False):
+        """The Viterbi path ``z* = argmax_z p(z_{1:T} | y_{1:T})``.
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``.
+            mask: optional observation mask.
+            inputs: covariates, when the model takes them.
+            return_log_prob: also return the path's log joint
+                ``log p(y_{1:T}, z*_{1:T}) = max_z log p(y, z)`` (masked steps contribute
+                only their transitions; subtract `statseq.log_prob` for ``log p(z* | y)``).
+
+        Returns:
+            ``batch_shape + (T,)`` ints, or ``(states, log_joint)`` with ``log_joint`` of
+            shape ``batch_shape`` when ``return_log_prob``.
+        """
         from statseq.core.params import validate_params
 
         validate_params(self, params)
         data = prepare_data(self, y, mask, inputs)
+        kind = "viterbi_log_prob" if return_log_prob else "viterbi"
         out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
-                             kind="viterbi", parallel=False)
+                             kind=kind, parallel=False)
         return _reshape_batch(out, data.batch_shape)
 
     def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
@@ -444,7 +463,10 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel):
         return lib.hmm_filter(pi, trans, ll)
     if kind == "smoother":
         return lib.hmm_smoother(pi, trans, ll)
-    return hmm_seq.hmm_viterbi(pi, trans, ll)
+    states = hmm_seq.hmm_viterbi(pi, trans, ll)
+    if kind == "viterbi_log_prob":
+        return states, hmm_seq.hmm_path_log_prob(pi, trans, ll, states)
+    return states
 
 
 @partial(jax.jit, static_argnames=("model", "kind", "parallel"))

@@ -11,6 +11,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from statseq.core.distributions import CategoricalWithCdf
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
 from statseq.fit.em import dirichlet_map
@@ -82,7 +83,7 @@ class CategoricalHMM(HMMBase):
 
     def mixture(self, state_probs, emissions):
         """A mixture of categoricals is categorical: ``p(y = c) = sum_k alpha_k B[k, c]``."""
-        return dist.Categorical(probs=state_probs @ emissions.probs)
+        return CategoricalWithCdf(probs=state_probs @ emissions.probs)
 
     def emission_suff_stats(self, y, mask, weights):
         onehot = jax.nn.one_hot(y, self.num_classes, dtype=weights.dtype)  # (N, T, C)
