@@ -46,6 +46,15 @@ from statseq.evaluation import (  # noqa: E402
     log_score,
     num_params,
 )
+from statseq.evaluation.auxiliary import AuxiliaryResiduals, auxiliary_residuals  # noqa: E402
+from statseq.evaluation.diagnostics import (  # noqa: E402
+    Diagnostics,
+    diagnose,
+    pit,
+    plot_diagnostics,
+    quantile_residuals,
+    standardized_residuals,
+)
 from statseq.fit.em import fit_em  # noqa: E402
 from statseq.fit.inference_stats import Summary, standard_errors, summary  # noqa: E402
 from statseq.fit.lbfgs import fit_lbfgs  # noqa: E402
@@ -156,6 +165,14 @@ __all__ = [
     "backtest",
     "compare_forecasts",
     "crps",
+    "AuxiliaryResiduals",
+    "Diagnostics",
+    "auxiliary_residuals",
+    "diagnose",
+    "pit",
+    "plot_diagnostics",
+    "quantile_residuals",
+    "standardized_residuals",
     "evaluate_forecast",
     "future_index",
     "load",

@@ -5,9 +5,15 @@
 * `statseq.evaluation.scores`: proper scores of forecasts (CRPS, interval coverage and
   interval score, exact log predictive densities);
 * `statseq.evaluation.backtest`: tidy tables of scored forecasts and rolling-origin
-  backtests (pandas DataFrames).
+  backtests (pandas DataFrames);
+* `statseq.evaluation.diagnostics`: one-step PIT, quantile and standardized residuals of
+  every model, `diagnose` and `plot_diagnostics`;
+* `statseq.evaluation.auxiliary`: auxiliary residuals (smoothed disturbances) of state
+  space models;
+* `statseq.evaluation.stattests`: ACF, Ljung-Box, ``H(h)`` and Jarque-Bera in NumPy/SciPy.
 """
 
+from statseq.evaluation.auxiliary import AuxiliaryResiduals, auxiliary_residuals
 from statseq.evaluation.backtest import (
     BacktestResult,
     backtest,
@@ -19,6 +25,14 @@ from statseq.evaluation.criteria import (
     log_score,
     num_observations,
     num_params,
+)
+from statseq.evaluation.diagnostics import (
+    Diagnostics,
+    diagnose,
+    pit,
+    plot_diagnostics,
+    quantile_residuals,
+    standardized_residuals,
 )
 from statseq.evaluation.scores import (
     crps,
@@ -32,6 +46,14 @@ from statseq.evaluation.scores import (
 )
 
 __all__ = [
+    "AuxiliaryResiduals",
+    "Diagnostics",
+    "auxiliary_residuals",
+    "diagnose",
+    "pit",
+    "plot_diagnostics",
+    "quantile_residuals",
+    "standardized_residuals",
     "BacktestResult",
     "backtest",
     "compare_forecasts",

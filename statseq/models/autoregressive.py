@@ -19,6 +19,7 @@ Two likelihoods, chosen explicitly with ``initial``:
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Literal, NamedTuple
 
 import jax
@@ -305,6 +306,68 @@ class AR(SequenceModel):
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         return self.fit_least_squares(y, inputs=inputs, mask=mask)
 
+    def forecast_moments(self, params, y, *, num_steps, mask=None, inputs=None,
+                         future_inputs=None):
+        """Exact h-step predictive means and covariances through the companion form.
+
+        With the lag window ``s_t = (y_{t-1}, ..., y_{t-p})`` filtered to
+        ``s_{T+1} | y ~ N(m, P)`` (``P = 0`` when the last ``p`` values are observed),
+
+            s_{T+h+1} = C s_{T+h} + e_1 (c + W u_{T+h} + eps),    y_{T+h} = e_1^T s_{T+h+1},
+            E[y_{T+h}] = c + A m_h + W u_{T+h},   Var[y_{T+h}] = A P_h A^T + Sigma,
+
+        with ``C`` the companion matrix and ``A = [A_1 ... A_p]``: the moments behind
+        ``statsmodels`` ``AutoReg``/``ARIMA``/``VAR`` forecasts, without Monte Carlo.
+
+        Args:
+            params: the model's parameters.
+            y: history ``batch_shape + (T,) + event_shape`` (at least ``order`` values).
+            num_steps: horizon ``h``.
+            mask: as for `statseq.filter` (missing values stay uncertain in the window).
+            inputs: history covariates, when the model takes inputs.
+            future_inputs: ``(num_steps, input_dim)`` covariates over the horizon.
+
+        Returns:
+            A `statseq.GaussianForecast`; ``state_mean``/``state_cov`` are the moments of
+            the window ``s_{T+h+1}``.
+
+        Examples:
+            >>> import numpy as np, statseq as ss
+            >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+            >>> model = ss.AR(order=2)
+            >>> fc = model.forecast_moments(model.fit_least_squares(y), y, num_steps=5)
+            >>> fc.mean.shape, fc.cov.shape
+            ((5,), (5, 1, 1))
+        """
+        from statseq.core.params import validate_params
+        from statseq.core.recurrence import _future_inputs, run_filter
+        from statseq.core.validation import pandas_values
+        from statseq.forecast import future_index
+        from statseq.models.ssm.base import GaussianForecast
+
+        validate_params(self, params)
+        num_steps = check_positive_int(num_steps, "num_steps")
+        values, history_index, columns = pandas_values(y, len(self.event_shape))
+        data = prepare_data(self, y, mask, inputs)
+        if data.num_timesteps < self.num_conditioned_steps:
+            raise ValueError(f"AR(order={self.order}) conditions on its first {self.order} "
+                             f"values, so a forecast needs at least that many; y has "
+                             f"{data.num_timesteps}")
+        _, _, _, final = run_filter(self, params, data.y, data.mask, data.inputs,
+                                    complete=data.complete)
+        u = _future_inputs(self, future_inputs, data.batch_shape, num_steps)
+        s_mean, s_cov, y_mean, y_cov = _ar_ahead(self, params, final, u)
+        bs, d = data.batch_shape, self.dim
+        return GaussianForecast(
+            mean=jnp.reshape(y_mean, bs + (num_steps,) + self.event_shape),
+            cov=jnp.reshape(y_cov, bs + (num_steps, d, d)),
+            state_mean=jnp.reshape(s_mean, bs + s_mean.shape[1:]),
+            state_cov=jnp.reshape(s_cov, bs + s_cov.shape[1:]),
+            history=np.asarray(values),
+            index=None if history_index is None else future_index(history_index, num_steps),
+            history_index=history_index, columns=columns,
+        )
+
     def fit_least_squares(self, y, *, inputs=None, mask=None) -> ARParams:
         """Closed-form conditional maximum likelihood (ordinary least squares).
 
@@ -356,3 +419,24 @@ class AR(SequenceModel):
             input_weights=jnp.asarray(beta[1 + p * d :].T.reshape(d, self.input_dim), dtype),
             cov=jnp.asarray(symmetrize(cov), dtype),
         )
+
+
+@partial(jax.jit, static_argnames=("model",))
+def _ar_ahead(model, params, final, future_inputs):
+    """Window and observation moments over the horizon for a flat batch of carries."""
+    n, d = model.order * model.dim, model.dim
+    a = model._stacked(params)
+
+    def one(carry, u):
+        def step(c, u_t):
+            m, p = c
+            y_mean = params.intercept + a @ m + params.input_weights @ u_t
+            cross = p @ a.T  # Cov(window, y): (n, d)
+            y_cov = symmetrize(a @ cross + params.cov)
+            m_new = jnp.concatenate([y_mean, m[: n - d]])
+            p_new = jnp.block([[y_cov, cross[: n - d].T], [cross[: n - d], p[: n - d, : n - d]]])
+            return (m_new, symmetrize(p_new)), (m_new, p_new, y_mean, y_cov)
+
+        return jax.lax.scan(step, (carry.mean, carry.cov), u)[1]
+
+    return jax.vmap(one)(final, future_inputs)
