@@ -134,7 +134,7 @@ def pit(model, params, y, *, mask=None, inputs=None, key=None):
         key: a ``jax.random`` key (required for discrete data).
 
     Returns:
-        ``batch_shape + (num_timesteps,)`` (``+ (D,)`` for a Gaussian vector series).
+        ``batch_shape + (num_timesteps,) + event_shape``.
 
     Examples:
         >>> import jax, statseq as ss
