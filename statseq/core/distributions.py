@@ -68,6 +68,9 @@ def scalar_cdf(d, x):
     if isinstance(d, dist.MixtureSameFamily):
         comp = scalar_cdf(d.component_distribution, jnp.expand_dims(x, -1))
         return jnp.sum(d.mixing_distribution.probs * comp, axis=-1)
+    if isinstance(d, dist.ExpandedDistribution):
+        out = scalar_cdf(d.base_dist, x)
+        return jnp.broadcast_to(out, jnp.broadcast_shapes(jnp.shape(out), d.batch_shape))
     if d.event_shape == (1,):
         if isinstance(d, dist.MultivariateNormal):
             sd = jnp.sqrt(d.covariance_matrix[..., 0, 0])
@@ -83,6 +86,9 @@ def scalar_cdf(d, x):
         if isinstance(d, (dist.BernoulliProbs, dist.BernoulliLogits)):
             p = d.probs
             return jnp.where(x < 0, 0.0, jnp.where(x < 1, 1.0 - p, 1.0))
+        low = getattr(d.support, "lower_bound", None)
+        if low is not None:  # numpyro's cdfs are not defined below the support
+            return jnp.where(x < low, 0.0, d.cdf(jnp.maximum(x, low)))
         return d.cdf(x)
     raise ValueError(f"a cdf needs a scalar observation; this {type(d).__name__} has event "
                      f"shape {d.event_shape}")
