@@ -465,8 +465,9 @@ def hmm_path_log_prob(initial_probs, transition_matrix, log_likelihoods, states)
         >>> ll = jnp.log(jnp.array([[0.9, 0.2], [0.1, 0.7]]))
         >>> a = jnp.array([[0.8, 0.2], [0.3, 0.7]])
         >>> z = hmm_viterbi(jnp.array([0.5, 0.5]), a, ll)
+        >>> # the best of the four paths is (0, 1): 0.5 * 0.9 * 0.2 * 0.7
         >>> round(float(jnp.exp(hmm_path_log_prob(jnp.array([0.5, 0.5]), a, ll, z))), 4)
-        0.0504
+        0.063
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
     states = jnp.asarray(states)
