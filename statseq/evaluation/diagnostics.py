@@ -51,9 +51,9 @@ def _whiten(y, mean, cov, mask):
 def _step_quantities(model, params, carry, y_t, mask_t, u_t):
     """Residual ingredients of one step from the predictive ``model.predict(carry)``.
 
-    Returns ``{"z": ...}`` (standardized error) for a Gaussian predictive, else
-    ``{"lo": F(y^-), "hi": F(y)}`` with ``y^- = y - 1`` for discrete data (``lo = hi``
-    for continuous data).
+    Returns ``{"z": ...}`` (standardized error) for a Gaussian predictive (a diagonal
+    one, ``Independent(Normal)``, included), ``{"u": F(y)}`` for another continuous one
+    and ``{"lo": F(y - 1), "hi": F(y)}`` for a discrete one.
     """
     d = model.predict(params, carry, u_t)
     event = tuple(model.event_shape)
@@ -61,6 +61,10 @@ def _step_quantities(model, params, carry, y_t, mask_t, u_t):
         len(event) - jnp.ndim(mask_t))), event)
     if isinstance(d, dist.Normal) and event == ():
         z = (y_t - d.loc) / d.scale
+        return {"z": jnp.where(mask, z, jnp.nan)}
+    if isinstance(d, dist.Independent) and isinstance(d.base_dist, dist.Normal):
+        base = d.base_dist
+        z = (jnp.reshape(y_t, event) - base.loc) / base.scale
         return {"z": jnp.where(mask, z, jnp.nan)}
     if isinstance(d, dist.MultivariateNormal):
         y = jnp.reshape(y_t, event).astype(d.loc.dtype)
@@ -71,11 +75,12 @@ def _step_quantities(model, params, carry, y_t, mask_t, u_t):
             f"predictive; its predictive is a {type(d).__name__} with event shape {event}"
         )
     x = jnp.reshape(y_t, ()).astype(jnp.result_type(float))
-    hi = scalar_cdf(d, x)
-    lo = scalar_cdf(d, x - 1.0) if _is_discrete(d) else hi
     observed = jnp.all(mask)
-    nan = jnp.full(event, jnp.nan, hi.dtype)
-    return {"lo": jnp.where(observed, lo, nan), "hi": jnp.where(observed, hi, nan)}
+    hi = jnp.where(observed, jnp.full(event, scalar_cdf(d, x)), jnp.nan)
+    if not _is_discrete(d):
+        return {"u": hi}
+    lo = jnp.where(observed, jnp.full(event, scalar_cdf(d, x - 1.0)), jnp.nan)
+    return {"lo": lo, "hi": hi}
 
 
 @partial(jax.jit, static_argnames=("model",))
@@ -106,12 +111,15 @@ def _compute(model, params, y, mask, inputs):
 
 
 def _randomize(out, key):
+    """The PIT from the step quantities: ``Phi(z)``, ``F(y)`` or the randomized PIT."""
+    if "z" in out:
+        return jax.scipy.special.ndtr(out["z"])
+    if "u" in out:
+        return out["u"]
     lo, hi = out["lo"], out["hi"]
     if key is None:
-        if bool(jnp.any(hi != lo)):
-            raise ValueError("the data are discrete: the randomized PIT needs a key "
-                             "(key=jax.random.key(...))")
-        return hi
+        raise ValueError("the data are discrete: the randomized PIT needs a key "
+                         "(key=jax.random.key(...))")
     v = jax.random.uniform(key, hi.shape, hi.dtype)
     return lo + v * (hi - lo)
 
@@ -146,8 +154,6 @@ def pit(model, params, y, *, mask=None, inputs=None, key=None):
         True
     """
     out, _ = _compute(model, params, y, mask, inputs)
-    if "z" in out:
-        return jax.scipy.special.ndtr(out["z"])
     return _randomize(out, key)
 
 
@@ -280,7 +286,7 @@ def diagnose(model, params, y, *, mask=None, inputs=None, key=None, lags=None):
         raise ValueError(f"diagnose takes one series; y has batch shape {batch_shape}")
     if "z" in out:
         resid, kind = np.asarray(out["z"], float), "standardized"
-        u = np.asarray(jax.scipy.special.ndtr(out["z"]))
+        u = np.asarray(_randomize(out, key))
     else:
         u = np.asarray(_randomize(out, key), float)
         resid, kind = np.asarray(ndtri(u), float), "quantile"

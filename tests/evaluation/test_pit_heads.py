@@ -29,7 +29,7 @@ def test_discrete_pit_jump_is_the_filter_predictive_probability(emission):
     model = ss.GRU(hidden_dim=3, emission=emission, **kw)
     params = model.initialize(y, key=jax.random.key(0))
     out, _ = _compute(model, params, y, None, None)
-    jump = np.asarray(out["hi"] - out["lo"])
+    jump = np.asarray(out["hi"] - out["lo"])  # discrete: both ends of the jump
     ref = np.exp(np.asarray(ss.filter(model, params, y).log_probs))
     np.testing.assert_allclose(jump, ref, rtol=1e-10)
 
@@ -46,3 +46,30 @@ def test_student_t_head_pit_is_the_scipy_t_cdf():
         d = model.predict(params, carry, jnp.zeros(0))
         ref.append(stats.t.cdf(y[t], float(d.df), float(d.loc), float(d.scale)))
     np.testing.assert_allclose(ss.pit(model, params, y), ref, rtol=1e-10)
+
+
+def test_continuous_pit_needs_no_key_even_with_missing_steps():
+    y = np.array([0.3, -1.2, 0.8, 2.5, -0.4, 0.1, 1.7])
+    mask = np.ones(7, bool)
+    mask[3] = False
+    model = ss.GRU(hidden_dim=3, emission="student_t")
+    params = model.initialize(y, key=jax.random.key(0))
+    u = np.asarray(ss.pit(model, params, y, mask=mask))
+    assert np.isnan(u[3]) and np.isfinite(np.delete(u, 3)).all()
+    full = np.asarray(ss.pit(model, params, y))
+    np.testing.assert_allclose(u[:3], full[:3], rtol=1e-12)  # the past is unchanged
+
+
+def test_diagonal_gaussian_head_residuals_are_entrywise_standardized_errors():
+    y = np.random.default_rng(0).normal(size=(6, 2))
+    model = ss.GRU(hidden_dim=3, emission="gaussian", emission_dim=2)
+    params = model.initialize(y, key=jax.random.key(0))
+    carries = ss.filter(model, params, y, return_carries=True).carries
+    ref = []
+    for t in range(6):
+        carry = model.initial_carry(params) if t == 0 else jax.tree.map(
+            lambda c, t=t: c[t - 1], carries)
+        d = model.predict(params, carry, jnp.zeros(0)).base_dist
+        ref.append((y[t] - np.asarray(d.loc)) / np.asarray(d.scale))
+    np.testing.assert_allclose(ss.standardized_residuals(model, params, y), ref, rtol=1e-10)
+    np.testing.assert_allclose(ss.pit(model, params, y), stats.norm.cdf(ref), rtol=1e-10)
