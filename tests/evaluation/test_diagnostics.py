@@ -262,3 +262,21 @@ def test_bad_input_is_rejected(nile):
     with pytest.raises(TypeError, match="to_arrays"):
         ss.auxiliary_residuals(ss.AR(order=1), ss.AR(order=1).default_params(), y.to_numpy())
 
+
+
+def test_local_linear_trend_residuals_equal_statsmodels_with_two_diffuse_steps():
+    y = ss.datasets.load_nile().to_numpy(float)
+    params = ss.LocalLinearTrendParams(obs_var=14000.0, level_var=1200.0, slope_var=30.0)
+    res = sm.tsa.UnobservedComponents(y, "lltrend", use_exact_diffuse=True).smooth(
+        [14000.0, 1200.0, 30.0])
+    e = np.asarray(ss.standardized_residuals(ss.LocalLinearTrend(), params, y))
+    assert res.nobs_diffuse == 2 and np.isnan(e[:2]).all()
+    np.testing.assert_allclose(e[2:], res.filter_results.standardized_forecasts_error[0, 2:],
+                               rtol=1e-10, atol=1e-12)
+    aux = ss.auxiliary_residuals(ss.LocalLinearTrend(), params, y)
+    np.testing.assert_allclose(np.asarray(aux.state).T, res.smoothed_state_disturbance,
+                               rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(aux.state_cond_var).transpose(1, 2, 0),
+                               res.smoothed_state_disturbance_cov, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(aux.observation[:, 0], res.smoothed_measurement_disturbance[0],
+                               rtol=1e-9, atol=1e-9)
