@@ -235,9 +235,13 @@ class Diagnostics(NamedTuple):
     acf: Any
     kind: str
 
-    def plot(self, fig=None):
-        """`plot_diagnostics` of these residuals; returns the matplotlib ``Figure``."""
-        return plot_diagnostics(self.residuals, lags=self.acf.shape[-1] - 1, fig=fig)
+    def plot(self, series: int = 0, fig=None):
+        """`plot_diagnostics` of the residuals (of column ``series`` for a vector series);
+        returns the matplotlib ``Figure``."""
+        resid = np.asarray(self.residuals)
+        if resid.ndim == 2:
+            resid = resid[:, series]
+        return plot_diagnostics(resid, lags=self.acf.shape[-1] - 1, fig=fig)
 
 
 def _trim(series):

@@ -1,16 +1,14 @@
-"""One-step residuals, PIT and auxiliary residuals against statsmodels and exact references.
+"""One-step residuals and PIT against statsmodels and exact references.
 
 * Nile local level at Durbin and Koopman's (2012, sec. 2.10) estimates: standardized
-  prediction errors, residual tests and smoothed disturbances equal statsmodels'
-  ``UnobservedComponents("llevel")`` on the same parameters;
-* the largest standardized state disturbance is the 1898 -> 1899 level break and the
-  largest observation disturbance the 1913 outlier (D&K 2012, sec. 2.12.2, Fig. 2.7);
-* a two-series LGSSM with a missing entry: Cholesky-standardized errors from dense
+  prediction errors and the residual tests equal statsmodels'
+  ``UnobservedComponents("llevel")`` on the same parameters (auxiliary residuals:
+  ``test_auxiliary.py``);
+* a two-series LGSSM with missing entries: Cholesky-standardized errors from dense
   Gaussian conditioning of the stacked ``y_{1:T}``;
 * HMM PIT bounds from a NumPy forward filter and SciPy cdfs; uniformity of PIT values
-  on data simulated from the model.
+  on data simulated from the model (and rejection of a wrong model).
 """
-
 from __future__ import annotations
 
 import jax
@@ -61,26 +59,6 @@ def test_nile_diagnose_table_equals_statsmodels_tests(nile):
 
     np.testing.assert_allclose(d.acf, acf(d.residuals[1:], nlags=10, fft=False), atol=1e-12)
 
-
-def test_nile_auxiliary_residuals_equal_statsmodels_and_find_the_break(nile):
-    y, res = nile
-    aux = ss.auxiliary_residuals(ss.LocalLevel(), NILE_PARAMS, y.to_numpy())
-    eps, eps_cov = res.smoothed_measurement_disturbance[0], \
-        res.smoothed_measurement_disturbance_cov[0, 0]
-    eta, eta_cov = res.smoothed_state_disturbance[0], res.smoothed_state_disturbance_cov[0, 0]
-    np.testing.assert_allclose(aux.observation[:, 0], eps, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(aux.observation_cond_var[:, 0, 0], eps_cov, rtol=1e-10)
-    np.testing.assert_allclose(aux.state[:, 0], eta, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(aux.state_cond_var[:, 0, 0], eta_cov, rtol=1e-10)
-    # D&K's standardization: by the estimator's variance, sigma^2 - Var(. | y)
-    np.testing.assert_allclose(aux.observation_std[:, 0], eps / np.sqrt(15099.0 - eps_cov),
-                               rtol=1e-9)
-    np.testing.assert_allclose(aux.state_std[:-1, 0], eta[:-1] / np.sqrt(1469.1 - eta_cov[:-1]),
-                               rtol=1e-9)
-    assert np.isnan(aux.state_std[-1, 0])  # past the data: no information
-    years = y.index.to_numpy()
-    assert years[np.nanargmax(np.abs(aux.state_std[:, 0]))] == 1898  # level shift in 1899
-    assert years[np.nanargmax(np.abs(aux.observation_std[:, 0]))] == 1913  # the outlier
 
 
 def _dense_standardized(h, f, q, r, m0, p0, y, mask):
@@ -139,6 +117,8 @@ def test_vector_standardized_residuals_equal_dense_gaussian_conditioning(rng):
     assert np.isnan(ours[7]).all() and np.isnan(ours[4, 1]) and np.isfinite(ours[4, 0])
     d = ss.diagnose(model, params, y, mask=mask, lags=2)
     assert d.tests.index.names == ["test", "series"] and d.acf.shape == (2, 3)
+    assert len(d.plot(series=1).axes) == 4
+    matplotlib.pyplot.close("all")
 
 
 def _forward_predicted(pi, a, lik):
@@ -262,21 +242,3 @@ def test_bad_input_is_rejected(nile):
     with pytest.raises(TypeError, match="to_arrays"):
         ss.auxiliary_residuals(ss.AR(order=1), ss.AR(order=1).default_params(), y.to_numpy())
 
-
-
-def test_local_linear_trend_residuals_equal_statsmodels_with_two_diffuse_steps():
-    y = ss.datasets.load_nile().to_numpy(float)
-    params = ss.LocalLinearTrendParams(obs_var=14000.0, level_var=1200.0, slope_var=30.0)
-    res = sm.tsa.UnobservedComponents(y, "lltrend", use_exact_diffuse=True).smooth(
-        [14000.0, 1200.0, 30.0])
-    e = np.asarray(ss.standardized_residuals(ss.LocalLinearTrend(), params, y))
-    assert res.nobs_diffuse == 2 and np.isnan(e[:2]).all()
-    np.testing.assert_allclose(e[2:], res.filter_results.standardized_forecasts_error[0, 2:],
-                               rtol=1e-10, atol=1e-12)
-    aux = ss.auxiliary_residuals(ss.LocalLinearTrend(), params, y)
-    np.testing.assert_allclose(np.asarray(aux.state).T, res.smoothed_state_disturbance,
-                               rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(np.asarray(aux.state_cond_var).transpose(1, 2, 0),
-                               res.smoothed_state_disturbance_cov, rtol=1e-10, atol=1e-9)
-    np.testing.assert_allclose(aux.observation[:, 0], res.smoothed_measurement_disturbance[0],
-                               rtol=1e-9, atol=1e-9)
