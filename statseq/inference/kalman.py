@@ -15,10 +15,12 @@ missing entries are marginalized exactly (never imputed).
 Numerics: every innovation covariance is factored once by Cholesky, the update is written
 with the whitened gain ``W = L^{-1} H P``, and the filtered covariance is formed in Joseph
 form (`joseph_update`), which keeps its relative accuracy where ``P - W^T W`` cancels
-(observations much more precise than the state's spread); the smoother is the backward recursion of Durbin and Koopman (``r_t``,
-``N_t``), which inverts only innovation covariances, never (possibly singular) state
-covariances. A square-root variant is in `statseq.inference.kalman_sqrt`, the
-associative-scan (parallel) variant in `statseq.inference.kalman_parallel`.
+(observations much more precise than the state's spread); the smoother is the backward
+recursion of Durbin and Koopman (``r_t``, ``N_t``), which inverts only innovation
+covariances, never (possibly singular) state covariances, but computes ``P - P N P``,
+which cancels in the same regime. Square-root variants (filter and smoother, accurate
+there) are in `statseq.inference.kalman_sqrt`, the associative-scan (parallel) variants
+in `statseq.inference.kalman_parallel` and `statseq.inference.kalman_sqrt_parallel`.
 
 **Exact diffuse initialization** (de Jong's augmented filter). Directions ``A`` of the
 initial state with infinite variance are carried as regression columns: the filter runs

@@ -14,19 +14,22 @@ square root of the covariance: where the plain filter's ``P - K S K^T`` cancels 
 rounding noise (very precise observations of states with a large prior spread, in
 float32), the factors stay accurate.
 
-Both steps are QR factorizations of a "pre-array" (the array square-root filter of
-Morf and Kailath; Kailath, Sayed and Hassibi 2000, ch. 12). With ``Tria(M)`` the lower
-triangular ``L`` with ``L L^T = M M^T`` (from the QR factorization ``M^T = Q R``,
-``L = R^T``):
+Both steps use ``Tria(M)``, the lower triangular ``L`` (non-negative diagonal) with
+``L L^T = M M^T``, from the QR factorization ``M^T = Q R`` (``L = R^T``):
 
-* update: ``Tria([[N_t, H~_t L_{t|t-1}], [0, L_{t|t-1}]]) = [[L_S, 0], [K~, L_{t|t}]]``,
-  where ``N_t N_t^T`` is the masked observation noise, ``L_S L_S^T`` the innovation
-  covariance ``S_t``, ``K~ = P_{t|t-1} H~_t^T L_S^{-T}`` (so the gain is
-  ``K~ L_S^{-1}``) and ``L_{t|t}`` the filtered factor; then
-  ``m_{t|t} = m_{t|t-1} + K~ L_S^{-1} v_t`` and
+* update (`sqrt_update`): ``L_S = Tria([N_t, H~_t L_{t|t-1}])``, where ``N_t N_t^T`` is the
+  masked observation noise and ``L_S L_S^T`` the innovation covariance ``S_t``; with
+  ``X = L_S^{-1} H~_t L_{t|t-1}`` the gain is ``K = L_{t|t-1} X^T L_S^{-1}`` and the
+  filtered factor is the Joseph form in square roots,
+  ``L_{t|t} = Tria([(I - K H~_t) L_{t|t-1}, K N_t])``; then
+  ``m_{t|t} = m_{t|t-1} + K v_t`` and
   ``log p(y_t | y_{<t}) = -1/2 |L_S^{-1} v_t|^2 - sum_i log (L_S)_ii - (n_obs / 2) log 2 pi``
-  (the sum over observed entries only);
-* predict: ``L_{t+1|t} = Tria([F_t L_{t|t}, Q_t^{1/2}])``,
+  (the sum over observed entries only). The array form of Morf and Kailath (Kailath, Sayed
+  and Hassibi 2000, ch. 12), ``Tria([[N_t, H~_t L], [0, L]])``, gives the same factor in
+  exact arithmetic but loses ``eps sqrt(P / R)`` relative accuracy (``1e-8`` at
+  ``P / R = 10^16``); the Joseph form keeps ``1e-14`` there (tested against exact
+  rational arithmetic);
+* predict (`sqrt_predict`): ``L_{t+1|t} = Tria([F_t L_{t|t}, Q_t^{1/2}])``,
   ``m_{t+1|t} = F_t m_{t|t} + B_t u_{t+1} + b_t``.
 
 **Missing data** (``mask`` ``(T, D)``, ``True`` = observed) is marginalized exactly: the
@@ -152,6 +155,59 @@ def _positive_diagonal(chol):
     return chol * sign[None, :]
 
 
+def sqrt_update(arrays_t: GaussianSSMArrays, mean, chol, y_t, mask_t, u_t):
+    """Condition ``N(mean, chol chol^T)`` on ``y_t``: ``(log-density, mean, factor)``.
+
+    ``arrays_t`` holds the matrices at step ``t`` with ``emission_cov`` replaced by a square
+    root ``R^{1/2}`` (see `sqrt_kalman_filter_factors`). The innovation factor ``L_S`` is the
+    triangular factor of ``[N, H~ L]`` (``N`` the masked noise factor), ``X = L_S^{-1} H~ L``,
+    and the filtered factor is the Joseph form in square roots,
+
+        L_{t|t} = Tria([L - L X^T X,  L X^T L_S^{-1} N]),
+
+    i.e. ``(I - K H~) P (I - K H~)^T + K R K^T`` with ``K = L X^T L_S^{-1}``. The array form
+    ``Tria([[N, H~ L], [0, L]])`` gives the same factor in exact arithmetic, but its
+    backward error perturbs ``N`` by ``eps |H~ L|``: a relative error ``eps sqrt(P / R)``
+    (``1e-8`` at ``P / R = 10^16``). Here rounding in ``I - X^T X`` only enters squared.
+    """
+    dtype = chol.dtype
+    n = chol.shape[-1]
+    obs = mask_t.astype(dtype)
+    h = arrays_t.emission_weights * obs[:, None]
+    y_mean = (arrays_t.emission_weights @ mean + arrays_t.emission_input_weights @ u_t
+              + arrays_t.emission_bias)
+    v = jnp.where(mask_t, y_t - y_mean, 0.0)
+    noise = jnp.concatenate([arrays_t.emission_cov * obs[:, None], jnp.diag(1.0 - obs)], axis=1)
+    hl = h @ chol
+    chol_s = _tria(jnp.concatenate([noise.T, hl.T]))  # L_S L_S^T = H~ P H~^T + N N^T
+    solved = jsl.solve_triangular(chol_s, jnp.concatenate([v[:, None], hl, noise], axis=1),
+                                  lower=True)
+    z, x, noise_w = solved[:, 0], solved[:, 1 : n + 1], solved[:, n + 1 :]
+    gain_l = chol @ x.T  # K~ = P H~^T L_S^{-T} = L X^T   (n, D)
+    mean_f = mean + gain_l @ z
+    chol_f = _tria(jnp.concatenate([(chol - gain_l @ x).T, (gain_l @ noise_w).T]))
+    log_det = jnp.sum(jnp.where(mask_t, jnp.log(jnp.diagonal(chol_s)), 0.0))
+    log_prob = -0.5 * jnp.sum(z**2) - log_det - 0.5 * jnp.sum(obs) * _LOG_2PI
+    return log_prob, mean_f, chol_f
+
+
+def sqrt_predict(arrays_t: GaussianSSMArrays, mean, chol, u_next):
+    """``x_{t+1} | y_{<=t}`` in factors: ``F m + B u_{t+1} + b`` and ``Tria([F L, Q^{1/2}])``
+    (``arrays_t.dynamics_cov`` holds ``Q^{1/2}``)."""
+    f = arrays_t.dynamics_weights
+    mean = f @ mean + arrays_t.dynamics_input_weights @ u_next + arrays_t.dynamics_bias
+    return mean, _tria(jnp.concatenate([chol.T @ f.T, arrays_t.dynamics_cov.T]))
+
+
+def square_root_arrays(arrays: GaussianSSMArrays) -> GaussianSSMArrays:
+    """The same container with ``Q`` and ``R`` replaced by their `psd_cholesky` factors
+    (``arrays_at`` then indexes them as it does the covariances)."""
+    return arrays._replace(
+        dynamics_cov=_factor_leaf(arrays.dynamics_cov, 2),
+        emission_cov=_factor_leaf(arrays.emission_cov, 2),
+    )
+
+
 def _factor_leaf(leaf, base_ndim):
     return jax.vmap(psd_cholesky)(leaf) if jnp.ndim(leaf) == base_ndim + 1 else psd_cholesky(leaf)
 
@@ -197,13 +253,9 @@ def sqrt_kalman_filter_factors(
             "statseq.inference.kalman.kalman_filter"
         )
     dtype = jnp.result_type(arrays.initial_mean, arrays.initial_cov, y)
-    n = arrays.initial_mean.shape[-1]
-    num_t, dim = y.shape
+    num_t = y.shape[0]
     # the same container, with Q and R replaced by their factors (arrays_at indexes them)
-    roots = arrays._replace(
-        dynamics_cov=_factor_leaf(arrays.dynamics_cov, 2),
-        emission_cov=_factor_leaf(arrays.emission_cov, 2),
-    )
+    roots = square_root_arrays(arrays)
     chol0 = psd_cholesky(arrays.initial_cov)
     # the input entering the prediction of x_{t+1}; the last one is never used
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
@@ -212,28 +264,8 @@ def sqrt_kalman_filter_factors(
         mean, chol = carry
         t, y_t, m_t, u_t, u_n = xs
         arr = arrays_at(roots, t)
-        obs = m_t.astype(dtype)
-        # ---- update: Tria([[N, H~ L], [0, L]]), built transposed for QR
-        h = arr.emission_weights * obs[:, None]
-        y_mean = arr.emission_weights @ mean + arr.emission_input_weights @ u_t + arr.emission_bias
-        v = jnp.where(m_t, y_t - y_mean, 0.0)
-        noise_t = jnp.concatenate([arr.emission_cov.T * obs[None, :], jnp.diag(1.0 - obs)])
-        pre = jnp.block([
-            [noise_t, jnp.zeros((2 * dim, n), dtype)],
-            [chol.T @ h.T, chol.T],
-        ])
-        post = jnp.linalg.qr(pre, mode="r").T
-        chol_s = post[:dim, :dim]
-        gain_w = post[dim:, :dim]  # P H~^T L_S^{-T}
-        chol_f = _positive_diagonal(post[dim:, dim:])
-        z = jsl.solve_triangular(chol_s, v, lower=True)
-        mean_f = mean + gain_w @ z
-        log_det = jnp.sum(jnp.where(m_t, jnp.log(jnp.abs(jnp.diagonal(chol_s))), 0.0))
-        log_prob = -0.5 * jnp.sum(z**2) - log_det - 0.5 * jnp.sum(obs) * _LOG_2PI
-        # ---- predict: Tria([F L_f, Q^{1/2}])
-        f = arr.dynamics_weights
-        mean_p = f @ mean_f + arr.dynamics_input_weights @ u_n + arr.dynamics_bias
-        chol_p = _tria(jnp.concatenate([chol_f.T @ f.T, arr.dynamics_cov.T]))
+        log_prob, mean_f, chol_f = sqrt_update(arr, mean, chol, y_t, m_t, u_t)
+        mean_p, chol_p = sqrt_predict(arr, mean_f, chol_f, u_n)
         return (mean_p, chol_p), (log_prob, mean, chol, mean_f, chol_f)
 
     init = (arrays.initial_mean.astype(dtype), chol0.astype(dtype))
