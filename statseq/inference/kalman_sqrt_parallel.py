@@ -61,6 +61,7 @@ from statseq.core.recurrence import pairwise_sum
 from statseq.inference.kalman import (
     GaussianSSMArrays,
     KalmanFilterResult,
+    KalmanSmootherResult,
     _check,
     arrays_at,
 )
@@ -75,6 +76,7 @@ from statseq.inference.kalman_parallel import (
 )
 from statseq.inference.kalman_sqrt import (
     SqrtKalmanFilterResult,
+    SqrtKalmanSmootherResult,
     psd_cholesky,
     square_root_arrays,
 )
@@ -306,3 +308,124 @@ def parallel_sqrt_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs
     return KalmanFilterResult(res.marginal_log_lik, res.log_probs, res.predicted_means,
                               _gram(res.predicted_chols), res.filtered_means,
                               _gram(res.filtered_chols))
+
+
+# ---- smoother -------------------------------------------------------------------------------
+def _smoother_elements(roots, filt: SqrtKalmanFilterResult):
+    """``(E_t, g_t, D_t)`` of ``x_t | x_{t+1}, y_{<=t}`` for every ``t`` (the last one:
+    ``(0, m_{T-1|T-1}, U_{T-1})``)."""
+    num_t, n = filt.filtered_means.shape
+
+    def one(t, m_f, l_f, m_p, l_p):
+        arr = arrays_at(roots, t)
+        fl = arr.dynamics_weights @ l_f
+        inv_p = _solve_lower(l_p, jnp.eye(n, dtype=l_p.dtype))
+        gain = l_f @ _mT(inv_p @ fl) @ inv_p  # P_{t|t} F^T P_{t+1|t}^{-1}
+        chol = _tria(jnp.concatenate([l_f - gain @ fl, gain @ arr.dynamics_cov], axis=1))
+        return gain, m_f - gain @ m_p, chol
+
+    gain, offset, chol = jax.vmap(one)(jnp.arange(num_t - 1), filt.filtered_means[:-1],
+                                       filt.filtered_chols[:-1], filt.predicted_means[1:],
+                                       filt.predicted_chols[1:])
+    last = (jnp.zeros((1, n, n), gain.dtype), filt.filtered_means[-1:],
+            filt.filtered_chols[-1:])
+    return tuple(jnp.concatenate([a, b]) for a, b in zip((gain, offset, chol), last,
+                                                          strict=True))
+
+
+def _smoother_combine(later, earlier):
+    """``x_t = E x_{t+1} + g + D e`` maps of a later block, then an earlier one, composed
+    (`_scan` with ``reverse=True`` calls ``fn(later block, earlier element)``)."""
+    e2, g2, d2 = later
+    e1, g1, d1 = earlier
+    return (e1 @ e2, jnp.einsum("...ij,...j->...i", e1, g2) + g1,
+            _tria(jnp.concatenate([e1 @ d2, d1], axis=-1)))
+
+
+def parallel_sqrt_kalman_smoother_factors(
+    arrays: GaussianSSMArrays, y, mask, inputs
+) -> SqrtKalmanSmootherResult:
+    """Square-root Rauch-Tung-Striebel smoother by parallel scans, returning the factors
+    (twin of `statseq.inference.kalman_sqrt.sqrt_kalman_smoother_factors`).
+
+    `parallel_sqrt_kalman_filter_factors`, then a suffix scan over the smoother elements
+    of the module docstring; the lag-one covariances are ``Cov[x_{t+1}, x_t | y] =
+    P_{t+1|T} J_t^T``. The predicted covariances must be nonsingular.
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` with ``q = 0`` columns).
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `~statseq.inference.kalman_sqrt.SqrtKalmanSmootherResult`.
+
+    Raises:
+        NotImplementedError: if the initial law has diffuse directions.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from statseq.inference.kalman import GaussianSSMArrays
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)), jnp.zeros(1),
+        ...     jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.array([[0.5], [1.0]])
+        >>> res = parallel_sqrt_kalman_smoother_factors(arr, y, jnp.ones_like(y, bool),
+        ...                                             jnp.zeros((2, 0)))
+        >>> round(float(res.smoothed_chols[0, 0, 0] ** 2), 6)  # 1/2 - (1/3)^2 (3/2 - 3/5)
+        0.4
+    """
+    filt = parallel_sqrt_kalman_filter_factors(arrays, y, mask, inputs)
+    roots = square_root_arrays(arrays)
+    elements = _smoother_elements(roots, filt)
+    _, sm_mean, sm_chol = _scan(_smoother_combine, elements, reverse=True)
+    gain = elements[0][:-1]
+    cross = sm_chol[1:] @ (_mT(sm_chol[1:]) @ _mT(gain))
+    return SqrtKalmanSmootherResult(filt.marginal_log_lik, filt.filtered_means,
+                                    filt.filtered_chols, sm_mean, sm_chol, cross)
+
+
+def parallel_sqrt_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs
+                                  ) -> KalmanSmootherResult:
+    """Square-root smoother by parallel scans with the outputs of
+    `statseq.inference.kalman.kalman_smoother`.
+
+    The smoothed moments of the Rauch-Tung-Striebel recursion
+    (``J_t = P_{t|t} F_t^T P_{t+1|t}^{-1}``),
+
+        E[x_t | y] = m_{t|t} + J_t (E[x_{t+1} | y] - m_{t+1|t}),
+        Cov[x_t | y] = P_{t|t} + J_t (Cov[x_{t+1} | y] - P_{t+1|t}) J_t^T,
+        Cov[x_{t+1}, x_t | y] = Cov[x_{t+1} | y] J_t^T,
+
+    computed on factors by the scans of `parallel_sqrt_kalman_smoother_factors`, with the
+    covariances returned as ``L L^T``.
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` with ``q = 0`` columns).
+        y: ``(T, D)`` observations.
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `~statseq.inference.kalman.KalmanSmootherResult`.
+
+    Raises:
+        NotImplementedError: if the initial law has diffuse directions.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from statseq.inference.kalman import GaussianSSMArrays, kalman_smoother
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.9 * jnp.eye(1),
+        ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.array([[0.5], [1.0], [-0.3]])
+        >>> args = (arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
+        >>> res = parallel_sqrt_kalman_smoother(*args)
+        >>> bool(jnp.allclose(res.smoothed_means, kalman_smoother(*args).smoothed_means))
+        True
+    """
+    res = parallel_sqrt_kalman_smoother_factors(arrays, y, mask, inputs)
+    return KalmanSmootherResult(res.marginal_log_lik, res.filtered_means,
+                                _gram(res.filtered_chols), res.smoothed_means,
+                                _gram(res.smoothed_chols), res.smoothed_cross_covs)
