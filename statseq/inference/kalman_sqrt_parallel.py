@@ -103,7 +103,8 @@ def _tria(m):
         av = jnp.einsum("...nk,...k->...n", a, v)
         return a - (av * coef[..., None])[..., :, None] * v[..., None, :]
 
-    chol = jax.lax.fori_loop(0, n, reflect, m)[..., :, :n]
+    # what each reflection leaves beyond the diagonal is rounding: drop it, as QR does
+    chol = jnp.tril(jax.lax.fori_loop(0, n, reflect, m)[..., :, :n])
     sign = jnp.where(jnp.diagonal(chol, axis1=-2, axis2=-1) < 0, -1.0, 1.0).astype(dtype)
     return chol * sign[..., None, :]
 
