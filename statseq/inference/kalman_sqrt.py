@@ -14,19 +14,22 @@ square root of the covariance: where the plain filter's ``P - K S K^T`` cancels 
 rounding noise (very precise observations of states with a large prior spread, in
 float32), the factors stay accurate.
 
-Both steps are QR factorizations of a "pre-array" (the array square-root filter of
-Morf and Kailath; Kailath, Sayed and Hassibi 2000, ch. 12). With ``Tria(M)`` the lower
-triangular ``L`` with ``L L^T = M M^T`` (from the QR factorization ``M^T = Q R``,
-``L = R^T``):
+Both steps use ``Tria(M)``, the lower triangular ``L`` (non-negative diagonal) with
+``L L^T = M M^T``, from the QR factorization ``M^T = Q R`` (``L = R^T``):
 
-* update: ``Tria([[N_t, H~_t L_{t|t-1}], [0, L_{t|t-1}]]) = [[L_S, 0], [K~, L_{t|t}]]``,
-  where ``N_t N_t^T`` is the masked observation noise, ``L_S L_S^T`` the innovation
-  covariance ``S_t``, ``K~ = P_{t|t-1} H~_t^T L_S^{-T}`` (so the gain is
-  ``K~ L_S^{-1}``) and ``L_{t|t}`` the filtered factor; then
-  ``m_{t|t} = m_{t|t-1} + K~ L_S^{-1} v_t`` and
+* update (`sqrt_update`): ``L_S = Tria([N_t, H~_t L_{t|t-1}])``, where ``N_t N_t^T`` is the
+  masked observation noise and ``L_S L_S^T`` the innovation covariance ``S_t``; with
+  ``X = L_S^{-1} H~_t L_{t|t-1}`` the gain is ``K = L_{t|t-1} X^T L_S^{-1}`` and the
+  filtered factor is the Joseph form in square roots,
+  ``L_{t|t} = Tria([(I - K H~_t) L_{t|t-1}, K N_t])``; then
+  ``m_{t|t} = m_{t|t-1} + K v_t`` and
   ``log p(y_t | y_{<t}) = -1/2 |L_S^{-1} v_t|^2 - sum_i log (L_S)_ii - (n_obs / 2) log 2 pi``
-  (the sum over observed entries only);
-* predict: ``L_{t+1|t} = Tria([F_t L_{t|t}, Q_t^{1/2}])``,
+  (the sum over observed entries only). The array form of Morf and Kailath (Kailath, Sayed
+  and Hassibi 2000, ch. 12), ``Tria([[N_t, H~_t L], [0, L]])``, gives the same factor in
+  exact arithmetic but loses ``eps sqrt(P / R)`` relative accuracy (``1e-8`` at
+  ``P / R = 10^16``); the Joseph form keeps ``1e-14`` there (tested against exact
+  rational arithmetic);
+* predict (`sqrt_predict`): ``L_{t+1|t} = Tria([F_t L_{t|t}, Q_t^{1/2}])``,
   ``m_{t+1|t} = F_t m_{t|t} + B_t u_{t+1} + b_t``.
 
 **Missing data** (``mask`` ``(T, D)``, ``True`` = observed) is marginalized exactly: the
@@ -73,6 +76,7 @@ from statseq.inference.gaussian import symmetrize
 from statseq.inference.kalman import (
     GaussianSSMArrays,
     KalmanFilterResult,
+    KalmanSmootherResult,
     _check,
     arrays_at,
 )
@@ -152,6 +156,59 @@ def _positive_diagonal(chol):
     return chol * sign[None, :]
 
 
+def sqrt_update(arrays_t: GaussianSSMArrays, mean, chol, y_t, mask_t, u_t):
+    """Condition ``N(mean, chol chol^T)`` on ``y_t``: ``(log-density, mean, factor)``.
+
+    ``arrays_t`` holds the matrices at step ``t`` with ``emission_cov`` replaced by a square
+    root ``R^{1/2}`` (see `sqrt_kalman_filter_factors`). The innovation factor ``L_S`` is the
+    triangular factor of ``[N, H~ L]`` (``N`` the masked noise factor), ``X = L_S^{-1} H~ L``,
+    and the filtered factor is the Joseph form in square roots,
+
+        L_{t|t} = Tria([L - L X^T X,  L X^T L_S^{-1} N]),
+
+    i.e. ``(I - K H~) P (I - K H~)^T + K R K^T`` with ``K = L X^T L_S^{-1}``. The array form
+    ``Tria([[N, H~ L], [0, L]])`` gives the same factor in exact arithmetic, but its
+    backward error perturbs ``N`` by ``eps |H~ L|``: a relative error ``eps sqrt(P / R)``
+    (``1e-8`` at ``P / R = 10^16``). Here rounding in ``I - X^T X`` only enters squared.
+    """
+    dtype = chol.dtype
+    n = chol.shape[-1]
+    obs = mask_t.astype(dtype)
+    h = arrays_t.emission_weights * obs[:, None]
+    y_mean = (arrays_t.emission_weights @ mean + arrays_t.emission_input_weights @ u_t
+              + arrays_t.emission_bias)
+    v = jnp.where(mask_t, y_t - y_mean, 0.0)
+    noise = jnp.concatenate([arrays_t.emission_cov * obs[:, None], jnp.diag(1.0 - obs)], axis=1)
+    hl = h @ chol
+    chol_s = _tria(jnp.concatenate([noise.T, hl.T]))  # L_S L_S^T = H~ P H~^T + N N^T
+    solved = jsl.solve_triangular(chol_s, jnp.concatenate([v[:, None], hl, noise], axis=1),
+                                  lower=True)
+    z, x, noise_w = solved[:, 0], solved[:, 1 : n + 1], solved[:, n + 1 :]
+    gain_l = chol @ x.T  # K~ = P H~^T L_S^{-T} = L X^T   (n, D)
+    mean_f = mean + gain_l @ z
+    chol_f = _tria(jnp.concatenate([(chol - gain_l @ x).T, (gain_l @ noise_w).T]))
+    log_det = jnp.sum(jnp.where(mask_t, jnp.log(jnp.diagonal(chol_s)), 0.0))
+    log_prob = -0.5 * jnp.sum(z**2) - log_det - 0.5 * jnp.sum(obs) * _LOG_2PI
+    return log_prob, mean_f, chol_f
+
+
+def sqrt_predict(arrays_t: GaussianSSMArrays, mean, chol, u_next):
+    """``x_{t+1} | y_{<=t}`` in factors: ``F m + B u_{t+1} + b`` and ``Tria([F L, Q^{1/2}])``
+    (``arrays_t.dynamics_cov`` holds ``Q^{1/2}``)."""
+    f = arrays_t.dynamics_weights
+    mean = f @ mean + arrays_t.dynamics_input_weights @ u_next + arrays_t.dynamics_bias
+    return mean, _tria(jnp.concatenate([chol.T @ f.T, arrays_t.dynamics_cov.T]))
+
+
+def square_root_arrays(arrays: GaussianSSMArrays) -> GaussianSSMArrays:
+    """The same container with ``Q`` and ``R`` replaced by their `psd_cholesky` factors
+    (``arrays_at`` then indexes them as it does the covariances)."""
+    return arrays._replace(
+        dynamics_cov=_factor_leaf(arrays.dynamics_cov, 2),
+        emission_cov=_factor_leaf(arrays.emission_cov, 2),
+    )
+
+
 def _factor_leaf(leaf, base_ndim):
     return jax.vmap(psd_cholesky)(leaf) if jnp.ndim(leaf) == base_ndim + 1 else psd_cholesky(leaf)
 
@@ -197,13 +254,9 @@ def sqrt_kalman_filter_factors(
             "statseq.inference.kalman.kalman_filter"
         )
     dtype = jnp.result_type(arrays.initial_mean, arrays.initial_cov, y)
-    n = arrays.initial_mean.shape[-1]
-    num_t, dim = y.shape
+    num_t = y.shape[0]
     # the same container, with Q and R replaced by their factors (arrays_at indexes them)
-    roots = arrays._replace(
-        dynamics_cov=_factor_leaf(arrays.dynamics_cov, 2),
-        emission_cov=_factor_leaf(arrays.emission_cov, 2),
-    )
+    roots = square_root_arrays(arrays)
     chol0 = psd_cholesky(arrays.initial_cov)
     # the input entering the prediction of x_{t+1}; the last one is never used
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
@@ -212,28 +265,8 @@ def sqrt_kalman_filter_factors(
         mean, chol = carry
         t, y_t, m_t, u_t, u_n = xs
         arr = arrays_at(roots, t)
-        obs = m_t.astype(dtype)
-        # ---- update: Tria([[N, H~ L], [0, L]]), built transposed for QR
-        h = arr.emission_weights * obs[:, None]
-        y_mean = arr.emission_weights @ mean + arr.emission_input_weights @ u_t + arr.emission_bias
-        v = jnp.where(m_t, y_t - y_mean, 0.0)
-        noise_t = jnp.concatenate([arr.emission_cov.T * obs[None, :], jnp.diag(1.0 - obs)])
-        pre = jnp.block([
-            [noise_t, jnp.zeros((2 * dim, n), dtype)],
-            [chol.T @ h.T, chol.T],
-        ])
-        post = jnp.linalg.qr(pre, mode="r").T
-        chol_s = post[:dim, :dim]
-        gain_w = post[dim:, :dim]  # P H~^T L_S^{-T}
-        chol_f = _positive_diagonal(post[dim:, dim:])
-        z = jsl.solve_triangular(chol_s, v, lower=True)
-        mean_f = mean + gain_w @ z
-        log_det = jnp.sum(jnp.where(m_t, jnp.log(jnp.abs(jnp.diagonal(chol_s))), 0.0))
-        log_prob = -0.5 * jnp.sum(z**2) - log_det - 0.5 * jnp.sum(obs) * _LOG_2PI
-        # ---- predict: Tria([F L_f, Q^{1/2}])
-        f = arr.dynamics_weights
-        mean_p = f @ mean_f + arr.dynamics_input_weights @ u_n + arr.dynamics_bias
-        chol_p = _tria(jnp.concatenate([chol_f.T @ f.T, arr.dynamics_cov.T]))
+        log_prob, mean_f, chol_f = sqrt_update(arr, mean, chol, y_t, m_t, u_t)
+        mean_p, chol_p = sqrt_predict(arr, mean_f, chol_f, u_n)
         return (mean_p, chol_p), (log_prob, mean, chol, mean_f, chol_f)
 
     init = (arrays.initial_mean.astype(dtype), chol0.astype(dtype))
@@ -288,3 +321,170 @@ def sqrt_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilt
         res.filtered_means,
         gram(res.filtered_chols),
     )
+
+
+# ---- smoother ---------------------------------------------------------------------------
+class SqrtKalmanSmootherResult(NamedTuple):
+    """Output of `sqrt_kalman_smoother_factors`.
+
+    Attributes:
+        marginal_log_lik: scalar ``log p(y_{0:T-1})``.
+        filtered_means, filtered_chols: as in `SqrtKalmanFilterResult`.
+        smoothed_means: ``(T, n)`` ``E[x_t | y_{0:T-1}]``.
+        smoothed_chols: ``(T, n, n)`` lower-triangular factors of ``Cov[x_t | y_{0:T-1}]``.
+        smoothed_cross_covs: ``(T-1, n, n)`` ``Cov[x_{t+1}, x_t | y_{0:T-1}]``.
+    """
+
+    marginal_log_lik: Any
+    filtered_means: Any
+    filtered_chols: Any
+    smoothed_means: Any
+    smoothed_chols: Any
+    smoothed_cross_covs: Any
+
+
+def sqrt_smoother_step(arrays_t: GaussianSSMArrays, filt_mean, filt_chol, pred_mean_next,
+                       pred_chol_next, sm_mean_next, sm_chol_next):
+    """One backward step of the square-root Rauch-Tung-Striebel smoother.
+
+    ``arrays_t`` holds ``Q_t^{1/2}`` in ``dynamics_cov``. With the gain
+    ``J_t = P_{t|t} F_t^T P_{t+1|t}^{-1} = L_{t|t} W^T L_{t+1|t}^{-1}``,
+    ``W = L_{t+1|t}^{-1} F_t L_{t|t}``,
+
+        m_{t|T} = m_{t|t} + J_t (m_{t+1|T} - m_{t+1|t}),
+        L_{t|T} = Tria([(I - J_t F_t) L_{t|t},  J_t Q_t^{1/2},  J_t L_{t+1|T}]),
+        Cov[x_{t+1}, x_t | y] = P_{t+1|T} J_t^T,
+
+    the factor of ``P_{t|t} + J_t (P_{t+1|T} - P_{t+1|t}) J_t^T`` written in Joseph form
+    (``x_{t+1}`` plays the observation of ``x_t``, ``Q_t`` its noise): like the filter's
+    update, it keeps its relative accuracy when ``F P_{t|t} F^T`` and ``Q`` differ by up to
+    ``1 / eps``, where the factor of the array form ``Tria([[F L, Q^{1/2}], [L, 0]])``
+    loses ``eps`` times the square root of their ratio.
+
+    Returns:
+        ``(smoothed mean, smoothed factor, cross-covariance)`` of step ``t``.
+    """
+    f = arrays_t.dynamics_weights
+    fl = f @ filt_chol
+    w = jsl.solve_triangular(pred_chol_next, fl, lower=True)
+    gain = jsl.solve_triangular(pred_chol_next, w @ filt_chol.T, lower=True, trans=1).T
+    mean = filt_mean + gain @ (sm_mean_next - pred_mean_next)
+    chol = _tria(jnp.concatenate([(filt_chol - gain @ fl).T, (gain @ arrays_t.dynamics_cov).T,
+                                  (gain @ sm_chol_next).T]))
+    cross = sm_chol_next @ (sm_chol_next.T @ gain.T)
+    return mean, chol, cross
+
+
+def sqrt_kalman_smoother_factors(
+    arrays: GaussianSSMArrays, y, mask, inputs
+) -> SqrtKalmanSmootherResult:
+    """Square-root Rauch-Tung-Striebel smoother over one sequence, returning the factors.
+
+    `sqrt_kalman_filter_factors` forward, then `sqrt_smoother_step` backward from
+    ``m_{T-1|T-1}, L_{T-1|T-1}``: only QR factorizations and triangular solves, so every
+    covariance is positive semi-definite by construction and keeps its relative accuracy
+    where the covariance-form smoothers cancel (``P - P N P`` when observations are far
+    more precise than the dynamics noise: at ``Q / R = 10^16`` the Durbin-Koopman
+    smoother's variances are wrong by a factor of 10; these keep ``1e-14``, tested against
+    exact rational arithmetic).
+
+    The gain ``J_t`` inverts the predicted factor ``L_{t+1|t}``, so the predicted
+    covariances must be nonsingular (a nonsingular ``Q_t`` suffices); for structural models
+    with singular ``Q`` use `statseq.inference.kalman.kalman_smoother`.
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` with ``q = 0`` columns).
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `SqrtKalmanSmootherResult`.
+
+    Raises:
+        NotImplementedError: if the initial law has diffuse directions.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)), jnp.zeros(1),
+        ...     jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.array([[0.5], [1.0]])
+        >>> res = sqrt_kalman_smoother_factors(arr, y, jnp.ones_like(y, bool),
+        ...                                    jnp.zeros((2, 0)))
+        >>> round(float(res.smoothed_chols[0, 0, 0] ** 2), 6)  # 1/2 - (1/3)^2 * 3/2 ... = 0.4
+        0.4
+    """
+    filt = sqrt_kalman_filter_factors(arrays, y, mask, inputs)
+    roots = square_root_arrays(arrays)
+
+    def back(carry, xs):
+        m_next, l_next = carry
+        t, m_f, l_f, m_p_next, l_p_next = xs
+        mean, chol, cross = sqrt_smoother_step(arrays_at(roots, t), m_f, l_f, m_p_next,
+                                               l_p_next, m_next, l_next)
+        return (mean, chol), (mean, chol, cross)
+
+    num_t = filt.filtered_means.shape[0]
+    init = (filt.filtered_means[-1], filt.filtered_chols[-1])
+    xs = (jnp.arange(num_t - 1), filt.filtered_means[:-1], filt.filtered_chols[:-1],
+          filt.predicted_means[1:], filt.predicted_chols[1:])
+    _, (mean_s, chol_s, cross) = jax.lax.scan(back, init, xs, reverse=True)
+    return SqrtKalmanSmootherResult(
+        filt.marginal_log_lik,
+        filt.filtered_means,
+        filt.filtered_chols,
+        jnp.concatenate([mean_s, init[0][None]]),
+        jnp.concatenate([chol_s, init[1][None]]),
+        cross,
+    )
+
+
+def sqrt_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmootherResult:
+    """Square-root smoother with the outputs of `kalman.kalman_smoother`.
+
+    The smoothed moments of every ``x_t`` given all of ``y`` by the square-root
+    Rauch-Tung-Striebel recursion (see `sqrt_kalman_smoother_factors`; same model, same
+    restrictions), with the covariances returned as ``L L^T`` of the factors:
+
+        E[x_t | y] = m_{t|t} + J_t (E[x_{t+1} | y] - m_{t+1|t}),
+        Cov[x_t | y] = P_{t|t} + J_t (Cov[x_{t+1} | y] - P_{t+1|t}) J_t^T,
+        Cov[x_{t+1}, x_t | y] = Cov[x_{t+1} | y] J_t^T,   J_t = P_{t|t} F_t^T P_{t+1|t}^{-1}.
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` with ``q = 0`` columns).
+        y: ``(T, D)`` observations.
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `~statseq.inference.kalman.KalmanSmootherResult`.
+
+    Raises:
+        NotImplementedError: if the initial law has diffuse directions.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from statseq.inference.kalman import kalman_smoother
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.9 * jnp.eye(1),
+        ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.array([[0.5], [1.0], [-0.3]])
+        >>> args = (arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
+        >>> res = sqrt_kalman_smoother(*args)
+        >>> bool(jnp.allclose(res.smoothed_covs, kalman_smoother(*args).smoothed_covs))
+        True
+    """
+    res = sqrt_kalman_smoother_factors(arrays, y, mask, inputs)
+    return KalmanSmootherResult(
+        res.marginal_log_lik,
+        res.filtered_means,
+        _gram(res.filtered_chols),
+        res.smoothed_means,
+        _gram(res.smoothed_chols),
+        res.smoothed_cross_covs,
+    )
+
+
+def _gram(chol):
+    return chol @ jnp.swapaxes(chol, -1, -2)

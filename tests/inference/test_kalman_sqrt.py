@@ -195,12 +195,13 @@ def test_float32_stays_positive_definite_where_the_plain_filter_fails():
     ``~1e6 [[2, 1], [1, 1]]``, level and slope strongly correlated) the filtered
     covariance comes out as ``diag(0, -0.125)`` (truth ``[[1e-4, 1e-4], [1e-4, 1.03e-2]]``),
     from step 2 on the innovation variances are negative, their Cholesky factors NaN,
-    and so is the plain filter's log-likelihood (float64 truth: 75.1179). The square-root
-    filter never forms that difference: its factors stay lower triangular with a
-    positive diagonal, its log-likelihood is 75.1179 (error ~1e-5) and its filtered
-    means and standard deviations (from 1e-2 to 1e3) are close to the float64 ones.
-    (On a backend where the plain filter happened to stay finite, it must still be
-    indefinite and off by more than 1 nat.)
+    and so was the textbook filter's log-likelihood (float64 truth: 75.1179). The plain
+    filter now forms the filtered covariance in Joseph form, a sum of PSD terms, so it
+    stays finite, but float32 still costs it up to 90% error in some filtered standard
+    deviations and 0.39 nats of log-likelihood. The square-root filter's
+    factors stay lower triangular with a positive diagonal, its log-likelihood is 75.1179
+    (error ~1e-5) and its filtered means and standard deviations (from 1e-2 to 1e3) are
+    close to the float64 ones.
     """
     arrays, y, mask, u = _trend_model(100, 1e-4, seed=1)
     truth = _plain(jax.tree.map(jnp.asarray, arrays), y, mask, u)
@@ -216,15 +217,13 @@ def test_float32_stays_positive_definite_where_the_plain_filter_fails():
     assert plain.marginal_log_lik.dtype == fac.marginal_log_lik.dtype == jnp.float32
     assert fac.filtered_chols.dtype == fac.filtered_means.dtype == jnp.float32
 
-    # the plain filter fails: NaN, an indefinite filtered covariance, or a wrong answer
+    # the plain filter loses accuracy: NaN, or wrong standard deviations and log-likelihood
     plain_ll = float(plain.marginal_log_lik)
-    plain_covs = np.asarray(plain.filtered_covs, np.float64)
-    indefinite = not np.all(np.isfinite(plain_covs)) or np.any(
-        np.linalg.eigvalsh(np.nan_to_num(plain_covs)).min(axis=1)
-        < -1e-3 * np.abs(plain_covs).max(axis=(1, 2))
-    )
-    assert not np.isfinite(plain_ll) or abs(plain_ll - float(truth.marginal_log_lik)) > 1.0
-    assert indefinite
+    plain_sd = np.sqrt(np.abs(np.diagonal(np.asarray(plain.filtered_covs, np.float64),
+                                          axis1=1, axis2=2)))
+    true_sd = np.sqrt(np.diagonal(np.asarray(truth.filtered_covs), axis1=1, axis2=2))
+    assert not np.isfinite(plain_ll) or abs(plain_ll - float(truth.marginal_log_lik)) > 0.1
+    assert not np.all(np.isfinite(plain_sd)) or np.max(np.abs(plain_sd / true_sd - 1)) > 0.1
 
     # the square-root filter succeeds
     diag = np.diagonal(np.asarray(fac.filtered_chols), axis1=1, axis2=2)

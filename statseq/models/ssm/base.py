@@ -231,25 +231,41 @@ class GaussianSSMBase(SequenceModel):
             inputs: covariates, when the model takes them.
             parallel: ``True`` for the associative-scan filter (``O(log T)`` depth, for
                 accelerators), ``False`` for ``lax.scan``; ``None`` picks by backend.
-            square_root: propagate Cholesky factors (more robust in float32).
+            square_root: propagate Cholesky factors
+                (`statseq.inference.kalman_sqrt`, or with ``parallel``
+                `statseq.inference.kalman_sqrt_parallel`): more robust in float32, and
+                the variances keep their relative accuracy when observations are far more
+                precise than the dynamics noise (``Q / R`` up to ``1e16`` in float64).
+                Needs a proper initial law (no diffuse states).
 
         Returns:
             `statseq.inference.kalman.KalmanFilterResult` (batch shape leading).
         """
-        kind = "sqrt" if square_root else ("parallel" if use_parallel(parallel) else "seq")
-        if square_root and parallel:
-            raise ValueError("square_root=True has no parallel version; use parallel=False")
-        return self._posterior(params, y, mask, inputs, "filter", kind)
+        return self._posterior(params, y, mask, inputs, "filter",
+                               _kind(parallel, square_root))
 
-    def smoother(self, params, y, *, mask=None, inputs=None, parallel=None
-                 ) -> kalman.KalmanSmootherResult:
+    def smoother(self, params, y, *, mask=None, inputs=None, parallel=None,
+                 square_root=False) -> kalman.KalmanSmootherResult:
         """Smoothed moments of ``x_t`` given the whole series, and lag-one covariances.
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (num_timesteps,) + event_shape``.
+            mask: optional observation mask (per step or per entry).
+            inputs: covariates, when the model takes them.
+            parallel: ``True`` for associative scans (``O(log T)`` depth, for
+                accelerators), ``False`` for ``lax.scan``; ``None`` picks by backend.
+            square_root: the square-root Rauch-Tung-Striebel smoother on Cholesky
+                factors (`statseq.inference.kalman_sqrt.sqrt_kalman_smoother`, or with
+                ``parallel`` its associative-scan twin), accurate where the covariance
+                form cancels (``Q / R`` up to ``1e16`` in float64); needs a proper initial
+                law and nonsingular predicted covariances (a nonsingular ``Q``).
 
         Returns:
             `statseq.inference.kalman.KalmanSmootherResult` (batch shape leading).
         """
-        kind = "parallel" if use_parallel(parallel) else "seq"
-        return self._posterior(params, y, mask, inputs, "smoother", kind)
+        return self._posterior(params, y, mask, inputs, "smoother",
+                               _kind(parallel, square_root))
 
     def _posterior(self, params, y, mask, inputs, what, kind):
         validate_params(self, params)
@@ -338,6 +354,16 @@ class GaussianSSMBase(SequenceModel):
         return jnp.asarray(u, dtype)
 
 
+def _kind(parallel, square_root) -> str:
+    """Which filter/smoother: ``seq``, ``parallel``, ``sqrt`` or ``sqrt_parallel``."""
+    if not isinstance(square_root, bool | np.bool_):
+        raise TypeError(f"square_root must be True or False, got {square_root!r}")
+    par = use_parallel(parallel)
+    if square_root:
+        return "sqrt_parallel" if par else "sqrt"
+    return "parallel" if par else "seq"
+
+
 # ---- compiled workers (module level: one compilation per model and shapes) --------------
 def _posterior_one(model, params, y, mask, inputs, what, kind, complete):
     arrays = model.to_arrays(params)
@@ -352,9 +378,14 @@ def _posterior_one(model, params, y, mask, inputs, what, kind, complete):
 
         fn = lib.parallel_kalman_filter if what == "filter" else lib.parallel_kalman_smoother
     elif kind == "sqrt":
-        from statseq.inference import kalman_sqrt
+        from statseq.inference import kalman_sqrt as lib
 
-        fn = kalman_sqrt.sqrt_kalman_filter
+        fn = lib.sqrt_kalman_filter if what == "filter" else lib.sqrt_kalman_smoother
+    elif kind == "sqrt_parallel":
+        from statseq.inference import kalman_sqrt_parallel as lib
+
+        fn = (lib.parallel_sqrt_kalman_filter if what == "filter"
+              else lib.parallel_sqrt_kalman_smoother)
     else:
         fn = kalman.kalman_filter if what == "filter" else kalman.kalman_smoother
     return fn(arrays, y, mask, inputs)
