@@ -46,6 +46,11 @@ EXAMPLES = {
     "LinearAutoregressiveHMM": [
         ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2)
     ],
+    "MarkovSwitchingAR": [
+        ss.MarkovSwitchingAR(num_regimes=2, order=2, switching_variance=True),
+        ss.MarkovSwitchingAR(num_regimes=3, order=1, form="intercept", switching_ar=True,
+                             initial="free"),
+    ],
     "LinearGaussianSSM": [
         ss.LinearGaussianSSM(state_dim=2, emission_dim=2, input_dim=1),
         ss.LinearGaussianSSM(state_dim=2, emission_dim=None, initial="diffuse"),

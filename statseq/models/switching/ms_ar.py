@@ -341,12 +341,15 @@ class MarkovSwitchingAR(SequenceModel):
         mean = a + phi @ carry.lags
         ll = -0.5 * (_LOG_2PI + jnp.log(var) + (y_t - mean) ** 2 / var)
         observed = jnp.asarray(mask_t, bool)
+        # the score of y_t under `predict` (the engine drops it during the first p steps,
+        # whose lags are pre-sample zeros); the update conditions only on scored steps
+        shift = jax.lax.stop_gradient(jnp.max(ll))
+        log_prob = jnp.where(observed,
+                             jnp.log(jnp.sum(predicted * jnp.exp(ll - shift))) + shift, 0.0)
         active = (carry.count >= self.order) & observed
         ll = jnp.where(active, ll, 0.0)
-        shift = jax.lax.stop_gradient(jnp.max(ll))
-        joint = predicted * jnp.exp(ll - shift)
+        joint = predicted * jnp.exp(ll - jax.lax.stop_gradient(jnp.max(ll)))
         norm = jnp.sum(joint)
-        log_prob = jnp.where(active, jnp.log(norm) + shift, 0.0)
         y_in = jnp.where(observed, y_t, 0.0).astype(carry.lags.dtype)
         lags = jnp.concatenate([y_in[None], carry.lags[:-1]])
         count = jnp.minimum(carry.count + 1, self.order).astype(jnp.int32)
