@@ -41,6 +41,8 @@ EXAMPLES = {
         ss.GaussianHMM(num_states=2, emission_dim=2),
         ss.GaussianHMM(num_states=3, emission_dim=2, covariance="diagonal",
                        initial="stationary"),
+        ss.GaussianHMM(num_states=2, emission_dim=2, covariance="tied"),
+        ss.GaussianHMM(num_states=2, emission_dim=3, covariance="spherical"),
     ],
     "BernoulliHMM": [ss.BernoulliHMM(num_states=2, emission_dim=3, input_dim=1)],
     "LinearAutoregressiveHMM": [
