@@ -262,3 +262,16 @@ def test_save_load_sampling_and_errors(tmp_path):
     bad = NormalInverseGamma(jnp.zeros(D), 1.0, jnp.array([2.0, 3.0]), 1.0)
     with pytest.raises(ValueError, match="same for every"):
         MODELS["spherical"].validate_em_priors(HMMParams(None, None, bad))
+
+
+def test_default_priors_have_the_parameter_shapes():
+    """Bayesian defaults: draws have the emission shapes and satisfy the constraints."""
+    rng = np.random.default_rng(6)
+    y = rng.normal(size=(30, D))
+    for model in MODELS.values():
+        priors = model.default_priors(y).emissions
+        shapes, cons = model.emission_shapes(), model.emission_constraints()
+        for prior, shape, con in zip(priors, shapes, cons, strict=True):
+            draw = prior.sample(jax.random.key(0))
+            assert draw.shape == tuple(shape)
+            assert bool(jnp.all(con.check(draw)))
