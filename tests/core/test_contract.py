@@ -46,7 +46,9 @@ EXAMPLES = {
     ],
     "BernoulliHMM": [ss.BernoulliHMM(num_states=2, emission_dim=3, input_dim=1)],
     "LinearAutoregressiveHMM": [
-        ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2)
+        ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2),
+        ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, covariance="tied"),
+        ss.LinearAutoregressiveHMM(num_states=3, emission_dim=2, covariance="spherical"),
     ],
     "MarkovSwitchingAR": [
         ss.MarkovSwitchingAR(num_regimes=2, order=2, switching_variance=True),
