@@ -24,6 +24,7 @@ from statsmodels.tsa.regime_switching.markov_regression import MarkovRegression
 from statsmodels.tsa.regime_switching.tests import test_markov_autoregression as sm_tests
 
 import statseq as ss
+from statseq.core.validation import prepare_data
 from statseq.datasets import load_us_gnp_growth
 from statseq.models.hmm import stationary_distribution
 from statseq.models.switching import MarkovSwitchingAR, MSARParams
@@ -131,6 +132,53 @@ def test_hamilton_mle_by_lbfgs_matches_published_estimates():
     p = fit.params
     got = np.r_[p.transitions[0, 0], p.transitions[1, 0], p.means, p.variances, p.ar_coeffs]
     np.testing.assert_allclose(got, HAMILTON, atol=2e-5)
+    # the MLE is a fixed point of the ECM step: each closed-form block (transitions, means,
+    # phi, variance) maximizes given the others, so none moves at a stationary point
+    data = prepare_data(HAM_MODEL, y)
+    stats_, lp = HAM_MODEL.e_step(fit.params, data.y, data.mask, data.inputs)
+    np.testing.assert_allclose(float(lp), llf, rtol=1e-12)
+    again = HAM_MODEL.m_step(fit.params, stats_, None, data.inputs)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(fit.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+
+
+def test_hamilton_mle_by_em():
+    """fit_em (ECM) from the same start climbs monotonically to the published maximum
+    (llf within 1e-5 of -181.26339, estimates within 2e-4 of E-views': EM's last steps
+    are slow, so its stopping point is looser than L-BFGS's)."""
+    y = gnp()
+    fit = ss.fit_em(HAM_MODEL, HAM_MODEL.initialize(y), y, num_iters=300, tol=1e-10,
+                    progress=False)
+    trace = fit.log_joint[: fit.num_iterations]
+    assert np.all(np.diff(trace) > -1e-10 * np.abs(trace[1:]))
+    np.testing.assert_allclose(float(ss.log_prob(HAM_MODEL, fit.params, jnp.asarray(y))),
+                               HAMILTON_LLF, atol=1e-5)
+    p = fit.params
+    got = np.r_[p.transitions[0, 0], p.transitions[1, 0], p.means, p.variances, p.ar_coeffs]
+    np.testing.assert_allclose(got, HAMILTON, atol=2e-4)
+
+
+@pytest.mark.parametrize("model", [
+    MarkovSwitchingAR(2, 2, form="intercept", switching_ar=True, switching_variance=True),
+    # (an interior maximum: with 3 regimes a transition probability goes to 0 on this
+    # series, where the unconstrained L-BFGS cannot converge)
+    MarkovSwitchingAR(2, 1, switching_ar=True, switching_variance=True),
+])
+def test_em_is_monotone_and_reaches_a_stationary_point(model):
+    """ECM on the GNP data never decreases the log-likelihood; at the maximum L-BFGS finds
+    from EM's end point, one ECM step leaves every parameter in place (1e-4): each
+    closed-form block is the exact conditional maximum, so a stationary point is fixed."""
+    y = gnp()
+    fit = ss.fit_em(model, model.initialize(y), y, num_iters=200, tol=1e-12, progress=False)
+    trace = fit.log_joint[: fit.num_iterations]
+    assert np.all(np.diff(trace) > -1e-10 * np.abs(trace[1:]))
+    polish = ss.fit_lbfgs(model, fit.params, y, progress=False)
+    assert polish.converged
+    data = prepare_data(model, y)
+    stats_, _ = model.e_step(polish.params, data.y, data.mask, data.inputs)
+    again = model.m_step(polish.params, stats_, None, data.inputs)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(polish.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from statseq.core.model import SequenceModel, register_model
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.models.hmm.base import stationary_distribution
+from statseq.models.switching import _ms_ar_em
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -132,7 +133,9 @@ class MarkovSwitchingAR(SequenceModel):
     depends on ``(s_t, ..., s_{t-p})``; the model is an HMM on that expanded state
     (``num_expanded_states = K^(p+1)``), otherwise on ``s_t`` (``K`` states). Filtering and
     smoothing use `statseq.inference.hmm` on the expanded chain; `filter_states` and
-    `smoother` return ``K``-regime probabilities. `statseq.log_prob`, `statseq.fit_lbfgs`,
+    `smoother` return ``K``-regime probabilities. `statseq.fit_em` runs an ECM algorithm
+    (closed-form weighted least-squares blocks on the expanded posterior).
+    `statseq.log_prob`, `statseq.fit_lbfgs`,
     `statseq.fit_sgd` and `statseq.forecast` work through the generic filter
     (``predict``/``update``); `forecast_means` gives exact h-step means when ``phi`` does
     not switch.
@@ -417,6 +420,33 @@ class MarkovSwitchingAR(SequenceModel):
         data = self._prepare(params, y, mask)
         out = _regime_posterior(self, params, data.y, data.mask, kind="viterbi")
         return jnp.reshape(out, data.batch_shape + out.shape[1:])
+
+    # ---- EM (ECM) -------------------------------------------------------------------------
+    def e_step(self, params, y, mask, inputs):
+        """Weighted moments per expanded state and regime transition counts over a flat
+        batch ``(N, T)`` (see `statseq.models.switching._ms_ar_em`)."""
+        return _ms_ar_em.e_step(self, params, y, mask, inputs)
+
+    def m_step(self, params, stats, priors, inputs):
+        """ECM: closed-form transitions (Dirichlet MAP), then means / intercepts, ``phi``
+        and variances, each the exact weighted least-squares maximum given the others
+        (so `statseq.fit_em` never decreases the likelihood)."""
+        return _ms_ar_em.m_step(self, params, stats, priors, inputs)
+
+    def validate_em_priors(self, priors):
+        """EM admits Dirichlet priors on ``initial_probs`` and ``transitions`` only."""
+        if priors is None:
+            return
+        for name in ("initial_probs", "transitions"):
+            prior = getattr(priors, name)
+            if prior is not None and not isinstance(prior, dist.Dirichlet):
+                raise ValueError(f"fit_em needs a Dirichlet prior on {name} (its closed-form "
+                                 f"M-step), got {type(prior).__name__}")
+        for name in ("means", "ar_coeffs", "variances"):
+            if getattr(priors, name) is not None:
+                raise ValueError(
+                    f"fit_em for MarkovSwitchingAR has no conjugate prior for {name}: leave "
+                    "it None, or use fit_lbfgs / fit_sgd for MAP estimates with that prior")
 
     def forecast_means(self, params, y, *, num_steps, mask=None):
         """Exact ``E[y_{T-1+h} | y_{0:T-1}]`` for ``h = 1..num_steps`` (``phi`` not
