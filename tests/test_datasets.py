@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from importlib import resources
 
 import numpy as np
@@ -245,6 +246,8 @@ def test_us_gnp_growth_matches_statsmodels_hamilton_data():
         assert y.attrs[key]
     assert "Hamilton" in y.attrs["reference"]
     pd.testing.assert_series_equal(datasets.load_dataset("us_gnp_growth"), y)
-    tests = pytest.importorskip("statsmodels.tsa.regime_switching.tests."
-                                "test_markov_autoregression")
+    with warnings.catch_warnings():  # its `pytest.mark.smoke` is unregistered here
+        warnings.simplefilter("ignore")
+        tests = pytest.importorskip("statsmodels.tsa.regime_switching.tests."
+                                    "test_markov_autoregression")
     np.testing.assert_array_equal(y.to_numpy(), np.asarray(tests.rgnp))

@@ -21,13 +21,18 @@ from scipy import stats
 from scipy.special import logsumexp
 from statsmodels.tsa.regime_switching.markov_autoregression import MarkovAutoregression
 from statsmodels.tsa.regime_switching.markov_regression import MarkovRegression
-from statsmodels.tsa.regime_switching.tests import test_markov_autoregression as sm_tests
 
 import statseq as ss
 from statseq.core.validation import prepare_data
 from statseq.datasets import load_us_gnp_growth
 from statseq.models.hmm import stationary_distribution
 from statseq.models.switching import MarkovSwitchingAR, MSARParams
+
+with warnings.catch_warnings():  # its `pytest.mark.smoke` is unregistered here
+    warnings.simplefilter("ignore")
+    from statsmodels.tsa.regime_switching.tests import (
+        test_markov_autoregression as sm_tests,
+    )
 
 # Hamilton (1989) / E-views, as in statsmodels' TestHamiltonAR4: p[0->0], p[1->0],
 # mu_0, mu_1, sigma^2, phi_1..phi_4; regime 0 is the recession regime
