@@ -289,8 +289,7 @@ class MarkovSwitchingAR(SequenceModel):
         of ``y`` in ascending order, sticky transitions (0.9). ``key`` is unused (the
         start is deterministic)."""
         del key
-        data = prepare_data(self, y, mask, inputs)
-        self.validate_data(np.asarray(data.y), np.asarray(data.mask))
+        data = prepare_data(self, y, mask, inputs)  # (runs validate_data)
         p, k, dtype = self.order, self.num_regimes, float_dtype()
         rows, targets = [], []
         for y_s, m_s in zip(np.asarray(data.y, float), np.asarray(data.mask, bool),
@@ -396,9 +395,7 @@ class MarkovSwitchingAR(SequenceModel):
         from statseq.core.params import validate_params
 
         validate_params(self, params)
-        data = prepare_data(self, y, mask, None)
-        self.validate_data(np.asarray(data.y), np.asarray(data.mask))
-        return data
+        return prepare_data(self, y, mask, None)  # (runs validate_data)
 
     def filter_states(self, params, y, *, mask=None) -> RegimeFilterResult:
         """Filtered and predicted regime probabilities ``p(s_t | y_{<=t})``,
