@@ -106,6 +106,7 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrendParams,
     TrigSeasonal,
 )
+from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
 from statseq.plotting import plot_forecast, plot_traces  # noqa: E402
 
 __version__ = "0.1.0"
@@ -124,6 +125,8 @@ __all__ = [
     "CategoricalHMM",
     "GaussianHMM",
     "LinearAutoregressiveHMM",
+    "MarkovSwitchingAR",
+    "MSARParams",
     "GaussianForecast",
     "LGSSMParams",
     "LinearGaussianSSM",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from importlib import resources
 
 import numpy as np
@@ -49,10 +50,12 @@ SPECS = {
 }
 
 NAMES = sorted(SPECS)
+# datasets with their own tests (a quarterly, signed series: us_gnp_growth below)
+OTHER_NAMES = ["us_gnp_growth"]
 
 
 def test_list_datasets():
-    assert datasets.list_datasets() == NAMES
+    assert datasets.list_datasets() == sorted(NAMES + OTHER_NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -110,11 +113,11 @@ def test_package_data_files_and_readme():
     data = resources.files("statseq.datasets").joinpath("data")
     readme = data.joinpath("README.md").read_text(encoding="utf-8")
     csvs = sorted(p.name for p in data.iterdir() if p.name.endswith(".csv"))
-    assert csvs == sorted(f"{name}.csv" for name in NAMES)
+    assert csvs == sorted(f"{name}.csv" for name in NAMES + OTHER_NAMES)
     for fname in csvs:
         assert f"`{fname}`" in readme
         header = data.joinpath(fname).read_text(encoding="utf-8").splitlines()[0]
-        assert header.split(",")[0] in ("year", "month")
+        assert header.split(",")[0] in ("year", "month", "quarter")
 
 
 def test_uk_driver_deaths_frame():
@@ -230,3 +233,21 @@ def test_earthquakes_match_dynamax_copy():
     start = source.index("jnp.array(") + len("jnp.array(")
     values = ast.literal_eval(source[start : source.index("])", start) + 1].strip())
     np.testing.assert_array_equal(datasets.load_earthquakes().to_numpy(), values)
+
+
+def test_us_gnp_growth_matches_statsmodels_hamilton_data():
+    """Hamilton's (1989) 135 quarterly growth rates 1951Q2-1984Q4, equal to the ``rgnp``
+    list of statsmodels' regime-switching tests (the source of the file)."""
+    y = datasets.load_us_gnp_growth()
+    assert y.shape == (135,) and y.dtype == np.dtype("float64") and y.name == "growth"
+    assert isinstance(y.index, pd.PeriodIndex) and y.index.freqstr.startswith("Q")
+    assert y.index.equals(pd.period_range("1951Q2", "1984Q4", freq="Q", name="quarter"))
+    for key in ("description", "source", "licence", "units", "reference"):
+        assert y.attrs[key]
+    assert "Hamilton" in y.attrs["reference"]
+    pd.testing.assert_series_equal(datasets.load_dataset("us_gnp_growth"), y)
+    with warnings.catch_warnings():  # its `pytest.mark.smoke` is unregistered here
+        warnings.simplefilter("ignore")
+        tests = pytest.importorskip("statsmodels.tsa.regime_switching.tests."
+                                    "test_markov_autoregression")
+    np.testing.assert_array_equal(y.to_numpy(), np.asarray(tests.rgnp))

@@ -17,6 +17,7 @@ from statseq.datasets._load import (
     load_nile,
     load_sunspots,
     load_uk_driver_deaths,
+    load_us_gnp_growth,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "load_nile",
     "load_sunspots",
     "load_uk_driver_deaths",
+    "load_us_gnp_growth",
 ]

@@ -22,6 +22,7 @@ __all__ = [
     "load_nile",
     "load_sunspots",
     "load_uk_driver_deaths",
+    "load_us_gnp_growth",
 ]
 
 _R_LICENCE = (
@@ -33,7 +34,7 @@ _R_LICENCE = (
 @dataclass(frozen=True)
 class _Meta:
     filename: str
-    time: str  # "year" or "month"
+    time: str  # "year", "month" or "quarter"
     column: str
     dtype: str  # "float64" or "int64"
     description: str
@@ -133,6 +134,22 @@ _META: dict[str, _Meta] = {
         "Durbin, J. (1986). JRSS A 149, 187-227.",
         units="drivers killed or seriously injured per month",
     ),
+    "us_gnp_growth": _Meta(
+        filename="us_gnp_growth.csv",
+        time="quarter",
+        column="growth",
+        dtype="float64",
+        description="Quarterly growth of US real GNP (100 times the log difference), "
+        "1951Q2-1984Q4, the series of Hamilton's (1989) Markov-switching model.",
+        source="Hamilton (1989); values copied from statsmodels (BSD licence), "
+        "statsmodels/tsa/regime_switching/tests/test_markov_autoregression.py (rgnp).",
+        reference="Hamilton, J. D. (1989). A new approach to the economic analysis of "
+        "nonstationary time series and the business cycle. Econometrica 57, 357-384.",
+        units="percent per quarter (100 x log difference of real GNP)",
+        licence="US national accounts data (Bureau of Economic Analysis) are in the U.S. "
+        "public domain; the tabulation was taken from statsmodels (BSD licence). See "
+        "data/README.md.",
+    ),
 }
 
 _SEATBELTS_DTYPES = {
@@ -150,7 +167,7 @@ _SEATBELTS_DTYPES = {
 def _read_csv(filename: str) -> pd.DataFrame:
     path = resources.files(__package__).joinpath("data", filename)
     with path.open("r", encoding="utf-8") as fh:
-        return pd.read_csv(fh, dtype={"month": str})
+        return pd.read_csv(fh, dtype={"month": str, "quarter": str})
 
 
 def _attrs(meta: _Meta) -> dict[str, str]:
@@ -166,6 +183,8 @@ def _attrs(meta: _Meta) -> dict[str, str]:
 def _index(frame: pd.DataFrame, time: str) -> pd.Index:
     if time == "year":
         return pd.Index(frame["year"].astype("int64").to_numpy(), name="year")
+    if time == "quarter":
+        return pd.PeriodIndex(frame["quarter"].to_numpy(), freq="Q", name="quarter")
     return pd.PeriodIndex(frame["month"].to_numpy(), freq="M", name="month")
 
 
@@ -337,6 +356,28 @@ def load_uk_driver_deaths(as_frame: bool = False) -> pd.Series | pd.DataFrame:
     return out
 
 
+def load_us_gnp_growth() -> pd.Series:
+    """Quarterly growth of US real GNP, 1951Q2-1984Q4 (135 values), Hamilton (1989).
+
+    The data of Hamilton's Markov-switching AR(4) business-cycle model (fit it with
+    `statseq.MarkovSwitchingAR`): ``100 * (log GNP_t - log GNP_{t-1})``.
+
+    Source: Hamilton (1989, Econometrica 57, 357-384); values as shipped by statsmodels
+    (BSD licence) in its regime-switching tests.
+
+    Returns:
+        ``float64`` series named ``"growth"`` with a quarterly ``PeriodIndex`` named
+        ``"quarter"``.
+
+    Examples:
+        >>> y = load_us_gnp_growth(); y.shape
+        (135,)
+        >>> str(y.index[0]), str(y.index[-1])
+        ('1951Q2', '1984Q4')
+    """
+    return _load_series("us_gnp_growth")
+
+
 _LOADERS = {
     "air_passengers": load_air_passengers,
     "discoveries": load_discoveries,
@@ -345,6 +386,7 @@ _LOADERS = {
     "nile": load_nile,
     "sunspots": load_sunspots,
     "uk_driver_deaths": load_uk_driver_deaths,
+    "us_gnp_growth": load_us_gnp_growth,
 }
 
 

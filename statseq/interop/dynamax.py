@@ -11,6 +11,9 @@ is driven by the input at step ``t`` in both). The supported pairs (statseq, dyn
 * `GaussianHMM` (``covariance="full"``) and ``hidden_markov_model.GaussianHMM``;
 * `GaussianHMM` (``covariance="diagonal"``) and ``hidden_markov_model.DiagonalGaussianHMM``
   (standard deviations ``scale_diags = sqrt(variances)``);
+* `GaussianHMM` (``covariance="tied"``) and ``hidden_markov_model.SharedCovarianceGaussianHMM``;
+* `GaussianHMM` (``covariance="spherical"``) and ``hidden_markov_model.SphericalGaussianHMM``
+  (standard deviations ``scales = sqrt(variances)``);
 * `PoissonHMM` and ``hidden_markov_model.PoissonHMM``;
 * `BernoulliHMM` and ``hidden_markov_model.BernoulliHMM``.
 
@@ -30,7 +33,13 @@ from statseq.core.params import validate_params
 from statseq.models.hmm.base import HMMParams
 from statseq.models.hmm.bernoulli import BernoulliEmissions, BernoulliHMM
 from statseq.models.hmm.categorical import CategoricalEmissions, CategoricalHMM
-from statseq.models.hmm.gaussian import DiagonalGaussianEmissions, GaussianEmissions, GaussianHMM
+from statseq.models.hmm.gaussian import (
+    DiagonalGaussianEmissions,
+    GaussianEmissions,
+    GaussianHMM,
+    SphericalGaussianEmissions,
+    TiedGaussianEmissions,
+)
 from statseq.models.hmm.poisson import PoissonEmissions, PoissonHMM
 from statseq.models.ssm.linear import (
     LGSSMParams,
@@ -190,6 +199,14 @@ def _gaussian_to(model, params, dhmm, dlgssm):
         dmodel = dhmm.GaussianHMM(model.num_states, model.emission_dim)
         return _initialize(dmodel, **common, emission_means=means,
                            emission_covariances=jnp.asarray(params.emissions.covs))
+    if model.covariance == "tied":
+        dmodel = dhmm.SharedCovarianceGaussianHMM(model.num_states, model.emission_dim)
+        return _initialize(dmodel, **common, emission_means=means,
+                           emission_covariance=jnp.asarray(params.emissions.cov))
+    if model.covariance == "spherical":
+        dmodel = dhmm.SphericalGaussianHMM(model.num_states, model.emission_dim)
+        return _initialize(dmodel, **common, emission_means=means,
+                           emission_scales=jnp.sqrt(jnp.asarray(params.emissions.variances)))
     dmodel = dhmm.DiagonalGaussianHMM(model.num_states, model.emission_dim)
     return _initialize(dmodel, **common, emission_means=means,
                        emission_scale_diags=jnp.sqrt(jnp.asarray(params.emissions.variances)))
@@ -236,8 +253,9 @@ def from_dynamax(dynamax_model, dynamax_params, *, scalar: bool = False):
 
     Args:
         dynamax_model: a dynamax ``LinearGaussianSSM``, ``CategoricalHMM`` (with
-            ``emission_dim=1``), ``GaussianHMM``, ``DiagonalGaussianHMM``, ``PoissonHMM``
-            or ``BernoulliHMM``.
+            ``emission_dim=1``), ``GaussianHMM``, ``DiagonalGaussianHMM``,
+            ``SharedCovarianceGaussianHMM``, ``SphericalGaussianHMM``, ``PoissonHMM`` or
+            ``BernoulliHMM``.
         dynamax_params: its parameters (time-invariant).
         scalar: give a `LinearGaussianSSM` or `PoissonHMM` of ``emission_dim=1`` statseq's
             scalar event shape ``()`` (``emission_dim=None``), so that ``y`` is
@@ -267,6 +285,8 @@ def from_dynamax(dynamax_model, dynamax_params, *, scalar: bool = False):
         dhmm.CategoricalHMM: _categorical_from,
         dhmm.GaussianHMM: _gaussian_from,
         dhmm.DiagonalGaussianHMM: _gaussian_from,
+        dhmm.SharedCovarianceGaussianHMM: _gaussian_from,
+        dhmm.SphericalGaussianHMM: _gaussian_from,
         dhmm.PoissonHMM: _poisson_from,
         dhmm.BernoulliHMM: _bernoulli_from,
     }
@@ -277,7 +297,8 @@ def from_dynamax(dynamax_model, dynamax_params, *, scalar: bool = False):
         raise TypeError(
             f"dynamax's {type(dynamax_model).__name__} has no statseq counterpart; "
             "convertible dynamax models: LinearGaussianSSM, CategoricalHMM, GaussianHMM, "
-            "DiagonalGaussianHMM, PoissonHMM, BernoulliHMM"
+            "DiagonalGaussianHMM, SharedCovarianceGaussianHMM, SphericalGaussianHMM, "
+            "PoissonHMM, BernoulliHMM"
         )
     if not isinstance(scalar, bool):
         raise TypeError(f"scalar must be a bool, got {type(scalar).__name__}")
@@ -366,6 +387,17 @@ def _gaussian_from(dmodel, dparams, dhmm, scalar):
                             covariance="diagonal")
         variances = jnp.square(jnp.asarray(dparams.emissions.scale_diags))
         return model, _hmm_from(dparams, DiagonalGaussianEmissions(means, variances))
+    if isinstance(dmodel, dhmm.SharedCovarianceGaussianHMM):
+        model = GaussianHMM(num_states=dmodel.num_states, emission_dim=dmodel.emission_dim,
+                            covariance="tied")
+        return model, _hmm_from(dparams, TiedGaussianEmissions(
+            means, jnp.asarray(dparams.emissions.cov)))
+    if isinstance(dmodel, dhmm.SphericalGaussianHMM):
+        model = GaussianHMM(num_states=dmodel.num_states, emission_dim=dmodel.emission_dim,
+                            covariance="spherical")
+        # dynamax's prior draws may be float32: square in the float type statseq computes in
+        scales = jnp.asarray(dparams.emissions.scales, jnp.result_type(float))
+        return model, _hmm_from(dparams, SphericalGaussianEmissions(means, jnp.square(scales)))
     model = GaussianHMM(num_states=dmodel.num_states, emission_dim=dmodel.emission_dim,
                         covariance="full")
     return model, _hmm_from(dparams, GaussianEmissions(means, jnp.asarray(dparams.emissions.covs)))

@@ -41,10 +41,19 @@ EXAMPLES = {
         ss.GaussianHMM(num_states=2, emission_dim=2),
         ss.GaussianHMM(num_states=3, emission_dim=2, covariance="diagonal",
                        initial="stationary"),
+        ss.GaussianHMM(num_states=2, emission_dim=2, covariance="tied"),
+        ss.GaussianHMM(num_states=2, emission_dim=3, covariance="spherical"),
     ],
     "BernoulliHMM": [ss.BernoulliHMM(num_states=2, emission_dim=3, input_dim=1)],
     "LinearAutoregressiveHMM": [
-        ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2)
+        ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2),
+        ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, covariance="tied"),
+        ss.LinearAutoregressiveHMM(num_states=3, emission_dim=2, covariance="spherical"),
+    ],
+    "MarkovSwitchingAR": [
+        ss.MarkovSwitchingAR(num_regimes=2, order=2, switching_variance=True),
+        ss.MarkovSwitchingAR(num_regimes=3, order=1, form="intercept", switching_ar=True,
+                             initial="free"),
     ],
     "LinearGaussianSSM": [
         ss.LinearGaussianSSM(state_dim=2, emission_dim=2, input_dim=1),

@@ -21,7 +21,12 @@ import statseq as ss
 from statseq.models.hmm import HMMParams
 from statseq.models.hmm.bernoulli import BernoulliEmissions
 from statseq.models.hmm.categorical import CategoricalEmissions
-from statseq.models.hmm.gaussian import DiagonalGaussianEmissions, GaussianEmissions
+from statseq.models.hmm.gaussian import (
+    DiagonalGaussianEmissions,
+    GaussianEmissions,
+    SphericalGaussianEmissions,
+    TiedGaussianEmissions,
+)
 from statseq.models.hmm.poisson import PoissonEmissions
 
 dhmm = pytest.importorskip("dynamax.hidden_markov_model")
@@ -77,6 +82,16 @@ def _case(name, rng):
         emissions = DiagonalGaussianEmissions(jnp.asarray(rng.normal(size=(K, 2))),
                                               jnp.asarray(rng.uniform(0.3, 2.0, (K, 2))))
         return model, _hmm_params(rng, emissions), rng.normal(size=(T, 2)), None
+    if name == "gaussian_tied":
+        model = ss.GaussianHMM(num_states=K, emission_dim=2, covariance="tied")
+        emissions = TiedGaussianEmissions(jnp.asarray(rng.normal(size=(K, 2))),
+                                          _spd(rng, 2, 1)[0])
+        return model, _hmm_params(rng, emissions), rng.normal(size=(T, 2)), None
+    if name == "gaussian_spherical":
+        model = ss.GaussianHMM(num_states=K, emission_dim=2, covariance="spherical")
+        emissions = SphericalGaussianEmissions(jnp.asarray(rng.normal(size=(K, 2))),
+                                               jnp.asarray(rng.uniform(0.3, 2.0, K)))
+        return model, _hmm_params(rng, emissions), rng.normal(size=(T, 2)), None
     if name == "poisson_scalar":
         model = ss.PoissonHMM(num_states=K)
         emissions = PoissonEmissions(jnp.asarray(rng.uniform(0.5, 6.0, K)))
@@ -93,7 +108,7 @@ def _case(name, rng):
 
 
 CASES = ["lgssm", "lgssm_scalar", "categorical", "gaussian_full", "gaussian_diagonal",
-         "poisson_scalar", "poisson_vector", "bernoulli"]
+         "gaussian_tied", "gaussian_spherical", "poisson_scalar", "poisson_vector", "bernoulli"]
 
 
 @pytest.fixture(autouse=True)
@@ -135,7 +150,7 @@ def test_to_dynamax_preserves_the_likelihood_and_round_trips(name, rng):
     assert back_model == model
     # variances -> standard deviations -> variances is exact up to two roundings
     _assert_trees_equal(back_params, params, rtol=4 * np.finfo(float).eps
-                        if name == "gaussian_diagonal" else 0.0)
+                        if name in ("gaussian_diagonal", "gaussian_spherical") else 0.0)
 
 
 DYNAMAX_MODELS = {
@@ -145,6 +160,8 @@ DYNAMAX_MODELS = {
     "categorical": lambda: dhmm.CategoricalHMM(K, emission_dim=1, num_classes=4),
     "gaussian_full": lambda: dhmm.GaussianHMM(K, emission_dim=2),
     "gaussian_diagonal": lambda: dhmm.DiagonalGaussianHMM(K, emission_dim=2),
+    "gaussian_tied": lambda: dhmm.SharedCovarianceGaussianHMM(K, emission_dim=2),
+    "gaussian_spherical": lambda: dhmm.SphericalGaussianHMM(K, emission_dim=2),
     "poisson": lambda: dhmm.PoissonHMM(K, emission_dim=2),
     "bernoulli": lambda: dhmm.BernoulliHMM(K, emission_dim=3),
 }
@@ -194,7 +211,8 @@ def test_from_dynamax_preserves_the_likelihood_and_round_trips(name, rng):
         dparams = dparams._replace(
             dynamics=dparams.dynamics._replace(bias=again_params.dynamics.bias),
             emissions=dparams.emissions._replace(bias=again_params.emissions.bias))
-    rtol = 4 * np.finfo(float).eps if name == "gaussian_diagonal" else 0.0
+    rtol = (4 * np.finfo(float).eps if name in ("gaussian_diagonal", "gaussian_spherical")
+            else 0.0)
     _assert_trees_equal(again_params, dparams, rtol=rtol)
 
 
@@ -261,9 +279,9 @@ def test_to_dynamax_checks_params():
 
 
 def test_from_dynamax_rejects_what_statseq_cannot_express():
-    spherical = dhmm.SphericalGaussianHMM(2, emission_dim=2)
-    with pytest.raises(TypeError, match="SphericalGaussianHMM has no statseq counterpart"):
-        ss.from_dynamax(spherical, None)
+    mixture = dhmm.GaussianMixtureHMM(2, num_components=2, emission_dim=2)
+    with pytest.raises(TypeError, match="GaussianMixtureHMM has no statseq counterpart"):
+        ss.from_dynamax(mixture, None)
 
     several = dhmm.CategoricalHMM(2, emission_dim=2, num_classes=3)
     with pytest.raises(ValueError, match="emission_dim=2"):

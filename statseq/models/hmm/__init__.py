@@ -16,6 +16,8 @@ from statseq.models.hmm.gaussian import (
     GaussianHMM,
     NormalInverseGamma,
     NormalInverseWishart,
+    SphericalGaussianEmissions,
+    TiedGaussianEmissions,
 )
 from statseq.models.hmm.poisson import PoissonEmissions, PoissonHMM
 
@@ -36,6 +38,8 @@ __all__ = [
     "HMMParams",
     "PoissonEmissions",
     "PoissonHMM",
+    "SphericalGaussianEmissions",
+    "TiedGaussianEmissions",
     "TransitionRegression",
     "stationary_distribution",
 ]

@@ -1,6 +1,8 @@
 """Linear autoregressive HMM (switching VAR): the emission regresses on the last lags.
 
     y_t | z_t = k, y_{<t} ~ N(sum_l A_{k,l} y_{t-l} + b_k, Sigma_k)
+
+with ``Sigma_k`` full, tied (one ``Sigma`` for all states) or spherical (``sigma_k^2 I``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,40 @@ class ARHMMEmissions(NamedTuple):
     covs: jax.Array
 
 
+class TiedARHMMEmissions(NamedTuple):
+    """Emissions of a linear autoregressive HMM sharing one noise covariance.
+
+    Attributes:
+        weights: ``(num_states, emission_dim, num_lags * emission_dim)`` as in
+            `ARHMMEmissions`.
+        biases: ``(num_states, emission_dim)``.
+        cov: ``(emission_dim, emission_dim)`` positive definite, the same for every state.
+    """
+
+    weights: jax.Array
+    biases: jax.Array
+    cov: jax.Array
+
+
+class SphericalARHMMEmissions(NamedTuple):
+    """Emissions of a linear autoregressive HMM with noise covariance ``sigma_k^2 I``.
+
+    Attributes:
+        weights: ``(num_states, emission_dim, num_lags * emission_dim)`` as in
+            `ARHMMEmissions`.
+        biases: ``(num_states, emission_dim)``.
+        variances: ``(num_states,)`` positive, ``sigma_k^2``.
+    """
+
+    weights: jax.Array
+    biases: jax.Array
+    variances: jax.Array
+
+
+_AR_EMISSIONS = {"full": ARHMMEmissions, "tied": TiedARHMMEmissions,
+                 "spherical": SphericalARHMMEmissions}
+
+
 class ARHMMCarry(NamedTuple):
     """The HMM forward message plus the lag window.
 
@@ -65,7 +101,14 @@ class LinearAutoregressiveHMM(HMMBase):
     """Hidden Markov model whose Gaussian emission is a state-dependent VAR(L) regression.
 
         z_t | z_{t-1} ~ Categorical(A[z_{t-1}]),
-        y_t | z_t = k, y_{<t} ~ N(sum_{l=1}^L A_{k,l} y_{t-l} + b_k, Sigma_k).
+        y_t | z_t = k, y_{<t} ~ N(sum_{l=1}^L A_{k,l} y_{t-l} + b_k, Sigma_k),
+
+    with ``Sigma_k`` full (`ARHMMEmissions`), tied (``Sigma_k = Sigma``,
+    `TiedARHMMEmissions`) or spherical (``Sigma_k = sigma_k^2 I``,
+    `SphericalARHMMEmissions`). The EM M-step is weighted least squares per state for
+    the coefficients in every case (all outputs share the regressors, so the covariance
+    structure does not change them), then the residual covariance: per state, pooled over
+    states (tied: ``sum_k S_k / sum_k w_k``) or ``tr(S_k) / (D w_k)`` (spherical).
 
     The likelihood is conditional on the first ``num_lags`` observations
     (``num_conditioned_steps = num_lags``): they enter only as lags, their log-likelihood
@@ -89,6 +132,7 @@ class LinearAutoregressiveHMM(HMMBase):
         initial: ``"free"`` or ``"stationary"``.
         input_dim: covariates driving the transitions (0 for a fixed matrix).
         min_variance: added to covariance diagonals in each M-step (collapse guard).
+        covariance: ``"full"`` (default), ``"tied"`` or ``"spherical"``.
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -107,12 +151,16 @@ class LinearAutoregressiveHMM(HMMBase):
     initial: str = "free"
     input_dim: int = 0
     min_variance: float = 1e-6
+    covariance: str = "full"
 
     def __post_init__(self):
         self._check_hmm_config()
         check_positive_int(self.emission_dim, "emission_dim")
         check_positive_int(self.num_lags, "num_lags")
         _check_min_variance(self)
+        if self.covariance not in _AR_EMISSIONS:
+            raise ValueError("covariance must be 'full', 'tied' or 'spherical', got "
+                             f"{self.covariance!r}")
 
     @property
     def event_shape(self):
@@ -124,10 +172,22 @@ class LinearAutoregressiveHMM(HMMBase):
 
     def emission_shapes(self):
         k, d, lag = self.num_states, self.emission_dim, self.num_lags
-        return ARHMMEmissions((k, d, d * lag), (k, d), (k, d, d))
+        noise = {"full": (k, d, d), "tied": (d, d), "spherical": (k,)}[self.covariance]
+        return _AR_EMISSIONS[self.covariance]((k, d, d * lag), (k, d), noise)
 
     def emission_constraints(self):
-        return ARHMMEmissions(constraints.real, constraints.real, constraints.positive_definite)
+        noise = (constraints.positive if self.covariance == "spherical"
+                 else constraints.positive_definite)
+        return _AR_EMISSIONS[self.covariance](constraints.real, constraints.real, noise)
+
+    def state_covariances(self, emissions):
+        """``(K, D, D)`` noise covariance of every state, whatever the parameterization."""
+        k, d = self.num_states, self.emission_dim
+        if self.covariance == "full":
+            return emissions.covs
+        if self.covariance == "tied":
+            return jnp.broadcast_to(emissions.cov, (k, d, d))
+        return emissions.variances[:, None, None] * jnp.eye(d, dtype=emissions.variances.dtype)
 
     # ---- emissions given the lag window ------------------------------------------------
     def _regressors(self, regressors, dtype):
@@ -145,12 +205,12 @@ class LinearAutoregressiveHMM(HMMBase):
         mask_t = jnp.broadcast_to(jnp.asarray(mask_t, bool), y_t.shape)
         means = self.emission_means(emissions, regressors)
         return jax.vmap(lambda mu, cov: masked_mvn_log_prob(y_t, mu, cov, mask_t))(
-            means, emissions.covs)
+            means, self.state_covariances(emissions))
 
     def emission_distribution(self, emissions, regressors=None):
         """Per-state ``MultivariateNormal`` (batch ``(K,)``) given the lags (zeros if None)."""
         return dist.MultivariateNormal(self.emission_means(emissions, regressors),
-                                       covariance_matrix=emissions.covs)
+                                       covariance_matrix=self.state_covariances(emissions))
 
     def lagged(self, y):
         """``(T, L * D)`` regressors ``[y_{t-1}; ...; y_{t-L}]`` of one sequence ``(T, D)``
@@ -204,10 +264,10 @@ class LinearAutoregressiveHMM(HMMBase):
         means = jnp.einsum("kdj,tj->tkd", em.weights, self.lagged(y.astype(em.biases.dtype)))
         means = means + em.biases
         mask = jnp.broadcast_to(mask, y.shape)
+        covs = self.state_covariances(em)
 
         def row(y_t, m_t, mu_t):
-            return jax.vmap(lambda mu, cov: masked_mvn_log_prob(y_t, mu, cov, m_t))(mu_t,
-                                                                                    em.covs)
+            return jax.vmap(lambda mu, cov: masked_mvn_log_prob(y_t, mu, cov, m_t))(mu_t, covs)
 
         ll = jax.vmap(row)(y, mask, means)
         scored = jnp.arange(y.shape[0]) >= self.num_lags
@@ -287,7 +347,8 @@ class LinearAutoregressiveHMM(HMMBase):
 
             per_state = jax.vmap(one, in_axes=(None, None, 0, 0))
             r, cond_cov = jax.vmap(jax.vmap(per_state, in_axes=(0, 0, 0, None)),
-                                   in_axes=(0, 0, 0, None))(y, mask, means, em.covs)
+                                   in_axes=(0, 0, 0, None))(y, mask, means,
+                                                            self.state_covariances(em))
         r_r = jnp.einsum("ntk,ntkd,ntke->kde", w, r, r)
         if cond_cov is not None:
             r_r = r_r + jnp.einsum("ntk,ntkde->kde", w, cond_cov)
@@ -299,7 +360,8 @@ class LinearAutoregressiveHMM(HMMBase):
 
     def emission_m_step(self, emissions, stats, prior):
         """Weighted least squares per state (minimum-norm solution when the regressors are
-        collinear), covariance from the weighted residuals plus ``min_variance``; states
+        collinear), covariance from the weighted residuals (per state, pooled for
+        ``"tied"``, their mean variance for ``"spherical"``) plus ``min_variance``; states
         without mass keep their values."""
         del prior  # validate_em_priors admits none
         w, center = stats["sum_w"], stats["center"]
@@ -309,15 +371,22 @@ class LinearAutoregressiveHMM(HMMBase):
         delta = jnp.einsum("kdp,kpq->kdq", stats["r_phi"], pinv)  # (K, D, P)
         theta = center + delta
         safe = jnp.where(empty, 1.0, w)
-        cov = (stats["r_r"] - jnp.einsum("kdp,kep->kde", delta, stats["r_phi"]))
-        cov = symmetrize(cov / safe[:, None, None]) + self.min_variance * jnp.eye(d,
-                                                                                 dtype=w.dtype)
+        scatter = (stats["r_r"] - jnp.einsum("kdp,kep->kde", delta, stats["r_phi"]))
+        eye = self.min_variance * jnp.eye(d, dtype=w.dtype)
         keep = empty[:, None, None]
-        return ARHMMEmissions(
-            jnp.where(keep, emissions.weights, theta[..., :-1]),
-            jnp.where(empty[:, None], emissions.biases, theta[..., -1]),
-            jnp.where(keep, emissions.covs, cov),
-        )
+        weights = jnp.where(keep, emissions.weights, theta[..., :-1])
+        biases = jnp.where(empty[:, None], emissions.biases, theta[..., -1])
+        if self.covariance == "tied":
+            scatter = jnp.where(keep, 0.0, scatter)
+            cov = symmetrize(jnp.sum(scatter, 0) / jnp.maximum(jnp.sum(w), 1e-300)) + eye
+            return TiedARHMMEmissions(weights, biases, cov)
+        if self.covariance == "spherical":
+            var = jnp.trace(scatter, axis1=1, axis2=2) / (d * safe)
+            var = jnp.maximum(var, 0.0) + self.min_variance
+            return SphericalARHMMEmissions(weights, biases,
+                                           jnp.where(empty, emissions.variances, var))
+        cov = symmetrize(scatter / safe[:, None, None]) + eye
+        return ARHMMEmissions(weights, biases, jnp.where(keep, emissions.covs, cov))
 
     def em_warnings(self, params, y, mask, inputs) -> list[str]:
         """States that ended EM with (almost) no weight on the *scored* steps (the first
@@ -402,6 +471,18 @@ class LinearAutoregressiveHMM(HMMBase):
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         covs = 0.5 * (covs + np.swapaxes(covs, -1, -2)) + self.min_variance * np.eye(d)
+        return self._pack_emissions(thetas, covs)
+
+    def _pack_emissions(self, thetas, covs):
+        """Emissions from ``(K, D, P)`` ``[weights, biases]`` and ``(K, D, D)`` covariances
+        (tied: their average; spherical: the mean of each diagonal)."""
         dtype = float_dtype()
-        return ARHMMEmissions(jnp.asarray(thetas[..., :-1], dtype),
-                              jnp.asarray(thetas[..., -1], dtype), jnp.asarray(covs, dtype))
+        if self.covariance == "tied":
+            noise = np.mean(covs, axis=0)
+        elif self.covariance == "spherical":
+            noise = np.diagonal(covs, axis1=1, axis2=2).mean(axis=1)
+        else:
+            noise = covs
+        return _AR_EMISSIONS[self.covariance](jnp.asarray(thetas[..., :-1], dtype),
+                                              jnp.asarray(thetas[..., -1], dtype),
+                                              jnp.asarray(noise, dtype))

@@ -1,218 +1,36 @@
-"""Gaussian HMM: ``y_t | z_t = k ~ N(mu_k, Sigma_k)`` with full or diagonal covariances.
+"""Gaussian HMM: ``y_t | z_t = k ~ N(mu_k, Sigma_k)`` with full, diagonal, tied or spherical
+covariances.
 
-Also home of the conjugate priors of the Gaussian emission families, placed on the whole
-``emissions`` node of the priors pytree (their ``log_prob`` takes the emissions NamedTuple):
-
-* `NormalInverseWishart` for full covariances,
-* `NormalInverseGamma` for diagonal ones (independent per entry),
-
-and of `kmeans`, the k-means++ / Lloyd clustering used by the ``"data"`` initializers.
+The emission NamedTuples and their conjugate priors (`NormalInverseWishart`,
+`NormalInverseGamma`) live in `statseq.models.hmm.gaussian_params` and are re-exported
+here. Also home of `kmeans`, the k-means++ / Lloyd clustering used by the ``"data"``
+initializers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 import numpyro.distributions as dist
-from jax.scipy.special import gammaln, multigammaln
 from numpyro.distributions import constraints
 
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
 from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
 from statseq.models.hmm.base import HMMBase
+from statseq.models.hmm.gaussian_params import (
+    DiagonalGaussianEmissions,
+    GaussianEmissions,
+    NormalInverseGamma,
+    NormalInverseWishart,
+    SphericalGaussianEmissions,
+    TiedGaussianEmissions,
+)
 from statseq.models.hmm.poisson import _check_conjugate
-
-_LOG_2PI = math.log(2.0 * math.pi)
-
-
-class GaussianEmissions(NamedTuple):
-    """Full-covariance Gaussian emissions.
-
-    Attributes:
-        means: ``(num_states, emission_dim)``.
-        covs: ``(num_states, emission_dim, emission_dim)`` positive definite.
-    """
-
-    means: jax.Array
-    covs: jax.Array
-
-
-class DiagonalGaussianEmissions(NamedTuple):
-    """Diagonal-covariance Gaussian emissions (entries independent given the state).
-
-    Attributes:
-        means: ``(num_states, emission_dim)``.
-        variances: ``(num_states, emission_dim)`` positive.
-    """
-
-    means: jax.Array
-    variances: jax.Array
-
-
-# ------------------------------------------------------------------------------------------
-# conjugate priors
-
-
-def _is_concrete(*xs) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in xs)
-
-
-class NormalInverseWishart(dist.Distribution):
-    """Normal-inverse-Wishart prior on full-covariance Gaussian emissions.
-
-        Sigma_k ~ InvWishart(df, scale),    mu_k | Sigma_k ~ N(loc, Sigma_k / mean_precision)
-
-    independently for every state ``k``. It is placed on the whole ``emissions`` node of
-    the priors pytree, and ``log_prob`` takes a `GaussianEmissions`; with it,
-    `statseq.fit_em` computes the MAP estimate (the joint mode of the NIW posterior,
-    ``mu = m_n``, ``Sigma = Psi_n / (nu_n + D + 2)``).
-
-    Args:
-        loc: ``(D,)`` prior mean, or ``(K, D)`` one per state.
-        mean_precision: ``kappa > 0``, the prior's worth in observations for the means.
-        df: ``nu > D - 1`` degrees of freedom of the inverse Wishart.
-        scale: ``(D, D)`` (or ``(K, D, D)``) positive definite scale ``Psi``.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from statseq.models.hmm.gaussian import GaussianEmissions, NormalInverseWishart
-        >>> prior = NormalInverseWishart(jnp.zeros(2), 1.0, 4.0, jnp.eye(2))
-        >>> value = GaussianEmissions(jnp.zeros((3, 2)), jnp.tile(jnp.eye(2), (3, 1, 1)))
-        >>> prior.log_prob(value).shape
-        (3,)
-    """
-
-    arg_constraints = {
-        "loc": constraints.real_vector,
-        "mean_precision": constraints.positive,
-        "df": constraints.positive,
-        "scale": constraints.positive_definite,
-    }
-    pytree_data_fields = ("loc", "mean_precision", "df", "scale")
-    support = constraints.dependent(is_discrete=False, event_dim=1)
-
-    def __init__(self, loc, mean_precision, df, scale, *, validate_args=None):
-        loc = jnp.asarray(loc)
-        scale = jnp.asarray(scale)
-        if loc.ndim < 1 or scale.ndim < 2 or scale.shape[-2:] != (loc.shape[-1],) * 2:
-            raise ValueError(
-                f"NormalInverseWishart needs loc (..., D) and scale (..., D, D); got shapes "
-                f"{loc.shape} and {scale.shape}"
-            )
-        dim = loc.shape[-1]
-        mean_precision, df = jnp.asarray(mean_precision), jnp.asarray(df)
-        if _is_concrete(loc, scale, mean_precision, df):
-            if not np.all(np.asarray(mean_precision) > 0):
-                raise ValueError(f"mean_precision must be positive, got {mean_precision}")
-            if not np.all(np.asarray(df) > dim - 1):
-                raise ValueError(f"df must exceed emission_dim - 1 = {dim - 1}, got {df}")
-            if not np.all(np.isfinite(np.asarray(np.linalg.cholesky(np.asarray(scale))))):
-                raise ValueError("scale must be symmetric positive definite")
-        batch_shape = jnp.broadcast_shapes(loc.shape[:-1], mean_precision.shape, df.shape,
-                                           scale.shape[:-2])
-        xp = np if _is_concrete(loc, scale, mean_precision, df) else jnp
-        self.loc = jnp.asarray(xp.broadcast_to(loc, batch_shape + (dim,)))
-        self.mean_precision = jnp.asarray(xp.broadcast_to(mean_precision, batch_shape))
-        self.df = jnp.asarray(xp.broadcast_to(df, batch_shape))
-        self.scale = jnp.asarray(xp.broadcast_to(scale, batch_shape + (dim, dim)))
-        super().__init__(batch_shape=batch_shape, event_shape=(dim,),
-                         validate_args=validate_args)
-
-    def log_prob(self, value):
-        """``log NIW(means, covs)`` per state: ``value`` is a `GaussianEmissions`."""
-        mu, sigma = value.means, value.covs
-        dim = mu.shape[-1]
-        chol = jnp.linalg.cholesky(sigma)
-        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), axis=-1)
-        diff = mu - self.loc
-        z = jsl.solve_triangular(chol, diff[..., None], lower=True)[..., 0]
-        kappa, nu, psi = self.mean_precision, self.df, self.scale
-        log_normal = (0.5 * dim * (jnp.log(kappa) - _LOG_2PI) - 0.5 * logdet
-                      - 0.5 * kappa * jnp.sum(z**2, axis=-1))
-        psi_logdet = jnp.linalg.slogdet(psi)[1]
-        trace = jnp.trace(jsl.cho_solve((chol, True), jnp.broadcast_to(psi, sigma.shape)),
-                          axis1=-2, axis2=-1)
-        log_iw = (0.5 * nu * psi_logdet - 0.5 * nu * dim * math.log(2.0)
-                  - multigammaln(0.5 * nu, dim) - 0.5 * (nu + dim + 1.0) * logdet
-                  - 0.5 * trace)
-        return log_normal + log_iw
-
-    def mode(self):
-        """The joint mode ``(loc, scale / (df + D + 2))`` as a `GaussianEmissions`."""
-        dim = self.event_shape[0]
-        return GaussianEmissions(self.loc, self.scale / (self.df + dim + 2.0)[..., None, None])
-
-
-class NormalInverseGamma(dist.Distribution):
-    """Normal-inverse-gamma prior on diagonal Gaussian emissions, independent per entry.
-
-        sigma2_kd ~ InvGamma(concentration, rate),
-        mu_kd | sigma2_kd ~ N(loc_d, sigma2_kd / mean_precision)
-
-    Placed on the whole ``emissions`` node; ``log_prob`` takes a
-    `DiagonalGaussianEmissions` and sums over entries. The EM MAP is the joint mode,
-    ``mu = m_n``, ``sigma2 = beta_n / (alpha_n + 3/2)``.
-
-    Args:
-        loc: prior mean, broadcastable to ``(D,)`` (or ``(K, D)``).
-        mean_precision: ``kappa > 0``.
-        concentration: ``alpha > 0``.
-        rate: ``beta > 0``.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from statseq.models.hmm.gaussian import (DiagonalGaussianEmissions,
-        ...                                          NormalInverseGamma)
-        >>> prior = NormalInverseGamma(jnp.zeros(2), 1.0, 2.0, 1.0)
-        >>> prior.log_prob(DiagonalGaussianEmissions(jnp.zeros((3, 2)), jnp.ones((3, 2)))).shape
-        (3,)
-    """
-
-    arg_constraints = {
-        "loc": constraints.real_vector,
-        "mean_precision": constraints.positive,
-        "concentration": constraints.positive,
-        "rate": constraints.positive,
-    }
-    pytree_data_fields = ("loc", "mean_precision", "concentration", "rate")
-    support = constraints.dependent(is_discrete=False, event_dim=1)
-
-    def __init__(self, loc, mean_precision, concentration, rate, *, validate_args=None):
-        loc = jnp.atleast_1d(jnp.asarray(loc))
-        arrays = [jnp.asarray(a) for a in (mean_precision, concentration, rate)]
-        if _is_concrete(*arrays):
-            for name, a in zip(("mean_precision", "concentration", "rate"), arrays, strict=True):
-                if not np.all(np.asarray(a) > 0):
-                    raise ValueError(f"{name} must be positive, got {a}")
-        shape = jnp.broadcast_shapes(loc.shape, *(a.shape for a in arrays))
-        xp = np if _is_concrete(loc, *arrays) else jnp
-        self.loc = jnp.asarray(xp.broadcast_to(loc, shape))
-        self.mean_precision, self.concentration, self.rate = (
-            jnp.asarray(xp.broadcast_to(a, shape)) for a in arrays)
-        super().__init__(batch_shape=shape[:-1], event_shape=shape[-1:],
-                         validate_args=validate_args)
-
-    def log_prob(self, value):
-        """``log NIG(means, variances)`` summed over entries: ``value`` is diagonal emissions."""
-        mu, var = value.means, value.variances
-        kappa, alpha, beta = self.mean_precision, self.concentration, self.rate
-        log_normal = (0.5 * (jnp.log(kappa) - _LOG_2PI - jnp.log(var))
-                      - 0.5 * kappa * (mu - self.loc) ** 2 / var)
-        log_ig = (alpha * jnp.log(beta) - gammaln(alpha) - (alpha + 1.0) * jnp.log(var)
-                  - beta / var)
-        return jnp.sum(log_normal + log_ig, axis=-1)
-
-    def mode(self):
-        """The joint mode ``(loc, rate / (concentration + 3/2))``."""
-        return DiagonalGaussianEmissions(self.loc, self.rate / (self.concentration + 1.5))
-
 
 # ------------------------------------------------------------------------------------------
 # initialization helpers
@@ -302,7 +120,10 @@ class GaussianHMM(HMMBase):
 
         z_t | z_{t-1} ~ Categorical(A[z_{t-1}]),    y_t | z_t = k ~ N(mu_k, Sigma_k),
 
-    with ``y_t`` in ``R^D`` (event shape ``(D,)``) and ``Sigma_k`` full or diagonal.
+    with ``y_t`` in ``R^D`` (event shape ``(D,)``) and ``Sigma_k`` full, diagonal, tied
+    (``Sigma_k = Sigma`` for every state: hmmlearn's ``"tied"``, Stata's ``mswitch``
+    default, dynamax's ``SharedCovarianceGaussianHMM``) or spherical
+    (``Sigma_k = sigma_k^2 I``: hmmlearn's ``"spherical"``).
 
     Missing entries (per-entry masks) are marginalized exactly: the likelihood uses the
     Gaussian marginal of the observed entries. EM (`statseq.fit_em`) is exact with
@@ -313,7 +134,7 @@ class GaussianHMM(HMMBase):
 
     Conjugate priors for MAP estimates sit on the whole ``emissions`` node:
     ``HMMParams(initial_probs=None, transitions=None, emissions=NormalInverseWishart(...))``
-    (full) or ``NormalInverseGamma(...)`` (diagonal).
+    (full, tied) or ``NormalInverseGamma(...)`` (diagonal, spherical).
 
     Collapse guard: every M-step adds ``min_variance`` to the covariance diagonal (after the
     closed-form update), so a state that sits on one point keeps a finite likelihood. Set
@@ -322,8 +143,9 @@ class GaussianHMM(HMMBase):
     Args:
         num_states: number of hidden states ``K``.
         emission_dim: ``D``.
-        covariance: ``"full"`` (`GaussianEmissions`) or ``"diagonal"``
-            (`DiagonalGaussianEmissions`); explicit, never inferred.
+        covariance: ``"full"`` (`GaussianEmissions`), ``"diagonal"``
+            (`DiagonalGaussianEmissions`), ``"tied"`` (`TiedGaussianEmissions`) or
+            ``"spherical"`` (`SphericalGaussianEmissions`); explicit, never inferred.
         initial: ``"free"`` or ``"stationary"``.
         input_dim: covariates driving the transitions (0 for a fixed matrix).
         min_variance: added to covariance diagonals in each M-step (default ``1e-6``).
@@ -350,9 +172,9 @@ class GaussianHMM(HMMBase):
     def __post_init__(self):
         self._check_hmm_config()
         check_positive_int(self.emission_dim, "emission_dim")
-        if self.covariance not in ("full", "diagonal"):
-            raise ValueError(
-                f"covariance must be 'full' or 'diagonal', got {self.covariance!r}")
+        if self.covariance not in ("full", "diagonal", "tied", "spherical"):
+            raise ValueError("covariance must be 'full', 'diagonal', 'tied' or 'spherical', "
+                             f"got {self.covariance!r}")
         _check_min_variance(self)
 
     @property
@@ -363,17 +185,38 @@ class GaussianHMM(HMMBase):
     def _full(self) -> bool:
         return self.covariance == "full"
 
+    @property
+    def _per_entry(self) -> bool:
+        """Whether the covariance is diagonal (EM statistics are kept per entry)."""
+        return self.covariance in ("diagonal", "spherical")
+
+    def state_covariances(self, emissions):
+        """``(K, D, D)`` covariance of every state, whatever the parameterization."""
+        k, d = self.num_states, self.emission_dim
+        if self.covariance == "full":
+            return emissions.covs
+        if self.covariance == "tied":
+            return jnp.broadcast_to(emissions.cov, (k, d, d))
+        var = (emissions.variances if self.covariance == "diagonal"
+               else jnp.broadcast_to(emissions.variances[:, None], (k, d)))
+        return var[:, :, None] * jnp.eye(d, dtype=var.dtype)
+
     def emission_shapes(self):
         k, d = self.num_states, self.emission_dim
         if self._full:
             return GaussianEmissions((k, d), (k, d, d))
+        if self.covariance == "tied":
+            return TiedGaussianEmissions((k, d), (d, d))
+        if self.covariance == "spherical":
+            return SphericalGaussianEmissions((k, d), (k,))
         return DiagonalGaussianEmissions((k, d), (k, d))
 
     def default_priors(self, y, mask=None):
         """Bayesian defaults with per-dimension scales (``m_d``, ``s_d``: mean and standard
         deviation of the observed values of dimension ``d``): means ``N(m_d, (2 s_d)^2)``;
-        full covariances `statseq.bayes.LKJCovariance` (LKJ(2) correlations, half-normal
-        ``2 s_d`` scales), diagonal variances ``LogNormal(log s_d^2, 2)``; the initial law
+        full and tied covariances `statseq.bayes.LKJCovariance` (LKJ(2) correlations,
+        half-normal ``2 s_d`` scales), diagonal variances ``LogNormal(log s_d^2, 2)``,
+        spherical ones ``LogNormal(log mean_d s_d^2, 2)``; the initial law
         and transitions as in `HMMBase.default_priors`."""
         from statseq.bayes.priors import LKJCovariance  # the Bayesian layer sits above models
 
@@ -393,6 +236,12 @@ class GaussianHMM(HMMBase):
         if self._full:
             emissions = GaussianEmissions(
                 means, LKJCovariance(d, jnp.asarray(np.broadcast_to(2.0 * sd, (k, d)), dtype)))
+        elif self.covariance == "tied":
+            emissions = TiedGaussianEmissions(means, LKJCovariance(d, jnp.asarray(2.0 * sd,
+                                                                                  dtype)))
+        elif self.covariance == "spherical":
+            emissions = SphericalGaussianEmissions(
+                means, dist.LogNormal(jnp.full((k,), np.log(np.mean(sd ** 2)), dtype), 2.0))
         else:
             emissions = DiagonalGaussianEmissions(
                 means, dist.LogNormal(jnp.asarray(np.broadcast_to(np.log(sd ** 2), (k, d)),
@@ -402,20 +251,35 @@ class GaussianHMM(HMMBase):
     def emission_constraints(self):
         if self._full:
             return GaussianEmissions(constraints.real, constraints.positive_definite)
+        if self.covariance == "tied":
+            return TiedGaussianEmissions(constraints.real, constraints.positive_definite)
+        if self.covariance == "spherical":
+            return SphericalGaussianEmissions(constraints.real, constraints.positive)
         return DiagonalGaussianEmissions(constraints.real, constraints.positive)
+
+    def _scales(self, emissions):
+        """``(K, D)`` standard deviations of the per-entry (diagonal, spherical) families."""
+        var = emissions.variances
+        if self.covariance == "spherical":
+            var = jnp.broadcast_to(var[:, None], emissions.means.shape)
+        return jnp.sqrt(var)
 
     def emission_log_likelihoods(self, emissions, y_t, mask_t):
         mask_t = jnp.broadcast_to(jnp.asarray(mask_t, bool), y_t.shape)
         if self._full:
             return jax.vmap(lambda mu, cov: masked_mvn_log_prob(y_t, mu, cov, mask_t))(
                 emissions.means, emissions.covs)
-        lp = dist.Normal(emissions.means, jnp.sqrt(emissions.variances)).log_prob(y_t)
+        if self.covariance == "tied":
+            return jax.vmap(lambda mu: masked_mvn_log_prob(y_t, mu, emissions.cov, mask_t))(
+                emissions.means)
+        lp = dist.Normal(emissions.means, self._scales(emissions)).log_prob(y_t)
         return jnp.sum(jnp.where(mask_t, lp, 0.0), axis=-1)
 
     def emission_distribution(self, emissions):
-        if self._full:
-            return dist.MultivariateNormal(emissions.means, covariance_matrix=emissions.covs)
-        return dist.Independent(dist.Normal(emissions.means, jnp.sqrt(emissions.variances)), 1)
+        if not self._per_entry:
+            return dist.MultivariateNormal(emissions.means,
+                                           covariance_matrix=self.state_covariances(emissions))
+        return dist.Independent(dist.Normal(emissions.means, self._scales(emissions)), 1)
 
     # ---- EM ---------------------------------------------------------------------------
     def e_step(self, params, y, mask, inputs):
@@ -435,7 +299,8 @@ class GaussianHMM(HMMBase):
         statistics are uncentered and partially observed steps are dropped (exact only for
         whole-step masks); `e_step` always passes them.
 
-        Diagonal: the same per entry, ``(K, D)`` each, with per-entry weights.
+        Diagonal and spherical: the same per entry, ``(K, D)`` each, with per-entry
+        weights. Tied: as full.
         """
         dtype = weights.dtype
         k, d = self.num_states, self.emission_dim
@@ -443,7 +308,7 @@ class GaussianHMM(HMMBase):
         m = mask.astype(dtype)
         center = (jnp.zeros((k, d), dtype) if emissions is None
                   else jax.lax.stop_gradient(emissions.means).astype(dtype))
-        if not self._full:
+        if self._per_entry:
             r = y[:, :, None, :] - center  # (N, T, K, D)
             wm = weights[..., None] * m[:, :, None, :]  # (N, T, K, D)
             return {"sum_w": jnp.sum(wm, axis=(0, 1)),
@@ -457,7 +322,7 @@ class GaussianHMM(HMMBase):
                     "sum_wyy": jnp.einsum("ntk,ntd,nte->kde", w, y, y),
                     "center": center}
         w = weights * jnp.any(mask, axis=-1)[..., None].astype(dtype)
-        covs = jax.lax.stop_gradient(emissions.covs).astype(dtype)
+        covs = jax.lax.stop_gradient(self.state_covariances(emissions)).astype(dtype)
 
         def conditional(y_t, m_t):
             # E[y_t - mu_k | y_obs, z = k] and Cov[y_t | y_obs, z = k] for every k; exact
@@ -478,8 +343,13 @@ class GaussianHMM(HMMBase):
                 "center": center}
 
     def emission_m_step(self, emissions, stats, prior):
-        """Closed-form MLE, or the MAP under a NIW (full) / NIG (diagonal) prior; states
-        (entries) without mass keep their values; ``min_variance`` is added last."""
+        """Closed-form MLE, or the MAP under a NIW (full, tied) / NIG (diagonal, spherical)
+        prior; states (entries) without mass keep their values; ``min_variance`` is added
+        last."""
+        if self.covariance == "tied":
+            return self._tied_m_step(emissions, stats, prior)
+        if self.covariance == "spherical":
+            return self._spherical_m_step(emissions, stats, prior)
         w, s1, s2, c = stats["sum_w"], stats["sum_wy"], stats["sum_wyy"], stats["center"]
         # with xbar = s1 / w (centered), d = xbar - (m0 - c) and S the scatter about xbar:
         #   mean = m0 + w d / (kappa0 + w),  Psi_n = Psi0 + S + kappa0 w / (kappa0 + w) d d^T
@@ -527,11 +397,85 @@ class GaussianHMM(HMMBase):
         var = jnp.where(empty, emissions.variances, jnp.maximum(var, 0.0) + self.min_variance)
         return DiagonalGaussianEmissions(means, var)
 
+    def _tied_m_step(self, emissions, stats, prior):
+        """One covariance: the per-state scatter (plus the NIW terms) summed over states,
+        ``Sigma = sum_k S_k / N`` (MLE) or ``(Psi + sum_k [S_k + kappa w_k / (kappa + w_k)
+        d_k d_k^T]) / (nu + N + K + D + 1)`` (MAP)."""
+        w, s1, s2, c = stats["sum_w"], stats["sum_wy"], stats["sum_wyy"], stats["center"]
+        k, d = self.num_states, self.emission_dim
+        empty = w <= 1e-12 * jnp.maximum(1.0, jnp.max(w))
+        safe = jnp.where(empty, 1.0, w)
+        xbar = s1 / safe[:, None]
+        scatter = jnp.where(empty[:, None, None], 0.0,
+                            s2 - safe[:, None, None] * xbar[:, :, None] * xbar[:, None, :])
+        if prior is None:
+            means = jnp.where(empty[:, None], emissions.means, c + xbar)
+            cov = jnp.sum(scatter, axis=0) / jnp.maximum(jnp.sum(w), 1e-300)
+        else:
+            kappa0 = jnp.broadcast_to(prior.mean_precision, w.shape)
+            m0 = jnp.broadcast_to(prior.loc, s1.shape)
+            e = s1 - w[:, None] * (m0 - c)
+            means = m0 + e / (kappa0 + w)[:, None]
+            coef = kappa0 / ((kappa0 + w) * safe)
+            psi = (jnp.reshape(prior.scale, (-1, d, d))[0]
+                   + jnp.sum(scatter + coef[:, None, None] * e[:, :, None] * e[:, None, :], 0))
+            nu = jnp.reshape(prior.df, (-1,))[0]
+            cov = psi / (nu + jnp.sum(w) + k + d + 1.0)
+        cov = symmetrize(cov) + self.min_variance * jnp.eye(d, dtype=s1.dtype)
+        return TiedGaussianEmissions(means, cov)
+
+    def _spherical_m_step(self, emissions, stats, prior):
+        """One variance per state from the per-entry statistics:
+        ``sigma2_k = sum_d S_kd / sum_d w_kd`` (MLE) or ``(beta + sum_d [S_kd + kappa w_kd /
+        (kappa + w_kd) e_kd^2] / 2) / (alpha + 1 + D/2 + sum_d w_kd / 2)`` (MAP)."""
+        w, s1, s2, c = stats["sum_w"], stats["sum_wy"], stats["sum_wyy"], stats["center"]
+        k, d = self.num_states, self.emission_dim
+        empty = w <= 1e-12 * jnp.maximum(1.0, jnp.max(w))
+        safe = jnp.where(empty, 1.0, w)
+        xbar = s1 / safe
+        scatter = jnp.where(empty, 0.0, s2 - safe * xbar**2)
+        w_state = jnp.sum(w, axis=1)
+        empty_state = w_state <= 1e-12 * jnp.maximum(1.0, jnp.max(w_state))
+        if prior is None:
+            means = jnp.where(empty, emissions.means, c + xbar)
+            var = jnp.sum(scatter, axis=1) / jnp.where(empty_state, 1.0, w_state)
+        else:
+            kappa0 = jnp.broadcast_to(prior.mean_precision, w.shape)
+            m0 = jnp.broadcast_to(prior.loc, w.shape)
+            e = s1 - w * (m0 - c)
+            means = m0 + e / (kappa0 + w)
+            alpha = jnp.broadcast_to(jnp.asarray(prior.concentration)[..., 0], (k,))
+            beta = (jnp.broadcast_to(jnp.asarray(prior.rate)[..., 0], (k,))
+                    + 0.5 * jnp.sum(scatter + kappa0 / ((kappa0 + w) * safe) * e**2, axis=1))
+            var = beta / (alpha + 1.0 + 0.5 * d + 0.5 * w_state)
+            empty_state = jnp.zeros_like(empty_state)
+        var = jnp.where(empty_state, emissions.variances,
+                        jnp.maximum(var, 0.0) + self.min_variance)
+        return SphericalGaussianEmissions(means, var)
+
     def validate_em_priors(self, priors):
-        """EM's closed form needs a NormalInverseWishart (full) or NormalInverseGamma
-        (diagonal) prior on the whole emissions node, and Dirichlet priors on simplexes."""
-        _check_emission_node_prior(
-            priors, NormalInverseWishart if self._full else NormalInverseGamma)
+        """EM's closed form needs a NormalInverseWishart (full, tied) or NormalInverseGamma
+        (diagonal, spherical) prior on the whole emissions node, and Dirichlet priors on
+        simplexes. Tied: ``df`` and ``scale`` the same for every state; spherical:
+        ``concentration`` and ``rate`` the same for every entry."""
+        kind = NormalInverseGamma if self._per_entry else NormalInverseWishart
+        _check_emission_node_prior(priors, kind)
+        prior = None if priors is None else priors.emissions
+        if not isinstance(prior, kind):
+            return
+        if self.covariance == "tied":
+            df = np.asarray(prior.df).reshape(-1)
+            scale = np.asarray(prior.scale).reshape((-1,) + prior.scale.shape[-2:])
+            if not (np.all(df == df[0]) and np.all(scale == scale[0])):
+                raise ValueError("covariance='tied' has one covariance: its "
+                                 "NormalInverseWishart prior needs one df and one scale")
+        if self.covariance == "spherical":
+            for name in ("concentration", "rate"):
+                a = np.asarray(getattr(prior, name))
+                if not np.all(a == a[..., :1]):
+                    raise ValueError(f"covariance='spherical' has one variance per state: the "
+                                     f"NormalInverseGamma {name} must be the same for every "
+                                     "entry")
 
     # ---- initialization -----------------------------------------------------------------
     def initialize_emissions(self, y, mask, *, key, method):
@@ -559,11 +503,21 @@ class GaussianHMM(HMMBase):
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         covs = 0.5 * (covs + np.swapaxes(covs, -1, -2)) + self.min_variance * np.eye(d)
+        return self._pack_emissions(means, covs)
+
+    def _pack_emissions(self, means, covs):
+        """Emissions of this covariance type from ``(K, D)`` means and ``(K, D, D)``
+        covariances (tied: their average; spherical: the mean of each diagonal)."""
         dtype = float_dtype()
+        means = jnp.asarray(means, dtype)
+        diag = np.diagonal(covs, axis1=1, axis2=2)
         if self._full:
-            return GaussianEmissions(jnp.asarray(means, dtype), jnp.asarray(covs, dtype))
-        return DiagonalGaussianEmissions(
-            jnp.asarray(means, dtype), jnp.asarray(np.diagonal(covs, axis1=1, axis2=2), dtype))
+            return GaussianEmissions(means, jnp.asarray(covs, dtype))
+        if self.covariance == "tied":
+            return TiedGaussianEmissions(means, jnp.asarray(np.mean(covs, axis=0), dtype))
+        if self.covariance == "spherical":
+            return SphericalGaussianEmissions(means, jnp.asarray(diag.mean(axis=1), dtype))
+        return DiagonalGaussianEmissions(means, jnp.asarray(diag, dtype))
 
 
 def _check_min_variance(model) -> None:

@@ -1,0 +1,532 @@
+"""Markov-switching autoregression MS(K)-AR(p) (Hamilton 1989), as an HMM on expanded states.
+
+Switching mean (Hamilton's form, ``form="mean"``):
+
+    y_t - mu_{s_t} = sum_{i=1}^p phi_i (y_{t-i} - mu_{s_{t-i}}) + sigma_{s_t} eps_t,
+
+switching intercept (``form="intercept"``):
+
+    y_t = c_{s_t} + sum_{i=1}^p phi_i y_{t-i} + sigma_{s_t} eps_t,
+
+with ``eps_t ~ N(0, 1)`` and ``s_t`` a Markov chain on ``K`` regimes. The coefficients
+``phi`` may switch with ``s_t`` (``switching_ar``), the variance too
+(``switching_variance``), and the mean/intercept may be shared (``switching_mean=False``).
+
+With a switching mean the density of ``y_t`` depends on ``(s_t, ..., s_{t-p})``, so the
+model is an HMM on the expanded state ``x_t = (s_t, ..., s_{t-p})`` with ``K^(p+1)``
+states and transitions ``(a_0, ..., a_p) -> (b, a_0, ..., a_{p-1})`` of probability
+``P[a_0, b]``; otherwise the expanded state is ``s_t`` itself. Inference on the expanded
+chain is `statseq.inference.hmm`; the user sees ``K`` regimes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+
+from statseq.core.model import SequenceModel, register_model
+from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.inference import hmm as hmm_seq
+from statseq.models.hmm.base import stationary_distribution
+from statseq.models.switching import _ms_ar_em
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class MSARParams(NamedTuple):
+    """Parameters of `MarkovSwitchingAR`.
+
+    Attributes:
+        initial_probs: ``(K,)`` law of the first regime ``s_0``, or ``None`` when
+            ``initial="stationary"`` (the ergodic law of ``transitions``).
+        transitions: ``(K, K)`` row-stochastic, ``P[i, j] = p(s_t = j | s_{t-1} = i)``.
+        means: ``mu_k`` (``form="mean"``) or ``c_k`` (``form="intercept"``): ``(K,)``
+            when switching, else ``()``.
+        ar_coeffs: ``phi``: ``(K, p)`` when ``switching_ar``, else ``(p,)``; ``[..., i-1]``
+            multiplies lag ``i``.
+        variances: ``sigma^2``: ``(K,)`` when ``switching_variance``, else ``()``.
+    """
+
+    initial_probs: Any
+    transitions: jax.Array
+    means: jax.Array
+    ar_coeffs: jax.Array
+    variances: jax.Array
+
+
+class MSARCarry(NamedTuple):
+    """Filter state: the expanded-state forward message plus the lag window.
+
+    Attributes:
+        probs: ``(M,)`` ``p(x_{t-1} | y_{<t})`` over expanded states (the initial law
+            before any step).
+        started: whether ``probs`` is past the first step (then it is moved by ``A``).
+        lags: ``(p,)``, ``lags[i - 1] = y_{t-i}`` (zeros before the data).
+        count: steps seen so far, capped at ``p`` (scoring starts when it is reached).
+    """
+
+    probs: jax.Array
+    started: jax.Array
+    lags: jax.Array
+    count: jax.Array
+
+
+class RegimeFilterResult(NamedTuple):
+    """Output of `MarkovSwitchingAR.filter_states` (leading batch shape when batched).
+
+    Attributes:
+        marginal_log_lik: ``log p(y_{p:T-1} | y_{0:p-1})``.
+        predicted_probs: ``(T, K)`` ``p(s_t | y_{<t})``.
+        filtered_probs: ``(T, K)`` ``p(s_t | y_{<=t})``; for ``t < p`` (conditioned
+            steps) the prior marginal ``p(s_t)``.
+    """
+
+    marginal_log_lik: Any
+    predicted_probs: Any
+    filtered_probs: Any
+
+
+class RegimePosterior(NamedTuple):
+    """Output of `MarkovSwitchingAR.smoother` (leading batch shape when batched).
+
+    Attributes:
+        marginal_log_lik: ``log p(y_{p:T-1} | y_{0:p-1})``.
+        filtered_probs: ``(T, K)`` ``p(s_t | y_{<=t})``.
+        smoothed_probs: ``(T, K)`` ``p(s_t | y_{0:T-1})`` (for every ``t``, including the
+            conditioned first ``p`` steps).
+        expanded: the `statseq.inference.hmm.HMMPosterior` of the expanded chain.
+    """
+
+    marginal_log_lik: Any
+    filtered_probs: Any
+    smoothed_probs: Any
+    expanded: Any
+
+
+@register_model
+@dataclasses.dataclass(frozen=True)
+class MarkovSwitchingAR(SequenceModel):
+    """Markov-switching autoregression MS(K)-AR(p) of a scalar series (Hamilton 1989).
+
+        s_t | s_{t-1} ~ Categorical(P[s_{t-1}]),
+        y_t - mu_{s_t} = sum_{i=1}^p phi_i (y_{t-i} - mu_{s_{t-i}}) + sigma_{s_t} eps_t
+            (form="mean"),
+        y_t = c_{s_t} + sum_{i=1}^p phi_i y_{t-i} + sigma_{s_t} eps_t    (form="intercept"),
+
+    ``eps_t ~ N(0, 1)``; ``phi`` switches with ``s_t`` when ``switching_ar`` and
+    ``sigma^2`` when ``switching_variance``. ``y`` has shape ``batch_shape + (T,)``.
+
+    The likelihood conditions on the first ``p`` observations
+    (``num_conditioned_steps = p``), as statsmodels' ``MarkovAutoregression`` and
+    `statseq.AR` with ``initial="conditional"``; the regime chain starts at ``t = 0`` with
+    ``s_0 ~ initial_probs`` (``"free"``) or the ergodic law of ``P`` (``"stationary"``, the
+    statsmodels default). With a switching mean in Hamilton's form the density of ``y_t``
+    depends on ``(s_t, ..., s_{t-p})``; the model is an HMM on that expanded state
+    (``num_expanded_states = K^(p+1)``), otherwise on ``s_t`` (``K`` states). Filtering and
+    smoothing use `statseq.inference.hmm` on the expanded chain; `filter_states` and
+    `smoother` return ``K``-regime probabilities. `statseq.fit_em` runs an ECM algorithm
+    (closed-form weighted least-squares blocks on the expanded posterior).
+    `statseq.log_prob`, `statseq.fit_lbfgs`,
+    `statseq.fit_sgd` and `statseq.forecast` work through the generic filter
+    (``predict``/``update``); `forecast_means` gives exact h-step means when ``phi`` does
+    not switch.
+
+    Missing values: steps may be masked (their regime still moves) as long as no later
+    observed step uses them as lags (checked eagerly).
+
+    Args:
+        num_regimes: ``K >= 1``.
+        order: ``p >= 1``.
+        form: ``"mean"`` (Hamilton's switching mean) or ``"intercept"``.
+        switching_mean: whether ``mu`` (or ``c``) depends on the regime.
+        switching_ar: whether ``phi`` depends on the regime.
+        switching_variance: whether ``sigma^2`` depends on the regime.
+        initial: ``"stationary"`` (default) or ``"free"``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> from statseq.models.switching import MarkovSwitchingAR, MSARParams
+        >>> model = MarkovSwitchingAR(num_regimes=2, order=1)
+        >>> params = MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+        ...                     jnp.array([-1.0, 1.0]), jnp.array([0.5]), jnp.array(0.3))
+        >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+        >>> post = model.smoother(params, y)
+        >>> post.smoothed_probs.shape, model.num_expanded_states
+        ((6, 2), 4)
+        >>> float(ss.log_prob(model, params, y)) < 0
+        True
+    """
+
+    num_regimes: int = 2
+    order: int = 1
+    form: str = "mean"
+    switching_mean: bool = True
+    switching_ar: bool = False
+    switching_variance: bool = False
+    initial: str = "stationary"
+
+    def __post_init__(self):
+        check_positive_int(self.num_regimes, "num_regimes")
+        check_positive_int(self.order, "order")
+        if self.form not in ("mean", "intercept"):
+            raise ValueError(f"form must be 'mean' or 'intercept', got {self.form!r}")
+        if self.initial not in ("free", "stationary"):
+            raise ValueError(f"initial must be 'free' or 'stationary', got {self.initial!r}")
+        for name in ("switching_mean", "switching_ar", "switching_variance"):
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
+
+    # ---- static description ----------------------------------------------------------
+    @property
+    def event_shape(self):
+        return ()
+
+    @property
+    def num_conditioned_steps(self) -> int:
+        return self.order
+
+    @property
+    def expanded(self) -> bool:
+        """Whether the HMM runs on ``(s_t, ..., s_{t-p})`` (switching mean in mean form)."""
+        return self.form == "mean" and self.switching_mean and self.num_regimes > 1
+
+    @property
+    def num_expanded_states(self) -> int:
+        """``M``: ``K^(p+1)`` for the expanded chain, else ``K``."""
+        return self.num_regimes ** (self.order + 1) if self.expanded else self.num_regimes
+
+    def expanded_regimes(self) -> np.ndarray:
+        """``(M, p+1)`` (or ``(K, 1)``) ints: column ``i`` of row ``j`` is ``s_{t-i}``."""
+        k = self.num_regimes
+        if not self.expanded:
+            return np.arange(k)[:, None]
+        return np.array(list(itertools.product(range(k), repeat=self.order + 1)))
+
+    # ---- parameters -------------------------------------------------------------------
+    def param_shapes(self) -> MSARParams:
+        k, p = self.num_regimes, self.order
+        return MSARParams(
+            (k,) if self.initial == "free" else None,
+            (k, k),
+            (k,) if self.switching_mean else (),
+            (k, p) if self.switching_ar else (p,),
+            (k,) if self.switching_variance else (),
+        )
+
+    def param_constraints(self) -> MSARParams:
+        return MSARParams(constraints.simplex if self.initial == "free" else None,
+                          constraints.simplex, constraints.real, constraints.real,
+                          constraints.positive)
+
+    def initial_probs(self, params):
+        """``p(s_0)``: the free initial law or the ergodic law of ``P``."""
+        if self.initial == "stationary":
+            return stationary_distribution(params.transitions)
+        return params.initial_probs
+
+    def expanded_chain(self, params):
+        """``(pi_M, A_M, a, phi, var)`` of the expanded HMM: ``pi_M (M,)`` the law of
+        ``x_0`` (``s_0 ~ p(s_0)``, pre-sample regimes uniform: they never reach a scored
+        step), ``A_M (M, M)``, and per expanded state the regression
+        ``y_t | x_t = j ~ N(a_j + phi_j . (y_{t-1}, ..., y_{t-p}), var_j)``."""
+        k, p = self.num_regimes, self.order
+        cols = self.expanded_regimes()
+        m = cols.shape[0]
+        dtype = params.transitions.dtype
+        trans = params.transitions
+        now = cols[:, 0]
+        compat = np.all(cols[None, :, 1:] == cols[:, None, :-1], axis=-1)  # (from, to)
+        a_m = trans[now[:, None], now[None, :]] * jnp.asarray(compat, dtype)
+        pre = 1.0 / k ** (cols.shape[1] - 1)
+        pi_m = self.initial_probs(params)[now] * pre
+        mu = jnp.broadcast_to(params.means, (k,))
+        phi = params.ar_coeffs[now] if self.switching_ar else jnp.broadcast_to(
+            params.ar_coeffs, (m, p))
+        var = jnp.broadcast_to(params.variances, (k,))[now]
+        if self.expanded:
+            mvals = mu[cols]  # (M, p+1)
+            a = mvals[:, 0] - jnp.sum(phi * mvals[:, 1:], axis=-1)
+        elif self.form == "mean":
+            a = mu[now] * (1.0 - jnp.sum(phi, axis=-1))
+        else:
+            a = mu[now]
+        return pi_m, a_m, a, phi, var
+
+    def regime_map(self, dtype=None) -> jax.Array:
+        """``(M, K)`` 0/1 matrix mapping expanded states to the current regime ``s_t``."""
+        cols = self.expanded_regimes()
+        return jnp.asarray(np.eye(self.num_regimes)[cols[:, 0]], dtype or float_dtype())
+
+    def default_params(self) -> MSARParams:
+        """Sticky transitions (0.9), means spread over ``[-1, 1]``, ``phi = 0``, unit
+        variances."""
+        k, p, dtype = self.num_regimes, self.order, float_dtype()
+        off = 0.1 / max(k - 1, 1)
+        trans = (jnp.full((k, k), off, dtype) + (0.9 - off) * jnp.eye(k, dtype=dtype)
+                 if k > 1 else jnp.ones((1, 1), dtype))
+        spread = jnp.linspace(-1.0, 1.0, k, dtype=dtype) if k > 1 else jnp.zeros(1, dtype)
+        return MSARParams(
+            jnp.full((k,), 1.0 / k, dtype) if self.initial == "free" else None,
+            trans,
+            spread if self.switching_mean else jnp.zeros((), dtype),
+            jnp.zeros((k, p) if self.switching_ar else (p,), dtype),
+            jnp.ones((k,) if self.switching_variance else (), dtype),
+        )
+
+    def initialize(self, y, *, key=None, inputs=None, mask=None) -> MSARParams:
+        """A start for `statseq.fit_lbfgs`: the least-squares AR(p) fit (``phi``,
+        ``sigma^2``), regime means (intercepts) at the mean ``+- 0.5`` standard deviations
+        of ``y`` in ascending order, sticky transitions (0.9). ``key`` is unused (the
+        start is deterministic)."""
+        del key
+        data = prepare_data(self, y, mask, inputs)  # (runs validate_data)
+        p, k, dtype = self.order, self.num_regimes, float_dtype()
+        rows, targets = [], []
+        for y_s, m_s in zip(np.asarray(data.y, float), np.asarray(data.mask, bool),
+                            strict=True):
+            for t in range(p, y_s.shape[0]):
+                if m_s[t] and m_s[t - p: t].all():
+                    rows.append(y_s[t - p: t][::-1])
+                    targets.append(y_s[t])
+        if len(targets) < p + 2:
+            raise ValueError(f"MarkovSwitchingAR.initialize needs at least {p + 2} observed "
+                             f"steps with observed lags, got {len(targets)}")
+        x, t = np.asarray(rows), np.asarray(targets)
+        design = np.concatenate([np.ones((len(t), 1)), x], axis=1)
+        coef = np.linalg.lstsq(design, t, rcond=None)[0]
+        resid = t - design @ coef
+        phi, sd = coef[1:], float(np.std(t))
+        center = float(np.mean(t))
+        offsets = (np.linspace(-0.5, 0.5, k) if k > 1 else np.zeros(1)) * sd
+        mean_vals = center + offsets
+        if self.form == "intercept":
+            mean_vals = mean_vals * (1.0 - phi.sum())
+        base = self.default_params()
+        var = max(float(np.mean(resid**2)), 1e-8)
+        return base._replace(
+            means=jnp.asarray(mean_vals if self.switching_mean else mean_vals.mean(), dtype),
+            ar_coeffs=jnp.asarray(np.broadcast_to(phi, (k, p)) if self.switching_ar else phi,
+                                  dtype),
+            variances=jnp.broadcast_to(jnp.asarray(var, dtype), base.variances.shape),
+        )
+
+    # ---- the filter (the SequenceModel protocol) ------------------------------------------
+    def initial_carry(self, params) -> MSARCarry:
+        pi_m = self.expanded_chain(params)[0]
+        return MSARCarry(pi_m, jnp.zeros((), bool), jnp.zeros((self.order,), pi_m.dtype),
+                         jnp.zeros((), jnp.int32))
+
+    def _predicted(self, a_m, carry):
+        return jnp.where(carry.started, carry.probs @ a_m, carry.probs)
+
+    def predict(self, params, carry, inputs_t):
+        """The mixture ``sum_j p(x_t = j | y_{<t}) N(a_j + phi_j . lags, var_j)`` (during
+        the first ``p`` steps the lags are zeros: only meaningful for sampling)."""
+        _, a_m, a, phi, var = self.expanded_chain(params)
+        probs = self._predicted(a_m, carry)
+        comp = dist.Normal(a + phi @ carry.lags, jnp.sqrt(var))
+        return dist.MixtureSameFamily(dist.Categorical(probs=probs), comp)
+
+    def step(self, params, carry, y_t, mask_t, inputs_t):
+        _, a_m, a, phi, var = self.expanded_chain(params)
+        predicted = self._predicted(a_m, carry)
+        mean = a + phi @ carry.lags
+        ll = -0.5 * (_LOG_2PI + jnp.log(var) + (y_t - mean) ** 2 / var)
+        observed = jnp.asarray(mask_t, bool)
+        # the score of y_t under `predict` (the engine drops it during the first p steps,
+        # whose lags are pre-sample zeros); the update conditions only on scored steps
+        shift = jax.lax.stop_gradient(jnp.max(ll))
+        log_prob = jnp.where(observed,
+                             jnp.log(jnp.sum(predicted * jnp.exp(ll - shift))) + shift, 0.0)
+        active = (carry.count >= self.order) & observed
+        ll = jnp.where(active, ll, 0.0)
+        joint = predicted * jnp.exp(ll - jax.lax.stop_gradient(jnp.max(ll)))
+        norm = jnp.sum(joint)
+        y_in = jnp.where(observed, y_t, 0.0).astype(carry.lags.dtype)
+        lags = jnp.concatenate([y_in[None], carry.lags[:-1]])
+        count = jnp.minimum(carry.count + 1, self.order).astype(jnp.int32)
+        return log_prob, MSARCarry(joint / norm, jnp.ones((), bool), lags, count)
+
+    def update(self, params, carry, y_t, mask_t, inputs_t) -> MSARCarry:
+        return self.step(params, carry, y_t, mask_t, inputs_t)[1]
+
+    def validate_data(self, y, mask):
+        """Reject observed steps whose lags are missing (no exact finite-state recursion)."""
+        obs = np.broadcast_to(np.asarray(mask, bool), np.shape(y))
+        p, num_steps = self.order, obs.shape[-1]
+        if num_steps <= p:
+            return
+        bad = np.zeros(obs[..., p:].shape, bool)
+        for i in range(1, p + 1):
+            bad |= obs[..., p:] & ~obs[..., p - i: num_steps - i]
+        if np.any(bad):
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            step = where[-1] + p
+            raise ValueError(
+                f"MarkovSwitchingAR: step {step} (index {where[:-1] + (step,)}) is observed but "
+                f"one of its {p} lag(s) is missing; the likelihood needs observed lags "
+                "(missing values are allowed only where no later observed step uses them)")
+
+    # ---- posterior inference on the expanded chain ---------------------------------------
+    def log_likelihoods(self, params, y, mask):
+        """``(T, M)`` ``log p(y_t | x_t = j, y_{<t})`` of one sequence; zero rows for the
+        first ``p`` steps and masked steps."""
+        _, _, a, phi, var = self.expanded_chain(params)
+        y = y.astype(a.dtype)
+        p = self.order
+        padded = jnp.concatenate([jnp.zeros((p,), y.dtype), y])
+        lags = jnp.stack([padded[p - i: p - i + y.shape[0]] for i in range(1, p + 1)], -1)
+        mean = a[None, :] + lags @ phi.T
+        ll = -0.5 * (_LOG_2PI + jnp.log(var) + (y[:, None] - mean) ** 2 / var)
+        scored = (jnp.arange(y.shape[0]) >= p) & jnp.asarray(mask, bool)
+        return jnp.where(scored[:, None], ll, 0.0)
+
+    def _prepare(self, params, y, mask):
+        from statseq.core.params import validate_params
+
+        validate_params(self, params)
+        return prepare_data(self, y, mask, None)  # (runs validate_data)
+
+    def filter_states(self, params, y, *, mask=None) -> RegimeFilterResult:
+        """Filtered and predicted regime probabilities ``p(s_t | y_{<=t})``,
+        ``p(s_t | y_{<t})`` (``K`` regimes) and the conditional log-likelihood."""
+        data = self._prepare(params, y, mask)
+        out = _regime_posterior(self, params, data.y, data.mask, kind="filter")
+        return _reshape(out, data.batch_shape)
+
+    def smoother(self, params, y, *, mask=None) -> RegimePosterior:
+        """Smoothed regime probabilities ``p(s_t | y_{0:T-1})`` (``K`` regimes), filtered
+        ones, and the expanded-chain posterior."""
+        data = self._prepare(params, y, mask)
+        out = _regime_posterior(self, params, data.y, data.mask, kind="smoother")
+        return _reshape(out, data.batch_shape)
+
+    def most_likely_regimes(self, params, y, *, mask=None):
+        """The Viterbi path of regimes ``argmax p(s_{0:T-1} | y)``: ``batch_shape + (T,)``
+        ints (the expanded path's current regimes)."""
+        data = self._prepare(params, y, mask)
+        out = _regime_posterior(self, params, data.y, data.mask, kind="viterbi")
+        return jnp.reshape(out, data.batch_shape + out.shape[1:])
+
+    # ---- EM (ECM) -------------------------------------------------------------------------
+    def e_step(self, params, y, mask, inputs):
+        """Weighted moments per expanded state and regime transition counts over a flat
+        batch ``(N, T)`` (see `statseq.models.switching._ms_ar_em`)."""
+        return _ms_ar_em.e_step(self, params, y, mask, inputs)
+
+    def m_step(self, params, stats, priors, inputs):
+        """ECM: closed-form transitions (Dirichlet MAP), then means / intercepts, ``phi``
+        and variances, each the exact weighted least-squares maximum given the others
+        (so `statseq.fit_em` never decreases the likelihood)."""
+        return _ms_ar_em.m_step(self, params, stats, priors, inputs)
+
+    def validate_em_priors(self, priors):
+        """EM admits Dirichlet priors on ``initial_probs`` and ``transitions`` only."""
+        if priors is None:
+            return
+        for name in ("initial_probs", "transitions"):
+            prior = getattr(priors, name)
+            if prior is not None and not isinstance(prior, dist.Dirichlet):
+                raise ValueError(f"fit_em needs a Dirichlet prior on {name} (its closed-form "
+                                 f"M-step), got {type(prior).__name__}")
+        for name in ("means", "ar_coeffs", "variances"):
+            if getattr(priors, name) is not None:
+                raise ValueError(
+                    f"fit_em for MarkovSwitchingAR has no conjugate prior for {name}: leave "
+                    "it None, or use fit_lbfgs / fit_sgd for MAP estimates with that prior")
+
+    def forecast_means(self, params, y, *, num_steps, mask=None):
+        """Exact ``E[y_{T-1+h} | y_{0:T-1}]`` for ``h = 1..num_steps`` (``phi`` not
+        switching): with ``x_{T-1}`` the filtered expanded state,
+
+            form="mean":      E[y_{T-1+h}] = E[mu_{s_{T-1+h}}] + E[z_{T-1+h}],
+                              z_t = y_t - mu_{s_t} following the AR(p) recursion from
+                              z_{T-1-i} = y_{T-1-i} - mu_{s_{T-1-i}},
+            form="intercept": E[y_{T-1+h}] = E[c_{s_{T-1+h}}] + sum_i phi_i E[y_{T-1+h-i}].
+
+        Returns:
+            ``batch_shape + (num_steps,)``.
+        """
+        num_steps = check_positive_int(num_steps, "num_steps")
+        if self.switching_ar:
+            raise NotImplementedError(
+                "forecast_means needs non-switching AR coefficients (with switching phi the "
+                "mean is a sum over regime paths); use statseq.forecast")
+        data = self._prepare(params, y, mask)
+        if data.num_timesteps < self.order:
+            raise ValueError(f"forecast_means needs at least order = {self.order} steps")
+        out = _forecast_means(self, params, data.y, data.mask, num_steps)
+        return jnp.reshape(out, data.batch_shape + (num_steps,))
+
+
+def _reshape(tree, batch_shape):
+    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
+
+
+@partial(jax.jit, static_argnames=("model", "kind"))
+def _regime_posterior(model, params, y, mask, *, kind):
+    pi_m, a_m, *_ = model.expanded_chain(params)
+    to_k = model.regime_map(pi_m.dtype)
+
+    def one(y_s, m_s):
+        ll = model.log_likelihoods(params, y_s, m_s)
+        if kind == "viterbi":
+            path = hmm_seq.hmm_viterbi(pi_m, a_m, ll)
+            return jnp.asarray(model.expanded_regimes()[:, 0])[path]
+        if kind == "filter":
+            f = hmm_seq.hmm_filter(pi_m, a_m, ll)
+            return RegimeFilterResult(f.marginal_log_lik, f.predicted_probs @ to_k,
+                                      f.filtered_probs @ to_k)
+        post = hmm_seq.hmm_smoother(pi_m, a_m, ll)
+        return RegimePosterior(post.marginal_log_lik, post.filtered_probs @ to_k,
+                               post.smoothed_probs @ to_k, post)
+
+    return jax.vmap(one)(y, mask)
+
+
+@partial(jax.jit, static_argnames=("model", "num_steps"))
+def _forecast_means(model, params, y, mask, num_steps):
+    pi_m, a_m, *_ = model.expanded_chain(params)
+    k, p = model.num_regimes, model.order
+    cols = jnp.asarray(model.expanded_regimes())
+    to_k = model.regime_map(pi_m.dtype)
+    mu = jnp.broadcast_to(params.means, (k,))
+    phi = params.ar_coeffs
+
+    def one(y_s, m_s):
+        ll = model.log_likelihoods(params, y_s, m_s)
+        last = hmm_seq.hmm_filter(pi_m, a_m, ll).filtered_probs[-1]  # (M,)
+        probs = jax.lax.scan(lambda c, _: (c @ a_m, c @ a_m), last, None, length=num_steps)[1]
+        mean_future = (probs @ to_k) @ mu  # (h,) E[mu_{s_{T-1+h}}]
+        recent = y_s[::-1][:p].astype(pi_m.dtype)  # y_{T-1}, ..., y_{T-p}
+        if model.expanded or model.form == "mean":
+            # window per expanded state: z_{T-1-i} = y_{T-1-i} - mu_{s_{T-1-i}}
+            if model.expanded:
+                window = recent[None, :] - mu[cols[:, :p]]  # (M, p)
+            else:  # one mean (not switching, or K = 1)
+                window = jnp.broadcast_to(recent - mu[0], (cols.shape[0], p))
+
+            def ar_step(w, _):
+                z = w @ phi
+                return jnp.concatenate([z[:, None], w[:, :-1]], axis=1), z
+
+            z = jax.lax.scan(ar_step, window, None, length=num_steps)[1]  # (h, M)
+            return mean_future + z @ last
+
+        def int_step(w, c):
+            v = c + w @ phi
+            return jnp.concatenate([v[None], w[:-1]]), v
+
+        return jax.lax.scan(int_step, recent, mean_future)[1]
+
+    return jax.vmap(one)(y, mask)
