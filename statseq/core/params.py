@@ -175,6 +175,7 @@ def _validate_params(model, params) -> None:
             f"got {type(params).__name__}"
         ) from err
     checked = []
+    semidefinite = set(getattr(model, "semidefinite_params", ()))
     for name, shape, value, con in zip(names, expected_leaves, leaves, cons, strict=True):
         if isinstance(value, jax.core.Tracer):
             continue
@@ -187,7 +188,16 @@ def _validate_params(model, params) -> None:
         name = next(n for n, arr, _ in checked if not np.all(np.isfinite(arr)))
         raise ValueError(f"params.{name} contains non-finite values")
     for name, arr, con in checked:
-        if arr.size and not _satisfies(con, arr):
+        if not arr.size:
+            continue
+        if name in semidefinite and con in (constraints.positive_definite,
+                                            constraints.positive):
+            if not _is_semidefinite(arr, con):
+                kind = ("positive semi-definite" if con is constraints.positive_definite
+                        else "non-negative")
+                raise ValueError(f"params.{name} must be {kind} (a singular covariance or a "
+                                 "zero variance is allowed here)")
+        elif not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
     if hasattr(model, "check_params") and not any(
         isinstance(leaf, jax.core.Tracer) for leaf in leaves
@@ -222,6 +232,23 @@ def _satisfies(con, arr) -> bool:
         floor = 10 * arr.shape[-1] * eps * np.abs(evals).max(axis=-1)
         return bool((evals.min(axis=-1) > floor).all())
     return bool(np.all(con.check(jnp.asarray(arr))))
+
+
+def _is_semidefinite(arr, con) -> bool:
+    """Whether ``arr`` is a non-negative variance (``con`` positive) or a symmetric
+    positive semi-definite matrix: smallest eigenvalue ``>= -tol * scale`` with
+    ``tol = 10 n eps`` and ``scale`` the largest absolute eigenvalue (or 1)."""
+    if con is constraints.positive:
+        return bool(np.all(arr >= 0))
+    a64 = np.asarray(arr, np.float64)
+    a_t = np.swapaxes(a64, -1, -2)
+    atol = 1e-6 * (1.0 + np.abs(a64).max())
+    if not (np.abs(a64 - a_t) <= atol + 1e-5 * np.abs(a_t)).all():
+        return False
+    evals = np.linalg.eigvalsh(0.5 * (a64 + a_t))
+    eps = np.finfo(arr.dtype if arr.dtype.kind == "f" else np.float64).eps
+    scale = np.abs(evals).max(axis=-1)
+    return bool((evals.min(axis=-1) >= -10 * arr.shape[-1] * eps * scale).all())
 
 
 def _leaf_names(tree, is_leaf) -> list[str]:

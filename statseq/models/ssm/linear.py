@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,12 @@ class LinearGaussianSSM(GaussianSSMBase):
     emission_dim: int | None = 1
     input_dim: int = 0
     initial: Literal["free", "stationary", "diffuse"] = "free"
+
+    #: covariances that may be singular (positive semi-definite): the Kalman filter is exact
+    #: with them as long as every innovation covariance ``H P_t H^T + R`` is non-singular,
+    #: which `check_params` verifies when ``R`` is singular.
+    semidefinite_params: ClassVar[tuple[str, ...]] = (
+        "initial_cov", "dynamics_cov", "emission_cov")
 
     def __post_init__(self):
         check_positive_int(self.state_dim, "state_dim")
@@ -180,9 +186,13 @@ class LinearGaussianSSM(GaussianSSMBase):
                           dynamics_cov=jnp.asarray(0.1 * np.eye(n), dtype))
 
     def check_params(self, params) -> None:
-        """Eager check: a stationary initial law needs a stable ``F``."""
-        if self.initial != "stationary":
-            return
+        """Eager checks: a stationary initial law needs a stable ``F``; with a singular
+        ``R`` every innovation covariance ``H P_t H^T + R`` must be non-singular."""
+        if self.initial == "stationary":
+            self._check_stable(params)
+        check_innovation_covariances(self, params)
+
+    def _check_stable(self, params) -> None:
         radius = float(np.max(np.abs(np.linalg.eigvals(np.asarray(params.dynamics_weights)))))
         if radius >= 1.0:
             raise ValueError(
@@ -282,6 +292,67 @@ class LinearGaussianSSM(GaussianSSMBase):
             p0 = jnp.mean(v0 + dev[:, :, None] * dev[:, None, :], axis=0)
             new = new._replace(initial_mean=m0, initial_cov=symmetrize(p0))
         return new
+
+
+def _singular(a, rtol=1e-10) -> bool:
+    """Whether the symmetric ``a`` has an eigenvalue ``<= rtol * max |eigenvalue|``."""
+    evals = np.linalg.eigvalsh(0.5 * (a + a.T))
+    scale = np.abs(evals).max()
+    return bool(scale == 0 or evals.min() <= rtol * scale)
+
+
+def check_innovation_covariances(model, params, *, max_steps: int = 2000) -> None:
+    """Raise a ValueError if some ``S_t = H P_t H^T + R`` is singular (checked only when
+    ``R`` is singular, in NumPy, by the covariance recursion of a fully observed series).
+
+    A singular ``S_t`` means that a combination of ``y_t`` is a deterministic function of
+    the past: ``y`` has no density, and the filter would return NaN. With a positive definite
+    ``R`` (or at steps with missing entries, where ``P_t`` only grows) ``S_t`` is
+    non-singular whatever ``Q`` and ``P_0``. A time-invariant model stops the recursion
+    when ``P_t`` has converged (at most ``max_steps`` steps); a diffuse initial state starts
+    from a large multiple of the identity.
+    """
+    r_all = np.asarray(params.emission_cov, np.float64)
+    r_list = r_all.reshape((-1,) + r_all.shape[-2:])
+    if not any(_singular(r) for r in r_list):
+        return
+    f_all = np.asarray(params.dynamics_weights, np.float64)
+    q_all = np.asarray(params.dynamics_cov, np.float64)
+    h_all = np.asarray(params.emission_weights, np.float64)
+    varying = f_all.ndim == 3
+    n = f_all.shape[-1]
+    if model.initial == "free":
+        p = np.asarray(params.initial_cov, np.float64)
+    elif model.initial == "stationary":
+        import scipy.linalg
+
+        p = scipy.linalg.solve_discrete_lyapunov(f_all, q_all)
+    else:
+        p = 1e8 * (1.0 + np.abs(q_all).max() + np.abs(r_all).max()) * np.eye(n)
+    steps = h_all.shape[0] if varying else max_steps
+    for t in range(steps):
+        h = h_all[t] if varying else h_all
+        r = r_list[t] if varying else r_list[0]
+        s = h @ p @ h.T + r
+        if _singular(s):
+            raise ValueError(
+                f"params.emission_cov is singular and so is the innovation covariance "
+                f"H P_t H^T + R at step t = {t}: a combination of y_t would be a "
+                "deterministic function of the past, which has no density. Give "
+                "emission_cov a positive variance in that direction (or add state noise "
+                "that reaches it)"
+            )
+        gain = np.linalg.solve(s, h @ p).T
+        p_filt = p - gain @ s @ gain.T
+        if varying and t == steps - 1:
+            break
+        f = f_all[t] if varying else f_all
+        q = q_all[t] if varying else q_all
+        p_next = f @ p_filt @ f.T + q
+        p_next = 0.5 * (p_next + p_next.T)
+        if not varying and np.abs(p_next - p).max() <= 1e-13 * (1.0 + np.abs(p).max()):
+            return
+        p = p_next
 
 
 def _em_stats(params, post, y, mask, u):
