@@ -279,13 +279,42 @@ def num_free_params(model, trainable=None) -> int:
     return int(total)
 
 
-def degenerate_fit_warning(model, params, method: str) -> str | None:
+def degenerate_fit_warning(model, params, method: str, restriction=None) -> str | None:
     """A message when fitted ``params`` left their constraints numerically (e.g. a
-    covariance became singular: the likelihood may be unbounded there), else ``None``."""
+    covariance became singular: the likelihood may be unbounded there), else ``None``.
+
+    Covariances a model allows to be singular (``model.semidefinite_params``) are held to
+    the strict constraint where they were fitted: on whole trainable leaves, and on the free
+    entries of a `statseq.core.restrict.Restriction` (its fixed entries may be singular)."""
     try:
         validate_params(model, params)
+        semidefinite = set(getattr(model, "semidefinite_params", ()))
+        if semidefinite:
+            _check_fitted_semidefinite(model, params, semidefinite, restriction)
     except ValueError as err:
         return (f"{method}: the fitted parameters are degenerate ({err}); the likelihood is "
                 "probably unbounded along this path (e.g. a noise variance collapsing to "
                 "zero). Fix or bound that parameter, or start elsewhere.")
     return None
+
+
+def _check_fitted_semidefinite(model, params, semidefinite, restriction) -> None:
+    names = param_names(model)
+    leaves = jax.tree.leaves(params)
+    cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+    masks = (restriction.free_mask() if restriction is not None
+             else [None] * len(leaves))
+    for name, value, con, mask in zip(names, leaves, cons, masks, strict=True):
+        if name not in semidefinite or isinstance(value, jax.core.Tracer):
+            continue
+        arr = np.asarray(value)
+        if mask is not None:
+            if not mask.any():
+                continue
+            if con is constraints.positive_definite:
+                free = np.diag(mask)
+                arr = arr[np.ix_(free, free)]
+            else:
+                arr = arr[mask]
+        if arr.size and not _satisfies(con, arr):
+            raise ValueError(f"params.{name} violates its constraint ({con})")
