@@ -31,6 +31,8 @@ Tied entries start at the mean of their unconstrained starting values.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +40,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 from statseq.core.params import _is_constraint, param_names
+from statseq.core.validation import float_dtype
 
 
 def _is_spd(a) -> bool:
@@ -53,34 +56,47 @@ def _is_spd(a) -> bool:
 class Restriction:
     """Which entries of a parameter pytree are free, fixed or tied (see the module).
 
-    Build one with `restrict`; ``expand(model, z)`` is the full ``params`` at free values
-    ``z`` (differentiable, traceable). A pytree: it may be passed to a compiled function.
+    Build one with `restrict`. The free values live in a flat vector ``z``: the
+    unconstrained values of every whole leaf (``biject_to`` of its constraint), then one
+    coordinate per free entry or tie group of the leaves restricted entry by entry.
+    ``keep`` marks the coordinates that move (those of whole fixed leaves are held at 0 and
+    the leaf's value is used instead, so a fixed leaf may be singular), ``z0`` is the start.
+    ``expand(model, z)`` is the full ``params`` (differentiable, traceable). A pytree whose
+    static part depends only on which leaves are restricted entry by entry, so fixing or
+    freeing whole leaves reuses a compiled program.
     """
 
-    def __init__(self, treedef, kinds, arrays, num_free):
+    def __init__(self, treedef, kinds, arrays, keep, z0):
         self.treedef = treedef
         self.kinds = kinds
         self.arrays = arrays
-        self.num_free = num_free
+        self.keep = keep
+        self.z0 = z0
 
     def tree_flatten(self):
-        return (self.arrays,), (self.treedef, self.kinds, self.num_free)
+        return (self.arrays, self.keep, self.z0), (self.treedef, self.kinds)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        treedef, kinds, num_free = aux
-        return cls(treedef, kinds, children[0], num_free)
+        return cls(*aux, *children)
+
+    @property
+    def num_free(self) -> int:
+        """The number of free scalars (moving coordinates of ``z``)."""
+        return int(np.sum(np.asarray(self.keep)))
 
     def expand(self, model, z):
-        """The constrained ``params`` pytree with free values ``z`` (shape ``(num_free,)``)."""
+        """The constrained ``params`` pytree at ``z`` (its fixed coordinates are read from
+        ``z0``, so they get no gradient)."""
+        z = jnp.where(self.keep, z, self.z0)
         cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
         out = []
         for kind, arrs, con in zip(self.kinds, self.arrays, cons, strict=True):
-            if kind[0] == "fixed":
-                out.append(arrs[0])
-            elif kind[0] == "full":
+            if kind[0] == "leaf":
                 _, start, size, ushape = kind
-                out.append(biject_to(con)(jnp.reshape(z[start:start + size], ushape)))
+                value, fixed = arrs
+                new = biject_to(con)(jnp.reshape(z[start:start + size], ushape))
+                out.append(jnp.where(fixed, value, new.astype(value.dtype)))
             elif kind[0] == "entry":
                 value, idx = arrs
                 u = z[jnp.maximum(idx, 0)]
@@ -98,10 +114,8 @@ class Restriction:
         """Per leaf: a boolean array of the leaf's shape, ``True`` where the entry moves."""
         masks = []
         for kind, arrs in zip(self.kinds, self.arrays, strict=True):
-            if kind[0] == "fixed":
-                masks.append(np.zeros(np.shape(arrs[0]), bool))
-            elif kind[0] == "full":
-                masks.append(None)
+            if kind[0] == "leaf":
+                masks.append(np.full(np.shape(arrs[0]), not bool(arrs[1])))
             elif kind[0] == "entry":
                 masks.append(np.asarray(arrs[1]) >= 0)
             else:
@@ -215,7 +229,8 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
 
     Returns:
         ``(restriction, z0)`` with ``restriction.expand(model, z0)`` equal to ``params``
-        (up to rounding, and with tied entries at their common starting value).
+        (up to rounding, and with tied entries at their common starting value); ``z0`` is
+        ``restriction.z0`` in float64.
 
     Raises:
         ValueError: a restriction the leaf's constraint cannot represent, a tied entry that
@@ -227,34 +242,58 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
     masks = _leaf_masks(treedef, leaves, trainable, names)
     labels = _leaf_labels(treedef, leaves, ties, names)
     build = _Builder()
-    kinds, arrays = [], []
+    kinds, arrays, fixed_coords = [], [], []
+    partial = []
     for name, value, con, mask, lab in zip(names, leaves, cons, masks, labels, strict=True):
         value = jnp.asarray(value)
         if lab is not None and (~mask & (lab >= 0)).any():
             raise ValueError(f"ties.{name} ties entries that trainable fixes; tie only free "
                              "entries")
-        if lab is None and not mask.any():
-            kinds.append(("fixed",))
-            arrays.append((value,))
-        elif lab is None and mask.all():
-            kinds.append(_full(build, name, value, con))
-            arrays.append(())
-        elif con.event_dim == 0:
-            kinds.append(("entry",))
-            arrays.append(_entries(build, name, value, con, mask, lab))
-        elif con is constraints.positive_definite and value.ndim == 2:
-            kinds.append(("cov",))
-            arrays.append(_covariance(build, name, value, mask, lab))
+        if lab is None and (mask.all() or not mask.any()):
+            start = len(build.z)
+            kinds.append(_whole(build, name, value, con, bool(mask.any())))
+            if not mask.any():
+                fixed_coords.extend(range(start, len(build.z)))
+            arrays.append((value, jnp.asarray(not mask.any())))
+            partial.append(None)
         else:
-            raise ValueError(
-                f"params.{name} has constraint {con}: per-entry trainable masks and ties are "
-                "supported for elementwise constraints (real, positive, ...) and for "
-                "(n, n) covariance matrices; make trainable for this field True or False")
+            if con.event_dim != 0 and not (
+                    con is constraints.positive_definite and value.ndim == 2):
+                raise ValueError(
+                    f"params.{name} has constraint {con}: per-entry trainable masks and ties "
+                    "are supported for elementwise constraints (real, positive, ...) and for "
+                    "(n, n) covariance matrices; make trainable for this field True or False")
+            kinds.append(None)
+            arrays.append(None)
+            partial.append((name, value, con, mask, lab))
+    # the entry-wise coordinates come after every whole leaf's: freezing whole leaves then
+    # changes only ``keep``, not the layout
+    for i, item in enumerate(partial):
+        if item is None:
+            continue
+        name, value, con, mask, lab = item
+        if con.event_dim == 0:
+            kinds[i] = ("entry",)
+            arrays[i] = _entries(build, name, value, con, mask, lab)
+        else:
+            kinds[i] = ("cov",)
+            arrays[i] = _covariance(build, name, value, mask, lab)
     z0 = np.array([np.mean(v) for v in build.z], np.float64)
-    return Restriction(treedef, tuple(kinds), tuple(arrays), len(z0)), z0
+    keep = np.ones(len(z0), bool)
+    keep[fixed_coords] = False
+    z0[fixed_coords] = 0.0
+    restriction = Restriction(treedef, tuple(kinds), tuple(arrays), jnp.asarray(keep),
+                              jnp.asarray(z0, float_dtype()))
+    return restriction, z0
 
 
-def _full(build, name, value, con):
+def _whole(build, name, value, con, trainable):
+    size = math.prod(biject_to(con).inverse_shape(tuple(np.shape(value))))
+    ushape = tuple(biject_to(con).inverse_shape(tuple(np.shape(value))))
+    start = len(build.z)
+    if not trainable:
+        build.z.extend([0.0] for _ in range(size))
+        return ("leaf", start, size, ushape)
     arr = np.asarray(value, np.float64)
     if con is constraints.positive_definite and not all(
             _is_spd(a) for a in arr.reshape((-1,) + arr.shape[-2:])):
@@ -269,10 +308,9 @@ def _full(build, name, value, con):
     if not np.isfinite(u).all():
         raise ValueError(f"params.{name} lies on the boundary of its constraint ({con}): fix "
                          "it, or start inside")
-    start = len(build.z)
     for x in u.ravel():
         build.z.append([float(x)])
-    return ("full", start, u.size, u.shape)
+    return ("leaf", start, size, ushape)
 
 
 def _entries(build, name, value, con, mask, lab):

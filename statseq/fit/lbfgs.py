@@ -187,6 +187,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
             complete=data.complete,
         )
         i, z, trace, stop = jax.block_until_ready(out)
+    z = jnp.where(restriction.keep, z, restriction.z0)
     num_updates, stop = int(i), int(stop)
     if stop == _NONFINITE:
         warnings.warn(
