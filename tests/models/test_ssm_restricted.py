@@ -1,0 +1,315 @@
+"""Singular covariances and restricted (fixed / tied entry) fits of linear Gaussian state
+space models: against dense Gaussian conditioning (`_dense_ssm`), statsmodels' Kalman
+filter and its SARIMAX maximum likelihood, and between fitting methods."""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import statsmodels.api as sm
+
+import statseq as ss
+from statseq.core.restrict import restrict
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _dense_ssm  # noqa: E402
+
+F_AR2 = np.array([[0.5, 0.3], [1.0, 0.0]])
+H_AR2 = np.array([[1.0, 0.0]])
+
+
+def ar2_params(model, r=0.0, q=0.7):
+    """AR(2) in companion form: the second state is the lagged first, without own noise."""
+    return model.default_params()._replace(
+        dynamics_weights=jnp.asarray(F_AR2), dynamics_cov=jnp.asarray(np.diag([q, 0.0])),
+        emission_weights=jnp.asarray(H_AR2), emission_cov=jnp.asarray([[r]]),
+        initial_mean=jnp.array([0.2, -0.1]),
+        initial_cov=jnp.asarray([[1.0, 0.3], [0.3, 0.5]]))
+
+
+def statsmodels_kalman(p, y):
+    mod = sm.tsa.statespace.MLEModel(
+        np.asarray(y, float), k_states=2, initialization="known",
+        initial_state=np.asarray(p.initial_mean), initial_state_cov=np.asarray(p.initial_cov))
+    mod["design"], mod["transition"] = np.asarray(p.emission_weights), np.asarray(
+        p.dynamics_weights)
+    mod["selection"], mod["state_cov"] = np.eye(2), np.asarray(p.dynamics_cov)
+    mod["obs_cov"] = np.asarray(p.emission_cov)
+    return mod.ssm.smooth()
+
+
+def ar2_series(num_t, seed=1, phi=(0.6, 0.25), q=1.0, r=0.5):
+    rng = np.random.default_rng(seed)
+    x = np.zeros(num_t + 2)
+    for t in range(2, num_t + 2):
+        x[t] = phi[0] * x[t - 1] + phi[1] * x[t - 2] + rng.normal() * np.sqrt(q)
+    return x[2:] + rng.normal(size=num_t) * np.sqrt(r)
+
+
+# ---- 1. singular Q and R = 0 are scored exactly ----------------------------------------
+@pytest.mark.parametrize("r", [0.0, 0.4])
+def test_singular_state_cov_and_zero_obs_var_match_dense_conditioning_and_statsmodels(r):
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
+    p = ar2_params(model, r=r)
+    y = np.random.default_rng(0).normal(size=20)
+    lp = float(ss.log_prob(model, p, y))
+    np.testing.assert_allclose(lp, _dense_ssm.log_prob(p, y), rtol=1e-10)
+    filt = model.filter_states(p, y)
+    smooth = model.smoother(p, y)
+    fm, fc = _dense_ssm.conditional_states(p, y, "filter")
+    sm_m, sm_c = _dense_ssm.conditional_states(p, y)
+    np.testing.assert_allclose(filt.filtered_means, fm, atol=1e-9)
+    np.testing.assert_allclose(filt.filtered_covs, fc, atol=1e-9)
+    np.testing.assert_allclose(smooth.smoothed_means, sm_m, atol=1e-9)
+    np.testing.assert_allclose(smooth.smoothed_covs, sm_c, atol=1e-9)
+    # statsmodels' Kalman filter and smoother, on a series long enough for the
+    # steady-state paths (T = 400)
+    y = np.random.default_rng(0).normal(size=400)
+    ref = statsmodels_kalman(p, y)
+    np.testing.assert_allclose(float(ss.log_prob(model, p, y)), ref.llf_obs.sum(), rtol=1e-10)
+    smooth = model.smoother(p, y)
+    np.testing.assert_allclose(model.filter_states(p, y).filtered_means,
+                               ref.filtered_state.T, atol=1e-9)
+    np.testing.assert_allclose(smooth.smoothed_means, ref.smoothed_state.T, atol=1e-9)
+    np.testing.assert_allclose(smooth.smoothed_covs, ref.smoothed_state_cov.transpose(2, 0, 1),
+                               atol=1e-9)
+
+
+def test_singular_initial_cov_and_time_varying_model_match_dense_conditioning():
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
+    p = ar2_params(model, r=0.3)._replace(initial_cov=jnp.asarray([[1.0, 1.0], [1.0, 1.0]]))
+    y = np.random.default_rng(4).normal(size=15)
+    np.testing.assert_allclose(float(ss.log_prob(model, p, y)), _dense_ssm.log_prob(p, y),
+                               rtol=1e-10)
+    tv = ss.TimeVaryingLinearGaussianSSM(state_dim=2, emission_dim=None, num_timesteps=15)
+    lead = lambda a, k: jnp.broadcast_to(a, (k,) + a.shape)  # noqa: E731
+    ptv = tv.default_params()._replace(
+        initial_mean=p.initial_mean, initial_cov=p.initial_cov,
+        dynamics_weights=lead(p.dynamics_weights, 14), dynamics_cov=lead(p.dynamics_cov, 14),
+        emission_weights=lead(p.emission_weights, 15), emission_cov=lead(jnp.zeros((1, 1)), 15))
+    p0 = p._replace(emission_cov=jnp.zeros((1, 1)))
+    np.testing.assert_allclose(float(ss.log_prob(tv, ptv, y)), _dense_ssm.log_prob(p0, y),
+                               rtol=1e-10)
+
+
+def test_what_the_filter_cannot_handle_is_refused():
+    # y = (x, x) with R = 0: the innovation covariance P [[1, 1], [1, 1]] is singular
+    model = ss.LinearGaussianSSM(state_dim=1, emission_dim=2)
+    p = model.default_params()._replace(emission_weights=jnp.ones((2, 1)),
+                                        emission_cov=jnp.zeros((2, 2)))
+    y = np.zeros((5, 2))
+    with pytest.raises(ValueError, match="innovation covariance H P_t H\\^T \\+ R at step t = 0"):
+        ss.log_prob(model, p, y)
+    # with noise in one of the two series it is fine (and exact)
+    ok = p._replace(emission_cov=jnp.diag(jnp.array([0.0, 0.5])))
+    np.testing.assert_allclose(float(ss.log_prob(model, ok, y + 0.1)),
+                               _dense_ssm.log_prob(ok, y + 0.1), rtol=1e-10)
+    # indefinite or non-symmetric covariances stay refused
+    with pytest.raises(ValueError, match="dynamics_cov must be positive semi-definite"):
+        ss.log_prob(model, p._replace(dynamics_cov=jnp.array([[-0.1]])), y)
+    bad = ok._replace(emission_cov=jnp.array([[0.5, 0.1], [0.0, 0.5]]))
+    with pytest.raises(ValueError, match="emission_cov must be positive semi-definite"):
+        ss.log_prob(model, bad, y)
+
+
+# ---- 2. restricted maximum likelihood -----------------------------------------------------
+def _ar2_restriction(p, *, initial):
+    """F = [[phi1, phi2], [1, 0]] with the second row fixed, H = [1, 0], Q = diag(q, 0)."""
+    tr = jax.tree.map(lambda _: False, p)
+    tr = tr._replace(dynamics_weights=np.array([[True, True], [False, False]]),
+                     dynamics_cov=np.array([[True, False], [False, False]]),
+                     emission_cov=True)
+    return tr
+
+
+def test_restricted_ar2_plus_noise_mle_matches_statsmodels_sarimax():
+    """The textbook AR(2) plus measurement error (Hamilton 1994, ch. 13): SARIMAX order
+    (2, 0, 0) with ``measurement_error=True`` and a stationary initial state."""
+    y = ar2_series(300)
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None, initial="stationary")
+    start = model.default_params()._replace(
+        dynamics_weights=jnp.array([[0.3, 0.1], [1.0, 0.0]]),
+        dynamics_cov=jnp.diag(jnp.array([0.5, 0.0])), emission_weights=jnp.asarray(H_AR2),
+        emission_cov=jnp.array([[0.3]]))
+    tr = _ar2_restriction(start, initial="stationary")
+    fit = ss.fit_lbfgs(model, start, y, trainable=tr, progress=False)
+    assert fit.converged
+    est = fit.params
+    mod = sm.tsa.SARIMAX(y, order=(2, 0, 0), trend="n", measurement_error=True)
+    res = mod.fit(disp=False, maxiter=2000)
+    ours = [est.dynamics_weights[0, 0], est.dynamics_weights[0, 1],
+            est.emission_cov[0, 0], est.dynamics_cov[0, 0]]
+    assert mod.param_names == ["ar.L1", "ar.L2", "var.measurement_error", "sigma2"]
+    # the same likelihood at our estimate, and at least statsmodels' optimum
+    np.testing.assert_allclose(mod.loglike(np.asarray(ours, float)),
+                               float(ss.log_prob(model, est, y)), rtol=1e-10)
+    llf = float(ss.log_prob(model, est, y))
+    assert abs(llf - res.llf) < 1e-6 or llf > res.llf
+    np.testing.assert_allclose(ours, res.params, atol=2e-3)
+    # the fixed entries are exactly as given
+    assert np.array_equal(est.dynamics_weights[1], start.dynamics_weights[1])
+    assert float(est.dynamics_cov[1, 1]) == 0.0 and float(est.dynamics_cov[0, 1]) == 0.0
+    assert np.array_equal(est.emission_weights, start.emission_weights)
+
+
+def test_restricted_em_is_monotone_and_reaches_the_quasi_newton_optimum():
+    y = ar2_series(200, seed=3)
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
+    start = model.default_params()._replace(
+        dynamics_weights=jnp.array([[0.3, 0.1], [1.0, 0.0]]),
+        dynamics_cov=jnp.diag(jnp.array([0.5, 0.0])), emission_weights=jnp.asarray(H_AR2),
+        emission_cov=jnp.array([[0.3]]), initial_cov=2.0 * jnp.eye(2))
+    tr = _ar2_restriction(start, initial="free")
+    em = ss.fit_em(model, start, y, trainable=tr, num_iters=1500, tol=1e-11, progress=False)
+    trace = em.log_joint[:em.num_iterations]
+    assert np.diff(trace).min() > -1e-9
+    lb = ss.fit_lbfgs(model, start, y, trainable=tr, progress=False)
+    np.testing.assert_allclose(float(ss.log_prob(model, em.params, y)),
+                               float(ss.log_prob(model, lb.params, y)), atol=1e-6)
+    np.testing.assert_allclose(em.params.dynamics_weights, lb.params.dynamics_weights,
+                               atol=2e-3)
+    for fit in (em, lb):
+        assert np.array_equal(fit.params.dynamics_weights[1], [1.0, 0.0])
+        assert np.array_equal(fit.params.dynamics_cov[1], [0.0, 0.0])
+        assert np.array_equal(fit.params.initial_cov, start.initial_cov)
+    # statsmodels' likelihood at EM's estimate (known initial law) is ours
+    ref = statsmodels_kalman(em.params, y)
+    np.testing.assert_allclose(ref.llf_obs.sum(), float(ss.log_prob(model, em.params, y)),
+                               rtol=1e-10)
+
+
+def test_em_with_rows_restricted_differently_and_a_full_q_is_monotone():
+    """Per-row masks with a non-diagonal Q: each row is a conditional maximization (ECM)."""
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=2)
+    truth = model.default_params()._replace(
+        dynamics_weights=jnp.array([[0.8, 0.0], [0.3, 0.5]]),
+        dynamics_cov=jnp.array([[0.3, 0.15], [0.15, 0.4]]))
+    y = np.asarray(ss.sample(model, truth, num_timesteps=150, key=jax.random.key(5)))
+    start = truth._replace(dynamics_weights=jnp.array([[0.5, 0.0], [0.0, 0.3]]))
+    tr = jax.tree.map(lambda _: True, start)._replace(
+        dynamics_weights=np.array([[True, False], [True, True]]),
+        emission_weights=np.array([[True, False], [False, True]]), initial_mean=False,
+        initial_cov=False)
+    fit = ss.fit_em(model, start, y, trainable=tr, num_iters=60, tol=0, progress=False)
+    trace = fit.log_joint[:fit.num_iterations]
+    assert np.diff(trace).min() > -1e-9 * np.abs(trace).max()
+    assert float(fit.params.dynamics_weights[0, 1]) == 0.0
+    assert float(fit.params.emission_weights[0, 1]) == 0.0
+    assert float(fit.params.emission_weights[1, 0]) == 0.0
+    # one row update solves its normal equations given the other: the gradient of the
+    # expected complete log-likelihood in the free entries of the last row vanishes
+    # after one M-step; checked through the likelihood: EM ends above its start by a lot
+    assert trace[-1] > trace[0] + 1.0
+
+
+def test_ties_equal_a_batch_of_independent_copies():
+    """Two independent AR(1) + noise series with tied coefficients and variances are one
+    univariate model fitted to a batch of two series."""
+    rng = np.random.default_rng(7)
+    uni = ss.LinearGaussianSSM(state_dim=1, emission_dim=None)
+    pu = uni.default_params()._replace(dynamics_weights=jnp.array([[0.7]]))
+    y = np.stack([np.asarray(ss.sample(uni, pu, num_timesteps=120,
+                                       key=jax.random.key(int(s))))
+                  for s in rng.integers(0, 1000, 2)])
+    tr_u = jax.tree.map(lambda _: False, pu)._replace(
+        dynamics_weights=True, dynamics_cov=True, emission_cov=True)
+    ref = ss.fit_lbfgs(uni, pu, y, trainable=tr_u, progress=False)
+
+    biv = ss.LinearGaussianSSM(state_dim=2, emission_dim=2)
+    pb = biv.default_params()._replace(dynamics_weights=jnp.diag(jnp.array([0.7, 0.7])),
+                                       emission_weights=jnp.eye(2))
+    diag = np.eye(2, dtype=bool)
+    tr_b = jax.tree.map(lambda _: False, pb)._replace(
+        dynamics_weights=diag, dynamics_cov=diag, emission_cov=diag)
+    labels = np.where(diag, 0, -1)
+    ties = jax.tree.map(lambda _: None, pb)._replace(
+        dynamics_weights=labels, dynamics_cov=labels + 2 * diag, emission_cov=labels + 4 * diag)
+    fit = ss.fit_lbfgs(biv, pb, y.T, trainable=tr_b, ties=ties, progress=False)
+    est = fit.params
+    for leaf in (est.dynamics_weights, est.dynamics_cov, est.emission_cov):
+        assert float(leaf[0, 0]) == float(leaf[1, 1]) and float(leaf[0, 1]) == 0.0
+    np.testing.assert_allclose(float(est.dynamics_weights[0, 0]),
+                               float(ref.params.dynamics_weights[0, 0]), atol=1e-6)
+    np.testing.assert_allclose(float(est.dynamics_cov[0, 0]),
+                               float(ref.params.dynamics_cov[0, 0]), atol=1e-6)
+    np.testing.assert_allclose(float(ss.log_prob(biv, est, y.T)),
+                               float(jnp.sum(ss.log_prob(uni, ref.params, y))), atol=1e-8)
+    # SGD keeps the ties and the fixed entries too
+    sgd = ss.fit_sgd(biv, pb, y.T, optimizer=optax.adam(0.01), num_steps=30,
+                     key=jax.random.key(0), trainable=tr_b, ties=ties, progress=False)
+    w = sgd.params.dynamics_weights
+    assert float(w[0, 0]) == float(w[1, 1]) != 0.7 and float(w[0, 1]) == 0.0
+    assert np.array_equal(sgd.params.emission_weights, pb.emission_weights)
+
+
+def test_frozen_singular_leaves_pass_through_every_fitting_method():
+    y = ar2_series(60, seed=2)
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
+    p = ar2_params(model, r=0.3)
+    tr = jax.tree.map(lambda _: True, p)._replace(
+        dynamics_cov=False, dynamics_input_weights=False, emission_input_weights=False,
+        initial_cov=False)
+    fits = [ss.fit_lbfgs(model, p, y, trainable=tr, num_iters=5, progress=False),
+            ss.fit_sgd(model, p, y, optimizer=optax.adam(1e-2), num_steps=5,
+                       key=jax.random.key(0), trainable=tr, progress=False),
+            ss.fit_em(model, p, y, trainable=tr, num_iters=5, progress=False)]
+    for fit in fits:
+        assert np.array_equal(fit.params.dynamics_cov, p.dynamics_cov)
+        assert not np.array_equal(fit.params.dynamics_weights, p.dynamics_weights)
+
+
+# ---- the restriction itself ------------------------------------------------------------
+def test_restriction_round_trip_counts_and_errors():
+    model = ss.LinearGaussianSSM(state_dim=3, emission_dim=2)
+    p = model.default_params()._replace(
+        dynamics_cov=jnp.asarray([[0.5, 0.1, 0.0], [0.1, 0.4, 0.0], [0.0, 0.0, 0.0]]))
+    everything = jax.tree.map(lambda _: True, p)
+    block = np.zeros((3, 3), bool)
+    block[:2, :2] = True
+    tr = everything._replace(dynamics_cov=block,
+                             dynamics_weights=np.triu(np.ones((3, 3), bool)))
+    res, z0 = restrict(model, p, tr)
+    back = res.expand(model, jnp.asarray(z0))
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(p), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-14)
+    # 3 m + 6 P + 6 F + 3 b + 3 Q-block + 6 H + 2 d + 3 R (no inputs)
+    assert res.num_free == 3 + 6 + 6 + 3 + 3 + 6 + 2 + 3
+    with pytest.raises(ValueError, match="singular .* cannot be fitted as a whole"):
+        restrict(model, p, everything)
+    with pytest.raises(ValueError, match="must be symmetric"):
+        restrict(model, p, tr._replace(dynamics_cov=np.tril(np.ones((3, 3), bool))))
+    chain = np.eye(3, dtype=bool) | np.eye(3, k=1, dtype=bool) | np.eye(3, k=-1, dtype=bool)
+    pc = p._replace(dynamics_cov=jnp.asarray([[1.0, 0.2, 0.0], [0.2, 1.0, 0.2],
+                                              [0.0, 0.2, 1.0]]))
+    with pytest.raises(ValueError, match="block-diagonal"):
+        restrict(model, pc, tr._replace(dynamics_cov=chain))
+    with pytest.raises(ValueError, match="between the free and the fixed rows must be 0"):
+        restrict(model, pc, tr._replace(dynamics_cov=np.diag([True, True, False])))
+    ties = jax.tree.map(lambda _: None, p)._replace(
+        dynamics_weights=np.where(np.eye(3, dtype=bool), 0, -1).T * 1 - np.tril(
+            np.ones((3, 3), int), -1) * 0)
+    ties = ties._replace(dynamics_weights=np.array([[0, -1, -1], [-1, -1, -1], [0, -1, -1]]))
+    with pytest.raises(ValueError, match="ties entries that trainable fixes"):
+        restrict(model, p, tr, ties)
+    with pytest.raises(TypeError, match="boolean array"):
+        restrict(model, p, tr._replace(emission_bias=np.array([1, 0])))
+    with pytest.raises(ValueError, match="shape"):
+        restrict(model, p, tr._replace(emission_bias=np.array([True])))
+    y = np.zeros((10, 2))
+    with pytest.raises(ValueError, match="fit_em does not support ties"):
+        ss.fit_em(model, p, y, trainable=tr, ties=ties._replace(
+            dynamics_weights=np.array([[0, 0, -1], [-1, -1, -1], [-1, -1, -1]])),
+            progress=False)
+    hmm = ss.CategoricalHMM(num_states=2, num_categories=3)
+    hp = hmm.default_params() if hasattr(hmm, "default_params") else None
+    if hp is not None:
+        mask = jax.tree.map(lambda leaf: np.ones(np.shape(leaf), bool), hp)
+        leaf_name = [n for n in hp._fields if np.ndim(getattr(hp, n)) == 2][0]
+        partial = np.ones(np.shape(getattr(hp, leaf_name)), bool)
+        partial[0, 0] = False
+        with pytest.raises(ValueError, match="make trainable for this field True or False"):
+            restrict(hmm, hp, mask._replace(**{leaf_name: partial}))
