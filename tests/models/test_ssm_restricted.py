@@ -314,3 +314,27 @@ def test_restriction_round_trip_counts_and_errors():
     assert restrict(hmm, hp, rates)[0].num_free == 1 + 2 + 1
     with pytest.raises(ValueError, match="does not support per-entry trainable masks"):
         ss.fit_em(hmm, hp, counts, trainable=rates, progress=False)
+
+
+def test_nuts_and_svi_sample_only_the_free_entries():
+    y = ar2_series(40, seed=5)
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
+    p = ar2_params(model, r=0.5, q=1.0)._replace(
+        dynamics_weights=jnp.array([[0.5, 0.2], [1.0, 0.0]]))
+    tr = jax.tree.map(lambda _: False, p)._replace(
+        dynamics_weights=np.array([[True, True], [False, False]]))
+    idata = ss.fit_nuts(model, y, key=jax.random.key(0), num_warmup=40, num_samples=30,
+                        num_chains=1, init_params=p, trainable=tr, progress=False)
+    draws = np.asarray(idata.posterior["dynamics_weights"].values)
+    assert draws.shape == (1, 30, 2)  # phi1 and phi2 only
+    assert list(idata.posterior.data_vars) == ["dynamics_weights"]
+    assert np.unique(draws[0, :, 0]).size > 5
+    full = ss.posterior_params(model, idata)
+    assert np.array_equal(full.dynamics_weights[..., 1, :],
+                          np.broadcast_to([1.0, 0.0], (1, 30, 2)))
+    np.testing.assert_array_equal(full.dynamics_weights[..., 0, :], draws)
+    assert np.array_equal(full.dynamics_cov[0, 0], p.dynamics_cov)  # singular, frozen
+    svi = ss.fit_svi(model, y, key=jax.random.key(1), optimizer=optax.adam(0.02),
+                     num_steps=30, num_samples=5, init_params=p, trainable=tr)
+    assert np.array_equal(svi.draws.dynamics_weights[:, 1], np.broadcast_to([1.0, 0.0], (5, 2)))
+    assert np.unique(np.asarray(svi.draws.dynamics_weights[:, 0, 0])).size == 5
