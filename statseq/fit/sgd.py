@@ -26,8 +26,8 @@ from statseq.core.params import (
     validate_params,
     validate_priors,
 )
-from statseq.core.restrict import restrict
 from statseq.core.recurrence import run_filter
+from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.fit import _progress

@@ -2,8 +2,10 @@
 ``(x_{0:T-1}, y_{0:T-1})`` built densely, and conditioning by the Schur complement
 (pseudo-inverses, so singular state and observation covariances are exact)."""
 
+import jax.numpy as jnp
 import numpy as np
 import scipy.stats
+import statsmodels.api as sm
 
 
 def joint_moments(p, num_t):
@@ -55,3 +57,30 @@ def conditional_states(p, y, upto=None):
         covs.append(cxx[t * n:(t + 1) * n, t * n:(t + 1) * n]
                     - gain @ cxy[t * n:(t + 1) * n, :k].T)
     return np.array(means), np.array(covs)
+
+
+F_AR2 = np.array([[0.5, 0.3], [1.0, 0.0]])
+H_AR2 = np.array([[1.0, 0.0]])
+
+
+def ar2_params(model, r=0.0, q=0.7):
+    """AR(2) in companion form: the second state is the lagged first, without own noise."""
+    return model.default_params()._replace(
+        dynamics_weights=jnp.asarray(F_AR2), dynamics_cov=jnp.asarray(np.diag([q, 0.0])),
+        emission_weights=jnp.asarray(H_AR2), emission_cov=jnp.asarray([[r]]),
+        initial_mean=jnp.array([0.2, -0.1]),
+        initial_cov=jnp.asarray([[1.0, 0.3], [0.3, 0.5]]))
+
+
+def statsmodels_kalman(p, y):
+    """statsmodels' Kalman smoother of the 2-state model ``p`` (known initial law)."""
+    mod = sm.tsa.statespace.MLEModel(
+        np.asarray(y, float), k_states=2, initialization="known",
+        initial_state=np.asarray(p.initial_mean), initial_state_cov=np.asarray(p.initial_cov))
+    mod["design"], mod["transition"] = np.asarray(p.emission_weights), np.asarray(
+        p.dynamics_weights)
+    mod["selection"], mod["state_cov"] = np.eye(2), np.asarray(p.dynamics_cov)
+    mod["obs_cov"] = np.asarray(p.emission_cov)
+    return mod.ssm.smooth()
+
+

@@ -16,30 +16,7 @@ import statseq as ss
 from statseq.core.restrict import restrict
 
 sys.path.insert(0, str(Path(__file__).parent))
-import _dense_ssm  # noqa: E402
-
-F_AR2 = np.array([[0.5, 0.3], [1.0, 0.0]])
-H_AR2 = np.array([[1.0, 0.0]])
-
-
-def ar2_params(model, r=0.0, q=0.7):
-    """AR(2) in companion form: the second state is the lagged first, without own noise."""
-    return model.default_params()._replace(
-        dynamics_weights=jnp.asarray(F_AR2), dynamics_cov=jnp.asarray(np.diag([q, 0.0])),
-        emission_weights=jnp.asarray(H_AR2), emission_cov=jnp.asarray([[r]]),
-        initial_mean=jnp.array([0.2, -0.1]),
-        initial_cov=jnp.asarray([[1.0, 0.3], [0.3, 0.5]]))
-
-
-def statsmodels_kalman(p, y):
-    mod = sm.tsa.statespace.MLEModel(
-        np.asarray(y, float), k_states=2, initialization="known",
-        initial_state=np.asarray(p.initial_mean), initial_state_cov=np.asarray(p.initial_cov))
-    mod["design"], mod["transition"] = np.asarray(p.emission_weights), np.asarray(
-        p.dynamics_weights)
-    mod["selection"], mod["state_cov"] = np.eye(2), np.asarray(p.dynamics_cov)
-    mod["obs_cov"] = np.asarray(p.emission_cov)
-    return mod.ssm.smooth()
+from _dense_ssm import H_AR2, ar2_params, statsmodels_kalman  # noqa: E402
 
 
 def ar2_series(num_t, seed=1, phi=(0.6, 0.25), q=1.0, r=0.5):
@@ -48,72 +25,6 @@ def ar2_series(num_t, seed=1, phi=(0.6, 0.25), q=1.0, r=0.5):
     for t in range(2, num_t + 2):
         x[t] = phi[0] * x[t - 1] + phi[1] * x[t - 2] + rng.normal() * np.sqrt(q)
     return x[2:] + rng.normal(size=num_t) * np.sqrt(r)
-
-
-# ---- 1. singular Q and R = 0 are scored exactly ----------------------------------------
-@pytest.mark.parametrize("r", [0.0, 0.4])
-def test_singular_state_cov_and_zero_obs_var_match_dense_conditioning_and_statsmodels(r):
-    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
-    p = ar2_params(model, r=r)
-    y = np.random.default_rng(0).normal(size=20)
-    lp = float(ss.log_prob(model, p, y))
-    np.testing.assert_allclose(lp, _dense_ssm.log_prob(p, y), rtol=1e-10)
-    filt = model.filter_states(p, y)
-    smooth = model.smoother(p, y)
-    fm, fc = _dense_ssm.conditional_states(p, y, "filter")
-    sm_m, sm_c = _dense_ssm.conditional_states(p, y)
-    np.testing.assert_allclose(filt.filtered_means, fm, atol=1e-9)
-    np.testing.assert_allclose(filt.filtered_covs, fc, atol=1e-9)
-    np.testing.assert_allclose(smooth.smoothed_means, sm_m, atol=1e-9)
-    np.testing.assert_allclose(smooth.smoothed_covs, sm_c, atol=1e-9)
-    # statsmodels' Kalman filter and smoother, on a series long enough for the
-    # steady-state paths (T = 400)
-    y = np.random.default_rng(0).normal(size=400)
-    ref = statsmodels_kalman(p, y)
-    np.testing.assert_allclose(float(ss.log_prob(model, p, y)), ref.llf_obs.sum(), rtol=1e-10)
-    smooth = model.smoother(p, y)
-    np.testing.assert_allclose(model.filter_states(p, y).filtered_means,
-                               ref.filtered_state.T, atol=1e-9)
-    np.testing.assert_allclose(smooth.smoothed_means, ref.smoothed_state.T, atol=1e-9)
-    np.testing.assert_allclose(smooth.smoothed_covs, ref.smoothed_state_cov.transpose(2, 0, 1),
-                               atol=1e-9)
-
-
-def test_singular_initial_cov_and_time_varying_model_match_dense_conditioning():
-    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
-    p = ar2_params(model, r=0.3)._replace(initial_cov=jnp.asarray([[1.0, 1.0], [1.0, 1.0]]))
-    y = np.random.default_rng(4).normal(size=15)
-    np.testing.assert_allclose(float(ss.log_prob(model, p, y)), _dense_ssm.log_prob(p, y),
-                               rtol=1e-10)
-    tv = ss.TimeVaryingLinearGaussianSSM(state_dim=2, emission_dim=None, num_timesteps=15)
-    lead = lambda a, k: jnp.broadcast_to(a, (k,) + a.shape)  # noqa: E731
-    ptv = tv.default_params()._replace(
-        initial_mean=p.initial_mean, initial_cov=p.initial_cov,
-        dynamics_weights=lead(p.dynamics_weights, 14), dynamics_cov=lead(p.dynamics_cov, 14),
-        emission_weights=lead(p.emission_weights, 15), emission_cov=lead(jnp.zeros((1, 1)), 15))
-    p0 = p._replace(emission_cov=jnp.zeros((1, 1)))
-    np.testing.assert_allclose(float(ss.log_prob(tv, ptv, y)), _dense_ssm.log_prob(p0, y),
-                               rtol=1e-10)
-
-
-def test_what_the_filter_cannot_handle_is_refused():
-    # y = (x, x) with R = 0: the innovation covariance P [[1, 1], [1, 1]] is singular
-    model = ss.LinearGaussianSSM(state_dim=1, emission_dim=2)
-    p = model.default_params()._replace(emission_weights=jnp.ones((2, 1)),
-                                        emission_cov=jnp.zeros((2, 2)))
-    y = np.zeros((5, 2))
-    with pytest.raises(ValueError, match="innovation covariance H P_t H\\^T \\+ R at step t = 0"):
-        ss.log_prob(model, p, y)
-    # with noise in one of the two series it is fine (and exact)
-    ok = p._replace(emission_cov=jnp.diag(jnp.array([0.0, 0.5])))
-    np.testing.assert_allclose(float(ss.log_prob(model, ok, y + 0.1)),
-                               _dense_ssm.log_prob(ok, y + 0.1), rtol=1e-10)
-    # indefinite or non-symmetric covariances stay refused
-    with pytest.raises(ValueError, match="dynamics_cov must be positive semi-definite"):
-        ss.log_prob(model, p._replace(dynamics_cov=jnp.array([[-0.1]])), y)
-    bad = ok._replace(emission_cov=jnp.array([[0.5, 0.1], [0.0, 0.5]]))
-    with pytest.raises(ValueError, match="emission_cov must be positive semi-definite"):
-        ss.log_prob(model, bad, y)
 
 
 # ---- 2. restricted maximum likelihood -----------------------------------------------------

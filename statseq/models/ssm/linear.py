@@ -330,26 +330,29 @@ def check_innovation_covariances(model, params, *, max_steps: int = 2000) -> Non
     the past: ``y`` has no density, and the filter would return NaN. With a positive definite
     ``R`` (or at steps with missing entries, where ``P_t`` only grows) ``S_t`` is
     non-singular whatever ``Q`` and ``P_0``. A time-invariant model stops the recursion
-    when ``P_t`` has converged (at most ``max_steps`` steps); a diffuse initial state starts
-    from a large multiple of the identity.
+    when ``P_t`` has converged (at most ``max_steps`` steps). A diffuse initial state with a
+    singular ``R`` is refused (the exact diffuse filter divides by the zero part).
     """
     r_all = np.asarray(params.emission_cov, np.float64)
     r_list = r_all.reshape((-1,) + r_all.shape[-2:])
     if not any(_singular(r) for r in r_list):
         return
+    if model.initial == "diffuse":
+        raise ValueError(
+            "params.emission_cov is singular, which the exact diffuse filter "
+            "(initial='diffuse') does not handle (its diffuse steps would divide by a zero "
+            "prediction variance); use initial='free' with a proper initial_cov, or give "
+            "emission_cov positive variances")
     f_all = np.asarray(params.dynamics_weights, np.float64)
     q_all = np.asarray(params.dynamics_cov, np.float64)
     h_all = np.asarray(params.emission_weights, np.float64)
     varying = f_all.ndim == 3
-    n = f_all.shape[-1]
     if model.initial == "free":
         p = np.asarray(params.initial_cov, np.float64)
-    elif model.initial == "stationary":
+    else:
         import scipy.linalg
 
         p = scipy.linalg.solve_discrete_lyapunov(f_all, q_all)
-    else:
-        p = 1e8 * (1.0 + np.abs(q_all).max() + np.abs(r_all).max()) * np.eye(n)
     steps = h_all.shape[0] if varying else max_steps
     for t in range(steps):
         h = h_all[t] if varying else h_all
