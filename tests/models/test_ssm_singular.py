@@ -97,18 +97,18 @@ def test_zero_obs_var_with_a_diffuse_initial_state_is_refused():
                     np.zeros(10))
 
 
-def test_structural_zero_variances_match_statsmodels_unobserved_components(log_lynx):
+def test_structural_zero_variances_match_statsmodels_unobserved_components():
     """A deterministic level (local level with sigma^2_eta = 0) and a deterministic slope
-    (statsmodels' 'lldtrend'), exact diffuse initialization in both libraries."""
-    y = log_lynx
+    (statsmodels' 'lldtrend') on the Nile flow, exact diffuse initialization in both."""
+    y = ss.datasets.load_nile().to_numpy().astype(float)
     level = ss.LocalLevel()
-    p = level.default_params()._replace(obs_var=jnp.asarray(0.2), level_var=jnp.asarray(0.0))
+    p = level.default_params()._replace(obs_var=jnp.asarray(2e4), level_var=jnp.asarray(0.0))
     uc = sm.tsa.UnobservedComponents(y, level="llevel", use_exact_diffuse=True)
-    np.testing.assert_allclose(float(ss.log_prob(level, p, y)), uc.loglike([0.2, 0.0]),
+    np.testing.assert_allclose(float(ss.log_prob(level, p, y)), uc.loglike([2e4, 0.0]),
                                rtol=1e-10)
     trend = ss.LocalLinearTrend()
-    start = trend.default_params()._replace(obs_var=jnp.asarray(0.1),
-                                            level_var=jnp.asarray(0.1),
+    start = trend.default_params()._replace(obs_var=jnp.asarray(1e4),
+                                            level_var=jnp.asarray(1e3),
                                             slope_var=jnp.asarray(0.0))
     fit = ss.fit_lbfgs(trend, start, y, progress=False,
                        trainable=start._replace(obs_var=True, level_var=True, slope_var=False))
@@ -120,4 +120,6 @@ def test_structural_zero_variances_match_statsmodels_unobserved_components(log_l
     np.testing.assert_allclose(uc.loglike(np.asarray(ours)),
                                float(ss.log_prob(trend, fit.params, y)), rtol=1e-10)
     assert float(ss.log_prob(trend, fit.params, y)) > res.llf - 1e-6
-    np.testing.assert_allclose(ours, res.params, rtol=1e-3)
+    # the likelihood is flat near the optimum: statsmodels' optimizer stops a little short
+    # (its llf is below ours), so the estimates agree to a few parts in a thousand
+    np.testing.assert_allclose(ours, res.params, rtol=5e-3)
