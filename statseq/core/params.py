@@ -195,8 +195,8 @@ def _validate_params(model, params) -> None:
             if not _is_semidefinite(arr, con):
                 kind = ("positive semi-definite" if con is constraints.positive_definite
                         else "non-negative")
-                raise ValueError(f"params.{name} must be {kind} (a singular covariance or a "
-                                 "zero variance is allowed here)")
+                raise ValueError(f"params.{name} violates its constraint: it must be {kind} "
+                                 "(a singular covariance or a zero variance is allowed here)")
         elif not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
     if hasattr(model, "check_params") and not any(

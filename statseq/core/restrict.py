@@ -235,6 +235,20 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
     Raises:
         ValueError: a restriction the leaf's constraint cannot represent, a tied entry that
             is fixed, or a free covariance block that does not start positive definite.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.core.restrict import restrict
+        >>> model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
+        >>> p = model.default_params()._replace(dynamics_cov=jnp.diag(jnp.array([0.5, 0.0])))
+        >>> trainable = jax.tree.map(lambda _: False, p)._replace(
+        ...     dynamics_weights=np.array([[True, True], [False, False]]),
+        ...     dynamics_cov=np.array([[True, False], [False, False]]))
+        >>> res, z0 = restrict(model, p, trainable)
+        >>> res.num_free  # phi_1, phi_2 and the one free variance
+        3
+        >>> np.round(res.expand(model, jnp.asarray(z0)).dynamics_cov, 12).tolist()
+        [[0.5, 0.0], [0.0, 0.0]]
     """
     leaves, treedef = jax.tree.flatten(params)
     cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
