@@ -265,6 +265,8 @@ def num_free_params(model, trainable=None) -> int:
     """Number of free (unconstrained) scalars among the trainable leaves.
 
     A ``(D, D)`` covariance counts ``D (D + 1) / 2``, a simplex of ``K`` entries ``K - 1``.
+    A boolean-array leaf of ``trainable`` counts its free entries (for a covariance, those
+    on and below the diagonal); ties are not seen here (see `statseq.core.restrict`).
     """
     shapes, tree = jax.tree.flatten(model.param_shapes(), is_leaf=is_shape)
     cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
@@ -274,7 +276,13 @@ def num_free_params(model, trainable=None) -> int:
         flags = list(tree.flatten_up_to(trainable))
     total = 0
     for shape, con, flag in zip(shapes, cons, flags, strict=True):
-        if flag:
+        if not isinstance(flag, bool | np.bool_):  # a per-entry mask (statseq.core.restrict)
+            mask = np.asarray(flag, bool)
+            if con is constraints.positive_definite and mask.ndim == 2:
+                total += int(np.tril(mask).sum())  # free variances and covariances
+            else:
+                total += int(mask.sum())
+        elif flag:
             total += math.prod(biject_to(con).inverse_shape(tuple(shape)))
     return int(total)
 
