@@ -76,10 +76,10 @@ def test_what_the_filter_cannot_handle_is_refused():
     np.testing.assert_allclose(float(ss.log_prob(model, ok, y + 0.1)),
                                _dense_ssm.log_prob(ok, y + 0.1), rtol=1e-10)
     # indefinite or non-symmetric covariances stay refused
-    with pytest.raises(ValueError, match="dynamics_cov violates its constraint: it must be positive semi-definite"):
+    with pytest.raises(ValueError, match="dynamics_cov violates .* positive semi-definite"):
         ss.log_prob(model, p._replace(dynamics_cov=jnp.array([[-0.1]])), y)
     bad = ok._replace(emission_cov=jnp.array([[0.5, 0.1], [0.0, 0.5]]))
-    with pytest.raises(ValueError, match="emission_cov violates its constraint: it must be positive semi-definite"):
+    with pytest.raises(ValueError, match="emission_cov violates .* positive semi-definite"):
         ss.log_prob(model, bad, y)
 
 
