@@ -36,6 +36,7 @@ class JointSpec(NamedTuple):
     fixed: list           # leaf values (used where frozen, and to start the sampler)
     ordered: int | None   # index of the leaf sampled under an ordering constraint
     data: Any             # statseq.core.validation.Prepared
+    entry_masks: Any = None  # per leaf: None, or the boolean free mask of a partial leaf
 
 
 def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ordered, key):
@@ -52,9 +53,11 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         if init_params is None:
             raise ValueError(f"{type(model).__name__} has no initializer: pass init_params")
     validate_params(model, init_params)
-    flags = tuple(jax.tree.leaves(trainable_mask(init_params, trainable)))
-    leaves = params_treedef(model).flatten_up_to(init_params)
     names = param_names(model)
+    leaves = params_treedef(model).flatten_up_to(init_params)
+    entry_masks = _entry_masks(model, init_params, trainable, names)
+    flags = tuple(m is not False for m in entry_masks)
+    entry_masks = [m if isinstance(m, np.ndarray) else None for m in entry_masks]
     shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
     leaf_p = leaf_priors(model, priors, y, mask, flags)
     index = None
@@ -72,10 +75,58 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
             )
         if leaf_p[index] is None:
             raise ValueError(f"ordered={ordered!r} names a frozen leaf")
+        if entry_masks[index] is not None:
+            raise ValueError(f"ordered={ordered!r} names a leaf with fixed entries")
         leaves = list(leaves)
         leaves[index] = jnp.sort(jnp.asarray(leaves[index]))
+    for i, m in enumerate(entry_masks):
+        if m is not None and leaf_p[i].event_shape != ():
+            raise ValueError(f"params.{names[i]} has fixed entries, so its prior must be "
+                             f"elementwise (event_shape ()), got {leaf_p[i]}")
     return JointSpec(model, names, shapes, leaf_p, [jnp.asarray(v) for v in leaves], index,
-                     data)
+                     data, entry_masks)
+
+
+def _entry_masks(model, params, trainable, names):
+    """Per leaf ``True``, ``False`` or a boolean array (free entries of an elementwise
+    leaf); ties are not supported by the samplers."""
+    from statseq.core.restrict import _leaf_masks
+
+    leaves, tree = jax.tree.flatten(params)
+    if trainable is None or all(isinstance(t, bool | np.bool_)
+                                for t in jax.tree.leaves(trainable)):
+        return list(jax.tree.leaves(trainable_mask(params, trainable)))
+    masks = _leaf_masks(tree, leaves, trainable, names)
+    cons = jax.tree.leaves(model.param_constraints(),
+                           is_leaf=lambda c: isinstance(c, constraints.Constraint))
+    out = []
+    for name, m, con in zip(names, masks, cons, strict=True):
+        if m.all() or not m.any():
+            out.append(bool(m.all()))
+        elif con.event_dim != 0:
+            raise ValueError(
+                f"params.{name} has constraint {con}: fit_nuts and fit_svi fix single entries "
+                "only of elementwise leaves (real, positive, ...); make trainable for this "
+                "field True or False")
+        else:
+            out.append(m)
+    return out
+
+
+def free_entries(spec, i, value):
+    """The free entries (last axis) of leaf ``i``'s ``value`` (leaf shape trailing)."""
+    mask = spec.entry_masks[i]
+    return value[(Ellipsis, *np.nonzero(mask))]
+
+
+def scatter_entries(spec, i, free, lead=()):
+    """Leaf ``i`` with the ``free`` entries (``lead + (k,)``) set, the others fixed."""
+    full = jnp.broadcast_to(spec.fixed[i], lead + spec.shapes[i])
+    return full.at[(Ellipsis, *np.nonzero(spec.entry_masks[i]))].set(free)
+
+
+def is_partial(spec, i) -> bool:
+    return spec.entry_masks is not None and spec.entry_masks[i] is not None
 
 
 def ordered_support(spec):
@@ -102,6 +153,13 @@ def sample_params(spec):
                                                  strict=True)):
         if prior is None:
             values.append(fixed)
+        elif is_partial(spec, i):
+            k = int(spec.entry_masks[i].sum())
+            x = numpyro.sample(name, dist.ImproperUniform(prior.support, (), (k,)))
+            full = scatter_entries(spec, i, x)
+            lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
+            numpyro.factor(f"{name}.prior", jnp.sum(lp))
+            values.append(full)
         elif i == spec.ordered:
             k = spec.shapes[i][0]
             x = numpyro.sample(name, dist.ImproperUniform(ordered_support(spec), (), (k,)))
@@ -131,7 +189,8 @@ def unconstrained_init(spec, key, num_chains, jitter):
     out = {}
     for i in sampled_indices(spec):
         key, sub = jax.random.split(key)
-        u = biject_to(site_support(spec, i)).inv(spec.fixed[i])
+        value = free_entries(spec, i, spec.fixed[i]) if is_partial(spec, i) else spec.fixed[i]
+        u = biject_to(site_support(spec, i)).inv(value)
         noise = jax.random.uniform(sub, (num_chains,) + u.shape, u.dtype, -jitter, jitter)
         out[spec.names[i]] = u[None] + noise
     return out
@@ -143,6 +202,9 @@ def params_from_samples(spec, samples, lead):
     for i, name in enumerate(spec.names):
         if spec.priors[i] is None:
             values.append(jnp.broadcast_to(spec.fixed[i], lead + spec.shapes[i]))
+        elif is_partial(spec, i):
+            free = jnp.reshape(samples[name], lead + (int(spec.entry_masks[i].sum()),))
+            values.append(scatter_entries(spec, i, free, lead))
         else:
             values.append(jnp.reshape(samples[name], lead + spec.shapes[i]))
     return jax.tree.unflatten(params_treedef(spec.model), values)

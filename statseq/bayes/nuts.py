@@ -57,7 +57,10 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
         inputs: covariates, when the model takes them.
         init_params: where chains start (jittered); default ``model.initialize(y)`` or
             ``model.default_params()``. Frozen leaves keep these values.
-        trainable: pytree like ``params`` of ``True``/``False``; ``False`` freezes a leaf.
+        trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf)
+            or, for leaves with an elementwise constraint, boolean arrays of the leaf's
+            shape: only the ``True`` entries are sampled (the posterior variable holds
+            them, in row-major order; ``constant_data`` holds the leaf and its mask).
         ordered: dotted name of a per-state vector leaf (e.g. ``"emissions.rates"``) to
             sample under an ordering constraint ``x_1 < ... < x_K``: identifies HMM
             states (no label switching). See also `relabel_states`.
@@ -128,6 +131,12 @@ def _to_inference_data(spec, y, samples, extra, num_chains, num_samples, log_lik
         dims[name] = _joint.state_dims(model, name, spec.shapes[i])
         if spec.priors[i] is None:
             constant[name] = np.asarray(spec.fixed[i])
+        elif _joint.is_partial(spec, i):  # only the free entries are sampled
+            posterior[name] = np.asarray(samples[name])
+            dims[name] = [f"{name}_free"]
+            constant[name] = np.asarray(spec.fixed[i])
+            constant[f"{name}.free"] = np.asarray(spec.entry_masks[i])
+            dims[f"{name}.free"] = _joint.state_dims(model, name, spec.shapes[i])
         else:
             posterior[name] = np.asarray(samples[name])
     stats = {
@@ -175,7 +184,14 @@ def posterior_params(model, idata):
     shapes = params_treedef(model).flatten_up_to(model.param_shapes())
     values = []
     for name, shape in zip(param_names(model), shapes, strict=True):
-        if name in post.data_vars:
+        if name in post.data_vars and f"{name}.free" in getattr(
+                idata, "constant_data", {}):  # free entries of a partly fixed leaf
+            free = np.asarray(idata.constant_data[f"{name}.free"].values)
+            full = jnp.broadcast_to(jnp.asarray(idata.constant_data[name].values),
+                                    lead + tuple(shape))
+            values.append(full.at[(Ellipsis, *np.nonzero(free))].set(
+                jnp.asarray(post[name].values)))
+        elif name in post.data_vars:
             values.append(jnp.asarray(post[name].values))
         elif hasattr(idata, "constant_data") and name in idata.constant_data.data_vars:
             values.append(jnp.broadcast_to(jnp.asarray(idata.constant_data[name].values),

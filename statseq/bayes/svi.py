@@ -65,7 +65,10 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
         mask: optional observation mask.
         inputs: covariates, when the model takes them.
         init_params: where the guide starts (default ``model.initialize(y)``).
-        trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf).
+        trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf)
+            or, for leaves with an elementwise constraint, boolean arrays of the leaf's
+            shape: only the ``True`` entries are sampled (the posterior variable holds
+            them, in row-major order; ``constant_data`` holds the leaf and its mask).
         ordered: dotted name of a per-state leaf to keep ordered (see `fit_nuts`).
         progress: show NumPyro's progress bar.
 
@@ -101,7 +104,9 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
     sampled = _joint.sampled_indices(spec)
     if not sampled:
         raise ValueError("every parameter is frozen (trainable): nothing to fit")
-    values = {spec.names[i]: spec.fixed[i] for i in sampled}
+    values = {spec.names[i]: (_joint.free_entries(spec, i, spec.fixed[i])
+                              if _joint.is_partial(spec, i) else spec.fixed[i])
+              for i in sampled}
     kind = {"normal": AutoNormal, "mvn": AutoMultivariateNormal, "delta": AutoDelta}[guide]
     auto = kind(_joint.numpyro_model, init_loc_fn=init_to_value(values=values))
     svi = SVI(_joint.numpyro_model, auto, optax_to_numpyro(optimizer),

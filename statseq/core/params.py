@@ -175,6 +175,7 @@ def _validate_params(model, params) -> None:
             f"got {type(params).__name__}"
         ) from err
     checked = []
+    semidefinite = set(getattr(model, "semidefinite_params", ()))
     for name, shape, value, con in zip(names, expected_leaves, leaves, cons, strict=True):
         if isinstance(value, jax.core.Tracer):
             continue
@@ -187,7 +188,16 @@ def _validate_params(model, params) -> None:
         name = next(n for n, arr, _ in checked if not np.all(np.isfinite(arr)))
         raise ValueError(f"params.{name} contains non-finite values")
     for name, arr, con in checked:
-        if arr.size and not _satisfies(con, arr):
+        if not arr.size:
+            continue
+        if name in semidefinite and con in (constraints.positive_definite,
+                                            constraints.positive):
+            if not _is_semidefinite(arr, con):
+                kind = ("positive semi-definite" if con is constraints.positive_definite
+                        else "non-negative")
+                raise ValueError(f"params.{name} violates its constraint: it must be {kind} "
+                                 "(a singular covariance or a zero variance is allowed here)")
+        elif not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
     if hasattr(model, "check_params") and not any(
         isinstance(leaf, jax.core.Tracer) for leaf in leaves
@@ -224,6 +234,23 @@ def _satisfies(con, arr) -> bool:
     return bool(np.all(con.check(jnp.asarray(arr))))
 
 
+def _is_semidefinite(arr, con) -> bool:
+    """Whether ``arr`` is a non-negative variance (``con`` positive) or a symmetric
+    positive semi-definite matrix: smallest eigenvalue ``>= -tol * scale`` with
+    ``tol = 10 n eps`` and ``scale`` the largest absolute eigenvalue (or 1)."""
+    if con is constraints.positive:
+        return bool(np.all(arr >= 0))
+    a64 = np.asarray(arr, np.float64)
+    a_t = np.swapaxes(a64, -1, -2)
+    atol = 1e-6 * (1.0 + np.abs(a64).max())
+    if not (np.abs(a64 - a_t) <= atol + 1e-5 * np.abs(a_t)).all():
+        return False
+    evals = np.linalg.eigvalsh(0.5 * (a64 + a_t))
+    eps = np.finfo(arr.dtype if arr.dtype.kind == "f" else np.float64).eps
+    scale = np.abs(evals).max(axis=-1)
+    return bool((evals.min(axis=-1) >= -10 * arr.shape[-1] * eps * scale).all())
+
+
 def _leaf_names(tree, is_leaf) -> list[str]:
     paths, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
     return [jax.tree_util.keystr(path, simple=True, separator=".") for path, _ in paths]
@@ -238,6 +265,8 @@ def num_free_params(model, trainable=None) -> int:
     """Number of free (unconstrained) scalars among the trainable leaves.
 
     A ``(D, D)`` covariance counts ``D (D + 1) / 2``, a simplex of ``K`` entries ``K - 1``.
+    A boolean-array leaf of ``trainable`` counts its free entries (for a covariance, those
+    on and below the diagonal); ties are not seen here (see `statseq.core.restrict`).
     """
     shapes, tree = jax.tree.flatten(model.param_shapes(), is_leaf=is_shape)
     cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
@@ -247,18 +276,53 @@ def num_free_params(model, trainable=None) -> int:
         flags = list(tree.flatten_up_to(trainable))
     total = 0
     for shape, con, flag in zip(shapes, cons, flags, strict=True):
-        if flag:
+        if not isinstance(flag, bool | np.bool_):  # a per-entry mask (statseq.core.restrict)
+            mask = np.asarray(flag, bool)
+            if con is constraints.positive_definite and mask.ndim == 2:
+                total += int(np.tril(mask).sum())  # free variances and covariances
+            else:
+                total += int(mask.sum())
+        elif flag:
             total += math.prod(biject_to(con).inverse_shape(tuple(shape)))
     return int(total)
 
 
-def degenerate_fit_warning(model, params, method: str) -> str | None:
+def degenerate_fit_warning(model, params, method: str, restriction=None) -> str | None:
     """A message when fitted ``params`` left their constraints numerically (e.g. a
-    covariance became singular: the likelihood may be unbounded there), else ``None``."""
+    covariance became singular: the likelihood may be unbounded there), else ``None``.
+
+    Covariances a model allows to be singular (``model.semidefinite_params``) are held to
+    the strict constraint where they were fitted: on whole trainable leaves, and on the free
+    entries of a `statseq.core.restrict.Restriction` (its fixed entries may be singular)."""
     try:
         validate_params(model, params)
+        semidefinite = set(getattr(model, "semidefinite_params", ()))
+        if semidefinite:
+            _check_fitted_semidefinite(model, params, semidefinite, restriction)
     except ValueError as err:
         return (f"{method}: the fitted parameters are degenerate ({err}); the likelihood is "
                 "probably unbounded along this path (e.g. a noise variance collapsing to "
                 "zero). Fix or bound that parameter, or start elsewhere.")
     return None
+
+
+def _check_fitted_semidefinite(model, params, semidefinite, restriction) -> None:
+    names = param_names(model)
+    leaves = jax.tree.leaves(params)
+    cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+    masks = (restriction.free_mask() if restriction is not None
+             else [None] * len(leaves))
+    for name, value, con, mask in zip(names, leaves, cons, masks, strict=True):
+        if name not in semidefinite or isinstance(value, jax.core.Tracer):
+            continue
+        arr = np.asarray(value)
+        if mask is not None:
+            if not mask.any():
+                continue
+            if con is constraints.positive_definite:
+                free = np.diag(mask)
+                arr = arr[np.ix_(free, free)]
+            else:
+                arr = arr[mask]
+        if arr.size and not _satisfies(con, arr):
+            raise ValueError(f"params.{name} violates its constraint ({con})")

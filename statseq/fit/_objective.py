@@ -43,3 +43,15 @@ def negative_log_joint(model, unravel, x0, keep, priors, y, mask, inputs, comple
 
     return objective
 
+
+def restricted_negative_log_joint(model, restriction, priors, y, mask, inputs, complete):
+    """``z -> -[log p(y | theta) + log p(theta)]`` summed over the batch, where ``theta =
+    restriction.expand(model, z)`` (free entries from ``z``, fixed ones as given; see
+    `statseq.core.restrict`)."""
+
+    def objective(z):
+        params = restriction.expand(model, z)
+        log_probs, *_ = run_filter(model, params, y, mask, inputs, complete=complete)
+        return -(jnp.sum(log_probs) + log_prior(priors, params))
+
+    return objective

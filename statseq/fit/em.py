@@ -27,6 +27,7 @@ from statseq.core.params import (
     validate_params,
     validate_priors,
 )
+from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.fit import _progress
@@ -70,6 +71,39 @@ def generalized_m_step(objective, start, *, num_steps: int = 30, step_size: floa
     x, _, _ = jax.lax.fori_loop(0, num_steps, body,
                                 (start, f0, jnp.asarray(step_size, f0.dtype)))
     return x
+
+
+def _em_masks(model, params, trainable, ties):
+    """The trainable pytree for EM: one bool per leaf, or boolean arrays where the model's
+    M-step maximizes over the free entries (checked like `statseq.core.restrict`)."""
+    if ties is not None and any(t is not None and np.any(np.asarray(t) >= 0)
+                                for t in jax.tree.leaves(ties, is_leaf=lambda x: x is None)):
+        raise ValueError("fit_em does not support ties (tied entries have no closed-form "
+                         "M-step here); fit with fit_lbfgs or fit_sgd")
+    if trainable is None or all(isinstance(t, bool | np.bool_)
+                                for t in jax.tree.leaves(trainable)):
+        return trainable_mask(params, trainable)
+    if not getattr(model, "m_step_entry_masks", False):
+        raise ValueError(
+            f"fit_em: {type(model).__name__}'s M-step does not support per-entry trainable "
+            "masks (boolean arrays); use True/False per field, or fit_lbfgs / fit_sgd")
+    restriction, _ = restrict(model, params, trainable)  # validates the masks
+    leaves, tree = jax.tree.flatten(params)
+    return jax.tree.unflatten(tree, [
+        bool(m.all()) if (m.all() or not m.any()) else np.asarray(m)
+        for m in restriction.free_mask()] if len(leaves) else [])
+
+
+class _FreeMasks:
+    """Per-leaf free masks (what `degenerate_fit_warning` reads from a restriction)."""
+
+    def __init__(self, params, mask_tree):
+        self.masks = [np.broadcast_to(np.asarray(t, bool), np.shape(p))
+                      for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(mask_tree),
+                                      strict=True)]
+
+    def free_mask(self):
+        return self.masks
 
 
 def _takes_trainable(model) -> bool:
@@ -118,7 +152,7 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
 
 
 def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
-           priors=None, trainable=None, progress=True) -> FitResult:
+           priors=None, trainable=None, progress=True, ties=None) -> FitResult:
     """Fit ``model`` by (generalized) expectation-maximization.
 
     Maximizes ``log p(y | theta) + log p(theta)``: closed-form M-steps where the model has
@@ -136,8 +170,12 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         priors: conjugate priors (e.g. ``numpyro.distributions.Dirichlet`` on transition
             rows, ``Gamma`` on Poisson rates), a pytree like ``params`` with ``None``
             leaves where the prior is flat.
-        trainable: pytree of ``True``/``False`` like ``params``; frozen leaves are kept.
+        trainable: pytree like ``params`` of ``True``/``False`` (frozen leaves are kept) or,
+            for models whose M-step supports it (``model.m_step_entry_masks``, e.g.
+            `LinearGaussianSSM`), boolean arrays of the leaf's shape: ``False`` entries keep
+            their value (a constrained M-step; see `statseq.core.restrict` for covariances).
         progress: show a progress bar.
+        ties: not supported by EM (a ``ValueError`` unless ``None``); use `fit_lbfgs`.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters
@@ -167,7 +205,7 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
     if not float(tol) >= 0:
         raise ValueError(f"tol must be non-negative, got {tol}")
     data = prepare_data(model, y, mask, inputs)
-    mask_tree = trainable_mask(params, trainable)
+    mask_tree = _em_masks(model, params, trainable, ties)
     progress_every = _progress.update_every(num_iters) if progress else 0
     with _progress.progress_bar(num_iters, f"fit_em {type(model).__name__}", progress):
         out = _fit_em_compiled(
@@ -176,7 +214,8 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             num_iters=num_iters, progress_every=progress_every,
         )
         i, fitted, trace, done = jax.block_until_ready(out)
-    fitted = jax.tree.map(lambda f, g, t: f if t else g, fitted, params, mask_tree)
+    fitted = jax.tree.map(lambda f, g, t: jnp.where(t, f, g) if np.ndim(t) else (f if t else g),
+                          fitted, params, mask_tree)
     if hasattr(model, "em_warnings"):
         for message in model.em_warnings(fitted, data.y, data.mask, data.inputs):
             warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -186,7 +225,8 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             f"fit_em stopped at iteration {int(i) - 1}: the log joint became non-finite; "
             "returning the parameters of the last finite value (the likelihood may be "
             "unbounded, e.g. a variance collapsing to zero)", RuntimeWarning, stacklevel=2)
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_em")
+    _degenerate = degenerate_fit_warning(model, fitted, "fit_em",
+                                         _FreeMasks(params, mask_tree))
     if _degenerate:
         warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
     return FitResult(

@@ -22,20 +22,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.flatten_util import ravel_pytree
 
 from statseq.core.params import (
     degenerate_fit_warning,
-    from_unconstrained,
-    num_free_params,
-    to_unconstrained,
     validate_params,
     validate_priors,
 )
+from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.fit import _progress
-from statseq.fit._objective import coordinate_mask, negative_log_joint, trainable_flags
+from statseq.fit._objective import restricted_negative_log_joint
 
 _RUNNING, _CONVERGED, _STALLED, _NONFINITE = 0, 1, 2, 3
 
@@ -51,15 +48,15 @@ def _trace_capacity(num_iters: int) -> int:
 
 
 @partial(jax.jit, static_argnames=("model", "capacity", "progress", "complete"))
-def _fit_lbfgs_compiled(model, uparams, keep, priors, y, mask, inputs, tol, num_iters,
+def _fit_lbfgs_compiled(model, restriction, x0, priors, y, mask, inputs, tol, num_iters,
                         progress_every, *, capacity, progress, complete):
-    """Run L-BFGS on the flat unconstrained parameters (frozen coordinates held fixed).
+    """Run L-BFGS on the free values ``x`` of ``restriction`` (`statseq.core.restrict`).
 
-    Returns ``(num_updates, uparams, trace, stop)``; ``trace[i]`` is the log joint after
+    Returns ``(num_updates, x, trace, stop)``; ``trace[i]`` is the log joint after
     update ``i`` (NaN after the stop); the trace has ``capacity >= num_iters`` entries.
     """
-    x0, unravel = ravel_pytree(uparams)
-    objective = negative_log_joint(model, unravel, x0, keep, priors, y, mask, inputs, complete)
+    objective = restricted_negative_log_joint(model, restriction, priors, y, mask, inputs,
+                                              complete)
     value_and_grad = optax.value_and_grad_from_state(objective)
     dtype = float_dtype()
 
@@ -105,11 +102,11 @@ def _fit_lbfgs_compiled(model, uparams, keep, priors, y, mask, inputs, tol, num_
         jnp.asarray(_RUNNING, jnp.int32),
     )
     i, x, _, trace, stop = jax.lax.while_loop(cond, body, init)
-    return i, unravel(jnp.where(keep, x, x0)), trace, stop
+    return i, x, trace, stop
 
 
 def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, priors=None,
-              num_iters=200, tol=1e-9, progress=True) -> FitResult:
+              num_iters=200, tol=1e-9, progress=True, ties=None) -> FitResult:
     """Maximum likelihood (or MAP) by L-BFGS with a zoom line search, as ``statsmodels``' ``fit()``.
 
     Maximizes the log joint ``log p(y | theta) + log p(theta)`` (the log-likelihood alone
@@ -133,8 +130,10 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
         mask: optional observation mask (per step or per entry); missing entries are
             marginalized.
         inputs: covariates, when the model takes them.
-        trainable: pytree of ``True``/``False`` like ``params`` (``False`` freezes a leaf,
-            which comes back exactly as given).
+        trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf,
+            which comes back exactly as given) or boolean arrays of the leaf's shape
+            (``False`` entries are fixed at their value in ``params``; see
+            `statseq.core.restrict` for what a covariance leaf accepts).
         priors: pytree like ``params`` with numpyro distributions or ``None`` leaves; with
             priors the result is a MAP estimate in the natural parameterization.
         num_iters: maximum number of L-BFGS iterations (line searches).
@@ -144,6 +143,8 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
             usually ends when the line search can no longer improve the objective: the
             estimates are then at float32 precision but ``converged`` is ``False``.
         progress: show a progress bar (set ``False`` in scripts and tests).
+        ties: pytree like ``params`` of ``None`` or integer label arrays of the leaf's
+            shape: free entries with the same label ``>= 0`` share one value.
 
     Returns:
         A `~statseq.FitResult` with ``method="lbfgs"``; ``log_joint[k]`` is the objective
@@ -173,20 +174,20 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     if not tol >= 0:
         raise ValueError(f"tol must be non-negative, got {tol}")
     data = prepare_data(model, y, mask, inputs)
-    flags = trainable_flags(params, trainable)
-    if num_free_params(model, jax.tree.unflatten(jax.tree.structure(params), flags)) == 0:
+    restriction, z0 = restrict(model, params, trainable, ties)
+    if restriction.num_free == 0:
         raise ValueError("trainable freezes every parameter: there is nothing to fit")
-    uparams = to_unconstrained(model, params)
     with _progress.progress_bar(num_iters, f"fit_lbfgs {type(model).__name__}", progress):
         out = _fit_lbfgs_compiled(
-            model, uparams, jnp.asarray(coordinate_mask(uparams, flags)), priors, data.y,
+            model, restriction, jnp.asarray(z0, float_dtype()), priors, data.y,
             data.mask, data.inputs, jnp.asarray(tol, float_dtype()),
             jnp.asarray(num_iters, jnp.int32),
             jnp.asarray(_progress.update_every(num_iters), jnp.int32),
             capacity=_trace_capacity(num_iters), progress=bool(progress),
             complete=data.complete,
         )
-        i, up, trace, stop = jax.block_until_ready(out)
+        i, z, trace, stop = jax.block_until_ready(out)
+    z = jnp.where(restriction.keep, z, restriction.z0)
     num_updates, stop = int(i), int(stop)
     if stop == _NONFINITE:
         warnings.warn(
@@ -195,13 +196,8 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
             "objective. Check the starting parameters and the data scale.",
             RuntimeWarning, stacklevel=2,
         )
-    fitted = from_unconstrained(model, up)
-    leaves_f, tree = jax.tree.flatten(fitted)
-    leaves_p = tree.flatten_up_to(params)
-    fitted = jax.tree.unflatten(tree, [  # frozen leaves come back exactly as given
-        f if t else p for f, p, t in zip(leaves_f, leaves_p, flags, strict=True)
-    ])
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_lbfgs")
+    fitted = restriction.expand(model, z)  # fixed entries come back exactly as given
+    _degenerate = degenerate_fit_warning(model, fitted, "fit_lbfgs", restriction)
     if _degenerate:
         warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
     return FitResult(

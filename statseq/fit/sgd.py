@@ -22,14 +22,12 @@ import optax
 
 from statseq.core.params import (
     degenerate_fit_warning,
-    from_unconstrained,
     log_prior,
-    to_unconstrained,
-    trainable_mask,
     validate_params,
     validate_priors,
 )
 from statseq.core.recurrence import run_filter
+from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.fit import _progress
@@ -77,7 +75,7 @@ def _split_validation(data, validation, key, scored=None):
         "progress_every", "train_complete", "val_complete",
     ),
 )
-def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, key,
+def _fit_sgd_compiled(model, optimizer, restriction, priors, train, val, key,
                       clip_norm, *,
                       num_steps, batch_size, eval_every, patience, progress_every,
                       train_complete=False, val_complete=False):
@@ -86,8 +84,10 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
     scale = num_train / batch_size
     dtype = float_dtype()
 
+    uparams, trainable = restriction.z0, restriction.keep  # the free vector and its mask
+
     def log_joint(up, idx):
-        params = from_unconstrained(model, up)
+        params = restriction.expand(model, up)
         lp, lps, *_ = run_filter(
             model, params, y_tr[idx], m_tr[idx], u_tr[idx], complete=train_complete
         )
@@ -100,7 +100,7 @@ def _fit_sgd_compiled(model, optimizer, uparams, trainable, priors, train, val, 
             return jnp.zeros((), dtype)
         y_va, m_va, u_va, scored = val
         _, lps, _, _ = run_filter(
-            model, from_unconstrained(model, up), y_va, m_va, u_va, complete=val_complete
+            model, restriction.expand(model, up), y_va, m_va, u_va, complete=val_complete
         )
         return jnp.sum(jnp.where(scored, lps, 0.0))
 
@@ -191,7 +191,8 @@ def _check_scored(scored, data):
 
 def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=None,
             batch_size=None, trainable=None, priors=None, clip_norm=None, validation=None,
-            eval_every=None, patience=None, progress=True, scored=None) -> FitResult:
+            eval_every=None, patience=None, progress=True, scored=None, ties=None
+            ) -> FitResult:
     """Fit ``model`` by stochastic gradient ascent on the log joint, with optax.
 
     Maximizes ``log p(y | theta) + log p(theta)`` (the log-likelihood plus the log prior
@@ -212,7 +213,9 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         mask: optional observation mask (per step or per entry).
         inputs: covariates, when the model takes them.
         batch_size: sequences per step (``None``: all; the gradient is then exact).
-        trainable: pytree of ``True``/``False`` like ``params`` (``False`` freezes a leaf).
+        trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf)
+            or boolean arrays of the leaf's shape (``False`` entries keep their value; see
+            `statseq.core.restrict`). The optimizer sees one flat vector of free values.
         priors: pytree like ``params`` with numpyro distributions or ``None`` leaves.
         clip_norm: clip the gradient to this global norm before the optimizer.
         validation: fraction held out: the final fraction of time steps for a single
@@ -225,6 +228,8 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
             steps marked ``True`` count in the objective (and in validation scores); the
             others still drive the model's state. `statseq.make_windows` builds it for
             truncated backpropagation through time (each window's warmup is unscored).
+        ties: pytree like ``params`` of ``None`` or integer label arrays of the leaf's
+            shape: free entries with the same label ``>= 0`` share one value.
 
     Returns:
         A `~statseq.FitResult` whose ``log_joint`` trace has one entry per step.
@@ -261,13 +266,13 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     if clip_norm is not None and not float(clip_norm) > 0:
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
     clip = jnp.asarray(jnp.inf if clip_norm is None else float(clip_norm), float_dtype())
-    mask_tree = trainable_mask(params, trainable)
-    trainable_arrays = jax.tree.map(jnp.asarray, mask_tree)
-    uparams = to_unconstrained(model, params)
+    restriction, _ = restrict(model, params, trainable, ties)
+    if restriction.num_free == 0:
+        raise ValueError("trainable freezes every parameter: there is nothing to fit")
     progress_every = _progress.update_every(num_steps) if progress else 0
     with _progress.progress_bar(num_steps, f"fit_sgd {type(model).__name__}", progress):
         out = _fit_sgd_compiled(
-            model, optimizer, uparams, trainable_arrays, priors, train, val, batch_key, clip,
+            model, optimizer, restriction, priors, train, val, batch_key, clip,
             num_steps=num_steps, batch_size=batch_size, eval_every=eval_every,
             patience=patience, progress_every=progress_every,
             train_complete=bool(np.all(np.asarray(train[1]))),
@@ -286,11 +291,8 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     steps = np.arange(eval_every - 1, num_steps, eval_every)[: vtrace.shape[0]]
     vtrace = np.asarray(vtrace)
     keep = np.isfinite(vtrace) if val is not None else np.zeros(vtrace.shape, bool)
-    fitted = jax.tree.map(  # frozen leaves come back exactly as given
-        lambda f, given, t: f if t else given,
-        from_unconstrained(model, final_up), params, mask_tree,
-    )
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_sgd")
+    fitted = restriction.expand(model, final_up)  # fixed entries come back exactly as given
+    _degenerate = degenerate_fit_warning(model, fitted, "fit_sgd", restriction)
     if _degenerate:
         warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
     return FitResult(

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,12 @@ class LinearGaussianSSM(GaussianSSMBase):
     emission_dim: int | None = 1
     input_dim: int = 0
     initial: Literal["free", "stationary", "diffuse"] = "free"
+
+    #: covariances that may be singular (positive semi-definite): the Kalman filter is exact
+    #: with them as long as every innovation covariance ``H P_t H^T + R`` is non-singular,
+    #: which `check_params` verifies when ``R`` is singular.
+    semidefinite_params: ClassVar[tuple[str, ...]] = (
+        "initial_cov", "dynamics_cov", "emission_cov")
 
     def __post_init__(self):
         check_positive_int(self.state_dim, "state_dim")
@@ -180,9 +186,13 @@ class LinearGaussianSSM(GaussianSSMBase):
                           dynamics_cov=jnp.asarray(0.1 * np.eye(n), dtype))
 
     def check_params(self, params) -> None:
-        """Eager check: a stationary initial law needs a stable ``F``."""
-        if self.initial != "stationary":
-            return
+        """Eager checks: a stationary initial law needs a stable ``F``; with a singular
+        ``R`` every innovation covariance ``H P_t H^T + R`` must be non-singular."""
+        if self.initial == "stationary":
+            self._check_stable(params)
+        check_innovation_covariances(self, params)
+
+    def _check_stable(self, params) -> None:
         radius = float(np.max(np.abs(np.linalg.eigvals(np.asarray(params.dynamics_weights)))))
         if radius >= 1.0:
             raise ValueError(
@@ -253,10 +263,21 @@ class LinearGaussianSSM(GaussianSSMBase):
         stats["v0"] = post.smoothed_covs[:, 0]
         return stats, jnp.sum(post.marginal_log_lik)
 
+    #: `fit_em` may pass boolean arrays (per-entry trainable masks) to `m_step`
+    m_step_entry_masks: ClassVar[bool] = True
+
     def m_step(self, params, stats, priors, inputs, trainable=None):
         """Closed-form updates: least squares for ``(F, B, b)`` and ``(H, D, d)`` given
         frozen blocks, then ``Q`` and ``R`` from the expected residual moments, ``m`` and
-        ``P`` from the smoothed first state."""
+        ``P`` from the smoothed first state.
+
+        ``trainable`` leaves may be boolean arrays (entries fixed at their value). When the
+        rows of ``[F, B, b]`` (or ``[H, D, d]``) have different free entries, each row is
+        solved in turn given the others, weighted by the current ``Q^+`` (``R^+``): a
+        conditional maximization (ECM), exact for a diagonal ``Q``. A covariance mask
+        (whole fixed rows and a block-diagonal free part, see `statseq.core.restrict`)
+        takes the residual moments on its free entries, the exact maximizer. Rows whose
+        noise variance is zero keep their weights."""
         del priors, inputs
         tr = trainable if trainable is not None else jax.tree.map(
             lambda _: True, params, is_leaf=lambda x: x is None)
@@ -264,11 +285,13 @@ class LinearGaussianSSM(GaussianSSMBase):
             stats["zz"], stats["xz"], stats["xx"], stats["n_dyn"],
             (params.dynamics_weights, params.dynamics_input_weights, params.dynamics_bias),
             (tr.dynamics_weights, tr.dynamics_input_weights, tr.dynamics_bias),
+            params.dynamics_cov, tr.dynamics_cov,
         )
         h, du, d, r = _regression_update(
             stats["ww"], stats["yw"], stats["yy"], stats["n_emit"],
             (params.emission_weights, params.emission_input_weights, params.emission_bias),
             (tr.emission_weights, tr.emission_input_weights, tr.emission_bias),
+            params.emission_cov, tr.emission_cov,
         )
         new = params._replace(
             dynamics_weights=f, dynamics_input_weights=bu, dynamics_bias=b, dynamics_cov=q,
@@ -276,12 +299,84 @@ class LinearGaussianSSM(GaussianSSMBase):
         )
         if self.initial == "free":
             x0, v0 = stats["x0"], stats["v0"]
-            m0 = jnp.where(jnp.asarray(tr.initial_mean), jnp.mean(x0, axis=0),
-                           params.initial_mean)
+            m_old, p_old = params.initial_mean, params.initial_cov
+            free = jnp.broadcast_to(jnp.asarray(tr.initial_mean, bool), m_old.shape)
+            fm = free.astype(m_old.dtype)
+            xbar = jnp.mean(x0, axis=0)
+            # fixed entries of m: the free ones maximize given them (conditional mean)
+            a = jnp.linalg.pinv(p_old, hermitian=True)
+            lhs = a * (fm[:, None] * fm[None, :]) + jnp.diag(1.0 - fm)
+            delta = jnp.linalg.pinv(lhs) @ (-(a @ ((1.0 - fm) * (m_old - xbar))) * fm)
+            m0 = jnp.where(free, xbar + delta, m_old)
             dev = x0 - m0
-            p0 = jnp.mean(v0 + dev[:, :, None] * dev[:, None, :], axis=0)
-            new = new._replace(initial_mean=m0, initial_cov=symmetrize(p0))
+            p0 = symmetrize(jnp.mean(v0 + dev[:, :, None] * dev[:, None, :], axis=0))
+            p0 = jnp.where(jnp.asarray(tr.initial_cov, bool), p0, p_old)
+            new = new._replace(initial_mean=m0, initial_cov=p0)
         return new
+
+
+def _singular(a, rtol=1e-10) -> bool:
+    """Whether the symmetric ``a`` has an eigenvalue ``<= rtol * max |eigenvalue|``."""
+    evals = np.linalg.eigvalsh(0.5 * (a + a.T))
+    scale = np.abs(evals).max()
+    return bool(scale == 0 or evals.min() <= rtol * scale)
+
+
+def check_innovation_covariances(model, params, *, max_steps: int = 2000) -> None:
+    """Raise a ValueError if some ``S_t = H P_t H^T + R`` is singular (checked only when
+    ``R`` is singular, in NumPy, by the covariance recursion of a fully observed series).
+
+    A singular ``S_t`` means that a combination of ``y_t`` is a deterministic function of
+    the past: ``y`` has no density, and the filter would return NaN. With a positive definite
+    ``R`` (or at steps with missing entries, where ``P_t`` only grows) ``S_t`` is
+    non-singular whatever ``Q`` and ``P_0``. A time-invariant model stops the recursion
+    when ``P_t`` has converged (at most ``max_steps`` steps). A diffuse initial state with a
+    singular ``R`` is refused (the exact diffuse filter divides by the zero part).
+    """
+    r_all = np.asarray(params.emission_cov, np.float64)
+    r_list = r_all.reshape((-1,) + r_all.shape[-2:])
+    if not any(_singular(r) for r in r_list):
+        return
+    if model.initial == "diffuse":
+        raise ValueError(
+            "params.emission_cov is singular, which the exact diffuse filter "
+            "(initial='diffuse') does not handle (its diffuse steps would divide by a zero "
+            "prediction variance); use initial='free' with a proper initial_cov, or give "
+            "emission_cov positive variances")
+    f_all = np.asarray(params.dynamics_weights, np.float64)
+    q_all = np.asarray(params.dynamics_cov, np.float64)
+    h_all = np.asarray(params.emission_weights, np.float64)
+    varying = f_all.ndim == 3
+    if model.initial == "free":
+        p = np.asarray(params.initial_cov, np.float64)
+    else:
+        import scipy.linalg
+
+        p = scipy.linalg.solve_discrete_lyapunov(f_all, q_all)
+    steps = h_all.shape[0] if varying else max_steps
+    for t in range(steps):
+        h = h_all[t] if varying else h_all
+        r = r_list[t] if varying else r_list[0]
+        s = h @ p @ h.T + r
+        if _singular(s):
+            raise ValueError(
+                f"params.emission_cov is singular and so is the innovation covariance "
+                f"H P_t H^T + R at step t = {t}: a combination of y_t would be a "
+                "deterministic function of the past, which has no density. Give "
+                "emission_cov a positive variance in that direction (or add state noise "
+                "that reaches it)"
+            )
+        gain = np.linalg.solve(s, h @ p).T
+        p_filt = p - gain @ s @ gain.T
+        if varying and t == steps - 1:
+            break
+        f = f_all[t] if varying else f_all
+        q = q_all[t] if varying else q_all
+        p_next = f @ p_filt @ f.T + q
+        p_next = 0.5 * (p_next + p_next.T)
+        if not varying and np.abs(p_next - p).max() <= 1e-13 * (1.0 + np.abs(p).max()):
+            return
+        p = p_next
 
 
 def _em_stats(params, post, y, mask, u):
@@ -341,30 +436,52 @@ def _em_stats(params, post, y, mask, u):
     }
 
 
-def _regression_update(szz, sxz, sxx, count, blocks, trainable):
-    """Maximize ``E sum ||x - W z||^2_{Q^{-1}}`` over the free blocks of ``W = [W_1 ...]``,
-    then ``Q = E sum (x - W z)(x - W z)^T / count``.
+def _regression_update(szz, sxz, sxx, count, blocks, trainable, cov, cov_trainable):
+    """Maximize ``E sum ||x - W z||^2_{Q^{-1}}`` over the free entries of ``W = [W_1 ...]``,
+    then ``Q = E sum (x - W z)(x - W z)^T / count`` on its free entries.
 
-    Frozen blocks keep their values: the free columns solve
-    ``W_free S_zz[free, free] = (S_xz - W_frozen S_zz[frozen, :])[:, free]``.
+    When every row has the same free columns the free columns solve
+    ``W_free S_zz[free, free] = (S_xz - W_frozen S_zz[frozen, :])[:, free]`` (ordinary least
+    squares, which is also the generalized least squares answer for any ``Q``). Otherwise
+    row ``i`` solves ``W_i S_zz = S_xz[i] + sum_{l != i} A_il (S_xz[l] - W_l S_zz) / A_ii``
+    on its free columns, in turn (``A = Q^+``): each row maximizes given the others.
     """
-    widths = [blk.shape[-1] if blk.ndim == 2 else 1 for blk in blocks]
+    dtype = szz.dtype
     w_old = jnp.concatenate([blk if blk.ndim == 2 else blk[:, None] for blk in blocks],
                             axis=1)
-    free = jnp.concatenate([jnp.broadcast_to(jnp.asarray(t, bool), (w,))
-                            for t, w in zip(trainable, widths, strict=True)]).astype(szz.dtype)
+    free = jnp.concatenate([
+        jnp.broadcast_to(jnp.asarray(t, bool), blk.shape).reshape(blk.shape[0], -1)
+        for blk, t in zip(blocks, trainable, strict=True)], axis=1).astype(dtype)
+    rows_alike = jnp.all(free == free[:1])
+    w_joint = _solve_row(szz, sxz, w_old, free[0])
+    a = jnp.linalg.pinv(cov, hermitian=True)
+    w_rows = w_old
+    for i in range(w_old.shape[0]):
+        resid = sxz - w_rows @ szz  # (rows, k)
+        a_ii = a[i, i]
+        others = (a[i] * (jnp.arange(a.shape[0]) != i)) @ resid
+        target = sxz[i] + others / jnp.where(a_ii > 0, a_ii, 1.0)
+        row = _solve_row(szz, target[None, :], w_rows[i:i + 1], free[i])[0]
+        w_rows = w_rows.at[i].set(jnp.where(a_ii > 0, row, w_rows[i]))
+    w_new = jnp.where(rows_alike, w_joint, w_rows)
+    s = symmetrize((sxx - w_new @ sxz.T - sxz @ w_new.T + w_new @ szz @ w_new.T) / count)
+    cov_new = jnp.where(jnp.asarray(cov_trainable, bool), s, cov)
+    out, start = [], 0
+    for blk in blocks:
+        width = blk.shape[-1] if blk.ndim == 2 else 1
+        part = w_new[:, start:start + width]
+        out.append(part if blk.ndim == 2 else part[:, 0])
+        start += width
+    return (*out, cov_new)
+
+
+def _solve_row(szz, sxz, w_old, free):
+    """Least squares of the rows of ``sxz`` on the ``free`` columns, the others fixed."""
     fixed = 1.0 - free
     lhs = szz * (free[:, None] * free[None, :]) + jnp.diag(fixed)
     rhs = (sxz - (w_old * fixed[None, :]) @ szz) * free[None, :] + w_old * fixed[None, :]
     w_new = jnp.linalg.solve(lhs.T, rhs.T).T
-    w_new = jnp.where(free[None, :] > 0, w_new, w_old)
-    cov = (sxx - w_new @ sxz.T - sxz @ w_new.T + w_new @ szz @ w_new.T) / count
-    out, start = [], 0
-    for blk, width in zip(blocks, widths, strict=True):
-        part = w_new[:, start:start + width]
-        out.append(part if blk.ndim == 2 else part[:, 0])
-        start += width
-    return (*out, symmetrize(cov))
+    return jnp.where(free[None, :] > 0, w_new, w_old)
 
 
 @register_model

@@ -39,6 +39,7 @@ import numpy as np
 from numpyro.distributions import constraints
 
 from statseq.core.model import register_model
+from statseq.core.params import param_names
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import kalman
 from statseq.inference.gaussian import solve_discrete_lyapunov
@@ -632,6 +633,19 @@ class _StructuralBase(GaussianSSMBase):
             return jnp.asarray(scale * f, dtype)
 
         return jax.tree.map(leaf, cons, params, is_leaf=is_con)
+
+    @property
+    def semidefinite_params(self) -> tuple[str, ...]:
+        """Every component variance may be 0 (a deterministic level, slope, seasonal or
+        autoregressive disturbance): the exact diffuse filter stays exact. The irregular
+        variance ``obs_var`` must stay positive: with ``obs_var = 0`` the diffuse steps
+        have a zero non-diffuse prediction variance, which the exact diffuse filter does not
+        handle (it would return NaN)."""
+        names = param_names(self)
+        cons = jax.tree.leaves(self.param_constraints(),
+                               is_leaf=lambda x: isinstance(x, constraints.Constraint))
+        return tuple(n for n, c in zip(names, cons, strict=True)
+                     if c is constraints.positive and n != "obs_var")
 
     def check_params(self, params) -> None:
         """Eager checks of each component (e.g. a stationary `ARComponent`)."""

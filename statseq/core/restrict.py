@@ -1,0 +1,395 @@
+"""Restricted parameters: fixed entries and tied entries of a parameter pytree.
+
+Textbook state space models are written with some matrix entries fixed (at 0, 1 or any
+known value) and others free or equal to each other. Two pytrees like ``params`` say which:
+
+* ``trainable``: each leaf ``True`` (every entry is free), ``False`` (the leaf is fixed at
+  its value in ``params``) or a boolean array of the leaf's shape (``True`` entries are
+  free, ``False`` entries keep their value in ``params``);
+* ``ties``: each leaf ``None`` or an integer array of the leaf's shape; free entries with
+  the same label ``>= 0`` share one value (labels are global, so entries of different leaves
+  may be tied); ``-1`` means untied.
+
+The free values form one flat vector ``z`` (one coordinate per free entry or tie group)
+and `Restriction.expand` maps ``z`` to a full ``params`` pytree. What a restriction may
+say depends on the leaf's constraint:
+
+* elementwise constraints (``real``, ``positive``, ``unit_interval``, ...): any entries may
+  be fixed or tied (a fixed ``positive`` entry may be 0, e.g. a zero variance);
+* ``positive_definite`` (covariance) leaves: a symmetric mask whose fixed entries are
+  (a) whole rows and columns (a fixed diagonal entry fixes its row and column; the entries
+  between fixed and free rows must be 0, so the fixed block may be singular, e.g. a state
+  without noise), and (b) off-diagonal zeros among the free rows that make the free block
+  block-diagonal after a permutation (e.g. a diagonal covariance). The free block is
+  ``L L^T`` with ``L`` its Cholesky factor, whose zero pattern is then that of the block
+  structure, so every such matrix is reached. Ties on a covariance join free *diagonal*
+  entries of rows whose off-diagonal entries are all fixed (equal variances);
+* any other constraint (simplex rows, correlation matrices): the whole leaf only.
+
+Tied entries start at the mean of their unconstrained starting values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+
+from statseq.core.params import _is_constraint, param_names
+from statseq.core.validation import float_dtype
+
+
+def _is_spd(a) -> bool:
+    try:
+        np.linalg.cholesky(a)
+    except np.linalg.LinAlgError:
+        return False
+    evals = np.linalg.eigvalsh(a)
+    return bool(evals.min() > 10 * a.shape[-1] * np.finfo(np.float64).eps * evals.max())
+
+
+@jax.tree_util.register_pytree_node_class
+class Restriction:
+    """Which entries of a parameter pytree are free, fixed or tied (see the module).
+
+    Build one with `restrict`. The free values live in a flat vector ``z``: the
+    unconstrained values of every whole leaf (``biject_to`` of its constraint), then one
+    coordinate per free entry or tie group of the leaves restricted entry by entry.
+    ``keep`` marks the coordinates that move (those of whole fixed leaves are held at 0 and
+    the leaf's value is used instead, so a fixed leaf may be singular), ``z0`` is the start.
+    ``expand(model, z)`` is the full ``params`` (differentiable, traceable). A pytree whose
+    static part depends only on which leaves are restricted entry by entry, so fixing or
+    freeing whole leaves reuses a compiled program.
+    """
+
+    def __init__(self, treedef, kinds, arrays, keep, z0):
+        self.treedef = treedef
+        self.kinds = kinds
+        self.arrays = arrays
+        self.keep = keep
+        self.z0 = z0
+
+    def tree_flatten(self):
+        return (self.arrays, self.keep, self.z0), (self.treedef, self.kinds)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*aux, *children)
+
+    @property
+    def num_free(self) -> int:
+        """The number of free scalars (moving coordinates of ``z``)."""
+        return int(np.sum(np.asarray(self.keep)))
+
+    def expand(self, model, z):
+        """The constrained ``params`` pytree at ``z`` (its fixed coordinates are read from
+        ``z0``, so they get no gradient)."""
+        z = jnp.where(self.keep, z, self.z0)
+        cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+        out = []
+        for kind, arrs, con in zip(self.kinds, self.arrays, cons, strict=True):
+            if kind[0] == "leaf":
+                _, start, size, ushape = kind
+                value, fixed = arrs
+                new = biject_to(con)(jnp.reshape(z[start:start + size], ushape))
+                out.append(jnp.where(fixed, value, new.astype(value.dtype)))
+            elif kind[0] == "entry":
+                value, idx = arrs
+                u = z[jnp.maximum(idx, 0)]
+                out.append(jnp.where(idx >= 0, biject_to(con)(u), value).astype(value.dtype))
+            else:  # "cov"
+                value, idx, free_diag = arrs
+                raw = jnp.where(idx >= 0, z[jnp.maximum(idx, 0)], 0.0)
+                diag = jnp.diagonal(raw)
+                chol = jnp.tril(raw, -1) + jnp.diag(jnp.where(free_diag, jnp.exp(diag), 0.0))
+                both = free_diag[:, None] & free_diag[None, :]
+                out.append(jnp.where(both, chol @ chol.T, value).astype(value.dtype))
+        return jax.tree.unflatten(self.treedef, out)
+
+    def free_mask(self):
+        """Per leaf: a boolean array of the leaf's shape, ``True`` where the entry moves."""
+        masks = []
+        for kind, arrs in zip(self.kinds, self.arrays, strict=True):
+            if kind[0] == "leaf":
+                masks.append(np.full(np.shape(arrs[0]), not bool(arrs[1])))
+            elif kind[0] == "entry":
+                masks.append(np.asarray(arrs[1]) >= 0)
+            else:
+                idx = np.asarray(arrs[1]) >= 0
+                masks.append(idx | idx.T)
+        return masks
+
+
+def _leaf_masks(treedef, leaves, trainable, names):
+    if trainable is None:
+        return [np.ones(np.shape(v), bool) for v in leaves]
+    try:
+        flags = treedef.flatten_up_to(trainable)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            "trainable must have the structure of params (True/False or a boolean array of "
+            "the leaf's shape for each field)") from err
+    out = []
+    for name, flag, value in zip(names, flags, leaves, strict=True):
+        if isinstance(flag, bool | np.bool_):
+            out.append(np.full(np.shape(value), bool(flag)))
+            continue
+        arr = np.asarray(flag)
+        if arr.dtype != bool:
+            raise TypeError(f"trainable.{name} must be True, False or a boolean array, got "
+                            f"{flag!r}")
+        if arr.shape != np.shape(value):
+            raise ValueError(f"trainable.{name} must have the shape of params.{name}, "
+                             f"{np.shape(value)}, got {arr.shape}")
+        out.append(arr)
+    return out
+
+
+def _leaf_labels(treedef, leaves, ties, names):
+    if ties is None:
+        return [None] * len(leaves)
+    try:
+        labels = treedef.flatten_up_to(ties)
+    except (ValueError, TypeError) as err:
+        raise ValueError("ties must have the structure of params (None or an integer array "
+                         "of the leaf's shape for each field)") from err
+    out = []
+    for name, lab, value in zip(names, labels, leaves, strict=True):
+        if lab is None:
+            out.append(None)
+            continue
+        arr = np.asarray(lab)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"ties.{name} must be an integer array (labels, -1 for untied), "
+                            f"got dtype {arr.dtype}")
+        if arr.shape != np.shape(value):
+            raise ValueError(f"ties.{name} must have the shape of params.{name}, "
+                             f"{np.shape(value)}, got {arr.shape}")
+        out.append(arr.astype(np.int64) if (arr >= 0).any() else None)
+    return out
+
+
+def _components(free):
+    """Connected components of the graph on ``range(len(free))`` with edges ``free``."""
+    n = len(free)
+    seen, comps = set(), []
+    for s in range(n):
+        if s in seen:
+            continue
+        comp, stack = [], [s]
+        seen.add(s)
+        while stack:
+            i = stack.pop()
+            comp.append(i)
+            for j in range(n):
+                if free[i, j] and j not in seen:
+                    seen.add(j)
+                    stack.append(j)
+        comps.append(sorted(comp))
+    return comps
+
+
+class _Builder:
+    def __init__(self):
+        self.z = []  # unconstrained starting values, one list per coordinate
+        self.tie_index = {}
+        self.tie_kind = {}
+
+    def coordinate(self, value, label, tie_kind, name):
+        if label is not None and label >= 0:
+            if label in self.tie_index:
+                if self.tie_kind[label] != tie_kind:
+                    raise ValueError(
+                        f"ties: label {label} joins entries of different kinds ({name} and an "
+                        "earlier leaf); tied entries must have the same constraint (and, for "
+                        "covariances, be variances)")
+                k = self.tie_index[label]
+                self.z[k].append(value)
+                return k
+            self.tie_index[label] = len(self.z)
+            self.tie_kind[label] = tie_kind
+        self.z.append([value])
+        return len(self.z) - 1
+
+
+def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.ndarray]:
+    """A `Restriction` of ``params`` and the starting free vector ``z0``.
+
+    Args:
+        model: a statseq model.
+        params: its parameters (fixed entries keep these values).
+        trainable: ``None`` (all free) or a pytree like ``params`` with ``True``/``False``
+            or a boolean array of the leaf's shape on each field.
+        ties: ``None`` or a pytree like ``params`` with ``None`` or an integer label array of
+            the leaf's shape on each field (equal labels ``>= 0`` share one value).
+
+    Returns:
+        ``(restriction, z0)`` with ``restriction.expand(model, z0)`` equal to ``params``
+        (up to rounding, and with tied entries at their common starting value); ``z0`` is
+        ``restriction.z0`` in float64.
+
+    Raises:
+        ValueError: a restriction the leaf's constraint cannot represent, a tied entry that
+            is fixed, or a free covariance block that does not start positive definite.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.core.restrict import restrict
+        >>> model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
+        >>> p = model.default_params()._replace(dynamics_cov=jnp.diag(jnp.array([0.5, 0.0])))
+        >>> trainable = jax.tree.map(lambda _: False, p)._replace(
+        ...     dynamics_weights=np.array([[True, True], [False, False]]),
+        ...     dynamics_cov=np.array([[True, False], [False, False]]))
+        >>> res, z0 = restrict(model, p, trainable)
+        >>> res.num_free  # phi_1, phi_2 and the one free variance
+        3
+        >>> np.round(res.expand(model, jnp.asarray(z0)).dynamics_cov, 12).tolist()
+        [[0.5, 0.0], [0.0, 0.0]]
+    """
+    leaves, treedef = jax.tree.flatten(params)
+    cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+    names = param_names(model)
+    masks = _leaf_masks(treedef, leaves, trainable, names)
+    labels = _leaf_labels(treedef, leaves, ties, names)
+    build = _Builder()
+    kinds, arrays, fixed_coords = [], [], []
+    partial = []
+    for name, value, con, mask, lab in zip(names, leaves, cons, masks, labels, strict=True):
+        value = jnp.asarray(value)
+        if lab is not None and (~mask & (lab >= 0)).any():
+            raise ValueError(f"ties.{name} ties entries that trainable fixes; tie only free "
+                             "entries")
+        if lab is None and (mask.all() or not mask.any()):
+            start = len(build.z)
+            kinds.append(_whole(build, name, value, con, bool(mask.any())))
+            if not mask.any():
+                fixed_coords.extend(range(start, len(build.z)))
+            arrays.append((value, jnp.asarray(not mask.any())))
+            partial.append(None)
+        else:
+            if con.event_dim != 0 and not (
+                    con is constraints.positive_definite and value.ndim == 2):
+                raise ValueError(
+                    f"params.{name} has constraint {con}: per-entry trainable masks and ties "
+                    "are supported for elementwise constraints (real, positive, ...) and for "
+                    "(n, n) covariance matrices; make trainable for this field True or False")
+            kinds.append(None)
+            arrays.append(None)
+            partial.append((name, value, con, mask, lab))
+    # the entry-wise coordinates come after every whole leaf's: freezing whole leaves then
+    # changes only ``keep``, not the layout
+    for i, item in enumerate(partial):
+        if item is None:
+            continue
+        name, value, con, mask, lab = item
+        if con.event_dim == 0:
+            kinds[i] = ("entry",)
+            arrays[i] = _entries(build, name, value, con, mask, lab)
+        else:
+            kinds[i] = ("cov",)
+            arrays[i] = _covariance(build, name, value, mask, lab)
+    z0 = np.array([np.mean(v) for v in build.z], np.float64)
+    keep = np.ones(len(z0), bool)
+    keep[fixed_coords] = False
+    z0[fixed_coords] = 0.0
+    restriction = Restriction(treedef, tuple(kinds), tuple(arrays), jnp.asarray(keep),
+                              jnp.asarray(z0, float_dtype()))
+    return restriction, z0
+
+
+def _whole(build, name, value, con, trainable):
+    size = math.prod(biject_to(con).inverse_shape(tuple(np.shape(value))))
+    ushape = tuple(biject_to(con).inverse_shape(tuple(np.shape(value))))
+    start = len(build.z)
+    if not trainable:
+        build.z.extend([0.0] for _ in range(size))
+        return ("leaf", start, size, ushape)
+    arr = np.asarray(value, np.float64)
+    if con is constraints.positive_definite and not all(
+            _is_spd(a) for a in arr.reshape((-1,) + arr.shape[-2:])):
+        raise ValueError(
+            f"params.{name} is a singular (or numerically singular) covariance and cannot be "
+            "fitted as a whole: fix it (trainable False), or fix its zero rows and columns "
+            "with a boolean trainable mask")
+    if con is constraints.positive and not (arr > 0).all():
+        raise ValueError(f"params.{name} has zero entries and cannot be fitted as a whole: "
+                         "fix them with a boolean trainable mask")
+    u = np.asarray(biject_to(con).inv(value), np.float64)
+    if not np.isfinite(u).all():
+        raise ValueError(f"params.{name} lies on the boundary of its constraint ({con}): fix "
+                         "it, or start inside")
+    for x in u.ravel():
+        build.z.append([float(x)])
+    return ("leaf", start, size, ushape)
+
+
+def _entries(build, name, value, con, mask, lab):
+    u = np.asarray(biject_to(con).inv(value), np.float64)
+    if not np.isfinite(u[mask]).all():
+        raise ValueError(f"params.{name}: a free entry lies on the boundary of its constraint "
+                         f"({con}); fix it or start inside")
+    idx = np.full(mask.shape, -1, np.int32)
+    for pos in zip(*np.nonzero(mask), strict=True):
+        label = None if lab is None else int(lab[pos])
+        idx[pos] = build.coordinate(float(u[pos]), label, ("entry", repr(con)), name)
+    return (value, jnp.asarray(idx))
+
+
+def _covariance(build, name, value, mask, lab):
+    n = mask.shape[0]
+    arr = np.asarray(value, np.float64)
+    if not (mask == mask.T).all():
+        raise ValueError(f"trainable.{name} must be symmetric (a covariance entry and its "
+                         "mirror are one parameter)")
+    free = np.diag(mask).copy()
+    off = mask & ~np.eye(n, dtype=bool)
+    if (off & ~(free[:, None] & free[None, :])).any():
+        raise ValueError(
+            f"trainable.{name}: a free off-diagonal entry needs both its variances free (a "
+            "fixed variance fixes its whole row and column)")
+    cross = free[:, None] & ~free[None, :]
+    if (arr[cross] != 0).any():
+        raise ValueError(
+            f"params.{name}: the entries between the free and the fixed rows must be 0 (the "
+            "fixed rows form a separate block)")
+    sub = np.ix_(free, free)
+    free_off = off[sub]
+    if (arr[sub][~free_off & ~np.eye(free.sum(), dtype=bool)] != 0).any():
+        raise ValueError(f"params.{name}: fixed off-diagonal entries among the free rows "
+                         "must be 0")
+    for comp in _components(free_off):
+        block = free_off[np.ix_(comp, comp)] | np.eye(len(comp), dtype=bool)
+        if not block.all():
+            raise ValueError(
+                f"trainable.{name}: the free entries must form a block-diagonal pattern (up "
+                "to a permutation); this zero pattern is not reachable by L L^T")
+    if lab is not None:
+        for i in np.nonzero(np.diag(lab) >= 0)[0]:
+            if off[i].any():
+                raise ValueError(
+                    f"ties.{name}: a tied variance must have its covariances fixed (ties join "
+                    "variances of diagonal blocks)")
+        if (lab[off] >= 0).any():
+            raise ValueError(f"ties.{name}: only variances (diagonal entries) can be tied")
+    rows = np.nonzero(free)[0]
+    if not _is_spd(arr[sub]):
+        raise ValueError(f"params.{name}: the free block must start positive definite")
+    chol = np.zeros((n, n))
+    chol[sub] = np.linalg.cholesky(arr[sub])
+    idx = np.full((n, n), -1, np.int32)
+    for i in rows:
+        label = None if lab is None else int(lab[i, i])
+        idx[i, i] = build.coordinate(float(np.log(chol[i, i])), label, ("variance",), name)
+        for j in rows[rows < i]:
+            if off[i, j]:
+                idx[i, j] = build.coordinate(float(chol[i, j]), None, None, name)
+    return (value, jnp.asarray(idx), jnp.asarray(free))
+
+
+def num_restricted_params(model, params, trainable=None, ties=None) -> int:
+    """Number of free scalars under ``trainable`` and ``ties`` (the length of ``z``)."""
+    return restrict(model, params, trainable, ties)[0].num_free
