@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -389,6 +389,9 @@ class TimeVaryingLinearGaussianSSM(LinearGaussianSSM):
     """
 
     num_timesteps: int = 2
+
+    #: its matrices have a time axis of the data's length: never padded to a bucket length
+    supports_length_buckets: ClassVar[bool] = False
 
     def __post_init__(self):
         super().__post_init__()
