@@ -8,7 +8,7 @@ axis of a new length up to a *bucket length* on a geometric ladder,
 
     1, 2, ..., 8, then 2^k * (1, 1.25, 1.5, 1.75) for 2^k >= 8:  10, 12, 14, 16, 20, 24, ...
 
-(at most 25% more steps, four buckets per doubling: 46 buckets up to 5,000 steps) and the
+(at most 25% more steps, four buckets per doubling: 45 buckets up to 5,000 steps) and the
 padded steps are invisible: the filter freezes its state after the last real step and
 scores nothing there, so log-likelihoods, per-step values and the final state of the real
 steps are those of the unpadded series (a test checks every model family), and outputs are

@@ -281,8 +281,7 @@ class HMMBase(SequenceModel):
                              _num_valid(data), kind="smoother",
                              parallel=use_parallel(parallel))
         return _cut_padding(_reshape_batch(out, data.batch_shape), data,
-                            ("filtered_probs", "smoothed_probs"),
-                            ("expected_transitions",) if self.input_dim else ())
+                            ("filtered_probs", "smoothed_probs"))
 
     def most_likely_states(self, params, y, *, mask=None, inputs=None):
         """The Viterbi path ``argmax_z p(z_{1:T} | y_{1:T})``: ``batch_shape + (T,)`` ints."""
@@ -461,7 +460,7 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel, num_valid=Non
     if kind == "filter":
         return lib.hmm_filter(pi, trans, ll)
     if kind == "smoother":
-        if num_valid is None or model.input_dim:  # per-step transitions are cut outside
+        if num_valid is None:
             return lib.hmm_smoother(pi, trans, ll)
         # padded to a bucket length: the padded (masked) steps' transitions are not part
         # of the real sequence's expected transitions, so sum only the real ones
