@@ -150,3 +150,25 @@ def cut_steps(result, num_valid: int, axis: int, *, steps=(), lags=()):
     cut = {name: cut_time(getattr(result, name), num_valid, axis) for name in steps}
     cut.update({name: cut_time(getattr(result, name), num_valid - 1, axis) for name in lags})
     return result._replace(**cut)
+
+
+#: how many compiled programs (one per data shape) `bound_cache` lets a function keep
+MAX_PROGRAMS_PER_FUNCTION = 8
+
+
+def bound_cache(fn, maxsize: int | None = None) -> None:
+    """Drop the compiled programs of the jitted ``fn`` once it holds more than ``maxsize``.
+
+    The fallback for routines whose results padding would change (EM's expected statistics
+    include the latent values of padded steps): they still compile once per length, but a
+    loop over thousands of lengths keeps at most ``maxsize`` programs (and their memory
+    mappings) alive instead of all of them. Dropping a program frees its machine code
+    (a test counts the mappings).
+
+    Args:
+        fn: a ``jax.jit``-wrapped function.
+        maxsize: the bound (default `MAX_PROGRAMS_PER_FUNCTION`).
+    """
+    limit = MAX_PROGRAMS_PER_FUNCTION if maxsize is None else maxsize
+    if fn._cache_size() > limit:
+        fn.clear_cache()

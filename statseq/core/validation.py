@@ -279,18 +279,21 @@ def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
         if length is not None:
             return _bucketed(y_clean, mask, mask_arr, inputs_arr, flat, event_shape,
                              num_inputs, length, batch_shape)
+    # eagerly, NumPy arrays are transferred with device_put: jnp.asarray compiled a small
+    # program per shape, which piled up over many lengths (statseq.core.buckets)
+    put = jax.device_put if eager else jnp.asarray
     if eager and mask is None:  # an all-True mask: one shared device array per shape
         mask_dev = _device_constant(flat + event_shape, "bool", True)
     else:
-        mask_dev = jnp.asarray(xp.reshape(xp.asarray(mask_arr), flat + event_shape))
+        mask_dev = put(xp.reshape(xp.asarray(mask_arr), flat + event_shape))
     if eager and num_inputs == 0:
         inputs_dev = _device_constant(flat + (0,), np.dtype(float_dtype()).name, 0)
     else:
-        inputs_dev = jnp.asarray(xp.reshape(inputs_arr, flat + (num_inputs,)))
-    if eager and y_clean is y:  # a JAX array as it is: reshape it on the device
+        inputs_dev = put(xp.reshape(inputs_arr, flat + (num_inputs,)))
+    if eager and y_clean is y and isinstance(y, jax.Array):  # reshape it on the device
         y_dev = _reshape(y, flat + event_shape)
     else:
-        y_dev = jnp.asarray(xp.reshape(y_clean, flat + event_shape))
+        y_dev = put(xp.reshape(y_clean, flat + event_shape))
     return Prepared(
         y=y_dev,
         mask=mask_dev,
@@ -334,8 +337,10 @@ def _reshape(x, shape):
 def _device_constant(shape: tuple, dtype: str, value):
     """A device array of ``shape`` filled with ``value`` (JAX arrays are immutable, so one
     can serve every call with that shape); concrete even when called under a trace."""
+    # built in NumPy and transferred: ``jnp.full`` compiled a program per shape, which
+    # piled up over many lengths (statseq.core.buckets)
     with jax.ensure_compile_time_eval():
-        return jnp.full(shape, value, dtype)
+        return jax.device_put(np.full(shape, value, dtype))
 
 
 def missing_mask(y):

@@ -225,6 +225,7 @@ _MANY_LENGTHS = textwrap.dedent("""
             return sum(1 for _ in f)
 
     n = int(sys.argv[1])
+    ss.set_length_buckets(sys.argv[2])
     rng = np.random.default_rng(0)
     lengths = rng.permutation(np.arange(1, n + 1))
     level, hmm = ss.LocalLevel(), ss.PoissonHMM(num_states=2)
@@ -251,8 +252,8 @@ def test_five_thousand_lengths_in_one_process(tmp_path):
     script = tmp_path / "many_lengths.py"
     script.write_text(_MANY_LENGTHS)
     env = dict(os.environ, PYTHONPATH=str(Path(ss.__file__).parents[1]))
-    done = subprocess.run([sys.executable, str(script), "5000"], capture_output=True, text=True,
-                          timeout=600, env=env, check=False)
+    done = subprocess.run([sys.executable, str(script), "5000", "always"], capture_output=True,
+                          text=True, timeout=600, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     import json
 
@@ -261,3 +262,30 @@ def test_five_thousand_lengths_in_one_process(tmp_path):
     assert c_end < 400  # against ~20,000 without buckets
     assert c_end - c_half < 40  # lengths are shuffled: almost every bucket exists by then
     assert m_end - m_half < 2500  # against ~190,000 mappings per 2,500 lengths unbucketed
+
+
+def test_fit_em_keeps_a_bounded_number_of_programs(rng, monkeypatch):
+    """EM is not padded (its statistics would see the padded steps): its per-length
+    programs are dropped beyond a bound, and dropping them frees their memory mappings."""
+    from statseq.fit.em import _fit_em_compiled
+
+    monkeypatch.setattr(buckets, "MAX_PROGRAMS_PER_FUNCTION", 2)
+    model = ss.PoissonHMM(num_states=2)
+    params = model.initialize(rng.poisson(3.0, size=40), key=jax.random.key(0))
+    sizes = []
+    for t in range(20, 26):
+        ss.fit_em(model, params, rng.poisson(3.0, size=t), num_iters=2, progress=False)
+        sizes.append(_fit_em_compiled._cache_size())
+    assert max(sizes) <= 3 and sizes[-1] >= 1
+    if os.path.exists("/proc/self/maps"):
+        import gc
+
+        def maps():
+            with open("/proc/self/maps") as f:
+                return sum(1 for _ in f)
+
+        gc.collect()
+        before = maps()
+        buckets.bound_cache(_fit_em_compiled, 0)
+        gc.collect()
+        assert _fit_em_compiled._cache_size() == 0 and maps() < before

@@ -506,6 +506,9 @@ def _e_step(model, params, y, mask, inputs):
 
 def mass_warnings(model, params, y, mask, inputs) -> list[str]:
     """Messages for states that ended EM with (almost) no posterior mass."""
+    from statseq.core.buckets import bound_cache
+
+    bound_cache(_e_step)  # one program per length (fit_em): keep only the latest ones
     stats, _ = _e_step(model, params, y, mask, inputs)
     observed = np.asarray(mask).reshape(mask.shape[:2] + (-1,)).any(axis=-1)
     observed[:, : model.num_conditioned_steps] = False  # conditioned steps carry no weight
