@@ -112,11 +112,15 @@ def run_filter(model, params, y, mask, inputs, *, complete, return_carries=False
 
 
 def run_prepared(model, params, data, *, return_carries=False, need_final=True):
-    """`run_filter` on the output of ``prepare_data``, padded to a bucket length or not."""
+    """`run_filter` on the output of ``prepare_data``, padded to a bucket length or not.
+
+    ``need_final=False`` (the caller ignores the final carry) matters only when padded; an
+    unpadded call always passes the default, so that ``log_prob``, ``filter`` and
+    ``forecast`` share one compiled program per shape.
+    """
     if data.num_valid is None:
         return run_filter(model, params, data.y, data.mask, data.inputs,
-                          complete=data.complete, return_carries=return_carries,
-                          need_final=need_final)
+                          complete=data.complete, return_carries=return_carries)
     return run_filter(model, params, data.y, data.mask, data.inputs,
                       complete=data.valid_complete, return_carries=return_carries,
                       num_valid=np.int32(data.num_valid), need_final=need_final)
