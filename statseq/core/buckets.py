@@ -26,6 +26,9 @@ parameters have a time axis (a time-varying state space model) declares
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
 import numpy as np
 
 _MODES = ("auto", "always", "never")
@@ -91,7 +94,7 @@ def set_length_buckets(mode: str = "auto", *, exact_lengths: int = 32) -> dict:
     return previous
 
 
-def padded_length(num_timesteps: int, model=None) -> int | None:
+def padded_length(num_timesteps: int, model: Any = None) -> int | None:
     """The bucket length the time axis is padded to under the current policy, or ``None``
     when this length keeps an exact program of its own (records the length).
 
@@ -134,7 +137,8 @@ def cut_time(array, length: int, axis: int):
     return jax.device_put(np.ascontiguousarray(host[(slice(None),) * axis + (slice(0, length),)]))
 
 
-def cut_steps(result, num_valid: int, axis: int, *, steps=(), lags=()):
+def cut_steps(result: NamedTuple, num_valid: int, axis: int, *, steps: Sequence[str] = (),
+              lags: Sequence[str] = ()) -> NamedTuple:
     """A result NamedTuple with its per-step fields cut back to the real length.
 
     Args:
@@ -156,7 +160,7 @@ def cut_steps(result, num_valid: int, axis: int, *, steps=(), lags=()):
 MAX_PROGRAMS_PER_FUNCTION = 8
 
 
-def bound_cache(fn, maxsize: int | None = None) -> None:
+def bound_cache(fn: Callable, maxsize: int | None = None) -> None:
     """Drop the compiled programs of the jitted ``fn`` once it holds more than ``maxsize``.
 
     The fallback for routines whose results padding would change (EM's expected statistics
