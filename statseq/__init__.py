@@ -23,6 +23,7 @@ from statseq.bayes import (  # noqa: E402
     posterior_predictive_forecast,
     relabel_states,
 )
+from statseq.core.buckets import bucket_length, set_length_buckets  # noqa: E402
 from statseq.core.model import SequenceModel, register_model, registered_models  # noqa: E402
 from statseq.core.params import (  # noqa: E402
     from_unconstrained,
@@ -192,6 +193,8 @@ __all__ = [
     "registered_models",
     "sample",
     "save",
+    "set_length_buckets",
+    "bucket_length",
     "standard_errors",
     "summary",
     "Summary",

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.params import validate_params
-from statseq.core.recurrence import _future_inputs, _sample_from, run_filter
+from statseq.core.recurrence import _future_inputs, _sample_from, run_prepared
 from statseq.core.validation import check_positive_int, pandas_values, prepare_data
 
 
@@ -213,15 +213,13 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
     num_steps = check_positive_int(num_steps, "num_steps")
     values, history_index, columns = pandas_values(y, len(model.event_shape))
     num_samples = check_positive_int(num_samples, "num_samples")
-    data = prepare_data(model, y, mask, inputs)
+    data = prepare_data(model, y, mask, inputs, bucket=True)  # statseq.core.buckets
     if data.num_timesteps < model.num_conditioned_steps:
         raise ValueError(
             f"{type(model).__name__} conditions on its first {model.num_conditioned_steps} "
             f"values, so a forecast needs at least that many; y has {data.num_timesteps}"
         )
-    _, _, _, final = run_filter(
-        model, params, data.y, data.mask, data.inputs, complete=data.complete
-    )
+    _, _, _, final = run_prepared(model, params, data)
     u = _future_inputs(model, future_inputs, data.batch_shape, num_steps)
     num_seq = data.y.shape[0]
     keys = jax.random.split(key, (num_samples, num_seq))

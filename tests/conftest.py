@@ -48,3 +48,18 @@ def _release_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_program_per_length():
+    """Length buckets off (`statseq.set_length_buckets("never")`) for the suite.
+
+    The default policy pads every new length after the first 32 a process sees, so in one
+    long pytest process whether a test ran padded would depend on the tests before it.
+    tests/core/test_buckets.py turns buckets on explicitly and checks that padded results
+    equal these unpadded ones for every model family.
+    """
+    import statseq as ss
+
+    ss.set_length_buckets("never")
+    yield

@@ -68,6 +68,10 @@ class SequenceModel(abc.ABC):
     #: exactly (per-dimension masks). Models that cannot reject such masks eagerly.
     supports_partial_mask: ClassVar[bool] = False
 
+    #: Whether the time axis may be padded to a bucket length with masked steps at its end
+    #: (`statseq.core.buckets`). False for models whose parameters have a time axis.
+    supports_length_buckets: ClassVar[bool] = True
+
     # ---- static description -------------------------------------------------------
     @property
     @abc.abstractmethod

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core.buckets import cut_time
 from statseq.core.params import validate_params
 from statseq.core.results import FilterResult
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
@@ -31,8 +32,13 @@ def pairwise_sum(x, axis: int = -1):
     return x[..., 0] if x.shape[-1] == 1 else jnp.zeros(x.shape[:-1], x.dtype)
 
 
-def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool):
-    """Run the filter over one sequence; returns (log_probs, carries or None, final)."""
+def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool, num_valid=None):
+    """Run the filter over one sequence; returns (log_probs, carries or None, final).
+
+    With ``num_valid`` (a traced length, for a time axis padded to a bucket length) the
+    steps from ``num_valid`` on score 0 and leave the carry as it was after the last real
+    step, so the final carry is that of the unpadded sequence.
+    """
 
     num_conditioned = model.num_conditioned_steps
 
@@ -41,6 +47,11 @@ def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool):
         lp, new_carry = model.step(params, carry, y_t, m_t, u_t)
         if num_conditioned:
             lp = jnp.where(t >= num_conditioned, lp, 0.0)
+        if num_valid is not None:
+            live = t < num_valid
+            lp = jnp.where(live, lp, 0.0)
+            new_carry = jax.tree.map(lambda new, old: jnp.where(live, new, old),
+                                     new_carry, carry)
         return new_carry, (lp, new_carry if return_carries else None)
 
     steps = jnp.arange(y.shape[0])
@@ -48,9 +59,16 @@ def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool):
     return log_probs, carries, final
 
 
-@partial(jax.jit, static_argnames=("model", "return_carries", "complete"))
-def _filter_flat(model, params, y, mask, inputs, return_carries=False, complete=False):
+@partial(jax.jit, static_argnames=("model", "return_carries", "complete", "need_final"))
+def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=False,
+                 complete=False, need_final=True):
     """Filter a flat batch ``(N, T, ...)``; ``complete=True`` promises nothing is masked.
+
+    ``num_valid`` (``None``, or the real length of a time axis padded to a bucket length,
+    `statseq.core.buckets`): steps from ``num_valid`` on score 0 and leave the carry
+    unchanged; ``complete`` then refers to the real steps only. A fast path's per-step
+    values are causal, so its padded steps are simply zeroed; its final carry would have
+    seen them, so with ``num_valid`` it is used only when ``need_final=False``.
 
     With complete data, a model may supply ``complete_data_log_probs`` (an equivalent,
     faster evaluation without the per-step scan); it is used unless carries are wanted.
@@ -62,28 +80,50 @@ def _filter_flat(model, params, y, mask, inputs, return_carries=False, complete=
     fast = hasattr(model, "complete_data_log_probs") and y.shape[1] >= getattr(
         model, "fast_path_min_timesteps", 0
     )
-    if complete and not return_carries and fast:
+    if complete and not return_carries and fast and (num_valid is None or not need_final):
         if hasattr(model, "complete_data_log_probs_batch"):  # the whole batch at once
             log_probs, final = model.complete_data_log_probs_batch(params, y, inputs)
         else:
             fast = partial(model.complete_data_log_probs, params)
             log_probs, final = jax.vmap(fast)(y, inputs)
+        if num_valid is not None:
+            live = jnp.arange(y.shape[1]) < num_valid
+            log_probs = jnp.where(live, log_probs, jnp.zeros((), log_probs.dtype))
         return pairwise_sum(log_probs), log_probs, None, final
     carry0 = model.initial_carry(params)
-    run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries)
+    run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries,
+                  num_valid=num_valid)
     log_probs, carries, final = jax.vmap(run)(y, mask, inputs)
     return pairwise_sum(log_probs), log_probs, carries, final
 
 
-def run_filter(model, params, y, mask, inputs, *, complete, return_carries=False):
+def run_filter(model, params, y, mask, inputs, *, complete, return_carries=False,
+               num_valid=None, need_final=True):
     """Call the compiled filter with every static argument spelled out.
 
     ``jax.jit`` keys its cache on static arguments *as passed*, so every caller goes
     through here to share one compiled program per (model, shapes, options).
+    ``num_valid`` is the real length of a padded time axis (see `_filter_flat`).
     """
     return _filter_flat(
-        model, params, y, mask, inputs, return_carries=return_carries, complete=complete
+        model, params, y, mask, inputs, num_valid, return_carries=return_carries,
+        complete=complete, need_final=need_final,
     )
+
+
+def run_prepared(model, params, data, *, return_carries=False, need_final=True):
+    """`run_filter` on the output of ``prepare_data``, padded to a bucket length or not.
+
+    ``need_final=False`` (the caller ignores the final carry) matters only when padded; an
+    unpadded call always passes the default, so that ``log_prob``, ``filter`` and
+    ``forecast`` share one compiled program per shape.
+    """
+    if data.num_valid is None:
+        return run_filter(model, params, data.y, data.mask, data.inputs,
+                          complete=data.complete, return_carries=return_carries)
+    return run_filter(model, params, data.y, data.mask, data.inputs,
+                      complete=data.valid_complete, return_carries=return_carries,
+                      num_valid=np.int32(data.num_valid), need_final=need_final)
 
 
 @partial(jax.jit, static_argnums=1)
@@ -92,13 +132,11 @@ def _unflatten(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-def _run(model, params, y, mask, inputs, return_carries):
+def _run(model, params, y, mask, inputs, return_carries, need_final=True):
     validate_params(model, params)
-    data = prepare_data(model, y, mask, inputs)
-    out = run_filter(
-        model, params, data.y, data.mask, data.inputs, complete=data.complete,
-        return_carries=return_carries,
-    )
+    data = prepare_data(model, y, mask, inputs, bucket=True)
+    out = run_prepared(model, params, data, return_carries=return_carries,
+                       need_final=need_final)
     return data, out
 
 
@@ -134,6 +172,10 @@ def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) ->
                                                     return_carries)
     total, log_probs, carries, final = _unflatten((total, log_probs, carries, final),
                                                   data.batch_shape)
+    if data.num_valid is not None:  # padded to a bucket length: cut back to the real one
+        axis = len(data.batch_shape)
+        log_probs = cut_time(log_probs, data.num_valid, axis)
+        carries = jax.tree.map(lambda a: cut_time(a, data.num_valid, axis), carries)
     return FilterResult(log_prob=total, log_probs=log_probs, carries=carries,
                         final_carry=final)
 
@@ -151,7 +193,7 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
     Returns:
         An array of shape ``batch_shape``.
     """
-    data, out = _run(model, params, y, mask, inputs, False)
+    data, out = _run(model, params, y, mask, inputs, False, need_final=False)
     return _unflatten(out[0], data.batch_shape)  # compiled: a third of an eager reshape
 
 

@@ -21,6 +21,12 @@ class Prepared(NamedTuple):
     batch_shape: tuple[int, ...]
     num_timesteps: int
     complete: bool = False  # known (eagerly) to have no masked entries
+    # length buckets (``prepare_data(..., bucket=True)``, `statseq.core.buckets`): when the
+    # time axis was padded, ``num_valid`` is the real length (``num_timesteps``; the arrays
+    # have more steps, masked) and ``valid_complete`` says the real steps have no masked
+    # entry (``complete`` is then False, as the padded steps are masked)
+    num_valid: int | None = None
+    valid_complete: bool = False
 
 
 def _is_tracer(x) -> bool:
@@ -109,7 +115,8 @@ def float_dtype():
     return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
 
 
-def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepared:
+def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y",
+                 bucket: bool = False) -> Prepared:
     """Validate ``y``, ``mask`` and ``inputs`` for ``model`` and normalize their shapes.
 
     ``y`` has shape ``batch_shape + (num_timesteps,) + model.event_shape``. ``mask`` is
@@ -126,13 +133,16 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
     The result for the same JAX array objects (immutable) and an equal model is remembered,
     so repeated calls on one series (a likelihood evaluated at many parameter values)
     check it once (`statseq.core.memo`).
+
+    With ``bucket=True`` the time axis may be padded to a bucket length with masked steps
+    (`statseq.core.buckets`); the result's ``num_valid`` then holds the real length.
     """
     given = (y, mask, inputs)
-    key = (model, name, tuple(a is None for a in given), float_dtype())
+    key = (model, name, tuple(a is None for a in given), float_dtype(), bucket)
     arrays = tuple(a for a in given if a is not None)
     done = _PREPARED.get(key, arrays)
     if done is None:
-        done = _prepare_data(model, y, mask, inputs, name)
+        done = _prepare_data(model, y, mask, inputs, name, bucket)
         if not any(map(_is_tracer, (done.y, done.mask, done.inputs))):  # not inside a trace
             _PREPARED.put(key, arrays, done)
     return done
@@ -142,7 +152,7 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y") -> Prepar
 _PREPARED = IdentityMemo(maxsize=8)
 
 
-def _prepare_data(model, y, mask, inputs, name) -> Prepared:
+def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
     event_shape = tuple(model.event_shape)
     event_ndim = len(event_shape)
     if is_pandas(y):
@@ -262,18 +272,28 @@ def _prepare_data(model, y, mask, inputs, name) -> Prepared:
         )
 
     flat = (int(np.prod(batch_shape, dtype=int)), num_timesteps)
+    if bucket and eager:  # length buckets: statseq.core.buckets (owned there)
+        from statseq.core import buckets
+
+        length = buckets.padded_length(num_timesteps, model)
+        if length is not None:
+            return _bucketed(y_clean, mask, mask_arr, inputs_arr, flat, event_shape,
+                             num_inputs, length, batch_shape)
+    # eagerly, NumPy arrays are transferred with device_put: jnp.asarray compiled a small
+    # program per shape, which piled up over many lengths (statseq.core.buckets)
+    put = jax.device_put if eager else jnp.asarray
     if eager and mask is None:  # an all-True mask: one shared device array per shape
         mask_dev = _device_constant(flat + event_shape, "bool", True)
     else:
-        mask_dev = jnp.asarray(xp.reshape(xp.asarray(mask_arr), flat + event_shape))
+        mask_dev = put(xp.reshape(xp.asarray(mask_arr), flat + event_shape))
     if eager and num_inputs == 0:
         inputs_dev = _device_constant(flat + (0,), np.dtype(float_dtype()).name, 0)
     else:
-        inputs_dev = jnp.asarray(xp.reshape(inputs_arr, flat + (num_inputs,)))
-    if eager and y_clean is y:  # a JAX array as it is: reshape it on the device
+        inputs_dev = put(xp.reshape(inputs_arr, flat + (num_inputs,)))
+    if eager and y_clean is y and isinstance(y, jax.Array):  # reshape it on the device
         y_dev = _reshape(y, flat + event_shape)
     else:
-        y_dev = jnp.asarray(xp.reshape(y_clean, flat + event_shape))
+        y_dev = put(xp.reshape(y_clean, flat + event_shape))
     return Prepared(
         y=y_dev,
         mask=mask_dev,
@@ -281,6 +301,29 @@ def _prepare_data(model, y, mask, inputs, name) -> Prepared:
         batch_shape=batch_shape,
         num_timesteps=num_timesteps,
         complete=bool(mask is None or (not _is_tracer(mask_arr) and np.all(mask_arr))),
+    )
+
+
+def _bucketed(y_clean, mask, mask_arr, inputs_arr, flat, event_shape, num_inputs, length,
+              batch_shape) -> Prepared:
+    """The flat arrays padded in NumPy to ``length`` steps, padded steps masked; built on
+    the host and transferred, so that no program is compiled per real length."""
+    from statseq.core.buckets import pad_time
+
+    y_np = np.asarray(y_clean).reshape(flat + event_shape)
+    full = mask is None or bool(np.all(mask_arr))
+    mask_np = np.ones(flat + event_shape, bool) if mask is None else np.asarray(
+        mask_arr).reshape(flat + event_shape)
+    inputs_np = np.asarray(inputs_arr).reshape(flat + (num_inputs,))
+    return Prepared(
+        y=jax.device_put(pad_time(y_np, length)),
+        mask=jax.device_put(pad_time(mask_np, length, False)),
+        inputs=jax.device_put(pad_time(inputs_np, length)),
+        batch_shape=batch_shape,
+        num_timesteps=flat[1],
+        complete=False,
+        num_valid=flat[1],
+        valid_complete=full,
     )
 
 
@@ -294,8 +337,10 @@ def _reshape(x, shape):
 def _device_constant(shape: tuple, dtype: str, value):
     """A device array of ``shape`` filled with ``value`` (JAX arrays are immutable, so one
     can serve every call with that shape); concrete even when called under a trace."""
+    # built in NumPy and transferred: ``jnp.full`` compiled a program per shape, which
+    # piled up over many lengths (statseq.core.buckets)
     with jax.ensure_compile_time_eval():
-        return jnp.full(shape, value, dtype)
+        return jax.device_put(np.full(shape, value, dtype))
 
 
 def missing_mask(y):

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core.buckets import bound_cache
 from statseq.core.params import (
     degenerate_fit_warning,
     log_prior,
@@ -207,6 +208,9 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
     data = prepare_data(model, y, mask, inputs)
     mask_tree = _em_masks(model, params, trainable, ties)
     progress_every = _progress.update_every(num_iters) if progress else 0
+    # one program per data shape; EM's statistics would see padded steps, so instead of
+    # length buckets a loop over many lengths keeps only the latest programs
+    bound_cache(_fit_em_compiled)
     with _progress.progress_bar(num_iters, f"fit_em {type(model).__name__}", progress):
         out = _fit_em_compiled(
             model, params, jax.tree.map(jnp.asarray, mask_tree), priors, data.y, data.mask,

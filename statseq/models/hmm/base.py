@@ -29,6 +29,7 @@ from numpyro.distributions import constraints
 
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import SequenceModel
+from statseq.core.recurrence import pairwise_sum
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import hmm_parallel
@@ -263,10 +264,11 @@ class HMMBase(SequenceModel):
         from statseq.core.params import validate_params
 
         validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs)
+        data = prepare_data(self, y, mask, inputs, bucket=True)  # statseq.core.buckets
         out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
-                             kind="filter", parallel=use_parallel(parallel))
-        return _reshape_batch(out, data.batch_shape)
+                             _num_valid(data), kind="filter", parallel=use_parallel(parallel))
+        return _cut_padding(_reshape_batch(out, data.batch_shape), data,
+                            ("log_normalizers", "predicted_probs", "filtered_probs"))
 
     def smoother(self, params, y, *, mask=None, inputs=None, parallel=None):
         """Smoothed state probabilities ``p(z_t | y_{1:T})`` and expected transitions.
@@ -277,10 +279,12 @@ class HMMBase(SequenceModel):
         from statseq.core.params import validate_params
 
         validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs)
+        data = prepare_data(self, y, mask, inputs, bucket=True)  # statseq.core.buckets
         out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
-                             kind="smoother", parallel=use_parallel(parallel))
-        return _reshape_batch(out, data.batch_shape)
+                             _num_valid(data), kind="smoother",
+                             parallel=use_parallel(parallel))
+        return _cut_padding(_reshape_batch(out, data.batch_shape), data,
+                            ("filtered_probs", "smoothed_probs"))
 
     def most_likely_states(self, params, y, *, mask=None, inputs=None,
                            return_log_prob: bool = False):
@@ -454,7 +458,20 @@ def _reshape_batch(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-def _posterior_one(model, params, y, mask, inputs, kind, parallel):
+def _num_valid(data):
+    """The real length of a time axis padded to a bucket length (`statseq.core.buckets`)."""
+    return None if data.num_valid is None else np.int32(data.num_valid)
+
+
+def _cut_padding(result, data, steps, lags=()):
+    if data.num_valid is None:
+        return result
+    from statseq.core.buckets import cut_steps
+
+    return cut_steps(result, data.num_valid, len(data.batch_shape), steps=steps, lags=lags)
+
+
+def _posterior_one(model, params, y, mask, inputs, kind, parallel, num_valid=None):
     ll = model.log_likelihoods(params, y, mask)
     pi = model.initial_probs(params)
     trans = model.transition_matrices(params, inputs)
@@ -462,7 +479,14 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel):
     if kind == "filter":
         return lib.hmm_filter(pi, trans, ll)
     if kind == "smoother":
-        return lib.hmm_smoother(pi, trans, ll)
+        if num_valid is None:
+            return lib.hmm_smoother(pi, trans, ll)
+        # padded to a bucket length: the padded (masked) steps' transitions are not part
+        # of the real sequence's expected transitions, so sum only the real ones
+        post = lib.hmm_smoother(pi, trans, ll, sum_transitions=False)
+        live = (jnp.arange(ll.shape[0] - 1) < num_valid - 1)[:, None, None]
+        per = jnp.where(live, post.expected_transitions, 0.0)
+        return post._replace(expected_transitions=pairwise_sum(jnp.moveaxis(per, 0, -1)))
     states = hmm_seq.hmm_viterbi(pi, trans, ll)
     if kind == "viterbi_log_prob":
         return states, hmm_seq.hmm_path_log_prob(pi, trans, ll, states)
@@ -470,9 +494,10 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel):
 
 
 @partial(jax.jit, static_argnames=("model", "kind", "parallel"))
-def _hmm_posterior(model, params, y, mask, inputs, *, kind, parallel):
+def _hmm_posterior(model, params, y, mask, inputs, num_valid=None, *, kind, parallel):
     return jax.vmap(
-        lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, kind, parallel)
+        lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, kind, parallel,
+                                             num_valid)
     )(y, mask, inputs)
 
 
@@ -503,6 +528,9 @@ def _e_step(model, params, y, mask, inputs):
 
 def mass_warnings(model, params, y, mask, inputs) -> list[str]:
     """Messages for states that ended EM with (almost) no posterior mass."""
+    from statseq.core.buckets import bound_cache
+
+    bound_cache(_e_step)  # one program per length (fit_em): keep only the latest ones
     stats, _ = _e_step(model, params, y, mask, inputs)
     observed = np.asarray(mask).reshape(mask.shape[:2] + (-1,)).any(axis=-1)
     observed[:, : model.num_conditioned_steps] = False  # conditioned steps carry no weight

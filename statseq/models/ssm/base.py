@@ -25,6 +25,7 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import ndtri
 
+from statseq.core.buckets import cut_steps
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
 from statseq.core.validation import (
@@ -269,12 +270,19 @@ class GaussianSSMBase(SequenceModel):
 
     def _posterior(self, params, y, mask, inputs, what, kind):
         validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs)
+        # a time axis padded to a bucket length has masked steps at its end, which leave
+        # the moments of the real steps unchanged (statseq.core.buckets); cut off below
+        data = prepare_data(self, y, mask, inputs, bucket=True)
         self._check_num_timesteps(data.num_timesteps)
         # complete data (known eagerly) may use the steady-state smoother
         out = _ssm_posterior(self, params, data.y, data.mask, data.inputs, what=what,
                              kind=kind, complete=data.complete)
-        return jax.tree.map(lambda a: jnp.reshape(a, data.batch_shape + a.shape[1:]), out)
+        out = jax.tree.map(lambda a: jnp.reshape(a, data.batch_shape + a.shape[1:]), out)
+        if data.num_valid is None:
+            return out
+        steps = [f for f in out._fields if f not in ("marginal_log_lik", "smoothed_cross_covs")]
+        lags = ["smoothed_cross_covs"] if "smoothed_cross_covs" in out._fields else []
+        return cut_steps(out, data.num_valid, len(data.batch_shape), steps=steps, lags=lags)
 
     def _check_num_timesteps(self, num_timesteps: int) -> None:  # noqa: B027 - optional hook
         """Time-varying models check that ``y`` has as many steps as their matrices."""

@@ -507,6 +507,9 @@ class TimeVaryingLinearGaussianSSM(LinearGaussianSSM):
 
     num_timesteps: int = 2
 
+    #: its matrices have a time axis of the data's length: never padded to a bucket length
+    supports_length_buckets: ClassVar[bool] = False
+
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.num_timesteps, "num_timesteps", minimum=2)
