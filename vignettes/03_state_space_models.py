@@ -291,9 +291,9 @@ def plot_auxiliary(aux, title):
         ax.bar(years, r, width=0.8, color="C0", label="standardized residual")
         ax.axhline(1.96, color="k", ls="--", lw=0.8, label=r"$\pm 1.96$")
         ax.axhline(-1.96, color="k", ls="--", lw=0.8)
-        ax.set(xlabel="year", title=name)
+        ax.set(xlabel="year", title=name, ylim=(-4.5, 4.5))  # headroom for the legend
     axes[0].set_ylabel("standardized auxiliary residual")
-    axes[0].legend(fontsize=8, loc="upper right")
+    axes[0].legend(fontsize=8, loc="upper left", ncol=2)
     fig.suptitle(title)
     plt.show()
     return obs_std, state_std
@@ -420,8 +420,8 @@ ax.bar(years, obs_iv, width=0.8, label=r"standardized $\hat\varepsilon_t$")
 ax.axhline(1.96, color="k", ls="--", lw=0.8, label=r"$\pm 1.96$")
 ax.axhline(-1.96, color="k", ls="--", lw=0.8)
 ax.set(xlabel="year", ylabel="standardized residual",
-       title="Observation auxiliary residuals after the intervention")
-ax.legend(fontsize=8, loc="upper right")
+       title="Observation auxiliary residuals after the intervention", ylim=(-4.5, 4.5))
+ax.legend(fontsize=8, loc="upper left", ncol=2)
 plt.show()
 
 # %% [markdown]
