@@ -293,3 +293,40 @@ def test_interval_helper_log_logit_and_support():
     assert _support(constraints.positive_definite, False) == (-math.inf, math.inf)
     assert _support(constraints.corr_matrix, False) == (-1.0, 1.0)
     assert _support(constraints.real, False) == (-math.inf, math.inf)
+
+
+def test_poisson_hmm_probabilities_get_logit_intervals_and_rates_log_intervals():
+    """Two-state Poisson HMM of the earthquake counts with a stationary start, fitted by
+    L-BFGS: the published MLE (Zucchini, MacDonald and Langrock 2016, sec. 3.4:
+    lambda = (15.472, 26.125), Gamma = [[0.9340, 0.0660], [0.1285, 0.8715]]) to 1e-3.
+    The transition probabilities (simplex rows) get logit-scale intervals inside (0, 1),
+    as the hand formula; the rates log-scale intervals inside (0, inf); none of them a
+    z-test (0 is a boundary of both)."""
+    import jax.numpy as jnp
+
+    y = ss.datasets.load_earthquakes().to_numpy()
+    model = ss.PoissonHMM(num_states=2, initial="stationary")
+    start = model.assemble_params(
+        ss.models.hmm.poisson.PoissonEmissions(jnp.array([15.0, 25.0])),
+        transitions=jnp.array([[0.9, 0.1], [0.1, 0.9]]))
+    fit = ss.fit_lbfgs(model, start, y, progress=False)
+    np.testing.assert_allclose(np.asarray(fit.params.emissions.rates), [15.472, 26.125],
+                               rtol=1e-3)
+    np.testing.assert_allclose(np.asarray(fit.params.transitions),
+                               [[0.9340, 0.0660], [0.1285, 0.8715]], atol=1e-3)
+    table = ss.summary(model, None, y, fit=fit)
+    scales = dict(zip(table.names, table.ci_scale, strict=True))
+    assert all(scales[n] == "logit" for n in table.names if n.startswith("transitions"))
+    assert all(scales[n] == "log" for n in table.names if "rates" in n)
+    assert set(table.null) == {"boundary"} and np.all(np.isnan(table.p_values))
+    est, se = table.estimates, table.std_errors
+    assert np.all(table.ci_lower < est) and np.all(est < table.ci_upper)
+    probs = np.array([n.startswith("transitions") for n in table.names])
+    assert np.all(table.ci_lower[probs] > 0) and np.all(table.ci_upper[probs] < 1)
+    g = np.log(est[probs] / (1 - est[probs]))
+    se_g = se[probs] / (est[probs] * (1 - est[probs]))
+    np.testing.assert_allclose(table.ci_lower[probs], 1 / (1 + np.exp(-(g - 1.959964 * se_g))),
+                               rtol=1e-6)
+    np.testing.assert_allclose(table.ci_upper[probs], 1 / (1 + np.exp(-(g + 1.959964 * se_g))),
+                               rtol=1e-6)
+    assert "logit" in str(table)
