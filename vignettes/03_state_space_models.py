@@ -628,10 +628,10 @@ for name, res in fits.items():
 # In the full run the two fits agree closely. The eigenvalues are nearly real with modulus
 # about 0.8, so the two-dimensional state describes year-to-year persistence, not the
 # ten-year cycles visible in the plot (the implied period is printed above), and $R$ is
-# heading to zero. This fit does not converge to an interior maximum, and more
-# iterations would not change that: the supremum is on the boundary $R = 0$. There, with
-# $H$ invertible, $y_t = H x_t$ and the model *is* a first-order vector autoregression
-# (VAR(1)) of the two series. A cycle in each series needs two state dimensions per
+# heading to zero. The fit is not converging to an interior maximum but towards the
+# boundary $R = 0$. There, with $H$ invertible, $y_t = H x_t + d$ and the model *is* a
+# first-order vector autoregression (VAR(1)) of the two series, with coefficient matrix
+# $H F H^{-1}$ (the same eigenvalues as $F$). A cycle in each series needs two state dimensions per
 # series; with four states and $R = 0$ the model becomes a VAR(2), and the
 # likelihood again runs to that boundary (EM drives $R$, part of $Q$ and the initial
 # covariance to zero).
@@ -666,9 +666,9 @@ print(ss.summary(var2, var2_params, Y))
 # %% [markdown]
 # The VAR(1) has the nearly real eigenvalues (modulus about 0.8) of the two-state model
 # above; in the full run, where EM and Adam have got close to $R = 0$, they agree with it
-# to about three digits, which confirms that the state space fit is heading to the VAR(1). The VAR(2) finds the cycle: two complex pairs with modulus
-# about 0.87 and 0.82 and periods of about ten years, one for each series. In the table, the
-# coefficients that couple the series (`coeffs[k,0,1]`: lynx on past sunspots,
+# to about three digits, which confirms that the state space fit is heading to the
+# VAR(1). The VAR(2) finds the cycle: two complex pairs with modulus about 0.87 and 0.82
+# and periods of about ten years, one for each series. In the table, the coefficients that couple the series (`coeffs[k,0,1]`: lynx on past sunspots,
 # `coeffs[k,1,0]`: sunspots on past lynx) are small, and none is significant. Does lynx
 # follow the sunspots at all? A likelihood ratio test of the VAR(2) against two
 # separate AR(2) models (no coupling coefficients and no correlation of the innovations:
@@ -717,6 +717,6 @@ plt.show()
 #   forecast band holds only if the level does not move again; the local level model's
 #   widening band is the cautious alternative. The break date is taken from history, not
 #   estimated from the data, so the likelihood ratio does not account for choosing it.
-# * **Lynx and sunspots.** The two-state linear Gaussian model runs to the boundary
+# * **Lynx and sunspots.** The two-state linear Gaussian model heads to the boundary
 #   $R = 0$ and does not find the cycles; the VAR(2) it approaches does, with periods
 #   near ten years, and shows no significant coupling between the series.
