@@ -35,8 +35,8 @@
 #    likelihood ratio and AIC, and checked again;
 # 5. naive baselines;
 # 6. missing years, and a ten-year forecast;
-# 7. a bivariate model (lynx and sunspots): where the state space fit runs to a boundary,
-#    and the vector autoregression it approaches, which finds the ten-year cycle;
+# 7. a bivariate model (lynx and sunspots): the state space fit heads to a boundary where
+#    it is a vector autoregression; a VAR(2) finds the ten-year cycle;
 # 8. conclusions.
 
 # %%
@@ -632,12 +632,10 @@ for name, res in fits.items():
 # boundary $R = 0$. There, with $H$ invertible, $y_t = H x_t + d$ and the model *is* a
 # first-order vector autoregression (VAR(1)) of the two series, with coefficient matrix
 # $H F H^{-1}$ (the same eigenvalues as $F$). A cycle in each series needs two state dimensions per
-# series; with four states and $R = 0$ the model becomes a VAR(2), and the
-# likelihood again runs to that boundary (EM drives $R$, part of $Q$ and the initial
-# covariance to zero).
+# series; a four-state model with $R = 0$ includes the VAR(2) (in companion form), and
+# EM again drives $R$, part of $Q$ and the initial covariance to zero.
 #
-# So rather than chase a boundary with EM, we fit the models the state space fits are
-# heading to, directly: VAR(1) and VAR(2) by exact conditional least squares
+# So rather than chase a boundary with EM, we fit these boundary models directly: VAR(1) and VAR(2) by exact conditional least squares
 # (`ss.AR(order=p, emission_dim=2).fit_least_squares`, the conditional maximum
 # likelihood estimate, which always exists and needs no iterations). The cycle of a VAR(2)
 # is read off the eigenvalues of its $4 \times 4$ companion matrix.
@@ -718,5 +716,5 @@ plt.show()
 #   widening band is the cautious alternative. The break date is taken from history, not
 #   estimated from the data, so the likelihood ratio does not account for choosing it.
 # * **Lynx and sunspots.** The two-state linear Gaussian model heads to the boundary
-#   $R = 0$ and does not find the cycles; the VAR(2) it approaches does, with periods
+#   $R = 0$ (a VAR(1)) and does not find the cycles; a VAR(2) does, with periods
 #   near ten years, and shows no significant coupling between the series.
