@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 import warnings
 from functools import partial
 
@@ -172,10 +173,35 @@ def standard_errors(model, params, y, *, mask=None, inputs=None, trainable=None,
     return (std_errors, cov) if return_cov else std_errors
 
 
-def _row_entries(model, params):
-    """``(name, flat index, leaf index)`` of each reported scalar, in pytree order.
+def _support(con, diagonal: bool) -> tuple[float, float]:
+    """The support ``(lo, hi)`` of one scalar of a leaf with constraint ``con``.
 
-    Symmetric matrix leaves (covariances, correlations) report their lower triangle only.
+    Positive scalars and the variances on the diagonal of a covariance matrix live on
+    ``(0, inf)``, probabilities on ``(0, 1)``, correlations on ``(-1, 1)``; anything else
+    (and a correlation matrix's unit diagonal) is reported as unbounded.
+    """
+    while isinstance(con, constraints.independent):
+        con = con.base_constraint
+    if con is constraints.positive_ordered_vector or con is constraints.simplex:
+        return (0.0, math.inf) if con is constraints.positive_ordered_vector else (0.0, 1.0)
+    if any(con is s for s in (constraints.positive_definite, constraints.positive_semidefinite)):
+        return (0.0, math.inf) if diagonal else (-math.inf, math.inf)
+    if con is constraints.corr_matrix:
+        return (-math.inf, math.inf) if diagonal else (-1.0, 1.0)
+    lo = getattr(con, "lower_bound", None)
+    hi = getattr(con, "upper_bound", None)
+    if isinstance(lo, (int, float)) or isinstance(hi, (int, float)):
+        lo = -math.inf if lo is None else float(lo)
+        hi = math.inf if hi is None else float(hi)
+        return lo, hi
+    return -math.inf, math.inf
+
+
+def _row_entries(model, params):
+    """``(name, flat index, leaf index, (lo, hi))`` of each reported scalar, in pytree order.
+
+    Symmetric matrix leaves (covariances, correlations) report their lower triangle only;
+    ``(lo, hi)`` is the scalar's support (`_support`).
     """
     names = param_names(model)
     cons = jax.tree.leaves(
@@ -191,9 +217,39 @@ def _row_entries(model, params):
             if symmetric and idx[-1] > idx[-2]:
                 continue
             label = f"{name}[{','.join(map(str, idx))}]" if shape else name
-            rows.append((label, offset + pos, k))
+            support = _support(con, diagonal=symmetric and idx[-1] == idx[-2])
+            rows.append((label, offset + pos, k, support))
         offset += math.prod(shape)
     return rows
+
+
+def _interval(est, se, lo, hi, z=_Z_975):
+    """A 95% interval inside ``(lo, hi)`` and the scale it was computed on.
+
+    Unbounded: the Wald interval ``est -+ z se``. Bounded below only: the delta method on
+    ``g = log(theta - lo)``, ``se_g = se / (est - lo)``, mapped back,
+    ``lo + (est - lo) exp(-+ z se_g)``. Bounded on both sides: on the logit scale
+    ``g = log((theta - lo) / (hi - theta))``, ``se_g = se (hi - lo) / ((est - lo)(hi - est))``,
+    mapped back by ``lo + (hi - lo) / (1 + exp(-g))``. An estimate on the boundary (or
+    outside) has no such interval (NaN).
+    """
+    if math.isinf(lo) and math.isinf(hi):
+        return est - z * se, est + z * se, "wald"
+    if not (lo < est < hi) or not np.isfinite(se):
+        return math.nan, math.nan, "log" if math.isinf(hi) else "logit"
+    if math.isinf(hi):
+        se_g = se / (est - lo)
+        return lo + (est - lo) * math.exp(-z * se_g), lo + (est - lo) * math.exp(z * se_g), "log"
+    if math.isinf(lo):
+        se_g = se / (hi - est)
+        return hi - (hi - est) * math.exp(z * se_g), hi - (hi - est) * math.exp(-z * se_g), "log"
+    g = math.log((est - lo) / (hi - est))
+    se_g = se * (hi - lo) / ((est - lo) * (hi - est))
+
+    def back(v):
+        return lo + (hi - lo) / (1.0 + math.exp(-v))
+
+    return back(g - z * se_g), back(g + z * se_g), "logit"
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -205,10 +261,19 @@ class Summary:
         names: one name per reported scalar parameter (``coeffs[0,0,0]``, ``cov[1,0]``...).
         estimates: ``(num_rows,)`` estimates.
         std_errors: ``(num_rows,)`` standard errors (NaN on frozen parameters).
-        z: ``estimate / se``.
-        p_values: two-sided normal p-values of ``theta = 0``, ``2 (1 - Phi(|z|))``.
-        ci_lower: lower end of the 95% Wald interval, ``estimate - 1.96 se``.
-        ci_upper: upper end, ``estimate + 1.96 se``.
+        z: ``estimate / se``; NaN where ``theta = 0`` is not an interior point of the
+            parameter space (see ``null``).
+        p_values: two-sided normal p-values of ``theta = 0``, ``2 (1 - Phi(|z|))``; NaN
+            where ``z`` is.
+        ci_lower: lower end of the 95% interval (see ``ci_scale``).
+        ci_upper: its upper end.
+        ci_scale: ``(num_rows,)`` how each interval was computed: ``"wald"``
+            (``estimate -+ 1.96 se``, unbounded parameters), ``"log"`` (a parameter bounded
+            on one side, e.g. a variance: the delta method on ``log(theta - lo)``) or
+            ``"logit"`` (bounded on both sides, e.g. a probability).
+        null: ``(num_rows,)`` ``"interior"`` when ``theta = 0`` is an interior point of
+            the parameter space (the z-test applies), ``"boundary"`` when it is on the
+            boundary (a variance, a probability) and ``"outside"`` when it is excluded.
         trainable: ``(num_rows,)`` booleans (``False`` for frozen parameters).
         log_lik: ``log p(y | params)``.
         log_prior: ``log p(params)`` when priors were given, else ``None``.
@@ -229,6 +294,8 @@ class Summary:
     ci_lower: np.ndarray
     ci_upper: np.ndarray
     trainable: np.ndarray
+    ci_scale: tuple[str, ...]
+    null: tuple[str, ...]
     log_lik: float
     log_prior: float | None
     num_obs: int
@@ -254,7 +321,7 @@ class Summary:
             ("BIC:", f"{self.bic:.4f}"),
         ]
         head = f"{'':<{width}}{'estimate':>12}{'std. error':>12}{'z':>9}{'P>|z|':>8}" \
-               f"{'[0.025':>12}{'0.975]':>12}"
+               f"{'[0.025':>12}{'0.975]':>12}  scale"
         rule = "=" * len(head)
         lines = [rule] + [f"{k:<19}{v}" for k, v in info] + [rule, head, "-" * len(head)]
         for i, name in enumerate(self.names):
@@ -262,11 +329,29 @@ class Summary:
             if not self.trainable[i]:
                 lines.append(f"{est}{'(fixed)':>12}")
                 continue
+            if self.null[i] == "interior":
+                test = f"{self.z[i]:>9.3f}{self.p_values[i]:>8.3f}"
+            else:
+                test = f"{'':>9}{'(' + self.null[i][0] + ')':>8}"
             lines.append(
-                f"{est}{self.std_errors[i]:>12.5g}{self.z[i]:>9.3f}{self.p_values[i]:>8.3f}"
-                f"{self.ci_lower[i]:>12.5g}{self.ci_upper[i]:>12.5g}"
+                f"{est}{self.std_errors[i]:>12.5g}{test}"
+                f"{self.ci_lower[i]:>12.5g}{self.ci_upper[i]:>12.5g}  {self.ci_scale[i]}"
             )
         lines.append(rule)
+        notes = []
+        used = set(self.ci_scale[i] for i in range(len(self.names)) if self.trainable[i])
+        if used - {"wald"}:
+            notes.append("Intervals: delta method on the log (log) or logit (logit) scale, "
+                         "mapped back into the parameter space; wald: estimate -+ 1.96 se.")
+        nulls = set(self.null[i] for i in range(len(self.names)) if self.trainable[i])
+        if "boundary" in nulls:
+            notes.append("(b) theta = 0 is on the boundary of the parameter space: no z-test. "
+                         "A likelihood ratio test of one such parameter has a 50:50 mixture "
+                         "of chi2(0) and chi2(1) as null distribution (Self and Liang 1987): "
+                         "halve its chi2(1) p-value.")
+        if "outside" in nulls:
+            notes.append("(o) theta = 0 is outside the parameter space: no z-test.")
+        lines += [textwrap.fill(n, width=len(head), subsequent_indent="    ") for n in notes]
         if self.log_prior is not None:
             lines.append("Std. errors: curvature of the log joint (Laplace approximation).")
         return "\n".join(lines)
@@ -276,16 +361,31 @@ class Summary:
 
 def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=None,
             fit=None) -> Summary:
-    """A parameter table with standard errors, z statistics, p-values and 95% intervals.
+    """A parameter table: standard errors, z-tests and 95% intervals inside the parameter space.
 
     One row per scalar parameter, named from the fields of the params ``NamedTuple``
     (``coeffs[0,0,0]``, ``intercept[0]``, ...; for symmetric matrices such as covariances
-    only the lower triangle ``cov[i,j]``, ``i >= j``), with
+    only the lower triangle ``cov[i,j]``, ``i >= j``), with, for an unbounded parameter,
 
-        z = estimate / se,   P>|z| = 2 (1 - Phi(|z|)),   95% CI = estimate -+ 1.96 se,
+        z = estimate / se,   P>|z| = 2 (1 - Phi(|z|)),   95% CI = estimate -+ 1.96 se
 
     where ``se`` comes from `standard_errors` (the observed information and the delta
-    method), then the log-likelihood, number of observations ``n``, number of free
+    method). Intervals and tests respect the parameter space:
+
+    * a parameter bounded on one side (a variance, a scale, a degrees-of-freedom bound
+      ``nu > lo``) gets its interval on the log scale, ``lo + (est - lo) exp(-+ 1.96 se /
+      (est - lo))`` (the delta method for ``log(theta - lo)``, mapped back); for a positive
+      scalar that is exactly the Wald interval in the unconstrained coordinate
+      ``log theta`` in which the Hessian is computed, so the interval never leaves
+      ``(0, inf)``; the diagonal (variances) of a covariance matrix is treated the same way;
+    * a parameter bounded on both sides (probabilities, simplex entries, correlations)
+      gets its interval on the logit scale of ``(theta - lo) / (hi - lo)``;
+    * ``z`` and ``P>|z|`` are reported only where ``theta = 0`` is an interior point of the
+      parameter space. For a variance, ``theta = 0`` is on the boundary, where the Wald
+      test's normal reference does not hold; the table leaves those cells empty, marks
+      them ``(b)`` and says so in a footnote (``null`` and ``ci_scale`` record the choices).
+
+    Then the log-likelihood, number of observations ``n``, number of free
     parameters ``k``, ``AIC = -2 log L + 2 k`` and ``BIC = -2 log L + k log n`` (as
     `statseq.information_criteria`).
 
@@ -311,6 +411,8 @@ def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=
         >>> table = ss.summary(model, model.fit_least_squares(y), y)
         >>> table.names
         ('coeffs[0,0,0]', 'coeffs[1,0,0]', 'intercept[0]', 'cov[0,0]')
+        >>> table.ci_scale[-1], table.null[-1], bool(table.ci_lower[-1] > 0)
+        ('log', 'boundary', True)
         >>> print(table)  # doctest: +ELLIPSIS
         ===...
         Log-likelihood:    ...
@@ -334,9 +436,15 @@ def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=
     se_flat = np.concatenate([np.ravel(s) for s in jax.tree.leaves(se_tree)])
     idx = np.array([r[1] for r in rows], int)
     est, se = est_flat[idx], se_flat[idx]
+    null = tuple(
+        "interior" if lo < 0.0 < hi else "boundary" if 0.0 in (lo, hi) else "outside"
+        for *_, (lo, hi) in rows
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = est / se
+        z = np.where(np.array(null) == "interior", est / se, np.nan)
     p_values = np.array([math.erfc(abs(v) / math.sqrt(2.0)) for v in z])
+    intervals = [_interval(float(e), float(s), lo, hi)
+                 for e, s, (*_, (lo, hi)) in zip(est, se, rows, strict=True)]
     prior_term = None if priors is None else float(log_prior(priors, params))
     return Summary(
         model=repr(model),
@@ -345,9 +453,11 @@ def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=
         std_errors=se,
         z=z,
         p_values=p_values,
-        ci_lower=est - _Z_975 * se,
-        ci_upper=est + _Z_975 * se,
+        ci_lower=np.array([c[0] for c in intervals]),
+        ci_upper=np.array([c[1] for c in intervals]),
         trainable=np.array([flags[r[2]] for r in rows], bool),
+        ci_scale=tuple(c[2] for c in intervals),
+        null=null,
         log_lik=crit["log_lik"],
         log_prior=prior_term,
         num_obs=crit["num_obs"],

@@ -146,10 +146,18 @@ def test_summary_table(arima, exact_se, log_lynx):
     np.testing.assert_allclose(table.log_lik, arima.llf, atol=1e-9)
     np.testing.assert_allclose([table.aic, table.bic], [arima.aic, arima.bic], atol=1e-8)
     np.testing.assert_allclose(table.std_errors[[0, 1, 3]], se[1:], rtol=1e-12)
-    np.testing.assert_allclose(table.z, table.estimates / table.std_errors, rtol=1e-12)
-    np.testing.assert_allclose(table.ci_upper - table.estimates, 1.959964 * table.std_errors,
-                               rtol=1e-6)
-    np.testing.assert_allclose(table.p_values[3], math.erfc(abs(table.z[3]) / math.sqrt(2)))
+    np.testing.assert_allclose(table.z[:3], table.estimates[:3] / table.std_errors[:3],
+                               rtol=1e-12)
+    np.testing.assert_allclose(table.ci_upper[:3] - table.estimates[:3],
+                               1.959964 * table.std_errors[:3], rtol=1e-6)
+    np.testing.assert_allclose(table.p_values[2], math.erfc(abs(table.z[2]) / math.sqrt(2)))
+    # the innovation variance: log-scale interval, no z-test of the boundary null
+    assert table.ci_scale == ("wald", "wald", "wald", "log")
+    assert table.null == ("interior", "interior", "interior", "boundary")
+    assert np.isnan(table.z[3]) and np.isnan(table.p_values[3])
+    s2, se2 = table.estimates[3], table.std_errors[3]
+    np.testing.assert_allclose([table.ci_lower[3], table.ci_upper[3]],
+                               s2 * np.exp(np.array([-1, 1]) * 1.959964 * se2 / s2), rtol=1e-6)
     text = str(table)
     assert repr(table) == text
     for value in (table.log_lik, table.aic, table.bic):
@@ -158,13 +166,19 @@ def test_summary_table(arima, exact_se, log_lynx):
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()
             if line.startswith(("coeffs", "intercept", "cov"))}
     assert len(rows) == 4
-    for i, name in enumerate(table.names):
-        est, std, z, _, lo, hi = (float(v) for v in rows[name])
+    for i, name in enumerate(table.names[:3]):
+        est, std, z, _, lo, hi, scale = rows[name]
         np.testing.assert_allclose(
-            [est, std, z, lo, hi],
+            [float(v) for v in (est, std, z, lo, hi)],
             [table.estimates[i], table.std_errors[i], table.z[i], table.ci_lower[i],
-             table.ci_upper[i]], rtol=1e-4, atol=1e-3 * (name == "cov[0,0]"),
+             table.ci_upper[i]], rtol=1e-4,
         )
+        assert scale == "wald"
+    est, std, flag, lo, hi, scale = rows["cov[0,0]"]
+    assert (flag, scale) == ("(b)", "log") and "boundary of the parameter space" in text
+    np.testing.assert_allclose([float(v) for v in (est, std, lo, hi)],
+                               [table.estimates[3], table.std_errors[3], table.ci_lower[3],
+                                table.ci_upper[3]], rtol=1e-4)
 
 
 def test_summary_reports_the_lower_triangle_of_a_covariance(log_lynx):
@@ -205,3 +219,114 @@ def test_bad_inputs_raise_clear_errors(log_lynx):
         ss.summary(AR2, params, log_lynx, fit={"params": params})
     with pytest.raises(ValueError, match="pass params"):
         ss.summary(AR2, None, log_lynx)
+
+
+def _nile_local_level():
+    y = ss.datasets.load_nile().to_numpy().astype(float)
+    model = ss.LocalLevel()
+    fit = ss.fit_lbfgs(model, model.initialize(y), y, progress=False)
+    return model, fit, y
+
+
+def test_nile_variance_intervals_stay_positive_and_match_a_numpy_log_scale_hessian():
+    """Durbin and Koopman's Nile local level model. The Wald interval of the level variance
+    sigma2_eta (estimate ~1469, se ~1280) would go below zero; the table's interval is the
+    Wald interval of log sigma2, computed here independently: the Hessian of statsmodels'
+    exact diffuse log-likelihood in (log sigma2_eps, log sigma2_eta) by central finite
+    differences in NumPy, inverted, mapped back by exp. Agreement to 1e-4 (the finite
+    differences' error). Neither variance gets a z-test (theta = 0 is a boundary)."""
+    from statsmodels.tsa.statespace.structural import UnobservedComponents
+
+    model, fit, y = _nile_local_level()
+    table = ss.summary(model, None, y, fit=fit)
+    est = table.estimates
+    assert est[1] - 1.959964 * table.std_errors[1] < 0  # the naive interval goes negative
+    assert np.all(table.ci_lower > 0) and np.all(table.ci_lower < est)
+    assert np.all(table.ci_upper > est)
+    uc = UnobservedComponents(y, "llevel", use_exact_diffuse=True)
+
+    def loglike(x):
+        return uc.loglike(np.exp(x))
+
+    x0, h = np.log(est), 1e-4
+    hess = np.empty((2, 2))
+    for i in range(2):
+        for j in range(2):
+            ei, ej = h * np.eye(2)[i], h * np.eye(2)[j]
+            hess[i, j] = (loglike(x0 + ei + ej) - loglike(x0 + ei - ej)
+                          - loglike(x0 - ei + ej) + loglike(x0 - ei - ej)) / (4 * h * h)
+    se_log = np.sqrt(np.diag(np.linalg.inv(-hess)))
+    np.testing.assert_allclose(table.ci_lower, est * np.exp(-1.959964 * se_log), rtol=1e-4)
+    np.testing.assert_allclose(table.ci_upper, est * np.exp(1.959964 * se_log), rtol=1e-4)
+    assert table.null == ("boundary", "boundary") and np.all(np.isnan(table.p_values))
+    text = str(table)
+    assert "(b)" in text and "Self and Liang" in text and "nan" not in text
+
+
+def test_interval_helper_log_logit_and_support():
+    """The private helpers, against the formulas written out: a lower bound lo (log scale
+    of theta - lo), an interval (logit scale), an upper bound only, and the supports read
+    off numpyro constraints (variances on a covariance diagonal, correlations)."""
+    from numpyro.distributions import constraints
+
+    from statseq.fit.inference_stats import _interval, _support
+
+    z = 1.959963984540054
+    lo, hi, scale = _interval(5.0, 1.5, 2.0, math.inf)
+    assert scale == "log"
+    np.testing.assert_allclose([lo, hi], 2.0 + 3.0 * np.exp([-z * 0.5, z * 0.5]), rtol=1e-14)
+    lo, hi, scale = _interval(0.9, 0.2, 0.0, 1.0)
+    g, se_g = math.log(0.9 / 0.1), 0.2 / (0.9 * 0.1)
+    expit = 1.0 / (1.0 + np.exp(-np.array([g - z * se_g, g + z * se_g])))
+    assert scale == "logit" and 0.0 < lo < 0.9 < hi < 1.0
+    np.testing.assert_allclose([lo, hi], expit, rtol=1e-14)
+    lo, hi, scale = _interval(-1.0, 2.0, -math.inf, 0.0)
+    assert scale == "log" and hi < 0.0
+    np.testing.assert_allclose([lo, hi], -np.exp([z * 2.0, -z * 2.0]), rtol=1e-14)
+    assert _interval(1.0, 2.0, -math.inf, math.inf) == (1.0 - z * 2.0, 1.0 + z * 2.0, "wald")
+    assert np.isnan(_interval(0.0, 1.0, 0.0, math.inf)[0])  # estimate on the boundary
+    assert _support(constraints.positive, False) == (0.0, math.inf)
+    assert _support(constraints.greater_than(2.0), False) == (2.0, math.inf)
+    assert _support(constraints.simplex, False) == (0.0, 1.0)
+    assert _support(constraints.unit_interval, False) == (0.0, 1.0)
+    assert _support(constraints.positive_definite, True) == (0.0, math.inf)
+    assert _support(constraints.positive_definite, False) == (-math.inf, math.inf)
+    assert _support(constraints.corr_matrix, False) == (-1.0, 1.0)
+    assert _support(constraints.real, False) == (-math.inf, math.inf)
+
+
+def test_poisson_hmm_probabilities_get_logit_intervals_and_rates_log_intervals():
+    """Two-state Poisson HMM of the earthquake counts with a stationary start, fitted by
+    L-BFGS: the published MLE (Zucchini, MacDonald and Langrock 2016, sec. 3.4:
+    lambda = (15.472, 26.125), Gamma = [[0.9340, 0.0660], [0.1285, 0.8715]]) to 1e-3.
+    The transition probabilities (simplex rows) get logit-scale intervals inside (0, 1),
+    as the hand formula; the rates log-scale intervals inside (0, inf); none of them a
+    z-test (0 is a boundary of both)."""
+    import jax.numpy as jnp
+
+    y = ss.datasets.load_earthquakes().to_numpy()
+    model = ss.PoissonHMM(num_states=2, initial="stationary")
+    start = model.assemble_params(
+        ss.models.hmm.poisson.PoissonEmissions(jnp.array([15.0, 25.0])),
+        transitions=jnp.array([[0.9, 0.1], [0.1, 0.9]]))
+    fit = ss.fit_lbfgs(model, start, y, progress=False)
+    np.testing.assert_allclose(np.asarray(fit.params.emissions.rates), [15.472, 26.125],
+                               rtol=1e-3)
+    np.testing.assert_allclose(np.asarray(fit.params.transitions),
+                               [[0.9340, 0.0660], [0.1285, 0.8715]], atol=1e-3)
+    table = ss.summary(model, None, y, fit=fit)
+    scales = dict(zip(table.names, table.ci_scale, strict=True))
+    assert all(scales[n] == "logit" for n in table.names if n.startswith("transitions"))
+    assert all(scales[n] == "log" for n in table.names if "rates" in n)
+    assert set(table.null) == {"boundary"} and np.all(np.isnan(table.p_values))
+    est, se = table.estimates, table.std_errors
+    assert np.all(table.ci_lower < est) and np.all(est < table.ci_upper)
+    probs = np.array([n.startswith("transitions") for n in table.names])
+    assert np.all(table.ci_lower[probs] > 0) and np.all(table.ci_upper[probs] < 1)
+    g = np.log(est[probs] / (1 - est[probs]))
+    se_g = se[probs] / (est[probs] * (1 - est[probs]))
+    np.testing.assert_allclose(table.ci_lower[probs], 1 / (1 + np.exp(-(g - 1.959964 * se_g))),
+                               rtol=1e-6)
+    np.testing.assert_allclose(table.ci_upper[probs], 1 / (1 + np.exp(-(g + 1.959964 * se_g))),
+                               rtol=1e-6)
+    assert "logit" in str(table)
