@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 import statseq as ss
-from statseq.models.switching import MarkovSwitchingAR, MSARParams
+from statseq.models.switching import MarkovSwitchingAR
 
 jax.config.update("jax_enable_x64", True)  # float64: estimates are compared to 6 decimals
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
@@ -190,16 +190,21 @@ nber = np.zeros(y.size, bool)
 for peak, trough in NBER:
     nber |= (gnp.index > pd.Period(peak, "Q")) & (gnp.index <= pd.Period(trough, "Q"))
 
-fig, ax = plt.subplots(figsize=(10, 3.5))
-for i, (peak, trough) in enumerate(NBER):
-    ax.axvspan(pd.Period(peak, "Q").to_timestamp(how="end"),
-               pd.Period(trough, "Q").to_timestamp(how="end"), color="0.85", lw=0,
-               label="NBER recession" if i == 0 else None)
+fig, (top, ax) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+for axis in (top, ax):  # points sit at the start of their quarter
+    for i, (peak, trough) in enumerate(NBER):
+        axis.axvspan((pd.Period(peak, "Q") + 1).to_timestamp(),
+                     pd.Period(trough, "Q").to_timestamp(), color="0.85", lw=0,
+                     label="NBER recession" if i == 0 else None)
+top.plot(quarters, y, color="k", lw=1, label="GNP growth")
+top.axhline(0.0, color="0.5", lw=0.5)
+top.set(ylabel="% per quarter", title="US real GNP growth and NBER recessions")
+top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 ax.plot(quarters, p_rec, color="C3", label="smoothed $p(s_t = $ recession$)$")
 ax.plot(quarters, np.asarray(post.filtered_probs)[:, 0], color="C0", lw=0.8, ls="--",
         label="filtered")
 ax.set(xlabel="quarter", ylabel="probability of recession", ylim=(-0.02, 1.02),
-       title="Hamilton's recession probabilities and NBER recessions")
+       title="Hamilton's recession probabilities")
 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 plt.show()
 
@@ -272,7 +277,7 @@ diag = ss.diagnose(model, params, y, key=jax.random.key(0))
 print(f"{diag.kind} residuals")
 print(diag.tests.round(4).to_string())
 fig = diag.plot()
-fig.suptitle("MS(2)-AR(4): quantile residuals")
+fig.suptitle("MS(2)-AR(4): quantile (pseudo-) residuals", y=1.03)
 plt.show()
 
 # %% [markdown]
