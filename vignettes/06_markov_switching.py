@@ -329,7 +329,7 @@ assert np.allclose(lower, criteria.loc["AR(4)", "log_lik"], atol=1e-3)  # (prose
 #
 # The random EM starts that stopped below the maximum stopped exactly at the AR(4)'s
 # log-likelihood: there the switching model reproduces the linear one (its regimes no
-# longer change the fit), a stationary point of its likelihood that EM cannot leave.
+# longer change the fit), a stationary point of its likelihood where EM stops.
 #
 # ## Forecasting the regime and the growth rate
 #
