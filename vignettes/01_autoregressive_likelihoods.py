@@ -167,12 +167,17 @@ print(f"exact MLE: phi = {np.asarray(exact_fit.params.coeffs[:, 0, 0]).round(4)}
 
 # %%
 print(f"{'order':>5} {'k':>3} {'log-lik':>9} {'AIC':>8} {'BIC':>8}")
+criteria = {}
 for p in range(1, 7):
     m = ss.AR(order=p, initial="stationary")
     est = ss.AR(order=p).fit_least_squares(y)
-    ic = ss.information_criteria(m, est, y)
+    ic = criteria[p] = ss.information_criteria(m, est, y)
     print(f"{p:>5} {ic['num_params']:>3} {ic['log_lik']:>9.2f} {ic['aic']:>8.2f} "
           f"{ic['bic']:>8.2f}")
+p_aic = min(criteria, key=lambda p: criteria[p]["aic"])
+p_bic = min(criteria, key=lambda p: criteria[p]["bic"])
+print(f"AIC picks order {p_aic}; BIC picks order {p_bic}")
+assert p_bic == 2 and p_aic > 2  # as the next paragraph says
 
 # %% [markdown]
 # BIC prefers the AR(2); AIC, with its lighter penalty, leans to slightly larger orders.
@@ -313,7 +318,10 @@ for name, (mu, sd) in predictives.items():
 best_crps = min(scores, key=lambda name: scores[name]["crps"])
 best_log = max(scores, key=lambda name: scores[name]["log"])
 print(f"best mean CRPS: {best_crps}; best log score: {best_log}")
-assert best_crps == best_log == "AR(2)"  # the conclusion below depends on it
+ranks = {m: sorted(scores, key=lambda name: scores[name][m]) for m in ("rmse", "crps")}
+ranks["log"] = sorted(scores, key=lambda name: -scores[name]["log"])
+# the prose below: AR(2) first, mean second, naive last on all three scores
+assert all(r[:2] == ["AR(2)", "mean"] and r[-1] == "naive" for r in ranks.values())
 
 # the same AR(2) predictive, sampled path by path
 fc = ss.forecast(model, train_params, y_train, num_steps=horizon, num_samples=NUM_SAMPLES,
@@ -325,6 +333,7 @@ print(f"largest gap between sampled and exact 90% limits: "
 one_step = ss.log_score(model, train_params, y_train, y_test)
 print(f"AR(2) one-step-ahead log score log p(y_test | y_train) = {one_step:.2f} "
       f"(each held-out year conditioned on once seen)")
+assert one_step > scores["AR(2)"]["log"]
 
 ax = fc.plot(time=years[:-horizon], future_time=years[-horizon:])
 ax.plot(years[-horizon:], exact_lo, "--", color="C3", lw=1, label="exact 90% limits")
