@@ -34,21 +34,27 @@
 # 3. EM and gradient ascent on one objective;
 # 4. choosing the number of states;
 # 5. decoding the hidden states;
-# 6. forecasts with uncertainty, and a held-out check.
+# 6. forecasts with uncertainty, and a held-out check;
+# 7. checking the model with pseudo-residuals;
+# 8. uncertainty on the parameters: standard errors and a parametric bootstrap.
 
 # %%
 import os
 import warnings
 
-import jax
-import jax.numpy as jnp
-import matplotlib.pyplot as plt
-import numpy as np
-import optax
-from scipy.stats import poisson
+# numpyro imports tqdm.auto, which warns in a notebook kernel without ipywidgets; statseq
+# shows no progress bars here (progress=False), so that warning does not concern us.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
-import statseq as ss
-from statseq.inference.hmm import hmm_filter, hmm_smoother_by_gradient
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from scipy.stats import poisson  # noqa: E402
+
+import statseq as ss  # noqa: E402
+from statseq.inference.hmm import hmm_filter, hmm_smoother_by_gradient  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)  # float64, so that comparisons show rounding only
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
@@ -328,7 +334,12 @@ plt.show()
 # the same maximum. Per iteration, EM gets within $10^{-3}$ of it in a couple of dozen
 # iterations and then converges linearly until its tolerance stops it; Adam, with a
 # learning rate picked by hand, needs several times more iterations and oscillates on the
-# way (the lecture's remark that EM "tends to converge much faster" holds here). Once
+# way. That is what the construction of the two methods leads one to expect: each EM
+# iteration solves its M-step exactly, so it needs no step size and moves straight into
+# the region of the maximum, and its slow linear phase begins only close to it, at a
+# rate set by the fraction of missing information (Dempster, Laird and Rubin 1977,
+# sec. 3); Zucchini, MacDonald and Langrock (2016, ch. 4) discuss the same trade-off
+# between EM and direct maximization of the likelihood. Once
 # compiled, an iteration of either costs a fraction of a millisecond to a few
 # milliseconds on a CPU (last column, which also spreads each call's fixed overhead over
 # its iterations), so the solid wall-clock curves tell the same story as the iteration
