@@ -694,19 +694,27 @@ print(f"bootstrap 90% interval widths: rates {width[:k_best].round(2)}, "
 wald_above_1 = [names[k_best + i] for i in range(k_best)
                 if estimate[k_best + i] + 1.96 * wald_se[k_best + i] > 1]
 print(f"95% Wald intervals above 1: {wald_above_1}")
-# the prose below: the high-rate state has the widest intervals, rates within a few counts
+ratio = boot[:, :k_best].std(axis=0, ddof=1) / wald_se[:k_best]
+print(f"bootstrap sd / Hessian se of the rates: {ratio.round(2)}")
+# the prose below: the high-rate state has the widest intervals; the two lower rates are
+# within a few counts; the bootstrap spread of the rates is 1 to ~2.5 times the Hessian se
 assert np.argmax(width[:k_best]) == np.argmax(width[k_best:]) == k_best - 1
-assert width[:k_best].max() < 8 and f"A[{k_best},{k_best}]" in wald_above_1
+assert width[:k_best - 1].max() < 6 and f"A[{k_best},{k_best}]" in wald_above_1
+assert np.all(ratio > 0.9) and ratio.max() < 2.5
 
 # %% [markdown]
-# The rates are well determined: the three bootstrap intervals are a few counts wide
-# (the high-rate state's widest, as few years belong to it), and the Hessian standard
-# errors are of the same order as the bootstrap spread. The transition probabilities are
-# less certain. The persistence of the high-rate state, $A_{33}$, has the widest
+# The rates of the two lower states are well determined: their bootstrap intervals are
+# a few counts wide. The high-rate state's rate is less certain, and its bootstrap
+# interval reaches down toward the middle rate: in some simulated centuries that state is
+# visited so rarely that the refit can hardly tell it apart. The bootstrap standard
+# deviations of the rates are as large as or larger than the Hessian standard errors (up
+# to about twice, ratios printed above): the curvature at the maximum understates the
+# uncertainty of a likelihood this far from quadratic. The transition probabilities are
+# less certain still. The persistence of the high-rate state, $A_{33}$, has the widest
 # bootstrap interval of the three: the series visits that state in only a few short
 # spells, so it says little about how long such spells last. Its 95% Wald interval in
 # the summary table reaches above 1 (printed above), which an interval made of refitted
-# probabilities, as the bootstrap's is, cannot; and the bootstrap interval is not
+# probabilities, as the bootstrap's is, cannot; and the bootstrap interval is far from
 # symmetric about the estimate. With 60 refits (8 in the fast test mode) the bootstrap
 # quantiles are themselves rough; more replicates sharpen them at the cost of one EM fit
 # each.
@@ -718,8 +726,9 @@ assert width[:k_best].max() < 8 and f"A[{k_best},{k_best}]" in wald_above_1
 # states; the fitted likelihoods reproduce the published maximum likelihood values of
 # Zucchini and MacDonald; the 3-state model's pseudo-residuals are consistent with
 # independent standard normals, while those of a single Poisson are not; and on the
-# held-out decade the 3-state model's log score beats the single Poisson's. The rates
-# of the three states are estimated to within a few counts. What remains uncertain is
-# the dynamics: the transition probabilities, above all how long a high-rate spell
-# lasts, rest on a handful of switches in 107 years, and the states are a description
-# of the century's counts, not an identified physical mechanism.
+# held-out decade the 3-state model's log score beats the single Poisson's. The two
+# lower rates are estimated to within a few counts. What remains uncertain is the
+# high-rate state: its rate, and above all how long its spells last, rest on a handful
+# of years and switches in 107, and the bootstrap intervals are wider than the Hessian
+# standard errors suggest. The states describe the century's counts; they are not an
+# identified physical mechanism.
