@@ -380,6 +380,7 @@ for k, ic, near, num_warnings in table:
 k_aic = min(table, key=lambda row: row[1]["aic"])[0]
 k_bic = min(table, key=lambda row: row[1]["bic"])[0]
 print(f"AIC picks K = {k_aic}; BIC picks K = {k_bic}")
+assert k_aic == k_bic == 3  # "both criteria prefer three states", below
 
 published = {2: 342.3183, 3: 329.4603}  # -log L, Zucchini & MacDonald (2009), Section 3.4
 for k, value in published.items():
@@ -555,6 +556,7 @@ fixed_origin = log_pmf_t[y_test, np.arange(HORIZON)].sum()
 print(f"log score, {k_best}-state HMM, one year ahead: {hmm_score:.2f}")
 print(f"log score, single Poisson (lambda = {y_train.mean():.2f}): {iid_score:.2f}")
 print(f"HMM, sum of log p(y_1996+h | y_1900:1996) (all from 1996): {fixed_origin:.2f}")
+assert inside.all() and hmm_score > max(iid_score, fixed_origin)  # as said below
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
