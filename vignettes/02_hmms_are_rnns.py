@@ -636,7 +636,12 @@ for ax in axes:
 plt.show()
 
 fig = checks[k_best].plot()
-fig.suptitle(f"{k_best}-state Poisson HMM: pseudo-residual diagnostics", y=1.02)
+labels = [("year index", "pseudo-residual"), ("pseudo-residual", "density"),
+          ("N(0, 1) quantile", "pseudo-residual quantile"), ("lag", "autocorrelation")]
+for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig.suptitle(f"{k_best}-state Poisson HMM: pseudo-residual diagnostics")
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
