@@ -348,7 +348,7 @@ for name, color in [("mean", "C2"), ("naive", "C4"), ("seasonal naive", "C5")]:
 ax.plot(years[-horizon:], y_test, "ko", ms=3, label="held out")
 ax.set(xlabel="year", ylabel="log10 lynx", xlim=(1880, years[-1] + 1),
        title="AR(2) forecast (50% and 90% intervals) and baseline point forecasts")
-ax.legend(fontsize=7, loc="lower left", ncol=3)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
 plt.show()
 
 # %% [markdown]

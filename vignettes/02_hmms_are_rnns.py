@@ -640,6 +640,7 @@ labels = [("year index", "pseudo-residual"), ("pseudo-residual", "density"),
           ("N(0, 1) quantile", "pseudo-residual quantile"), ("lag", "autocorrelation")]
 for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
     ax.set(xlabel=xlabel, ylabel=ylabel)
+fig.axes[0].set_title("Pseudo-residual")
 fig.suptitle(f"{k_best}-state Poisson HMM: pseudo-residual diagnostics")
 fig.tight_layout()
 plt.show()
