@@ -42,13 +42,18 @@
 
 # %%
 import os
+import warnings
 
-import jax
-import matplotlib.pyplot as plt
-import numpy as np
-import optax
+# numpyro imports tqdm.auto, which warns in a notebook kernel without ipywidgets; statseq
+# shows no progress bars here (progress=False), so that warning does not concern us.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
-import statseq as ss
+import jax  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import statseq as ss  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)  # float64 for exact comparisons below
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
@@ -162,15 +167,68 @@ print(f"exact MLE: phi = {np.asarray(exact_fit.params.coeffs[:, 0, 0]).round(4)}
 
 # %%
 print(f"{'order':>5} {'k':>3} {'log-lik':>9} {'AIC':>8} {'BIC':>8}")
+criteria = {}
 for p in range(1, 7):
     m = ss.AR(order=p, initial="stationary")
     est = ss.AR(order=p).fit_least_squares(y)
-    ic = ss.information_criteria(m, est, y)
+    ic = criteria[p] = ss.information_criteria(m, est, y)
     print(f"{p:>5} {ic['num_params']:>3} {ic['log_lik']:>9.2f} {ic['aic']:>8.2f} "
           f"{ic['bic']:>8.2f}")
+p_aic = min(criteria, key=lambda p: criteria[p]["aic"])
+p_bic = min(criteria, key=lambda p: criteria[p]["bic"])
+print(f"AIC picks order {p_aic}; BIC picks order {p_bic}")
+assert p_bic == 2 and p_aic > 2  # as the next paragraph says
 
 # %% [markdown]
 # BIC prefers the AR(2); AIC, with its lighter penalty, leans to slightly larger orders.
+#
+# ## Uncertainty on the parameters
+#
+# `ss.summary` gives standard errors from the observed information (the Hessian of the
+# log-likelihood at the estimate), with z statistics and 95% Wald intervals.
+
+# %%
+print(ss.summary(model, params, y))
+se = ss.standard_errors(model, params, y)
+assert np.all(np.abs(phi / np.asarray(se.coeffs[:, 0, 0])) > 7)
+
+# %% [markdown]
+# Both lag coefficients are many standard errors from zero (the smallest |z| in the table
+# is above 7), so the cycle is not an artefact of sampling noise.
+#
+# ## Checking the model: residual diagnostics
+#
+# If the model is right, the standardized one-step prediction errors
+# $e_t = (y_t - E[y_t \mid y_{<t}]) / \mathrm{sd}(y_t \mid y_{<t})$ are independent
+# $\mathcal{N}(0, 1)$. `ss.diagnose` computes them with three tests (Ljung-Box for serial
+# correlation up to lag 10, Durbin and Koopman's $H$ for a change in variance between the
+# first and last thirds, Jarque-Bera for normality) and the residual autocorrelations.
+
+# %%
+diag = ss.diagnose(model, params, y)
+print(diag.tests.round(3))
+band = 1.96 / np.sqrt(np.isfinite(diag.residuals).sum())
+outside = np.flatnonzero(np.abs(diag.acf) > band)[1:]  # lag 0 is always 1
+print(f"residual autocorrelations, lags 1-10: {diag.acf[1:].round(2)}; "
+      f"approximate 95% band +-{band:.2f}; outside it at lags {outside.tolist()}")
+assert (diag.tests["pvalue"] > 0.05).all()  # the prose below: no test rejects at 5%
+assert outside.tolist() == [3, 10] and diag.acf[10] == diag.acf[1:].max()  # ... and this
+fig = diag.plot()
+labels = [("time step", "residual"), ("residual", "density"),
+          ("N(0, 1) quantile", "residual quantile"), ("lag", "autocorrelation")]
+for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig.suptitle("AR(2) for log10 lynx: standardized residuals")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# None of the three tests rejects at the 5% level: the residuals look normal with a
+# stable variance. The correlogram shows the weak spot: two of the ten autocorrelations
+# lie just outside the band, and the larger, 0.27, is at lag 10, one period of the
+# cycle; the Ljung-Box p-value is not far above 0.05. The AR(2) reproduces a damped cycle, while the lynx cycle is more regular
+# than that; this is why AIC leans to higher orders (Tong, 1977, *J. R. Statist. Soc. A* 140, 432-436, chose an AR(11) for this
+# series by AIC).
 #
 # ## Missing years are marginalized, not imputed
 #
@@ -205,32 +263,104 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# ## Forecasts with uncertainty
+# ## Forecasts with uncertainty, against baselines
 #
-# `ss.forecast` filters the history and then samples future paths one step at a time
-# (predict, draw, update), so the paths carry the model's full predictive uncertainty. We
-# hold out the last 14 years, fit to the rest, and check the held-out values against the
-# intervals.
+# We hold out the last 14 years, fit to the rest, and forecast all 14 from the end of the
+# training data. For an AR model the $h$-step predictive distributions are Gaussian with
+# moments that follow exactly from the companion form (`model.forecast_moments`), so the
+# intervals need no simulation. `ss.forecast` instead samples future paths one step at a
+# time (predict, draw, update), which gives their joint distribution; its intervals agree
+# with the exact ones up to Monte Carlo error.
+#
+# A forecast is only good relative to something simpler. We use the three baselines of
+# Hyndman and Athanasopoulos (*Forecasting: Principles and Practice*, 3rd ed., sec. 5.2
+# and the interval formulas of sec. 5.5), each a Gaussian predictive with $\hat\sigma$
+# estimated from its own training residuals:
+#
+# * **mean**: $\hat y_{T+h} = \bar y$, sd $\hat\sigma\sqrt{1 + 1/T}$;
+# * **naive** (random walk): $\hat y_{T+h} = y_T$, sd $\hat\sigma\sqrt{h}$;
+# * **seasonal naive** with period $m = 10$ years (the cycle's length, rounded):
+#   $\hat y_{T+h} = y_{T+h-m(k+1)}$, sd $\hat\sigma\sqrt{k+1}$, $k = \lfloor (h-1)/m
+#   \rfloor$.
+#
+# Each is scored on the held-out years with the root mean squared error, the mean CRPS
+# (`statseq.evaluation.crps_gaussian`, in the units of the data; lower is better), the log score
+# $\sum_h \log p(y_{T+h} \mid y_{1:T})$ of the $h$-step marginals (higher is better)
+# and the coverage of the central 90% intervals.
 
 # %%
-horizon = 14
+from scipy.stats import norm  # noqa: E402
+
+from statseq.evaluation import crps_gaussian  # noqa: E402
+
+horizon, period = 14, 10
 y_train, y_test = y[:-horizon], y[-horizon:]
+n_train, steps = y_train.size, np.arange(1, horizon + 1)
 train_params = ss.AR(order=2).fit_least_squares(y_train)
+moments = model.forecast_moments(train_params, y_train, num_steps=horizon)
+
+naive_sd = np.std(np.diff(y_train), ddof=1)
+snaive_sd = np.std(y_train[period:] - y_train[:-period], ddof=1)
+k = (steps - 1) // period
+predictives = {  # name: (mean, sd) of each h-step Gaussian predictive
+    "AR(2)": (np.asarray(moments.mean), np.asarray(moments.std)),
+    "mean": (np.full(horizon, y_train.mean()),
+             np.full(horizon, y_train.std(ddof=1) * np.sqrt(1 + 1 / n_train))),
+    "naive": (np.full(horizon, y_train[-1]), naive_sd * np.sqrt(steps)),
+    "seasonal naive": (y_train[n_train - period * (k + 1) + steps - 1],
+                       snaive_sd * np.sqrt(k + 1)),
+}
+scores = {}
+print(f"{'method':>15} {'RMSE':>6} {'CRPS':>6} {'log score':>9} {'90% cover':>9}")
+for name, (mu, sd) in predictives.items():
+    lo, hi = norm.ppf(0.05, mu, sd), norm.ppf(0.95, mu, sd)
+    scores[name] = dict(rmse=np.sqrt(np.mean((y_test - mu) ** 2)),
+                        crps=crps_gaussian(mu, sd, y_test).mean(),
+                        log=norm.logpdf(y_test, mu, sd).sum(),
+                        cover=np.mean((y_test >= lo) & (y_test <= hi)))
+    print(f"{name:>15} {scores[name]['rmse']:>6.3f} {scores[name]['crps']:>6.3f} "
+          f"{scores[name]['log']:>9.2f} {scores[name]['cover']:>9.0%}")
+best_crps = min(scores, key=lambda name: scores[name]["crps"])
+best_log = max(scores, key=lambda name: scores[name]["log"])
+print(f"best mean CRPS: {best_crps}; best log score: {best_log}")
+ranks = {m: sorted(scores, key=lambda name: scores[name][m]) for m in ("rmse", "crps")}
+ranks["log"] = sorted(scores, key=lambda name: -scores[name]["log"])
+# the prose below: AR(2) first, mean second, naive last on all three scores
+assert all(r[:2] == ["AR(2)", "mean"] and r[-1] == "naive" for r in ranks.values())
+
+# the same AR(2) predictive, sampled path by path
 fc = ss.forecast(model, train_params, y_train, num_steps=horizon, num_samples=NUM_SAMPLES,
                  key=jax.random.key(3))
-lo, hi = fc.interval(0.9)
-coverage = np.mean((y_test >= np.asarray(lo)) & (y_test <= np.asarray(hi)))
-score = ss.log_score(model, train_params, y_train, y_test)
-print(f"90% interval coverage on the held-out years: {coverage:.0%}")
-print(f"held-out one-step log score log p(y_test | y_train) = {score:.2f}")
+mc_lo, mc_hi = (np.asarray(q) for q in fc.interval(0.9))
+exact_lo, exact_hi = norm.ppf([[0.05], [0.95]], *predictives["AR(2)"])
+print(f"largest gap between sampled and exact 90% limits: "
+      f"{max(np.abs(mc_lo - exact_lo).max(), np.abs(mc_hi - exact_hi).max()):.3f}")
+one_step = ss.log_score(model, train_params, y_train, y_test)
+print(f"AR(2) one-step-ahead log score log p(y_test | y_train) = {one_step:.2f} "
+      f"(each held-out year conditioned on once seen)")
+assert one_step > scores["AR(2)"]["log"]
 
 ax = fc.plot(time=years[:-horizon], future_time=years[-horizon:])
+ax.plot(years[-horizon:], exact_lo, "--", color="C3", lw=1, label="exact 90% limits")
+ax.plot(years[-horizon:], exact_hi, "--", color="C3", lw=1)
+for name, color in [("mean", "C2"), ("naive", "C4"), ("seasonal naive", "C5")]:
+    ax.plot(years[-horizon:], predictives[name][0], color=color, lw=1, label=f"{name}")
 ax.plot(years[-horizon:], y_test, "ko", ms=3, label="held out")
-ax.set(xlabel="year", ylabel="log10 lynx", title="AR(2) forecast, 50% and 90% intervals")
-ax.legend(fontsize=8, loc="upper left")
+ax.set(xlabel="year", ylabel="log10 lynx", xlim=(1880, years[-1] + 1),
+       title="AR(2) forecast (50% and 90% intervals) and baseline point forecasts")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
 plt.show()
 
 # %% [markdown]
+# On these 14 years the AR(2) beats every baseline on all three scores (table above). The
+# mean forecast comes second: after a few years an AR forecast relaxes to the mean too,
+# but the AR(2) first follows the cycle's downswing. The naive forecast, which carries
+# the last value forward, is worst, and its intervals widen without bound; the seasonal
+# naive forecast copies the previous cycle, whose timing and height do not repeat
+# exactly. The one-step-ahead log score is much higher than the 14-step one, as each
+# held-out year sharpens the next forecast. One forecast origin and 14 correlated years
+# are a small test, so these rankings are suggestive rather than conclusive.
+#
 # ## Simulating from the model
 #
 # Because the model is a distribution over sequences, `ss.sample` draws whole series by
@@ -259,3 +389,15 @@ import tempfile  # noqa: E402
 path = ss.save(os.path.join(tempfile.mkdtemp(), "lynx_ar2"), exact, exact_fit.params)
 loaded_model, loaded_params = ss.load(path)
 print(loaded_model, float(ss.log_prob(loaded_model, loaded_params, y)))
+
+# %% [markdown]
+# ## Conclusion
+#
+# On the log scale, the lynx series is well described by a Gaussian AR(2) with complex
+# characteristic roots: a damped cycle of about ten years (period printed above), both
+# lag coefficients many standard errors from zero. Its standardized residuals pass the
+# Ljung-Box, heteroskedasticity and normality tests at the 5% level, and its forecasts
+# beat the mean, naive and seasonal naive baselines out of sample. What remains
+# uncertain is the order: the residual autocorrelation at one cycle (lag 10) and AIC's
+# preference for larger orders suggest that the cycle is more regular than an AR(2) can
+# express, and the held-out comparison rests on 14 years from a single origin.
