@@ -23,7 +23,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 from statseq.core.memo import IdentityMemo
-from statseq.core.validation import float_dtype
+from statseq.core.validation import X64_REMEDY, float_dtype, warn_float64_downcast
 
 
 def _is_constraint(x) -> bool:
@@ -181,18 +181,49 @@ def _validate_params(model, params) -> None:
         arr = np.asarray(value)
         if tuple(arr.shape) != tuple(shape):
             raise ValueError(f"params.{name} must have shape {tuple(shape)}, got {arr.shape}")
+        if np.issubdtype(arr.dtype, np.complexfloating) or not (
+                np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise TypeError(f"params.{name} must be a real array, got dtype {arr.dtype}")
+        if arr.dtype == np.float64 and float_dtype() == jnp.float32:
+            # the computation runs in float32: check the values it will actually use
+            warn_float64_downcast(f"params.{name}")
+            with np.errstate(over="ignore", under="ignore"):
+                arr = arr.astype(np.float32)
         checked.append((name, arr, con))
     if checked and not np.isfinite(np.concatenate(
             [np.ravel(arr).astype(np.float64, copy=False) for _, arr, _ in checked])).all():
         name = next(n for n, arr, _ in checked if not np.all(np.isfinite(arr)))
         raise ValueError(f"params.{name} contains non-finite values")
     for name, arr, con in checked:
+        _check_representable(name, arr, con)
         if arr.size and not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
     if hasattr(model, "check_params") and not any(
         isinstance(leaf, jax.core.Tracer) for leaf in leaves
     ):
         model.check_params(params)
+
+
+def _check_representable(name, arr, con) -> None:
+    """``ValueError`` for values the density arithmetic cannot use in ``arr``'s dtype: a
+    magnitude whose square overflows, or a positive parameter (a variance, a rate) below
+    the smallest normal number (its reciprocal overflows; a 1e-300 variance in float32
+    is 0)."""
+    if not arr.size or arr.dtype.kind != "f":
+        return
+    info = np.finfo(arr.dtype)
+    big = float(np.max(np.abs(arr)))
+    remedy = f" or call {X64_REMEDY}" if arr.dtype == np.float32 else ""
+    if big > np.sqrt(info.max):
+        raise ValueError(f"params.{name} has a value of magnitude {big:.3g}, beyond sqrt of "
+                         f"the largest {arr.dtype.name} ({np.sqrt(info.max):.3g}): rescale "
+                         f"the data and parameters{remedy}")
+    positive = con is constraints.positive or (
+        con is constraints.positive_definite and arr.shape[-2:] == (1, 1))
+    if positive and np.any((arr < info.tiny) & (arr >= 0)):
+        raise ValueError(f"params.{name} has a value below the smallest normal "
+                         f"{arr.dtype.name} ({info.tiny:.3g}): it is 0 for the computation "
+                         f"(0 variance or rate); rescale the data{remedy}")
 
 
 def _satisfies(con, arr) -> bool:

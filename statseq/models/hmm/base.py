@@ -231,9 +231,14 @@ class HMMBase(SequenceModel):
         predicted = self._predicted(params, carry, inputs_t)
         ll = self.emission_log_likelihoods(params.emissions, y_t, mask_t)
         shift = jax.lax.stop_gradient(jnp.max(ll))
+        shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # all states impossible
         joint = predicted * jnp.exp(ll - shift)
         norm = jnp.sum(joint)
-        new = HMMCarry(joint / norm, jnp.ones((), bool))
+        # data impossible under the model: log p = -inf at this step (not NaN), and the
+        # predicted message carries on so that later steps stay finite
+        possible = norm > 0
+        new = HMMCarry(jnp.where(possible, joint / jnp.where(possible, norm, 1.0), predicted),
+                       jnp.ones((), bool))
         # a fully masked step scores exactly 0 (not log of a sum that rounds near 1)
         return jnp.where(jnp.any(mask_t), jnp.log(norm) + shift, 0.0), new
 
@@ -277,6 +282,7 @@ class HMMBase(SequenceModel):
         data = prepare_data(self, y, mask, inputs)
         out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
                              kind="smoother", parallel=use_parallel(parallel))
+        _check_possible(out.marginal_log_lik, "smoother")
         return _reshape_batch(out, data.batch_shape)
 
     def most_likely_states(self, params, y, *, mask=None, inputs=None):
@@ -285,8 +291,9 @@ class HMMBase(SequenceModel):
 
         validate_params(self, params)
         data = prepare_data(self, y, mask, inputs)
-        out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
-                             kind="viterbi", parallel=False)
+        out, marginal = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
+                                       kind="viterbi", parallel=False)
+        _check_possible(marginal, "most_likely_states")
         return _reshape_batch(out, data.batch_shape)
 
     def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
@@ -298,6 +305,9 @@ class HMMBase(SequenceModel):
         validate_params(self, params)
         num_samples = check_positive_int(num_samples, "num_samples")
         data = prepare_data(self, y, mask, inputs)
+        _check_possible(_hmm_posterior(self, params, data.y, data.mask, data.inputs,
+                                       kind="filter", parallel=False).marginal_log_lik,
+                        "sample_states_posterior")
         keys = jax.random.split(key, num_samples)
         paths = jax.vmap(
             lambda k: _hmm_sample_paths(self, params, data.y, data.mask, data.inputs, k)
@@ -431,6 +441,19 @@ def _log_dirichlet(prior, probs):
     return jnp.sum(prior.log_prob(probs))
 
 
+def _check_possible(marginal_log_lik, method: str) -> None:
+    """``ValueError`` when some sequence has probability zero under the model (a posterior
+    over states given impossible data is undefined; the filter scores it ``-inf``)."""
+    lp = np.asarray(marginal_log_lik)
+    if np.any(lp == -np.inf):
+        which = int(np.argwhere(lp == -np.inf)[0][0])
+        raise ValueError(
+            f"{method}: the data have probability zero under these parameters (sequence "
+            f"{which} contains an observation impossible in every state, e.g. a category "
+            "with emission probability 0); log_prob is -inf there and no state posterior "
+            "exists")
+
+
 def _reshape_batch(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
@@ -444,7 +467,8 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel):
         return lib.hmm_filter(pi, trans, ll)
     if kind == "smoother":
         return lib.hmm_smoother(pi, trans, ll)
-    return hmm_seq.hmm_viterbi(pi, trans, ll)
+    # the filter's marginal likelihood tells whether the data are possible at all
+    return hmm_seq.hmm_viterbi(pi, trans, ll), hmm_seq.hmm_filter(pi, trans, ll).marginal_log_lik
 
 
 @partial(jax.jit, static_argnames=("model", "kind", "parallel"))
