@@ -293,3 +293,107 @@ def degenerate_fit_warning(model, params, method: str) -> str | None:
                 "probably unbounded along this path (e.g. a noise variance collapsing to "
                 "zero). Fix or bound that parameter, or start elsewhere.")
     return None
+
+
+#: relative distance to a constraint's boundary below which a fitted value is "on" it
+BOUNDARY_RTOL = 1e-6
+
+
+def data_scale(y, mask=None) -> float:
+    """The variance of the observed entries of ``y`` (their mean square when that is 0,
+    1 when both are): the scale against which a fitted variance counts as 0."""
+    arr = np.asarray(y, np.float64)
+    if mask is not None:
+        arr = arr[np.broadcast_to(np.asarray(mask, bool), arr.shape)]
+    for scale in ((float(np.var(arr)), float(np.mean(arr**2))) if arr.size else ()):
+        if np.isfinite(scale) and scale > 0:
+            return scale
+    return 1.0
+
+
+def on_boundary(model, params, scale: float = 1.0, rtol: float = BOUNDARY_RTOL):
+    """Dotted names of the leaves of ``params`` that sit at their constraint's boundary.
+
+    A leaf is on the boundary when, for its constraint,
+
+    - ``positive``: some entry is ``<= rtol * scale`` (a variance or rate at 0),
+    - ``positive_definite``: the smallest eigenvalue is ``<= rtol * scale``,
+    - ``unit_interval``: some entry is within ``rtol`` of 0 or 1,
+    - ``simplex``: some entry is ``<= rtol`` (a probability at 0),
+    - ``greater_than(c)``: some entry is within ``rtol * max(1, |c|)`` of ``c``.
+
+    Args:
+        model: the model.
+        params: its (fitted) parameters.
+        scale: the data's scale for variances (e.g. `data_scale` of the series).
+        rtol: relative tolerance.
+
+    Returns:
+        A tuple of names in pytree order (as `param_names` spells them).
+    """
+    _, _, tree, cons, names = _param_spec(model)
+    leaves = tree.flatten_up_to(params)
+    found = []
+    for name, con, value in zip(names, cons, leaves, strict=True):
+        if value is None or isinstance(value, jax.core.Tracer):
+            continue
+        arr = np.asarray(value, np.float64)
+        if not arr.size or not np.all(np.isfinite(arr)):
+            continue
+        if con is constraints.positive:
+            hit = np.any(arr <= rtol * scale)
+        elif con is constraints.positive_definite:
+            sym = 0.5 * (arr + np.swapaxes(arr, -1, -2))
+            hit = np.any(np.linalg.eigvalsh(sym).min(axis=-1) <= rtol * scale)
+        elif con is constraints.unit_interval:
+            hit = np.any((arr <= rtol) | (arr >= 1.0 - rtol))
+        elif con is constraints.simplex:
+            hit = arr.shape[-1] > 1 and np.any(arr <= rtol)
+        elif isinstance(con, constraints.greater_than):
+            low = float(con.lower_bound)
+            hit = np.any(arr - low <= rtol * max(1.0, abs(low)))
+        else:
+            hit = False
+        if hit:
+            found.append(name)
+    return tuple(found)
+
+
+def boundary_warning(names, method: str) -> str | None:
+    """The warning for a fit whose optimum has ``names`` on their constraint boundary."""
+    if not names:
+        return None
+    return (f"{method}: the optimum is on the boundary of the parameter space for "
+            f"{', '.join(names)} (a variance or rate at 0 relative to the data scale, or a "
+            "probability at 0 or 1; see FitResult.on_boundary). The likelihood's maximum "
+            "may lie at or beyond the boundary; standard errors there are not valid")
+
+
+def valid_iterate(model, candidates, method: str):
+    """The first of ``candidates`` (the fit's last iterate, then earlier ones, ending with
+    the validated start) that satisfies its constraints, and whether it is not the first.
+
+    A fit never returns parameters outside their constraints: when the last iterate left
+    them (e.g. a covariance that became numerically singular), an earlier valid iterate
+    comes back, with a warning naming the violation.
+    """
+    import warnings
+
+    first_error = None
+    for j, candidate in enumerate(candidates):
+        try:
+            validate_params(model, candidate)
+        except ValueError as err:
+            first_error = first_error or err
+            continue
+        if j:
+            which = "the starting parameters" if j == len(candidates) - 1 else (
+                "the previous iterate")
+            warnings.warn(
+                f"{method}: the last iterate left the parameter space ({first_error}); the "
+                f"likelihood is probably unbounded along this path (e.g. a noise variance "
+                f"collapsing to zero). Returning {which}, which are valid; converged=False. "
+                "Fix or bound that parameter, or start elsewhere.", RuntimeWarning,
+                stacklevel=3)
+        return candidate, bool(j)
+    return candidates[0], True

@@ -25,10 +25,13 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from statseq.core.params import (
-    degenerate_fit_warning,
+    boundary_warning,
+    data_scale,
     from_unconstrained,
     num_free_params,
+    on_boundary,
     to_unconstrained,
+    valid_iterate,
     validate_params,
     validate_priors,
 )
@@ -201,16 +204,27 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     fitted = jax.tree.unflatten(tree, [  # frozen leaves come back exactly as given
         f if t else p for f, p, t in zip(leaves_f, leaves_p, flags, strict=True)
     ])
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_lbfgs")
-    if _degenerate:
-        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
+    fitted, replaced = valid_iterate(model, [fitted, params], "fit_lbfgs")
+    trace = np.asarray(trace)[:num_iters]
+    finite = trace[np.isfinite(trace)]
+    noise = 1e-5 if np.dtype(float_dtype()) == np.float32 else 1e-10
+    decreased = finite.size > 1 and bool(np.any(
+        np.diff(finite) < -np.maximum(tol, noise) * np.maximum(1.0, np.abs(finite[1:]))))
+    if decreased:
+        warnings.warn("fit_lbfgs: the log joint decreased during the fit (the line search "
+                      "accepted a worse point: the objective is probably too rough at this "
+                      "precision); converged=False", RuntimeWarning, stacklevel=2)
+    boundary = on_boundary(model, fitted, data_scale(data.y, data.mask))
+    if boundary:
+        warnings.warn(boundary_warning(boundary, "fit_lbfgs"), RuntimeWarning, stacklevel=2)
     return FitResult(
         params=fitted,
-        log_joint=np.asarray(trace)[:num_iters],
+        log_joint=trace,
         num_iterations=num_updates,
-        converged=stop == _CONVERGED,
+        converged=stop == _CONVERGED and not replaced and not decreased,
         validation_log_prob=np.zeros((0,)),
         validation_steps=np.zeros((0,), int),
         wall_time=time.perf_counter() - start,
         method="lbfgs",
+        on_boundary=boundary,
     )

@@ -21,11 +21,14 @@ import numpy as np
 import optax
 
 from statseq.core.params import (
-    degenerate_fit_warning,
+    boundary_warning,
+    data_scale,
     from_unconstrained,
     log_prior,
+    on_boundary,
     to_unconstrained,
     trainable_mask,
+    valid_iterate,
     validate_params,
     validate_priors,
 )
@@ -290,16 +293,18 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         lambda f, given, t: f if t else given,
         from_unconstrained(model, final_up), params, mask_tree,
     )
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_sgd")
-    if _degenerate:
-        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
+    fitted, replaced = valid_iterate(model, [fitted, params], "fit_sgd")
+    boundary = on_boundary(model, fitted, data_scale(train[0], train[1]))
+    if boundary:
+        warnings.warn(boundary_warning(boundary, "fit_sgd"), RuntimeWarning, stacklevel=2)
     return FitResult(
         params=fitted,
         log_joint=np.asarray(trace),
         num_iterations=num_iter,
-        converged=stop == _STOP_EARLY,
+        converged=stop == _STOP_EARLY and not replaced,
         validation_log_prob=vtrace[keep],
         validation_steps=steps[keep[: steps.shape[0]]],
         wall_time=time.perf_counter() - start,
         method="sgd",
+        on_boundary=boundary,
     )
