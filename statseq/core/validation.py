@@ -429,3 +429,15 @@ def check_positive_int(value, name: str, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def require_observed(data: Prepared, method: str) -> None:
+    """``ValueError`` when nothing in the prepared data is observed: a fit to no data.
+
+    (Likelihoods of all-missing data are well defined, ``log p = 0``, the empty product;
+    maximizing that is not.)
+    """
+    mask = data.mask
+    if not _is_tracer(mask) and not np.any(np.asarray(mask)):
+        raise ValueError(f"{method}: y has no observed values (every entry is masked or "
+                         "missing): there is nothing to fit")

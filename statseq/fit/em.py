@@ -31,7 +31,12 @@ from statseq.core.params import (
     validate_priors,
 )
 from statseq.core.results import FitResult
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.fit import _progress
 
 
@@ -187,6 +192,7 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
     if not float(tol) >= 0:
         raise ValueError(f"tol must be non-negative, got {tol}")
     data = prepare_data(model, y, mask, inputs)
+    require_observed(data, "fit_em")
     mask_tree = trainable_mask(params, trainable)
     progress_every = _progress.update_every(num_iters) if progress else 0
     with _progress.progress_bar(num_iters, f"fit_em {type(model).__name__}", progress):

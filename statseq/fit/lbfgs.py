@@ -36,7 +36,12 @@ from statseq.core.params import (
     validate_priors,
 )
 from statseq.core.results import FitResult
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.fit import _progress
 from statseq.fit._objective import coordinate_mask, negative_log_joint, trainable_flags
 
@@ -176,6 +181,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     if not tol >= 0:
         raise ValueError(f"tol must be non-negative, got {tol}")
     data = prepare_data(model, y, mask, inputs)
+    require_observed(data, "fit_lbfgs")
     flags = trainable_flags(params, trainable)
     if num_free_params(model, jax.tree.unflatten(jax.tree.structure(params), flags)) == 0:
         raise ValueError("trainable freezes every parameter: there is nothing to fit")

@@ -34,7 +34,12 @@ from statseq.core.params import (
 )
 from statseq.core.recurrence import run_filter
 from statseq.core.results import FitResult
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.fit import _progress
 
 _STOP_NONE, _STOP_EARLY, _STOP_NONFINITE = 0, 1, 2
@@ -248,6 +253,7 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise TypeError("optimizer must be an optax GradientTransformation, e.g. optax.adam(1e-2)")
     data = prepare_data(model, y, mask, inputs)
+    require_observed(data, "fit_sgd")
     scored = _check_scored(scored, data)
     split_key, batch_key = jax.random.split(key)
     train, val = _split_validation(data, validation, split_key, scored)
