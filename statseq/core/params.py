@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -299,9 +300,17 @@ def degenerate_fit_warning(model, params, method: str) -> str | None:
 BOUNDARY_RTOL = 1e-6
 
 
-def data_scale(y, mask=None) -> float:
+def data_scale(y: Any, mask: Any = None) -> float:
     """The variance of the observed entries of ``y`` (their mean square when that is 0,
-    1 when both are): the scale against which a fitted variance counts as 0."""
+    1 when both are): the scale against which a fitted variance counts as 0.
+
+    Args:
+        y: the data.
+        mask: optional mask (``True`` where observed), broadcastable to ``y``.
+
+    Returns:
+        A positive float.
+    """
     arr = np.asarray(y, np.float64)
     if mask is not None:
         arr = arr[np.broadcast_to(np.asarray(mask, bool), arr.shape)]
@@ -311,7 +320,8 @@ def data_scale(y, mask=None) -> float:
     return 1.0
 
 
-def on_boundary(model, params, scale: float = 1.0, rtol: float = BOUNDARY_RTOL):
+def on_boundary(model: Any, params: Any, scale: float = 1.0,
+                rtol: float = BOUNDARY_RTOL) -> tuple[str, ...]:
     """Dotted names of the leaves of ``params`` that sit at their constraint's boundary.
 
     A leaf is on the boundary when, for its constraint,
@@ -330,6 +340,11 @@ def on_boundary(model, params, scale: float = 1.0, rtol: float = BOUNDARY_RTOL):
 
     Returns:
         A tuple of names in pytree order (as `param_names` spells them).
+
+    Examples:
+        >>> import statseq as ss
+        >>> on_boundary(ss.LocalLevel(), ss.LocalLevelParams(2.0, 1e-9), scale=2.0)
+        ('level_var',)
     """
     _, _, tree, cons, names = _param_spec(model)
     leaves = tree.flatten_up_to(params)
@@ -359,8 +374,16 @@ def on_boundary(model, params, scale: float = 1.0, rtol: float = BOUNDARY_RTOL):
     return tuple(found)
 
 
-def boundary_warning(names, method: str) -> str | None:
-    """The warning for a fit whose optimum has ``names`` on their constraint boundary."""
+def boundary_warning(names: tuple[str, ...], method: str) -> str | None:
+    """The warning for a fit whose optimum has ``names`` on their constraint boundary.
+
+    Args:
+        names: leaf names from `on_boundary`.
+        method: the fitting function's name, for the message.
+
+    Returns:
+        The message, or ``None`` when ``names`` is empty.
+    """
     if not names:
         return None
     return (f"{method}: the optimum is on the boundary of the parameter space for "
@@ -369,13 +392,21 @@ def boundary_warning(names, method: str) -> str | None:
             "may lie at or beyond the boundary; standard errors there are not valid")
 
 
-def valid_iterate(model, candidates, method: str):
+def valid_iterate(model: Any, candidates: list, method: str) -> tuple[Any, bool]:
     """The first of ``candidates`` (the fit's last iterate, then earlier ones, ending with
     the validated start) that satisfies its constraints, and whether it is not the first.
 
     A fit never returns parameters outside their constraints: when the last iterate left
     them (e.g. a covariance that became numerically singular), an earlier valid iterate
     comes back, with a warning naming the violation.
+
+    Args:
+        model: the model.
+        candidates: parameter pytrees, most preferred first.
+        method: the fitting function's name, for the warning.
+
+    Returns:
+        ``(params, replaced)``.
     """
     import warnings
 
