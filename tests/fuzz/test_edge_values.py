@@ -203,3 +203,20 @@ def test_sample_of_one_step(spec):
     draw = np.asarray(ss.sample(spec.model, spec.params, num_timesteps=1,
                                 key=jax.random.key(1)))
     assert draw.shape == (1,) + spec.event_shape and np.all(np.isfinite(draw))
+
+
+def test_parallel_and_sequential_filters_agree_on_impossible_data():
+    from statseq.inference import hmm, hmm_parallel
+
+    pi = jnp.array([0.5, 0.5])
+    trans = jnp.array([[0.9, 0.1], [0.2, 0.8]])
+    ll = jnp.log(jnp.array([[0.6, 0.1], [0.4, 0.9], [0.0, 0.0], [0.6, 0.1]]))
+    seq, par = hmm.hmm_filter(pi, trans, ll), hmm_parallel.hmm_filter(pi, trans, ll)
+    assert float(seq.marginal_log_lik) == float(par.marginal_log_lik) == -np.inf
+    np.testing.assert_allclose(np.asarray(par.log_normalizers),
+                               np.asarray(seq.log_normalizers), rtol=1e-12)
+    # after the impossible step both carry the message on: the last step scores as if the
+    # impossible row were absent (a row of zeros, i.e. a masked step)
+    masked = hmm.hmm_filter(pi, trans, ll.at[2].set(0.0))
+    np.testing.assert_allclose(float(seq.log_normalizers[3]),
+                               float(masked.log_normalizers[3]), rtol=1e-12)
