@@ -167,7 +167,13 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters
         entering iteration ``n``, and ``params`` are those of the last entry's M-step
-        (or of the last entry itself when the fit converged).
+        (or of the last entry itself when the fit converged). When the objective
+        decreased beyond ``max(tol, rounding)`` (1e-5 relative in float32, 1e-10 in
+        float64), which EM cannot do in exact arithmetic, the fit stops with
+        ``converged=False`` and a warning and returns the parameters of the last entry
+        (the best); the rejected iteration is not counted. Parameters outside their
+        constraints are never returned (an earlier valid iterate is, with a warning), and
+        ``on_boundary`` names those at a boundary of the parameter space.
 
     Examples:
         >>> import jax, statseq as ss
@@ -216,8 +222,9 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             "may be unbounded, e.g. a variance collapsing to zero)", RuntimeWarning,
             stacklevel=2)
     elif status == _DECREASED:
+        num_iterations -= 1  # the rejected iteration is not counted (its entry is NaN)
         warnings.warn(
-            f"fit_em stopped at iteration {num_iterations - 1}: the log joint decreased "
+            f"fit_em stopped at iteration {num_iterations}: the log joint decreased "
             "(EM cannot decrease it in exact arithmetic: the iteration broke down "
             "numerically, e.g. near a singular covariance); returning the parameters of "
             "the best value, converged=False", RuntimeWarning, stacklevel=2)

@@ -157,7 +157,11 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
         A `~statseq.FitResult` with ``method="lbfgs"``; ``log_joint[k]`` is the objective
             after iteration ``k`` (so the last finite entry is that of the returned
             ``params``), NaN after the stop. ``converged`` is ``True`` only when the
-            tolerance was met.
+            tolerance was met, the trace never decreased beyond rounding and the result
+            satisfies its constraints (otherwise the starting parameters come back, with
+            a warning). ``on_boundary`` names parameters whose optimum sits at a boundary
+            of the parameter space (a variance at 0 relative to the data's variance, a
+            probability at 0 or 1), with a warning.
 
     Examples:
         >>> import numpy as np, statseq as ss
