@@ -185,11 +185,13 @@ def _validate_params(model, params) -> None:
         if np.issubdtype(arr.dtype, np.complexfloating) or not (
                 np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
             raise TypeError(f"params.{name} must be a real array, got dtype {arr.dtype}")
+        given = arr
         if arr.dtype == np.float64 and float_dtype() == jnp.float32:
             # the computation runs in float32: check the values it will actually use
             warn_float64_downcast(f"params.{name}")
             with np.errstate(over="ignore", under="ignore"):
                 arr = arr.astype(np.float32)
+        _check_underflow(name, given, arr, con)
         checked.append((name, arr, con))
     if checked and not np.isfinite(np.concatenate(
             [np.ravel(arr).astype(np.float64, copy=False) for _, arr, _ in checked])).all():
@@ -205,11 +207,27 @@ def _validate_params(model, params) -> None:
         model.check_params(params)
 
 
+def _check_underflow(name, given, arr, con) -> None:
+    """``ValueError`` when a positive parameter (a variance, a rate) was given a positive
+    value below the smallest normal number of the working dtype: it is 0 or subnormal
+    there (a 1e-300 variance in float32), and its reciprocal overflows."""
+    positive = con is constraints.positive or (
+        con is constraints.positive_definite and arr.shape[-2:] == (1, 1))
+    if not positive or not arr.size or arr.dtype.kind != "f":
+        return
+    info = np.finfo(arr.dtype)
+    with np.errstate(invalid="ignore"):
+        low = (np.asarray(given, np.float64) > 0) & (arr < info.tiny)
+    if np.any(low):
+        remedy = f" or call {X64_REMEDY}" if arr.dtype == np.float32 else ""
+        raise ValueError(f"params.{name} has a value below the smallest normal "
+                         f"{arr.dtype.name} ({info.tiny:.3g}): it is 0 for the computation "
+                         f"(0 variance or rate); rescale the data{remedy}")
+
+
 def _check_representable(name, arr, con) -> None:
-    """``ValueError`` for values the density arithmetic cannot use in ``arr``'s dtype: a
-    magnitude whose square overflows, or a positive parameter (a variance, a rate) below
-    the smallest normal number (its reciprocal overflows; a 1e-300 variance in float32
-    is 0)."""
+    """``ValueError`` for a magnitude whose square overflows ``arr``'s dtype."""
+    del con
     if not arr.size or arr.dtype.kind != "f":
         return
     info = np.finfo(arr.dtype)
@@ -219,12 +237,6 @@ def _check_representable(name, arr, con) -> None:
         raise ValueError(f"params.{name} has a value of magnitude {big:.3g}, beyond sqrt of "
                          f"the largest {arr.dtype.name} ({np.sqrt(info.max):.3g}): rescale "
                          f"the data and parameters{remedy}")
-    positive = con is constraints.positive or (
-        con is constraints.positive_definite and arr.shape[-2:] == (1, 1))
-    if positive and np.any((arr < info.tiny) & (arr >= 0)):
-        raise ValueError(f"params.{name} has a value below the smallest normal "
-                         f"{arr.dtype.name} ({info.tiny:.3g}): it is 0 for the computation "
-                         f"(0 variance or rate); rescale the data{remedy}")
 
 
 def _satisfies(con, arr) -> bool:

@@ -172,8 +172,9 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         float64), which EM cannot do in exact arithmetic, the fit stops with
         ``converged=False`` and a warning and returns the parameters of the last entry
         (the best); the rejected iteration is not counted. Parameters outside their
-        constraints are never returned (an earlier valid iterate is, with a warning), and
-        ``on_boundary`` names those at a boundary of the parameter space.
+        constraints are never returned: an earlier valid iterate (the one before, else the
+        start, whose value is ``log_joint[0]``) is, with a warning. ``on_boundary`` names
+        the parameters at a boundary of the parameter space.
 
     Examples:
         >>> import jax, statseq as ss
