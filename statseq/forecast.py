@@ -10,16 +10,22 @@ import numpy as np
 
 from statseq.core.params import validate_params
 from statseq.core.recurrence import _future_inputs, _sample_from, run_prepared
-from statseq.core.validation import check_positive_int, pandas_values, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    check_time_index,
+    pandas_values,
+    prepare_data,
+)
 
 
 def future_index(index, num_steps: int):
     """The ``num_steps`` time labels after a pandas ``index``, extended by its frequency.
 
     A ``DatetimeIndex`` continues with its ``freq`` (or the one `pandas.infer_freq`
-    finds), a ``PeriodIndex`` with its period, and a numeric index with its last
-    spacing (``+1`` for a single value). Returns ``None`` (with a warning) when no
-    regular spacing can be found.
+    finds), a ``PeriodIndex`` with its period, and a numeric index with its spacing when
+    that spacing is regular (``+1`` for a single value). Returns ``None`` (with a
+    warning) when no regular spacing can be found. An index that is not strictly
+    increasing (unsorted or with repeated labels) is a ``ValueError``.
 
     Args:
         index: the history's pandas index.
@@ -39,6 +45,7 @@ def future_index(index, num_steps: int):
     import pandas as pd
 
     num_steps = check_positive_int(num_steps, "num_steps")
+    check_time_index(index, "index")
     if isinstance(index, pd.PeriodIndex):
         return pd.period_range(start=index[-1] + 1, periods=num_steps, freq=index.freq)
     if isinstance(index, pd.DatetimeIndex):
@@ -52,8 +59,11 @@ def future_index(index, num_steps: int):
             return pd.date_range(start=index[-1], periods=num_steps + 1, freq=freq)[1:]
     elif pd.api.types.is_numeric_dtype(index.dtype) and len(index):
         values = np.asarray(index)
-        spacing = values[-1] - values[-2] if values.size > 1 else 1
-        return pd.Index(values[-1] + spacing * np.arange(1, num_steps + 1), name=index.name)
+        steps = np.diff(values)
+        spacing = steps[-1] if values.size > 1 else 1
+        if steps.size == 0 or np.allclose(steps, spacing, rtol=1e-9, atol=0):
+            return pd.Index(values[-1] + spacing * np.arange(1, num_steps + 1),
+                            name=index.name)
     warnings.warn(f"cannot extend a {type(index).__name__} without a regular frequency; the "
                   "forecast has no time index (set the index's freq)", stacklevel=3)
     return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 from statseq.core.memo import IdentityMemo
-from statseq.core.validation import float_dtype
+from statseq.core.validation import X64_REMEDY, float_dtype, warn_float64_downcast
 
 
 def _is_constraint(x) -> bool:
@@ -182,6 +183,16 @@ def _validate_params(model, params) -> None:
         arr = np.asarray(value)
         if tuple(arr.shape) != tuple(shape):
             raise ValueError(f"params.{name} must have shape {tuple(shape)}, got {arr.shape}")
+        if np.issubdtype(arr.dtype, np.complexfloating) or not (
+                np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise TypeError(f"params.{name} must be a real array, got dtype {arr.dtype}")
+        given = arr
+        if arr.dtype == np.float64 and float_dtype() == jnp.float32:
+            # the computation runs in float32: check the values it will actually use
+            warn_float64_downcast(f"params.{name}")
+            with np.errstate(over="ignore", under="ignore"):
+                arr = arr.astype(np.float32)
+        _check_underflow(name, given, arr, con)
         checked.append((name, arr, con))
     if checked and not np.isfinite(np.concatenate(
             [np.ravel(arr).astype(np.float64, copy=False) for _, arr, _ in checked])).all():
@@ -190,6 +201,7 @@ def _validate_params(model, params) -> None:
     for name, arr, con in checked:
         if not arr.size:
             continue
+        _check_representable(name, arr, con)
         if name in semidefinite and con in (constraints.positive_definite,
                                             constraints.positive):
             if not _is_semidefinite(arr, con):
@@ -203,6 +215,38 @@ def _validate_params(model, params) -> None:
         isinstance(leaf, jax.core.Tracer) for leaf in leaves
     ):
         model.check_params(params)
+
+
+def _check_underflow(name, given, arr, con) -> None:
+    """``ValueError`` when a positive parameter (a variance, a rate) was given a positive
+    value below the smallest normal number of the working dtype: it is 0 or subnormal
+    there (a 1e-300 variance in float32), and its reciprocal overflows."""
+    positive = con is constraints.positive or (
+        con is constraints.positive_definite and arr.shape[-2:] == (1, 1))
+    if not positive or not arr.size or arr.dtype.kind != "f":
+        return
+    info = np.finfo(arr.dtype)
+    with np.errstate(invalid="ignore"):
+        low = (np.asarray(given, np.float64) > 0) & (arr < info.tiny)
+    if np.any(low):
+        remedy = f" or call {X64_REMEDY}" if arr.dtype == np.float32 else ""
+        raise ValueError(f"params.{name} has a value below the smallest normal "
+                         f"{arr.dtype.name} ({info.tiny:.3g}): it is 0 for the computation "
+                         f"(0 variance or rate); rescale the data{remedy}")
+
+
+def _check_representable(name, arr, con) -> None:
+    """``ValueError`` for a magnitude whose square overflows ``arr``'s dtype."""
+    del con
+    if not arr.size or arr.dtype.kind != "f":
+        return
+    info = np.finfo(arr.dtype)
+    big = float(np.max(np.abs(arr)))
+    remedy = f" or call {X64_REMEDY}" if arr.dtype == np.float32 else ""
+    if big > np.sqrt(info.max):
+        raise ValueError(f"params.{name} has a value of magnitude {big:.3g}, beyond sqrt of "
+                         f"the largest {arr.dtype.name} ({np.sqrt(info.max):.3g}): rescale "
+                         f"the data and parameters{remedy}")
 
 
 def _satisfies(con, arr) -> bool:
@@ -326,3 +370,192 @@ def _check_fitted_semidefinite(model, params, semidefinite, restriction) -> None
                 arr = arr[mask]
         if arr.size and not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
+
+
+#: relative distance to a constraint's boundary below which a fitted value is "on" it
+BOUNDARY_RTOL = 1e-6
+
+
+def data_scale(y: Any, mask: Any = None) -> float:
+    """The variance of the observed entries of ``y`` (their mean square when that is 0,
+    1 when both are): the scale against which a fitted variance counts as 0.
+
+    Args:
+        y: the data.
+        mask: optional mask (``True`` where observed), broadcastable to ``y``.
+
+    Returns:
+        A positive float.
+    """
+    arr = np.asarray(y, np.float64)
+    if mask is not None:
+        arr = arr[np.broadcast_to(np.asarray(mask, bool), arr.shape)]
+    for scale in ((float(np.var(arr)), float(np.mean(arr**2))) if arr.size else ()):
+        if np.isfinite(scale) and scale > 0:
+            return scale
+    return 1.0
+
+
+def on_boundary(model: Any, params: Any, scale: float = 1.0,
+                rtol: float = BOUNDARY_RTOL, restriction: Any = None) -> tuple[str, ...]:
+    """Dotted names of the leaves of ``params`` that sit at their constraint's boundary.
+
+    A leaf is on the boundary when, for its constraint,
+
+    - ``positive``: some entry is ``<= rtol * scale`` (a variance or rate at 0),
+    - ``positive_definite``: the smallest eigenvalue is ``<= rtol * scale``,
+    - ``unit_interval``: some entry is within ``rtol`` of 0 or 1,
+    - ``simplex``: some entry is ``<= rtol`` (a probability at 0),
+    - ``greater_than(c)``: some entry is within ``rtol * max(1, |c|)`` of ``c``.
+
+    Args:
+        model: the model.
+        params: its (fitted) parameters.
+        scale: the data's scale for variances (e.g. `data_scale` of the series).
+        rtol: relative tolerance.
+        restriction: optional `statseq.core.restrict.Restriction` (anything with a
+            ``free_mask()`` list of per-leaf boolean masks): only the fitted (free) entries
+            are checked, so a value the user fixed on the boundary (a singular covariance, a
+            zero variance) is not reported.
+
+    Returns:
+        A tuple of names in pytree order (as `param_names` spells them).
+
+    Examples:
+        >>> import statseq as ss
+        >>> on_boundary(ss.LocalLevel(), ss.LocalLevelParams(2.0, 1e-9), scale=2.0)
+        ('level_var',)
+    """
+    _, _, tree, cons, names = _param_spec(model)
+    leaves = tree.flatten_up_to(params)
+    masks = restriction.free_mask() if restriction is not None else [None] * len(leaves)
+    found = []
+    for name, con, value, free in zip(names, cons, leaves, masks, strict=True):
+        if value is None or isinstance(value, jax.core.Tracer):
+            continue
+        arr = np.asarray(value, np.float64)
+        if free is not None:
+            free = np.broadcast_to(np.asarray(free, bool), arr.shape)
+            if not free.any():
+                continue
+            if not free.all():
+                if con is constraints.positive_definite:
+                    keep = np.diagonal(free, axis1=-2, axis2=-1)
+                    while keep.ndim > 1:
+                        keep = keep.any(axis=0)
+                    arr = arr[..., keep, :][..., :, keep]
+                elif con is not constraints.simplex:
+                    arr = arr[free]
+        if not arr.size or not np.all(np.isfinite(arr)):
+            continue
+        if con is constraints.positive:
+            hit = np.any(arr <= rtol * scale)
+        elif con is constraints.positive_definite:
+            sym = 0.5 * (arr + np.swapaxes(arr, -1, -2))
+            hit = np.any(np.linalg.eigvalsh(sym).min(axis=-1) <= rtol * scale)
+        elif con is constraints.unit_interval:
+            hit = np.any((arr <= rtol) | (arr >= 1.0 - rtol))
+        elif con is constraints.simplex:
+            hit = arr.shape[-1] > 1 and np.any(arr <= rtol)
+        elif isinstance(con, constraints.greater_than):
+            low = float(con.lower_bound)
+            hit = np.any(arr - low <= rtol * max(1.0, abs(low)))
+        else:
+            hit = False
+        if hit:
+            found.append(name)
+    return tuple(found)
+
+
+def boundary_warning(names: tuple[str, ...], method: str) -> str | None:
+    """The warning for a fit whose optimum has ``names`` on their constraint boundary.
+
+    Args:
+        names: leaf names from `on_boundary`.
+        method: the fitting function's name, for the message.
+
+    Returns:
+        The message, or ``None`` when ``names`` is empty.
+    """
+    if not names:
+        return None
+    return (f"{method}: the optimum is on the boundary of the parameter space for "
+            f"{', '.join(names)} (a variance or rate at 0 relative to the data scale, or a "
+            "probability at 0 or 1; see FitResult.on_boundary). The likelihood's maximum "
+            "may lie at or beyond the boundary; standard errors there are not valid")
+
+
+def valid_iterate(model: Any, candidates: list, method: str) -> tuple[Any, bool]:
+    """The first of ``candidates`` (the fit's last iterate, then earlier ones, ending with
+    the validated start) that satisfies its constraints, and whether it is not the first.
+
+    A fit never returns parameters outside their constraints: when the last iterate left
+    them (e.g. a covariance that became numerically singular), an earlier valid iterate
+    comes back, with a warning naming the violation.
+
+    Args:
+        model: the model.
+        candidates: parameter pytrees, most preferred first.
+        method: the fitting function's name, for the warning.
+
+    Returns:
+        ``(params, replaced)``.
+    """
+    import warnings
+
+    first_error = None
+    for j, candidate in enumerate(candidates):
+        try:
+            validate_params(model, candidate)
+        except ValueError as err:
+            first_error = first_error or err
+            continue
+        if j:
+            which = "the starting parameters" if j == len(candidates) - 1 else (
+                "the previous iterate")
+            warnings.warn(
+                f"{method}: the last iterate left the parameter space ({first_error}); the "
+                f"likelihood is probably unbounded along this path (e.g. a noise variance "
+                f"collapsing to zero). Returning {which}, which are valid; converged=False. "
+                "Fix or bound that parameter, or start elsewhere.", RuntimeWarning,
+                stacklevel=3)
+        return candidate, bool(j)
+    return candidates[0], True
+
+
+def finish_fit(model: Any, candidates: list, method: str, y: Any, mask: Any = None,
+               restriction: Any = None) -> tuple[Any, bool, tuple[str, ...]]:
+    """The checks every fitting function runs on its result, with their warnings.
+
+    1. `valid_iterate`: the first of ``candidates`` inside the parameter space;
+    2. `degenerate_fit_warning`: a fitted (free) covariance the model allows to be singular
+       is held to the strict constraint;
+    3. `on_boundary` of the free entries against the data's scale (`data_scale`).
+       Leaves a model lists in ``expected_boundary_params`` (an HMM's initial distribution,
+       whose maximum-likelihood estimate from one sequence is always a vertex of the simplex)
+       are reported but do not warn.
+
+    Args:
+        model: the model.
+        candidates: parameter pytrees, most preferred first (the last one the validated
+            start).
+        method: the fitting function's name, for the warnings.
+        y: the (prepared) data.
+        mask: its mask.
+        restriction: the fit's `statseq.core.restrict.Restriction` (or ``None``).
+
+    Returns:
+        ``(params, replaced, boundary)``: the returned parameters, whether they are not
+        the first candidate, and the names `on_boundary` reports.
+    """
+    import warnings
+
+    fitted, replaced = valid_iterate(model, candidates, method)
+    degenerate = degenerate_fit_warning(model, fitted, method, restriction)
+    boundary = on_boundary(model, fitted, data_scale(y, mask), restriction=restriction)
+    expected = set(getattr(model, "expected_boundary_params", ()))
+    if degenerate:
+        warnings.warn(degenerate, RuntimeWarning, stacklevel=3)
+    elif any(name not in expected for name in boundary):
+        warnings.warn(boundary_warning(boundary, method), RuntimeWarning, stacklevel=3)
+    return fitted, replaced, boundary

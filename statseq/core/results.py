@@ -35,13 +35,22 @@ class FitResult(NamedTuple):
             the unbiased minibatch estimate ``N / B * sum_batch log p + log prior``.
             Entries after an early stop are NaN.
         num_iterations: iterations actually run.
-        converged: ``True`` when the fit stopped on its own criterion (tolerance or
-            early stopping), ``False`` when it ran out of iterations.
+        converged: ``True`` only when the fit stopped on its own criterion (tolerance or
+            early stopping) with valid parameters; ``False`` when it ran out of
+            iterations, when the objective became non-finite or (EM) decreased beyond
+            rounding, or when the last iterate left the constraint set and an earlier
+            valid one was returned (each of these also warns).
         validation_log_prob: held-out ``log p(y_val | y_train)`` at each evaluation (empty
             without a validation split).
         validation_steps: iterations at which the validation score was evaluated.
         wall_time: seconds for the whole fit, compilation included.
         method: ``"sgd"``, ``"em"``, ...
+        on_boundary: dotted names of the parameter leaves (as `statseq.core.params.param_names`
+            spells them, e.g. ``"level_var"``, ``"emissions.probs"``) whose fitted value sits
+            at the boundary of its constraint set: a variance (or a covariance's smallest
+            eigenvalue, a Poisson rate) below ``1e-6`` times the data's variance, a
+            probability within ``1e-6`` of 0 or 1. There the usual asymptotics (standard
+            errors, likelihood-ratio tests) do not hold; fits warn when this is not empty.
     """
 
     params: Any
@@ -52,6 +61,7 @@ class FitResult(NamedTuple):
     validation_steps: np.ndarray
     wall_time: float
     method: str
+    on_boundary: tuple[str, ...] = ()
 
     @property
     def final_log_joint(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -70,6 +71,7 @@ def pandas_values(y, event_ndim: int | None = None, name: str = "y"):
     """
     if not is_pandas(y):
         return y, None, None
+    check_time_index(y.index, name)
     columns = getattr(y, "columns", None)
     if columns is not None and event_ndim == 0:
         if len(columns) != 1:
@@ -87,6 +89,23 @@ def pandas_values(y, event_ndim: int | None = None, name: str = "y"):
         except (TypeError, ValueError) as err:
             raise TypeError(f"{name} must hold numbers; got dtype {y.dtypes}") from err
     return values, y.index, columns
+
+
+def check_time_index(index, name: str = "y") -> None:
+    """``ValueError`` unless a pandas ``index`` is strictly increasing (sorted, unique).
+
+    Rows are read in stored order as consecutive time steps, so an unsorted index or a
+    repeated label would silently scramble or duplicate time.
+    """
+    if len(index) < 2:
+        return
+    if not index.is_unique:
+        dup = index[index.duplicated()][0]
+        raise ValueError(f"{name} has a repeated time label ({dup!r}); the index must be "
+                         "unique (aggregate or drop duplicates first)")
+    if not index.is_monotonic_increasing:
+        raise ValueError(f"{name} has an index that is not increasing; rows are read in "
+                         "stored order as time steps, so sort it first (y.sort_index())")
 
 
 def _merge_nan_mask(y, mask, event_ndim):
@@ -113,6 +132,42 @@ def _merge_nan_mask(y, mask, event_ndim):
 def float_dtype():
     """The default floating dtype (float64 when ``jax_enable_x64`` is on)."""
     return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+
+#: whether the float64 -> float32 warning was given in this process
+_WARNED_FLOAT32 = [False]
+
+X64_REMEDY = 'jax.config.update("jax_enable_x64", True)'
+
+
+def warn_float64_downcast(name: str) -> None:
+    """Warn once per process that float64 ``name`` is computed in float32 (x64 is off)."""
+    if _WARNED_FLOAT32[0]:
+        return
+    _WARNED_FLOAT32[0] = True
+    warnings.warn(
+        f"{name} is float64 but JAX runs in float32 (jax_enable_x64 is off): statseq casts "
+        f"float64 data and parameters to float32 and checks them after the cast. For "
+        f"float64 results call {X64_REMEDY} before using JAX. (This warning is shown once.)",
+        UserWarning, stacklevel=4)
+
+
+def check_magnitude(arr, dtype, name: str) -> None:
+    """``ValueError`` when finite ``arr`` holds values whose square overflows ``dtype``.
+
+    Densities square the data (a Gaussian's ``(y - mu)^2``), so values above
+    ``sqrt(finfo(dtype).max)`` (about 1.8e19 in float32, 1.3e154 in float64) would come
+    back as ``inf``/``NaN``; such data must be rescaled.
+    """
+    if not arr.size:
+        return
+    limit = float(np.sqrt(np.finfo(dtype).max))
+    big = np.max(np.abs(arr))
+    if big > limit:
+        raise ValueError(
+            f"{name} has values as large as {big:.3g}, beyond sqrt of the largest "
+            f"{np.dtype(dtype).name} ({limit:.3g}): squares overflow. Rescale the data"
+            + (f" or call {X64_REMEDY}" if np.dtype(dtype) == np.float32 else ""))
 
 
 def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y",
@@ -161,6 +216,19 @@ def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
     if is_pandas(inputs):
         inputs = inputs.to_numpy(dtype=float)
     y = _as_array(y, name)
+    if np.issubdtype(y.dtype, np.complexfloating):
+        raise TypeError(f"{name} must be real, got complex dtype {y.dtype} (statseq models "
+                        "real-valued series; pass the real and imaginary parts as two columns "
+                        "of a vector model)")
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+        raise TypeError(f"{name} must be numeric, got dtype {y.dtype}")
+    if event_ndim == 0 and y.ndim >= 2 and y.shape[-1] == 1 and y.shape[-2] > 1:
+        raise ValueError(
+            f"{name} has shape {tuple(y.shape)}: {type(model).__name__} describes a scalar "
+            f"series, so y must have shape (num_timesteps,) or (num_sequences, "
+            f"num_timesteps); a trailing axis of length 1 would be read as "
+            f"{y.shape[-2]} sequences of one step. Pass y[..., 0] for a series of "
+            f"{y.shape[-2]} steps")
     if y.ndim < 1 + event_ndim:
         raise ValueError(
             f"{name} must have shape (..., num_timesteps{', ' if event_shape else ''}"
@@ -176,8 +244,8 @@ def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
     num_timesteps = int(y.shape[y.ndim - 1 - event_ndim])
     if num_timesteps < 1:
         raise ValueError(f"{name} has no time steps (num_timesteps = 0)")
-    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
-        raise TypeError(f"{name} must be numeric, got dtype {y.dtype}")
+    if int(np.prod(batch_shape, dtype=int)) == 0:
+        raise ValueError(f"{name} has no sequences (batch shape {batch_shape})")
 
     step_shape = tuple(y.shape[: y.ndim - event_ndim])
     if mask is None:
@@ -225,8 +293,17 @@ def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
                 f"(first at index {first}); mark missing values with mask=False "
                 "(statseq.missing_mask(y) builds such a mask)"
             )
-        model.validate_data(y_np if mask is None else np.where(mask_arr, y_np, 0),
-                            np.asarray(mask_arr))
+        observed = y_np if mask is None else np.where(mask_arr, y_np, 0)
+        model.validate_data(observed, np.asarray(mask_arr))
+        if model.observation_dtype == "real":
+            if y_np.dtype == np.float64 and float_dtype() == jnp.float32:
+                warn_float64_downcast(name)
+            check_magnitude(observed, float_dtype(), name)
+        elif observed.size and np.max(np.abs(observed)) > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"{name} has values as large as {np.max(np.abs(observed)):.6g}, beyond the "
+                f"int32 range ({np.iinfo(np.int32).max}) in which statseq computes with "
+                "counts and categories; rescale (e.g. counts in thousands)")
 
     dtype = float_dtype() if model.observation_dtype == "real" else jnp.int32
     eager = not (_is_tracer(y) or _is_tracer(mask_arr) or _is_tracer(inputs))
@@ -397,3 +474,15 @@ def check_positive_int(value, name: str, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def require_observed(data: Prepared, method: str) -> None:
+    """``ValueError`` when nothing in the prepared data is observed: a fit to no data.
+
+    (Likelihoods of all-missing data are well defined, ``log p = 0``, the empty product;
+    maximizing that is not.)
+    """
+    mask = data.mask
+    if not _is_tracer(mask) and not np.any(np.asarray(mask)):
+        raise ValueError(f"{method}: y has no observed values (every entry is masked or "
+                         "missing): there is nothing to fit")

@@ -94,6 +94,9 @@ def log_score(model, params, y_train, y_test, *, mask_train=None, mask_test=None
             f"y_train {y_train.shape} and y_test {y_test.shape} must both have shape "
             f"batch_shape + (num_timesteps,) + {tuple(model.event_shape)}"
         )
+    if y_test.shape[time_axis] == 0:
+        raise ValueError("y_test has no time steps: a log score over an empty test set is "
+                         "undefined (it is not 0)")
     y_all = np.concatenate([y_train, y_test], axis=time_axis)
     mask = None
     if mask_train is not None or mask_test is not None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from statseq.core.buckets import bound_cache
 from statseq.core.params import (
-    degenerate_fit_warning,
+    finish_fit,
     log_prior,
     trainable_mask,
     validate_params,
@@ -30,7 +30,12 @@ from statseq.core.params import (
 )
 from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.fit import _progress
 
 
@@ -112,13 +117,22 @@ def _takes_trainable(model) -> bool:
     return "trainable" in inspect.signature(model.m_step).parameters
 
 
+_RUNNING, _CONVERGED, _NONFINITE, _DECREASED = 0, 1, 2, 3
+
+
+def _rounding_tolerance(dtype) -> float:
+    """Relative change of the log joint below which a decrease counts as rounding."""
+    return 1e-5 if jnp.dtype(dtype) == jnp.float32 else 1e-10
+
+
 @partial(jax.jit, static_argnames=("model", "num_iters", "progress_every"))
 def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
                      num_iters, progress_every):
     dtype = float_dtype()
+    noise = _rounding_tolerance(dtype)
 
     def body(state):
-        i, params, prev, trace, done = state
+        i, params, prev, trace, _ = state
         stats, lp = model.e_step(params, y, mask, inputs)
         value = lp + log_prior(priors, params)
         if _takes_trainable(model):
@@ -127,9 +141,17 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
             new = model.m_step(params, stats, priors, inputs)
         new = jax.tree.map(lambda n, o, t: jnp.where(t, n, o), new, params, trainable)
         last = trace[jnp.maximum(i - 1, 0)]
-        converged = (i > 0) & (jnp.abs(value - last) <= tol * jnp.maximum(1.0, jnp.abs(value)))
+        scale = jnp.maximum(1.0, jnp.abs(value))
+        converged = (i > 0) & (jnp.abs(value - last) <= tol * scale)
         broken = ~jnp.isfinite(value)
-        trace = trace.at[i].set(value)
+        # EM never decreases the objective; a decrease beyond the tolerance and rounding
+        # means the iteration broke down (e.g. a covariance collapsing): stop there
+        decreased = (i > 0) & ~broken & (value < last - jnp.maximum(tol, noise) * scale)
+        status = jnp.where(broken, _NONFINITE, jnp.where(
+            decreased, _DECREASED, jnp.where(converged, _CONVERGED, _RUNNING)))
+        failed = broken | decreased
+        # a failed step is not recorded: the last finite entry is that of the returned params
+        trace = trace.at[i].set(jnp.where(decreased, jnp.nan, value))
         if progress_every:
             jax.lax.cond(
                 (i % progress_every == 0) | (i == num_iters - 1),
@@ -137,19 +159,19 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
                 lambda: None,
             )
         # at convergence keep the params that produced the last trace value; when the
-        # objective broke down, the params before them (whose value was finite)
-        keep = jax.tree.map(lambda p, q: jnp.where(broken, q, p), params, prev)
-        out = jax.tree.map(lambda n, k: jnp.where(converged | broken, k, n), new, keep)
-        return i + 1, out, params, trace, converged | broken
+        # objective broke down or decreased, the params before them (the better value)
+        keep = jax.tree.map(lambda p, q: jnp.where(failed, q, p), params, prev)
+        out = jax.tree.map(lambda n, k: jnp.where(converged | failed, k, n), new, keep)
+        return i + 1, out, params, trace, status.astype(jnp.int32)
 
     def cond(state):
-        i, _, _, _, done = state
-        return (i < num_iters) & ~done
+        i, _, _, _, status = state
+        return (i < num_iters) & (status == _RUNNING)
 
     init = (jnp.zeros((), jnp.int32), params, params,
-            jnp.full((num_iters,), jnp.nan, dtype), jnp.zeros((), bool))
-    i, params, _, trace, done = jax.lax.while_loop(cond, body, init)
-    return i, params, trace, done
+            jnp.full((num_iters,), jnp.nan, dtype), jnp.asarray(_RUNNING, jnp.int32))
+    i, params, other, trace, status = jax.lax.while_loop(cond, body, init)
+    return i, params, other, trace, status
 
 
 def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
@@ -181,7 +203,14 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters
         entering iteration ``n``, and ``params`` are those of the last entry's M-step
-        (or of the last entry itself when the fit converged).
+        (or of the last entry itself when the fit converged). When the objective
+        decreased beyond ``max(tol, rounding)`` (1e-5 relative in float32, 1e-10 in
+        float64), which EM cannot do in exact arithmetic, the fit stops with
+        ``converged=False`` and a warning and returns the parameters of the last entry
+        (the best); the rejected iteration is not counted. Parameters outside their
+        constraints are never returned: an earlier valid iterate (the one before, else the
+        start, whose value is ``log_joint[0]``) is, with a warning. ``on_boundary`` names
+        the parameters at a boundary of the parameter space.
 
     Examples:
         >>> import jax, statseq as ss
@@ -206,6 +235,7 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
     if not float(tol) >= 0:
         raise ValueError(f"tol must be non-negative, got {tol}")
     data = prepare_data(model, y, mask, inputs)
+    require_observed(data, "fit_em")
     mask_tree = _em_masks(model, params, trainable, ties)
     progress_every = _progress.update_every(num_iters) if progress else 0
     # one program per data shape; EM's statistics would see padded steps, so instead of
@@ -217,29 +247,44 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             data.inputs, jnp.asarray(float(tol), float_dtype()),
             num_iters=num_iters, progress_every=progress_every,
         )
-        i, fitted, trace, done = jax.block_until_ready(out)
-    fitted = jax.tree.map(lambda f, g, t: jnp.where(t, f, g) if np.ndim(t) else (f if t else g),
-                          fitted, params, mask_tree)
+        i, fitted, other, trace, status = jax.block_until_ready(out)
+    num_iterations, status = int(i), int(status)
+
+    def restore_frozen(tree):
+        return jax.tree.map(
+            lambda f, g, t: jnp.where(t, f, g) if np.ndim(t) else (f if t else g),
+            tree, params, mask_tree)
+
+    fitted = restore_frozen(fitted)
+    trace = np.asarray(trace)
+    if status == _NONFINITE:
+        warnings.warn(
+            f"fit_em stopped at iteration {num_iterations - 1}: the log joint became "
+            "non-finite; returning the parameters of the last finite value (the likelihood "
+            "may be unbounded, e.g. a variance collapsing to zero)", RuntimeWarning,
+            stacklevel=2)
+    elif status == _DECREASED:
+        num_iterations -= 1  # the rejected iteration is not counted (its entry is NaN)
+        warnings.warn(
+            f"fit_em stopped at iteration {num_iterations}: the log joint decreased "
+            "(EM cannot decrease it in exact arithmetic: the iteration broke down "
+            "numerically, e.g. near a singular covariance); returning the parameters of "
+            "the best value, converged=False", RuntimeWarning, stacklevel=2)
     if hasattr(model, "em_warnings"):
         for message in model.em_warnings(fitted, data.y, data.mask, data.inputs):
             warnings.warn(message, RuntimeWarning, stacklevel=2)
-    trace = np.asarray(trace)
-    if not np.all(np.isfinite(trace[: int(i)])):
-        warnings.warn(
-            f"fit_em stopped at iteration {int(i) - 1}: the log joint became non-finite; "
-            "returning the parameters of the last finite value (the likelihood may be "
-            "unbounded, e.g. a variance collapsing to zero)", RuntimeWarning, stacklevel=2)
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_em",
-                                         _FreeMasks(params, mask_tree))
-    if _degenerate:
-        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
+    fitted, replaced, boundary = finish_fit(
+        model, [fitted, restore_frozen(other), params], "fit_em", data.y, data.mask,
+        _FreeMasks(params, mask_tree))
+    converged = status == _CONVERGED and not replaced
     return FitResult(
         params=fitted,
         log_joint=trace,
-        num_iterations=int(i),
-        converged=bool(done),
+        num_iterations=num_iterations,
+        converged=bool(converged),
         validation_log_prob=np.zeros((0,)),
         validation_steps=np.zeros((0,), int),
         wall_time=time.perf_counter() - start,
         method="em",
+        on_boundary=boundary,
     )

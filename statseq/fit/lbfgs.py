@@ -24,13 +24,18 @@ import numpy as np
 import optax
 
 from statseq.core.params import (
-    degenerate_fit_warning,
+    finish_fit,
     validate_params,
     validate_priors,
 )
 from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.fit import _progress
 from statseq.fit._objective import restricted_negative_log_joint
 
@@ -150,7 +155,11 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
         A `~statseq.FitResult` with ``method="lbfgs"``; ``log_joint[k]`` is the objective
             after iteration ``k`` (so the last finite entry is that of the returned
             ``params``), NaN after the stop. ``converged`` is ``True`` only when the
-            tolerance was met.
+            tolerance was met, the trace never decreased beyond rounding and the result
+            satisfies its constraints (otherwise the starting parameters come back, with
+            a warning). ``on_boundary`` names parameters whose optimum sits at a boundary
+            of the parameter space (a variance at 0 relative to the data's variance, a
+            probability at 0 or 1), with a warning.
 
     Examples:
         >>> import numpy as np, statseq as ss
@@ -174,6 +183,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     if not tol >= 0:
         raise ValueError(f"tol must be non-negative, got {tol}")
     data = prepare_data(model, y, mask, inputs)
+    require_observed(data, "fit_lbfgs")
     restriction, z0 = restrict(model, params, trainable, ties)
     if restriction.num_free == 0:
         raise ValueError("trainable freezes every parameter: there is nothing to fit")
@@ -197,16 +207,25 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
             RuntimeWarning, stacklevel=2,
         )
     fitted = restriction.expand(model, z)  # fixed entries come back exactly as given
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_lbfgs", restriction)
-    if _degenerate:
-        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
+    fitted, replaced, boundary = finish_fit(model, [fitted, params], "fit_lbfgs", data.y,
+                                            data.mask, restriction)
+    trace = np.asarray(trace)[:num_iters]
+    finite = trace[np.isfinite(trace)]
+    noise = 1e-5 if np.dtype(float_dtype()) == np.float32 else 1e-10
+    decreased = finite.size > 1 and bool(np.any(
+        np.diff(finite) < -np.maximum(tol, noise) * np.maximum(1.0, np.abs(finite[1:]))))
+    if decreased:
+        warnings.warn("fit_lbfgs: the log joint decreased during the fit (the line search "
+                      "accepted a worse point: the objective is probably too rough at this "
+                      "precision); converged=False", RuntimeWarning, stacklevel=2)
     return FitResult(
         params=fitted,
-        log_joint=np.asarray(trace)[:num_iters],
+        log_joint=trace,
         num_iterations=num_updates,
-        converged=stop == _CONVERGED,
+        converged=stop == _CONVERGED and not replaced and not decreased,
         validation_log_prob=np.zeros((0,)),
         validation_steps=np.zeros((0,), int),
         wall_time=time.perf_counter() - start,
         method="lbfgs",
+        on_boundary=boundary,
     )

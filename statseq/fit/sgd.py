@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from statseq.core.params import (
-    degenerate_fit_warning,
+    finish_fit,
     log_prior,
     validate_params,
     validate_priors,
@@ -29,7 +29,12 @@ from statseq.core.params import (
 from statseq.core.recurrence import run_filter
 from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.fit import _progress
 
 _STOP_NONE, _STOP_EARLY, _STOP_NONFINITE = 0, 1, 2
@@ -250,6 +255,7 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise TypeError("optimizer must be an optax GradientTransformation, e.g. optax.adam(1e-2)")
     data = prepare_data(model, y, mask, inputs)
+    require_observed(data, "fit_sgd")
     scored = _check_scored(scored, data)
     split_key, batch_key = jax.random.split(key)
     train, val = _split_validation(data, validation, split_key, scored)
@@ -292,16 +298,16 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     vtrace = np.asarray(vtrace)
     keep = np.isfinite(vtrace) if val is not None else np.zeros(vtrace.shape, bool)
     fitted = restriction.expand(model, final_up)  # fixed entries come back exactly as given
-    _degenerate = degenerate_fit_warning(model, fitted, "fit_sgd", restriction)
-    if _degenerate:
-        warnings.warn(_degenerate, RuntimeWarning, stacklevel=2)
+    fitted, replaced, boundary = finish_fit(model, [fitted, params], "fit_sgd", train[0],
+                                            train[1], restriction)
     return FitResult(
         params=fitted,
         log_joint=np.asarray(trace),
         num_iterations=num_iter,
-        converged=stop == _STOP_EARLY,
+        converged=stop == _STOP_EARLY and not replaced,
         validation_log_prob=vtrace[keep],
         validation_steps=steps[keep[: steps.shape[0]]],
         wall_time=time.perf_counter() - start,
         method="sgd",
+        on_boundary=boundary,
     )

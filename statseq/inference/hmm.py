@@ -178,9 +178,14 @@ def _pick(fixed, a_t):
 def _condition(probs, ll):
     """Bayes' rule with the max-shift: ``(probs * exp(ll) / norm, log norm)``."""
     shift = jax.lax.stop_gradient(jnp.max(ll))  # the value does not depend on the shift
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # every state impossible: ll = -inf
     unnormalized = probs * jnp.exp(ll - shift)
     norm = jnp.sum(unnormalized)
-    return unnormalized / norm, jnp.log(norm) + shift
+    # an observation impossible under every state scores log 0 = -inf; the message is then
+    # kept (not 0/0 = NaN), so later steps stay finite and the total is -inf, not NaN
+    possible = norm > 0
+    filtered = jnp.where(possible, unnormalized / jnp.where(possible, norm, 1.0), probs)
+    return filtered, jnp.log(norm) + shift
 
 
 def _filter(pi, fixed, per_step, ll) -> HMMFilterResult:

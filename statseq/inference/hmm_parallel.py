@@ -83,12 +83,23 @@ def _forward(pi, fixed, per_step, ll):
     return log_trans, elements, log_filtered
 
 
-def _filter_result(pi, log_trans, ll, log_filtered) -> HMMFilterResult:
+def _skip_impossible(ll):
+    """Rows of ``ll`` that are ``-inf`` in every state (an observation impossible under the
+    model) replaced by zeros, and which they were. As in the sequential filter, the message
+    passes such a step unchanged and the step's normalizer is ``-inf`` (set afterwards), so
+    the total is ``-inf`` rather than NaN."""
+    impossible = jnp.all(ll == -jnp.inf, axis=-1)
+    return jnp.where(impossible[:, None], 0.0, ll), impossible
+
+
+def _filter_result(pi, log_trans, ll, log_filtered, impossible=None) -> HMMFilterResult:
     # log p(z_t = j | y_{<t}) = logsumexp_i (log f_{t-1}(i) + log A_{t-1}[i, j])
     log_predicted = jnp.concatenate(
         [jnp.log(pi)[None], _log_matmul(log_filtered[:-1, None, :], log_trans)[:, 0, :]]
     )
     log_normalizers = jax.nn.logsumexp(log_predicted + ll, axis=-1)
+    if impossible is not None:
+        log_normalizers = jnp.where(impossible, -jnp.inf, log_normalizers)
     return HMMFilterResult(
         marginal_log_lik=pairwise_sum(log_normalizers),
         log_normalizers=log_normalizers,
@@ -125,8 +136,9 @@ def hmm_filter(initial_probs, transition_matrix, log_likelihoods) -> HMMFilterRe
         True
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    ll, impossible = _skip_impossible(ll)
     log_trans, _, log_filtered = _forward(pi, fixed, per_step, ll)
-    return _filter_result(pi, log_trans, ll, log_filtered)
+    return _filter_result(pi, log_trans, ll, log_filtered, impossible)
 
 
 def hmm_smoother(
@@ -154,8 +166,9 @@ def hmm_smoother(
         An `~statseq.inference.hmm.HMMPosterior`.
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    ll, impossible = _skip_impossible(ll)
     log_trans, elements, log_filtered = _forward(pi, fixed, per_step, ll)
-    filt = _filter_result(pi, log_trans, ll, log_filtered)
+    filt = _filter_result(pi, log_trans, ll, log_filtered, impossible)
 
     num_states = ll.shape[1]
     last = jnp.zeros((1, num_states, num_states), ll.dtype)

@@ -114,10 +114,14 @@ def test_map_with_frozen_leaves_matches_the_analytic_mode(log_lynx):
 
 
 def test_non_finite_objective_warns_and_returns_the_start(log_lynx):
-    """Residuals of 1e200 square to inf: the log-likelihood is -inf from the start."""
+    """Data of 1e200 are refused (their squares overflow float64); data of 1e153 pass
+    the check one by one, but the sum of their 114 squares overflows: the log-likelihood
+    is -inf from the start."""
     start = AR2.default_params()
+    with pytest.raises(ValueError, match="squares overflow"):
+        ss.fit_lbfgs(AR2, start, log_lynx * 1e200, progress=False)
     with pytest.warns(RuntimeWarning, match="not finite"):
-        fit = ss.fit_lbfgs(AR2, start, log_lynx * 1e200, progress=False)
+        fit = ss.fit_lbfgs(AR2, start, log_lynx * 1e153, progress=False)
     assert fit.num_iterations == 0 and not fit.converged
     assert np.all(np.isnan(fit.log_joint))
     np.testing.assert_array_equal(np.asarray(fit.params.coeffs), np.asarray(start.coeffs))

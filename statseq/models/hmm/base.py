@@ -88,6 +88,9 @@ class HMMBase(SequenceModel):
     """
 
     supports_partial_mask: ClassVar[bool] = True
+    #: reported by fits in ``FitResult.on_boundary`` without a warning: from one sequence the
+    #: maximum-likelihood initial distribution is always a vertex of the simplex
+    expected_boundary_params: ClassVar[tuple[str, ...]] = ("initial_probs",)
     num_states: int
     initial: str
     input_dim: int
@@ -235,9 +238,14 @@ class HMMBase(SequenceModel):
         predicted = self._predicted(params, carry, inputs_t)
         ll = self.emission_log_likelihoods(params.emissions, y_t, mask_t)
         shift = jax.lax.stop_gradient(jnp.max(ll))
+        shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # all states impossible
         joint = predicted * jnp.exp(ll - shift)
         norm = jnp.sum(joint)
-        new = HMMCarry(joint / norm, jnp.ones((), bool))
+        # data impossible under the model: log p = -inf at this step (not NaN), and the
+        # predicted message carries on so that later steps stay finite
+        possible = norm > 0
+        new = HMMCarry(jnp.where(possible, joint / jnp.where(possible, norm, 1.0), predicted),
+                       jnp.ones((), bool))
         # a fully masked step scores exactly 0 (not log of a sum that rounds near 1)
         return jnp.where(jnp.any(mask_t), jnp.log(norm) + shift, 0.0), new
 
@@ -283,6 +291,7 @@ class HMMBase(SequenceModel):
         out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
                              _num_valid(data), kind="smoother",
                              parallel=use_parallel(parallel))
+        _check_possible(out.marginal_log_lik, "smoother")
         return _cut_padding(_reshape_batch(out, data.batch_shape), data,
                             ("filtered_probs", "smoothed_probs"))
 
@@ -307,9 +316,11 @@ class HMMBase(SequenceModel):
 
         validate_params(self, params)
         data = prepare_data(self, y, mask, inputs)
-        kind = "viterbi_log_prob" if return_log_prob else "viterbi"
-        out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
-                             kind=kind, parallel=False)
+        states, path_log_prob = _hmm_posterior(self, params, data.y, data.mask,
+                                               data.inputs, kind="viterbi", parallel=False)
+        # the best path has probability zero exactly when the data have (every path has)
+        _check_possible(path_log_prob, "most_likely_states")
+        out = (states, path_log_prob) if return_log_prob else states
         return _reshape_batch(out, data.batch_shape)
 
     def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
@@ -321,6 +332,9 @@ class HMMBase(SequenceModel):
         validate_params(self, params)
         num_samples = check_positive_int(num_samples, "num_samples")
         data = prepare_data(self, y, mask, inputs)
+        _check_possible(_hmm_posterior(self, params, data.y, data.mask, data.inputs,
+                                       kind="filter", parallel=False).marginal_log_lik,
+                        "sample_states_posterior")
         keys = jax.random.split(key, num_samples)
         paths = jax.vmap(
             lambda k: _hmm_sample_paths(self, params, data.y, data.mask, data.inputs, k)
@@ -454,6 +468,19 @@ def _log_dirichlet(prior, probs):
     return jnp.sum(prior.log_prob(probs))
 
 
+def _check_possible(marginal_log_lik, method: str) -> None:
+    """``ValueError`` when some sequence has probability zero under the model (a posterior
+    over states given impossible data is undefined; the filter scores it ``-inf``)."""
+    lp = np.asarray(marginal_log_lik)
+    if np.any(lp == -np.inf):
+        which = int(np.argwhere(lp == -np.inf)[0][0])
+        raise ValueError(
+            f"{method}: the data have probability zero under these parameters (sequence "
+            f"{which} contains an observation impossible in every state, e.g. a category "
+            "with emission probability 0); log_prob is -inf there and no state posterior "
+            "exists")
+
+
 def _reshape_batch(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
@@ -488,9 +515,7 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel, num_valid=Non
         per = jnp.where(live, post.expected_transitions, 0.0)
         return post._replace(expected_transitions=pairwise_sum(jnp.moveaxis(per, 0, -1)))
     states = hmm_seq.hmm_viterbi(pi, trans, ll)
-    if kind == "viterbi_log_prob":
-        return states, hmm_seq.hmm_path_log_prob(pi, trans, ll, states)
-    return states
+    return states, hmm_seq.hmm_path_log_prob(pi, trans, ll, states)
 
 
 @partial(jax.jit, static_argnames=("model", "kind", "parallel"))
