@@ -108,3 +108,94 @@ def test_sampler_ties_bad_input():
     with pytest.raises(TypeError, match="integer array"):
         ss.fit_svi(model, y, key=jax.random.key(0), num_steps=2, trainable=trainable,
                    ties=ties._replace(emission_bias=np.array([1.0, 1.0])), init_params=p)
+
+
+# ---- standard errors and summary under per-entry restrictions ------------------------------
+def _fd_hessian(f, x, h=1e-4):
+    """Central second differences of ``f`` at ``x`` (dense NumPy)."""
+    n = len(x)
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            ei, ej = np.eye(n)[i] * h, np.eye(n)[j] * h
+            out[i, j] = (f(x + ei + ej) - f(x + ei - ej) - f(x - ei + ej)
+                         + f(x - ei - ej)) / (4 * h * h)
+    return out
+
+
+def test_restricted_standard_errors_match_statsmodels_sarimax_finite_differences():
+    """AR(2) + measurement error with the companion row fixed and a singular Q = diag(q, 0):
+    the standard errors are the inverse of the observed information in the four natural
+    parameters, here a finite-difference Hessian of statsmodels' SARIMAX log-likelihood."""
+    import statsmodels.api as sm
+
+    rng = np.random.default_rng(5)
+    x = np.zeros(202)
+    for t in range(2, 202):
+        x[t] = 0.6 * x[t - 1] + 0.25 * x[t - 2] + rng.normal()
+    y = x[2:] + rng.normal(size=200) * np.sqrt(0.5)
+    model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None, initial="stationary")
+    start = model.default_params()._replace(
+        dynamics_weights=jnp.array([[0.3, 0.1], [1.0, 0.0]]),
+        dynamics_cov=jnp.diag(jnp.array([0.5, 0.0])),
+        emission_weights=jnp.array([[1.0, 0.0]]), emission_cov=jnp.array([[0.3]]))
+    tr = jax.tree.map(lambda _: False, start)._replace(
+        dynamics_weights=np.array([[True, True], [False, False]]),
+        dynamics_cov=np.array([[True, False], [False, False]]), emission_cov=True)
+    est = ss.fit_lbfgs(model, start, y, trainable=tr, progress=False).params
+    se = ss.standard_errors(model, est, y, trainable=tr)
+    ours = np.array([se.dynamics_weights[0, 0], se.dynamics_weights[0, 1],
+                     se.emission_cov[0, 0], se.dynamics_cov[0, 0]])
+    mod = sm.tsa.SARIMAX(y, order=(2, 0, 0), trend="n", measurement_error=True)
+    theta = np.array([est.dynamics_weights[0, 0], est.dynamics_weights[0, 1],
+                      est.emission_cov[0, 0], est.dynamics_cov[0, 0]], float)
+    ref = np.sqrt(np.diag(np.linalg.inv(-_fd_hessian(mod.loglike, theta))))
+    np.testing.assert_allclose(ours, ref, rtol=1e-4)
+    # fixed entries (including the zero variance) are NaN, not a transform of 0
+    assert np.isnan(se.dynamics_weights[1]).all() and np.isnan(se.dynamics_cov[1, 1])
+    assert np.isnan(se.emission_weights).all()
+    table = ss.summary(model, est, y, trainable=tr)
+    assert table.num_params == 4
+    assert table.names.index("dynamics_weights[1,0]") >= 0
+    free = dict(zip(table.names, table.trainable, strict=True))
+    assert free["dynamics_weights[0,1]"] and not free["dynamics_weights[1,0]"]
+    assert not free["dynamics_cov[1,1]"] and free["dynamics_cov[0,0]"]
+    # q fixed as a whole singular leaf: still finite standard errors for the rest
+    tr_q = tr._replace(dynamics_cov=False)
+    se_q = ss.standard_errors(model, est, y, trainable=tr_q)
+    assert np.isfinite(se_q.dynamics_weights[0]).all() and np.isnan(se_q.dynamics_cov).all()
+
+
+def test_tied_standard_errors_equal_a_batch_of_independent_copies():
+    """Two independent AR(1) + noise series with tied coefficients and variances have the
+    log-likelihood of one univariate model on a batch of two series, as a function of the
+    same three free values: the same Hessian, so the same standard errors."""
+    uni = ss.LinearGaussianSSM(state_dim=1, emission_dim=None)
+    pu = uni.default_params()._replace(dynamics_weights=jnp.array([[0.7]]))
+    y = np.stack([np.asarray(ss.sample(uni, pu, num_timesteps=80, key=jax.random.key(s)))
+                  for s in (11, 12)])
+    tr_u = jax.tree.map(lambda _: False, pu)._replace(
+        dynamics_weights=True, dynamics_cov=True, emission_cov=True)
+    est = ss.fit_lbfgs(uni, pu, y, trainable=tr_u, progress=False).params
+    se_u = ss.standard_errors(uni, est, y, trainable=tr_u)
+
+    biv = ss.LinearGaussianSSM(state_dim=2, emission_dim=2)
+    eye = jnp.eye(2)
+    pb = biv.default_params()._replace(
+        dynamics_weights=est.dynamics_weights[0, 0] * eye, emission_weights=eye,
+        dynamics_cov=est.dynamics_cov[0, 0] * eye, emission_cov=est.emission_cov[0, 0] * eye,
+        initial_cov=est.initial_cov[0, 0] * eye)
+    diag = np.eye(2, dtype=bool)
+    tr_b = jax.tree.map(lambda _: False, pb)._replace(
+        dynamics_weights=diag, dynamics_cov=diag, emission_cov=diag)
+    labels = np.where(diag, 0, -1)
+    ties = jax.tree.map(lambda _: None, pb)._replace(
+        dynamics_weights=labels, dynamics_cov=labels + 2 * diag, emission_cov=labels + 4 * diag)
+    se_b = ss.standard_errors(biv, pb, y.T, trainable=tr_b, ties=ties)
+    for leaf_b, leaf_u in ((se_b.dynamics_weights, se_u.dynamics_weights),
+                           (se_b.dynamics_cov, se_u.dynamics_cov),
+                           (se_b.emission_cov, se_u.emission_cov)):
+        np.testing.assert_allclose(np.diag(leaf_b), float(leaf_u[0, 0]), rtol=1e-7)
+        assert np.isnan(leaf_b[0, 1])
+    table = ss.summary(biv, pb, y.T, trainable=tr_b, ties=ties)
+    assert table.num_params == 3
