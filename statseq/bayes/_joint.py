@@ -37,9 +37,11 @@ class JointSpec(NamedTuple):
     ordered: int | None   # index of the leaf sampled under an ordering constraint
     data: Any             # statseq.core.validation.Prepared
     entry_masks: Any = None  # per leaf: None, or the boolean free mask of a partial leaf
+    ties: Any = ()        # tie groups: ((label, ((leaf, index), ...)), ...), label order
 
 
-def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ordered, key):
+def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ordered, key,
+                  ties=None):
     """Validate everything eagerly and collect the pieces of the NumPyro model."""
     data = prepare_data(model, y, mask, inputs)
     if init_params is None:
@@ -57,6 +59,7 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
     leaves = params_treedef(model).flatten_up_to(init_params)
     entry_masks = _entry_masks(model, init_params, trainable, names)
     flags = tuple(m is not False for m in entry_masks)
+    entry_masks, groups = _tie_groups(model, init_params, entry_masks, ties, names)
     entry_masks = [m if isinstance(m, np.ndarray) else None for m in entry_masks]
     shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
     leaf_p = leaf_priors(model, priors, y, mask, flags)
@@ -81,10 +84,54 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         leaves[index] = jnp.sort(jnp.asarray(leaves[index]))
     for i, m in enumerate(entry_masks):
         if m is not None and leaf_p[i].event_shape != ():
-            raise ValueError(f"params.{names[i]} has fixed entries, so its prior must be "
-                             f"elementwise (event_shape ()), got {leaf_p[i]}")
-    return JointSpec(model, names, shapes, leaf_p, [jnp.asarray(v) for v in leaves], index,
-                     data, entry_masks)
+            raise ValueError(f"params.{names[i]} has fixed or tied entries, so its prior must "
+                             f"be elementwise (event_shape ()), got {leaf_p[i]}")
+    leaves = [jnp.asarray(v) for v in leaves]
+    for label, members in groups:
+        supports = {repr(leaf_p[i].support) for i, _ in members}
+        if len(supports) > 1:
+            raise ValueError(f"ties: label {label} joins entries whose priors have different "
+                             f"supports ({', '.join(sorted(supports))})")
+        # tied entries start at the mean of their starting values (unconstrained)
+        bij = biject_to(leaf_p[members[0][0]].support)
+        u = jnp.mean(jnp.stack([bij.inv(leaves[i][pos]) for i, pos in members]))
+        for i, pos in members:
+            leaves[i] = leaves[i].at[pos].set(bij(u).astype(leaves[i].dtype))
+    return JointSpec(model, names, shapes, leaf_p, leaves, index, data, entry_masks,
+                     tuple(groups))
+
+
+def _tie_groups(model, params, entry_masks, ties, names):
+    """Split tied entries out of the sampled entries: per leaf the mask of the untied free
+    entries (``None`` for a whole leaf) and the tie groups ``(label, ((leaf, index), ...))``
+    (members in parameter order, row-major; the first member's prior is the group's)."""
+    from statseq.core.restrict import _leaf_labels
+
+    if ties is None:
+        return entry_masks, []
+    leaves, tree = jax.tree.flatten(params)
+    labels = _leaf_labels(tree, leaves, ties, names)
+    cons = jax.tree.leaves(model.param_constraints(),
+                           is_leaf=lambda c: isinstance(c, constraints.Constraint))
+    out, groups = [], {}
+    for i, (name, m, lab, con) in enumerate(zip(names, entry_masks, labels, cons,
+                                                strict=True)):
+        if lab is None:
+            out.append(m)
+            continue
+        if con.event_dim != 0:
+            raise ValueError(
+                f"ties.{name}: fit_nuts and fit_svi tie entries only of elementwise leaves "
+                f"(real, positive, ...); params.{name} has constraint {con}")
+        free = (np.full(lab.shape, bool(m)) if isinstance(m, bool | np.bool_)
+                else np.asarray(m))
+        if (~free & (lab >= 0)).any():
+            raise ValueError(f"ties.{name} ties entries that trainable fixes; tie only free "
+                             "entries")
+        for pos in zip(*np.nonzero(lab >= 0), strict=True):
+            groups.setdefault(int(lab[pos]), []).append((i, tuple(int(p) for p in pos)))
+        out.append(free & (lab < 0))
+    return out, [(label, tuple(groups[label])) for label in sorted(groups)]
 
 
 def _entry_masks(model, params, trainable, names):
@@ -155,10 +202,13 @@ def sample_params(spec):
             values.append(fixed)
         elif is_partial(spec, i):
             k = int(spec.entry_masks[i].sum())
-            x = numpyro.sample(name, dist.ImproperUniform(prior.support, (), (k,)))
-            full = scatter_entries(spec, i, x)
-            lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
-            numpyro.factor(f"{name}.prior", jnp.sum(lp))
+            if k:
+                x = numpyro.sample(name, dist.ImproperUniform(prior.support, (), (k,)))
+                full = scatter_entries(spec, i, x)
+                lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
+                numpyro.factor(f"{name}.prior", jnp.sum(lp))
+            else:
+                full = spec.fixed[i]
             values.append(full)
         elif i == spec.ordered:
             k = spec.shapes[i][0]
@@ -167,7 +217,32 @@ def sample_params(spec):
             values.append(x)
         else:
             values.append(numpyro.sample(name, prior))
+    for label, members in spec.ties:
+        first, pos = members[0]
+        prior = spec.priors[first]
+        v = numpyro.sample(tie_site(label), dist.ImproperUniform(prior.support, (), ()))
+        values = _set_tied(values, members, v)
+        numpyro.factor(f"{tie_site(label)}.prior", prior.log_prob(values[first])[pos])
     return jax.tree.unflatten(params_treedef(spec.model), values)
+
+
+def tie_site(label) -> str:
+    """The NumPyro site (and posterior variable) of tie group ``label``."""
+    return f"tied.{label}"
+
+
+def _set_tied(values, members, v):
+    """Set every member ``(leaf, index)`` of a tie group to ``v`` (``lead`` axes first)."""
+    values = list(values)
+    for i, pos in members:
+        values[i] = values[i].at[(Ellipsis, *pos)].set(v.astype(values[i].dtype))
+    return values
+
+
+def has_site(spec, i) -> bool:
+    """Whether leaf ``i`` has its own sample site (not frozen, not wholly tied)."""
+    return spec.priors[i] is not None and not (
+        is_partial(spec, i) and not spec.entry_masks[i].any())
 
 
 def numpyro_model(spec):
@@ -181,7 +256,7 @@ def numpyro_model(spec):
 
 
 def sampled_indices(spec):
-    return [i for i, p in enumerate(spec.priors) if p is not None]
+    return [i for i in range(len(spec.priors)) if has_site(spec, i)]
 
 
 def unconstrained_init(spec, key, num_chains, jitter):
@@ -193,6 +268,22 @@ def unconstrained_init(spec, key, num_chains, jitter):
         u = biject_to(site_support(spec, i)).inv(value)
         noise = jax.random.uniform(sub, (num_chains,) + u.shape, u.dtype, -jitter, jitter)
         out[spec.names[i]] = u[None] + noise
+    for label, members in spec.ties:
+        key, sub = jax.random.split(key)
+        first, pos = members[0]
+        u = biject_to(spec.priors[first].support).inv(spec.fixed[first][pos])
+        noise = jax.random.uniform(sub, (num_chains,), u.dtype, -jitter, jitter)
+        out[tie_site(label)] = u[None] + noise
+    return out
+
+
+def site_values(spec):
+    """The constrained starting value of every site (for ``init_to_value``)."""
+    out = {spec.names[i]: (free_entries(spec, i, spec.fixed[i]) if is_partial(spec, i)
+                           else spec.fixed[i]) for i in sampled_indices(spec)}
+    for label, members in spec.ties:
+        first, pos = members[0]
+        out[tie_site(label)] = spec.fixed[first][pos]
     return out
 
 
@@ -200,13 +291,15 @@ def params_from_samples(spec, samples, lead):
     """A params pytree with leading axes ``lead`` from NumPyro's samples dict."""
     values = []
     for i, name in enumerate(spec.names):
-        if spec.priors[i] is None:
+        if not has_site(spec, i):
             values.append(jnp.broadcast_to(spec.fixed[i], lead + spec.shapes[i]))
         elif is_partial(spec, i):
             free = jnp.reshape(samples[name], lead + (int(spec.entry_masks[i].sum()),))
             values.append(scatter_entries(spec, i, free, lead))
         else:
             values.append(jnp.reshape(samples[name], lead + spec.shapes[i]))
+    for label, members in spec.ties:
+        values = _set_tied(values, members, jnp.reshape(samples[tie_site(label)], lead))
     return jax.tree.unflatten(params_treedef(spec.model), values)
 
 

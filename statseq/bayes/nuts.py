@@ -38,7 +38,7 @@ def _from_dict(groups, dims, coords):
 
 def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, priors=None,
              mask=None, inputs=None, init_params=None, trainable=None, ordered=None,
-             chain_method="sequential", target_accept_prob=0.8, max_tree_depth=10,
+             ties=None, chain_method="sequential", target_accept_prob=0.8, max_tree_depth=10,
              jitter=0.5, log_likelihood=True, progress=False):
     """Sample the posterior of ``model``'s parameters with NUTS (NumPyro).
 
@@ -61,6 +61,12 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
             or, for leaves with an elementwise constraint, boolean arrays of the leaf's
             shape: only the ``True`` entries are sampled (the posterior variable holds
             them, in row-major order; ``constant_data`` holds the leaf and its mask).
+        ties: ``None`` or a pytree like ``params`` with ``None`` or an integer label array
+            of the leaf's shape on elementwise leaves (as in `fit_lbfgs`): free entries
+            with the same label ``L >= 0`` share one value, sampled once as the posterior
+            variable ``"tied.L"`` (a scalar) with the prior of the group's first entry
+            (parameter order, row-major); the tied leaf's other free entries are its own
+            variable and ``constant_data`` holds its labels as ``"<name>.ties"``.
         ordered: dotted name of a per-state vector leaf (e.g. ``"emissions.rates"``) to
             sample under an ordering constraint ``x_1 < ... < x_K``: identifies HMM
             states (no label switching). See also `relabel_states`.
@@ -105,8 +111,8 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
     init_key, run_key = jax.random.split(key)
     spec = _joint.prepare_joint(model, y, priors=priors, mask=mask, inputs=inputs,
                                 init_params=init_params, trainable=trainable,
-                                ordered=ordered, key=init_key)
-    if not _joint.sampled_indices(spec):
+                                ordered=ordered, key=init_key, ties=ties)
+    if not _joint.sampled_indices(spec) and not spec.ties:
         raise ValueError("every parameter is frozen (trainable): nothing to sample")
     kernel = NUTS(_joint.numpyro_model, target_accept_prob=float(target_accept_prob),
                   max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"))
@@ -131,14 +137,24 @@ def _to_inference_data(spec, y, samples, extra, num_chains, num_samples, log_lik
         dims[name] = _joint.state_dims(model, name, spec.shapes[i])
         if spec.priors[i] is None:
             constant[name] = np.asarray(spec.fixed[i])
-        elif _joint.is_partial(spec, i):  # only the free entries are sampled
-            posterior[name] = np.asarray(samples[name])
-            dims[name] = [f"{name}_free"]
+        elif _joint.is_partial(spec, i):  # only the free untied entries are sampled
+            if _joint.has_site(spec, i):
+                posterior[name] = np.asarray(samples[name])
+                dims[name] = [f"{name}_free"]
             constant[name] = np.asarray(spec.fixed[i])
             constant[f"{name}.free"] = np.asarray(spec.entry_masks[i])
             dims[f"{name}.free"] = _joint.state_dims(model, name, spec.shapes[i])
         else:
             posterior[name] = np.asarray(samples[name])
+    labels = {}
+    for label, members in spec.ties:
+        posterior[_joint.tie_site(label)] = np.asarray(samples[_joint.tie_site(label)])
+        for i, pos in members:
+            labels.setdefault(i, np.full(spec.shapes[i], -1, np.int64))[pos] = label
+    for i, lab in labels.items():
+        constant[f"{spec.names[i]}.ties"] = lab
+        dims[f"{spec.names[i]}.ties"] = _joint.state_dims(model, spec.names[i],
+                                                          spec.shapes[i])
     stats = {
         "diverging": np.asarray(extra["diverging"]),
         "lp": -np.asarray(extra["potential_energy"]),
@@ -176,21 +192,28 @@ def posterior_params(model, idata):
 
     Returns:
         A params pytree whose leaves have shape ``(num_chains, num_draws) + leaf_shape``
-        (ready for `SequenceDistribution` or `posterior_predictive_forecast`).
+        (ready for `SequenceDistribution` or `posterior_predictive_forecast`); tied
+        entries take their group's ``"tied.L"`` draws.
     """
     post = idata.posterior
     first = np.asarray(post[next(iter(post.data_vars))].values)
     lead = tuple(first.shape[:2])
     shapes = params_treedef(model).flatten_up_to(model.param_shapes())
+    const = getattr(idata, "constant_data", {})
     values = []
     for name, shape in zip(param_names(model), shapes, strict=True):
-        if name in post.data_vars and f"{name}.free" in getattr(
-                idata, "constant_data", {}):  # free entries of a partly fixed leaf
-            free = np.asarray(idata.constant_data[f"{name}.free"].values)
-            full = jnp.broadcast_to(jnp.asarray(idata.constant_data[name].values),
-                                    lead + tuple(shape))
-            values.append(full.at[(Ellipsis, *np.nonzero(free))].set(
-                jnp.asarray(post[name].values)))
+        if f"{name}.free" in const:  # free entries of a partly fixed (or tied) leaf
+            free = np.asarray(const[f"{name}.free"].values)
+            full = jnp.broadcast_to(jnp.asarray(const[name].values), lead + tuple(shape))
+            if name in post.data_vars:
+                full = full.at[(Ellipsis, *np.nonzero(free))].set(
+                    jnp.asarray(post[name].values))
+            if f"{name}.ties" in const:
+                lab = np.asarray(const[f"{name}.ties"].values)
+                for pos in zip(*np.nonzero(lab >= 0), strict=True):
+                    draws = jnp.asarray(post[f"tied.{int(lab[pos])}"].values)
+                    full = full.at[(Ellipsis, *pos)].set(draws.astype(full.dtype))
+            values.append(full)
         elif name in post.data_vars:
             values.append(jnp.asarray(post[name].values))
         elif hasattr(idata, "constant_data") and name in idata.constant_data.data_vars:

@@ -42,7 +42,8 @@ _GUIDES = ("normal", "mvn", "delta")
 
 def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
             num_samples=1000, num_particles=1, priors=None, mask=None, inputs=None,
-            init_params=None, trainable=None, ordered=None, progress=False) -> SVIResult:
+            init_params=None, trainable=None, ordered=None, ties=None,
+            progress=False) -> SVIResult:
     """Approximate the posterior of ``model``'s parameters by stochastic variational inference.
 
         q* = argmax_q E_q[log p(y | theta) + log p(theta) - log q(theta)]
@@ -70,6 +71,9 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
             shape: only the ``True`` entries are sampled (the posterior variable holds
             them, in row-major order; ``constant_data`` holds the leaf and its mask).
         ordered: dotted name of a per-state leaf to keep ordered (see `fit_nuts`).
+        ties: integer labels tying free entries of elementwise leaves (see `fit_nuts`):
+            each tie group is one site ``"tied.L"`` of the guide; ``draws`` holds the
+            full leaves with tied entries equal.
         progress: show NumPyro's progress bar.
 
     Returns:
@@ -100,13 +104,10 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
     init_key, run_key, draw_key = jax.random.split(key, 3)
     spec = _joint.prepare_joint(model, y, priors=priors, mask=mask, inputs=inputs,
                                 init_params=init_params, trainable=trainable,
-                                ordered=ordered, key=init_key)
-    sampled = _joint.sampled_indices(spec)
-    if not sampled:
+                                ordered=ordered, key=init_key, ties=ties)
+    if not _joint.sampled_indices(spec) and not spec.ties:
         raise ValueError("every parameter is frozen (trainable): nothing to fit")
-    values = {spec.names[i]: (_joint.free_entries(spec, i, spec.fixed[i])
-                              if _joint.is_partial(spec, i) else spec.fixed[i])
-              for i in sampled}
+    values = _joint.site_values(spec)
     kind = {"normal": AutoNormal, "mvn": AutoMultivariateNormal, "delta": AutoDelta}[guide]
     auto = kind(_joint.numpyro_model, init_loc_fn=init_to_value(values=values))
     svi = SVI(_joint.numpyro_model, auto, optax_to_numpyro(optimizer),

@@ -25,24 +25,21 @@ import warnings
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
 
 from statseq.core.params import (
-    from_unconstrained,
     log_prior,
-    num_free_params,
     param_names,
-    to_unconstrained,
     validate_params,
     validate_priors,
 )
+from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import prepare_data
 from statseq.evaluation import information_criteria
-from statseq.fit._objective import coordinate_mask, negative_log_joint, trainable_flags
+from statseq.fit._objective import restricted_negative_log_joint
 
 _Z_975 = 1.959963984540054  # the 0.975 quantile of the standard normal
 _SYMMETRIC = (constraints.positive_definite, constraints.positive_semidefinite,
@@ -50,21 +47,22 @@ _SYMMETRIC = (constraints.positive_definite, constraints.positive_semidefinite,
 
 
 @partial(jax.jit, static_argnames=("model", "complete"))
-def _curvature_compiled(model, uparams, keep, priors, y, mask, inputs, *, complete):
-    """Gradient and Hessian of the negative log joint in the flat unconstrained
-    coordinates ``x`` (zero in the frozen ones), and the Jacobian of the flattened natural
-    parameters with respect to ``x``."""
-    x0, unravel = ravel_pytree(uparams)
-    objective = negative_log_joint(model, unravel, x0, keep, priors, y, mask, inputs, complete)
+def _curvature_compiled(model, restriction, z0, priors, y, mask, inputs, *, complete):
+    """Gradient and Hessian of the negative log joint in the free vector ``z`` of
+    `statseq.core.restrict` (zero in the coordinates of fixed leaves, which are never sent
+    through the unconstrained transform), and the Jacobian of the flattened natural
+    parameters with respect to ``z``."""
+    objective = restricted_negative_log_joint(model, restriction, priors, y, mask, inputs,
+                                              complete)
 
-    def natural(x):
-        return ravel_pytree(from_unconstrained(model, unravel(jnp.where(keep, x, x0))))[0]
+    def natural(z):
+        return ravel_pytree(restriction.expand(model, z))[0]
 
-    return jax.grad(objective)(x0), jax.hessian(objective)(x0), jax.jacfwd(natural)(x0)
+    return jax.grad(objective)(z0), jax.hessian(objective)(z0), jax.jacfwd(natural)(z0)
 
 
 def standard_errors(model, params, y, *, mask=None, inputs=None, trainable=None, priors=None,
-                    return_cov=False):
+                    ties=None, return_cov=False):
     """Standard errors of the natural parameters from the observed information.
 
     Computes the Hessian ``H`` of the negative log joint ``-[log p(y | theta) +
@@ -90,9 +88,13 @@ def standard_errors(model, params, y, *, mask=None, inputs=None, trainable=None,
         y: ``batch_shape + (num_timesteps,) + event_shape`` (the data they were fitted to).
         mask: optional observation mask.
         inputs: covariates, when the model takes them.
-        trainable: pytree of ``True``/``False`` like ``params``; frozen leaves are treated
-            as known and get NaN standard errors.
+        trainable: pytree like ``params`` of ``True``/``False`` or boolean arrays of the
+            leaf's shape (as in `statseq.fit_lbfgs`); fixed leaves and entries are treated
+            as known and get NaN standard errors (a fixed singular covariance is fine).
         priors: the priors of a MAP fit (pytree of numpyro distributions or ``None``).
+        ties: integer labels of tied entries (as in `statseq.fit_lbfgs`); the Hessian is
+            taken in the free coordinates (one per tie group), so tied entries get the
+            same standard error and perfectly correlated rows of ``cov``.
         return_cov: also return the covariance matrix.
 
     Returns:
@@ -117,14 +119,13 @@ def standard_errors(model, params, y, *, mask=None, inputs=None, trainable=None,
     validate_params(model, params)
     validate_priors(model, priors)
     data = prepare_data(model, y, mask, inputs)
-    flags = trainable_flags(params, trainable)
     leaves, treedef = jax.tree.flatten(params)
-    if num_free_params(model, jax.tree.unflatten(treedef, flags)) == 0:
+    restriction, z0 = restrict(model, params, trainable, ties)
+    if restriction.num_free == 0:
         raise ValueError("trainable freezes every parameter: there are no standard errors")
-    uparams = to_unconstrained(model, params)
-    keep = coordinate_mask(uparams, flags)
+    keep = np.asarray(restriction.keep)
     grad, hess, jac = _curvature_compiled(
-        model, uparams, jnp.asarray(keep), priors, data.y, data.mask, data.inputs,
+        model, restriction, restriction.z0, priors, data.y, data.mask, data.inputs,
         complete=data.complete,
     )
     eps = np.finfo(hess.dtype).eps
@@ -156,9 +157,7 @@ def standard_errors(model, params, y, *, mask=None, inputs=None, trainable=None,
             RuntimeWarning, stacklevel=2,
         )
     cov = jac @ cov_x @ jac.T
-    frozen = np.concatenate(
-        [np.full(np.size(leaf), not t) for leaf, t in zip(leaves, flags, strict=True)]
-    )
+    frozen = ~np.concatenate([np.ravel(m) for m in restriction.free_mask()])
     cov[frozen, :] = np.nan
     cov[:, frozen] = np.nan
     se = np.sqrt(np.clip(np.diagonal(cov), 0.0, None))
@@ -360,7 +359,7 @@ class Summary:
 
 
 def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=None,
-            fit=None) -> Summary:
+            ties=None, fit=None) -> Summary:
     """A parameter table: standard errors, z-tests and 95% intervals inside the parameter space.
 
     One row per scalar parameter, named from the fields of the params ``NamedTuple``
@@ -395,10 +394,14 @@ def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=
         y: ``batch_shape + (num_timesteps,) + event_shape``.
         mask: optional observation mask.
         inputs: covariates, when the model takes them.
-        trainable: pytree of ``True``/``False`` like ``params``; frozen leaves are shown as
-            fixed and not counted in ``k``.
+        trainable: pytree like ``params`` of ``True``/``False`` or boolean arrays of the
+            leaf's shape; fixed leaves and entries are shown as fixed and not counted in
+            ``k``.
         priors: the priors of a MAP fit; the table then shows Laplace posterior standard
             deviations.
+        ties: integer labels of tied entries (as in `statseq.fit_lbfgs`): each tied entry
+            is shown with its group's common standard error, and a group counts once in
+            ``k``.
         fit: an optional `~statseq.FitResult`, whose method and convergence are shown.
 
     Returns:
@@ -425,12 +428,14 @@ def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=
         params = fit.params
     se_tree, _ = standard_errors(
         model, params, y, mask=mask, inputs=inputs, trainable=trainable, priors=priors,
-        return_cov=True,
+        ties=ties, return_cov=True,
     )
-    crit = information_criteria(
-        model, params, y, mask=mask, inputs=inputs, trainable=trainable
-    )
-    flags = trainable_flags(params, trainable)
+    restriction, _ = restrict(model, params, trainable, ties)
+    crit = information_criteria(model, params, y, mask=mask, inputs=inputs)
+    k = restriction.num_free
+    crit.update(num_params=k, aic=-2.0 * crit["log_lik"] + 2.0 * k,
+                bic=-2.0 * crit["log_lik"] + k * math.log(max(crit["num_obs"], 1)))
+    free_flat = np.concatenate([np.ravel(m) for m in restriction.free_mask()])
     rows = _row_entries(model, params)
     est_flat = np.asarray(ravel_pytree(params)[0], np.float64)
     se_flat = np.concatenate([np.ravel(s) for s in jax.tree.leaves(se_tree)])
@@ -455,7 +460,7 @@ def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=
         p_values=p_values,
         ci_lower=np.array([c[0] for c in intervals]),
         ci_upper=np.array([c[1] for c in intervals]),
-        trainable=np.array([flags[r[2]] for r in rows], bool),
+        trainable=free_flat[idx],
         ci_scale=tuple(c[2] for c in intervals),
         null=null,
         log_lik=crit["log_lik"],
