@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from statseq.core.buckets import bound_cache
 from statseq.core.params import (
     finish_fit,
     validate_params,
@@ -187,6 +188,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     restriction, z0 = restrict(model, params, trainable, ties)
     if restriction.num_free == 0:
         raise ValueError("trainable freezes every parameter: there is nothing to fit")
+    bound_cache(_fit_lbfgs_compiled)  # one program per data shape: keep only the latest
     with _progress.progress_bar(num_iters, f"fit_lbfgs {type(model).__name__}", progress):
         out = _fit_lbfgs_compiled(
             model, restriction, jnp.asarray(z0, float_dtype()), priors, data.y,

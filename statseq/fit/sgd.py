@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from statseq.core.buckets import bound_cache
 from statseq.core.params import (
     finish_fit,
     log_prior,
@@ -276,6 +277,7 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     if restriction.num_free == 0:
         raise ValueError("trainable freezes every parameter: there is nothing to fit")
     progress_every = _progress.update_every(num_steps) if progress else 0
+    bound_cache(_fit_sgd_compiled)  # one program per data shape: keep only the latest
     with _progress.progress_bar(num_steps, f"fit_sgd {type(model).__name__}", progress):
         out = _fit_sgd_compiled(
             model, optimizer, restriction, priors, train, val, batch_key, clip,

@@ -233,12 +233,11 @@ _MANY_LENGTHS = textwrap.dedent("""
     ss.set_length_buckets(sys.argv[2])
     rng = np.random.default_rng(0)
     lengths = rng.permutation(np.arange(1, n + 1))
-    level, hmm = ss.LocalLevel(), ss.PoissonHMM(num_states=2)
-    lp, hp = level.default_params(), hmm.initialize(rng.poisson(3.0, 50), key=jax.random.key(0))
+    hmm = ss.PoissonHMM(num_states=2)
+    hp = hmm.initialize(rng.poisson(3.0, 50), key=jax.random.key(0))
     marks = {}
     start = time.perf_counter()
     for i, t in enumerate(lengths):
-        ss.log_prob(level, lp, rng.normal(size=t))
         ss.log_prob(hmm, hp, rng.poisson(3.0, size=t))
         if i + 1 in (n // 2, n):
             marks[i + 1] = (compiles[0], maps())
@@ -247,15 +246,18 @@ _MANY_LENGTHS = textwrap.dedent("""
 
 
 def test_five_thousand_lengths_in_one_process(tmp_path):
-    """5,000 distinct lengths (shuffled) scored with a local level model and a Poisson HMM.
+    """5,000 distinct lengths (1..5,000, shuffled) scored with a Poisson HMM in one process.
 
-    Without buckets every length compiled ~4 programs and added ~76 memory mappings (about
-    0.5 s per length here: 5,000 lengths would take 40 minutes and XLA:CPU would run out of
-    mappings near 2,000). Padding every length (``"always"``): the 45 buckets up to 5,120,
-    each one program per model; measured 110 compilations in all, 10 in the second half
-    (the small buckets 1..8 hold one length each), and +495 mappings over the second 2,500
-    lengths. The default ``"auto"`` adds the 32 exact lengths' programs (302 compilations;
-    the same +494 mappings) and is not run here to keep the test near 60 s on one core.
+    Without buckets every length compiles at least one program of its own (5,000) and adds
+    its machine code's memory mappings (XLA:CPU ran out of mappings near 2,000 lengths).
+    Padding every length (``"always"``): one program per bucket, 45 buckets up to 5,120;
+    measured 60 compilations in all, 5 in the second half (the lengths are shuffled, so
+    almost every bucket exists by then), and +108 mappings over the second 2,500 lengths
+    (20.8 s CPU). The model is an HMM because its programs compile in ~0.26 s; the local
+    level's steady-state programs take ~1.9 s each and would triple the time. That a
+    bucket's lengths share one program of the steady-state path is checked by
+    `test_one_program_per_bucket`; the default ``"auto"`` mode only adds the 32 exact
+    lengths' programs, and is not run here to keep the test fast.
     """
     script = tmp_path / "many_lengths.py"
     script.write_text(_MANY_LENGTHS)
@@ -267,9 +269,9 @@ def test_five_thousand_lengths_in_one_process(tmp_path):
 
     out = json.loads(done.stdout.strip().splitlines()[-1])
     (c_half, m_half), (c_end, m_end) = out["marks"]["2500"], out["marks"]["5000"]
-    assert c_end < 200  # against ~40,000 without buckets (4 per length and model)
-    assert c_end - c_half < 40  # lengths are shuffled: almost every bucket exists by then
-    assert m_end - m_half < 2500  # against ~190,000 mappings per 2,500 lengths unbucketed
+    assert c_end < 100  # against >= 5,000 without buckets (one per length at least)
+    assert c_end - c_half < 20  # lengths are shuffled: almost every bucket exists by then
+    assert m_end - m_half < 1000  # not growing with the number of lengths
 
 
 def test_fit_em_keeps_a_bounded_number_of_programs(rng, monkeypatch):
@@ -297,3 +299,30 @@ def test_fit_em_keeps_a_bounded_number_of_programs(rng, monkeypatch):
         buckets.bound_cache(_fit_em_compiled, 0)
         gc.collect()
         assert _fit_em_compiled._cache_size() == 0 and maps() < before
+
+
+@pytest.mark.parametrize("fitter", ["lbfgs", "sgd"])
+def test_gradient_fits_keep_a_bounded_number_of_programs(rng, monkeypatch, fitter):
+    """fit_lbfgs and fit_sgd compile one program per data shape, like fit_em; before each
+    call programs beyond ``MAX_PROGRAMS_PER_FUNCTION`` are dropped (bound 0 here: a second
+    length replaces the first length's program instead of adding to it)."""
+    import optax
+
+    from statseq.fit.lbfgs import _fit_lbfgs_compiled
+    from statseq.fit.sgd import _fit_sgd_compiled
+
+    compiled = _fit_lbfgs_compiled if fitter == "lbfgs" else _fit_sgd_compiled
+    monkeypatch.setattr(buckets, "MAX_PROGRAMS_PER_FUNCTION", 0)
+    model = ss.PoissonHMM(num_states=2)
+    params = model.initialize(rng.poisson(3.0, size=40), key=jax.random.key(0))
+    sizes = []
+    for t in (20, 21):  # two lengths: two programs without the bound
+        y = rng.poisson(3.0, size=t)
+        if fitter == "lbfgs":
+            fit = ss.fit_lbfgs(model, params, y, num_iters=1, progress=False)
+        else:
+            fit = ss.fit_sgd(model, params, y, optimizer=optax.adam(1e-2), num_steps=1,
+                             key=jax.random.key(1), progress=False)
+        assert np.all(np.isfinite(fit.log_joint)) and fit.num_iterations >= 1
+        sizes.append(compiled._cache_size())
+    assert sizes == [1, 1]
