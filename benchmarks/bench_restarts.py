@@ -25,7 +25,7 @@ Routes (each library's documented default way to fit from scratch):
   ``method="prior"``, its only one) then ``fit_em(..., num_iters=50)`` (its default).
 
 "Best known optimum" of a data set: the highest log-likelihood reached by any of these, by
-EM from the true parameters (``fit_em``, 1000 iterations), by ``fit_restarts`` with 30
+EM from the true parameters (``fit_em``, 1000 iterations), by ``fit_restarts`` with 20
 starts and another key (1000 iterations), and, with ``--reference-hmmlearn N``, by hmmlearn
 from ``N`` random initializations run to convergence (``n_iter=500``, ``tol=1e-6``, full
 covariances, ``min_covar=1e-6``; off by default: 30-70 s per fit on the shared 2-core
@@ -221,7 +221,7 @@ def run_problem(name, cfg, seeds, num_timesteps, clock, args_reference_hmmlearn=
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             many = ss.fit_restarts(model, y, key=jax.random.key(10_000 + seed),
-                                   num_restarts=30, num_iters=1000)
+                                   num_restarts=20, num_iters=1000)
         candidates.append(many.best.final_log_joint)
         for rs in range(args_reference_hmmlearn):
             p, _ = hmmlearn_fit(cfg, y, 100 + rs, reference=True)
