@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -30,8 +30,9 @@ class RestartsResult(NamedTuple):
     best_index: int
 
 
-def fit_restarts(model, y, *, key, num_restarts=10, method="em", mask=None, inputs=None,
-                 **fit_kwargs) -> RestartsResult:
+def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int = 10,
+                 method: str = "em", mask: Any = None, inputs: Any = None,
+                 **fit_kwargs: Any) -> RestartsResult:
     """Fit from several starting points and keep the best (highest final log joint).
 
     Start 0 is ``model.initialize(..., method="data")`` (quantiles, k-means, least squares,

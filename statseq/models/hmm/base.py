@@ -412,7 +412,8 @@ class HMMBase(SequenceModel):
     transition_starts: ClassVar[tuple[str, ...]] = (
         "uniform", "anti_persistent", "dirichlet", "sticky")
 
-    def initialize(self, y, *, key, inputs=None, mask=None, method="data", transitions=None):
+    def initialize(self, y: Any, *, key: jax.Array, inputs: Any = None, mask: Any = None,
+                   method: str = "data", transitions: str | None = None) -> HMMParams:
         """Starting parameters: every block (transitions, initial law, emissions).
 
         ``method="data"``: emissions fitted to the data (quantiles, k-means with k-means++
@@ -501,7 +502,8 @@ class HMMBase(SequenceModel):
 _TRANSITION_FAMILIES = ("sticky", "uniform", "dirichlet", "anti_persistent")
 
 
-def random_transition_matrix(num_states: int, family: str, rng) -> np.ndarray:
+def random_transition_matrix(num_states: int, family: str,
+                             rng: np.random.Generator) -> np.ndarray:
     """A ``(K, K)`` row-stochastic start from ``family`` (see `HMMBase.initialize`).
 
     Args:

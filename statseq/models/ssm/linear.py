@@ -145,7 +145,8 @@ class LinearGaussianSSM(GaussianSSMBase):
             tile(jnp.zeros((d,)), lead_h), tile(0.1 * jnp.eye(d), lead_h),
         )
 
-    def initialize(self, y, *, key, inputs=None, mask=None, method="data") -> LGSSMParams:
+    def initialize(self, y: Any, *, key: jax.Array, inputs: Any = None, mask: Any = None,
+                   method: str = "data") -> LGSSMParams:
         """Starting values for every block.
 
         ``method="data"``: ``H`` from the leading principal directions of ``y``, ``d`` the

@@ -593,7 +593,8 @@ class _StructuralBase(GaussianSSMBase):
         return self._join(jnp.asarray(1.0, dtype),
                           tuple(c.default_params(1.0, dtype) for c in self.components))
 
-    def initialize(self, y, *, key=None, inputs=None, mask=None, method="data"):
+    def initialize(self, y: Any, *, key: jax.Array | None = None, inputs: Any = None,
+                   mask: Any = None, method: str = "data") -> Any:
         """Starting values from the scale of the data.
 
         Every variance is ``v / k``, with ``v`` the variance of the observed first
