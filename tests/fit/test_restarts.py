@@ -212,6 +212,27 @@ def test_fit_restarts_cycles_families_and_compiles_once(monkeypatch):
     assert res.best.final_log_joint == np.nanmax(res.final_log_joints)
 
 
+def test_only_the_chosen_starts_warnings_are_reissued(monkeypatch):
+    import statseq.fit.em as em_module
+
+    y = ss.datasets.load_earthquakes().to_numpy()
+    model = ss.PoissonHMM(num_states=2)
+    real, calls = em_module.fit_em, []
+
+    def noisy(*args, **kwargs):
+        calls.append(len(calls))
+        fit = real(*args, **kwargs)
+        warnings.warn(f"from start {calls[-1]}", RuntimeWarning, stacklevel=2)
+        return fit
+
+    monkeypatch.setattr(em_module, "fit_em", noisy)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        res = ss.fit_restarts(model, y, key=jax.random.key(0), num_restarts=4, num_iters=50)
+    messages = [str(w.message) for w in record if "from start" in str(w.message)]
+    assert len(calls) == 4 and messages == [f"from start {res.best_index}"]
+
+
 def test_anti_persistent_optimum_is_reached_where_a_sticky_start_is_not():
     """The reported failure: 3 states that switch at 95% of steps, overlapping 2-D
     emissions. From the same random emissions, EM from the old persistent start (0.9 on
