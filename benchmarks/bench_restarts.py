@@ -17,7 +17,8 @@ Problems (simulated, one data set per seed):
 Routes (each library's documented default way to fit from scratch):
 
 * statseq: ``fit_restarts(model, y, key=...)`` with its default ``num_restarts=10`` (EM,
-  ``num_iters=500``: the default 100 stops a few slow anti-persistent fits early);
+  ``num_iters=500``: above ``fit_em``'s default 100, which slow anti-persistent fits
+  exceed; one winning start on anti3 took 296 iterations);
 * hmmlearn: ``GaussianHMM(n_components=K).fit(y)`` (``PoissonHMM`` for counts) with every
   default (diagonal covariances, ``n_iter=10``, ``tol=1e-2``, k-means init), for
   ``random_state`` 0, 1, 2 (each counted separately);
