@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import warnings
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
+from statseq.core.params import degenerate_fit_warning
 from statseq.core.results import FitResult
 from statseq.core.validation import check_positive_int
 
@@ -17,7 +19,9 @@ class RestartsResult(NamedTuple):
     Attributes:
         best: the `~statseq.FitResult` with the highest final log joint.
         final_log_joints: ``(num_restarts,)`` final log joint of every start (so the spread
-            of local optima is visible).
+            of local optima is visible); NaN for a start whose fit ended outside the
+            parameter constraints (a degenerate fit, e.g. a variance that reached exactly 0,
+            whose log joint is not that of a valid model), which is never chosen.
         best_index: which start won (0 is the data-driven start).
     """
 
@@ -26,21 +30,38 @@ class RestartsResult(NamedTuple):
     best_index: int
 
 
-def fit_restarts(model, y, *, key, num_restarts=10, method="em", mask=None, inputs=None,
-                 **fit_kwargs) -> RestartsResult:
+def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int = 10,
+                 method: str = "em", mask: Any = None, inputs: Any = None,
+                 **fit_kwargs: Any) -> RestartsResult:
     """Fit from several starting points and keep the best (highest final log joint).
 
-    Start 0 uses ``model.initialize(..., method="data")`` (quantiles, k-means, least
-    squares), starts 1, 2, ... use ``method="random"`` with independent keys. Every start
-    runs the same compiled fit, so extra starts cost run time, not compilation.
+    Start 0 is ``model.initialize(..., method="data")`` (quantiles, k-means, least squares,
+    data-scaled variances); starts 1, 2, ... are ``method="random"`` with independent keys,
+    and every block of parameters is drawn:
+
+    * HMMs: start ``i >= 1`` draws its transition matrix from the family
+      ``model.transition_starts[(i - 1) % 4]``, cycling ``"uniform"``,
+      ``"anti_persistent"`` (mean diagonal below ``1/K``), ``"dirichlet"`` (rows uniform on
+      the simplex) and ``"sticky"`` (mean diagonal 0.9), so any three random starts cover
+      switching and persistent regimes by construction; the initial law is random and the
+      emissions start at k-means++ seeds (random data points spread over the data). The
+      data start keeps a sticky matrix.
+    * Linear Gaussian and structural models: variances multiplied by ``10^u``, ``u`` uniform
+      over several decades (see their ``initialize``), so the starts span variance ratios
+      over orders of magnitude, near the boundary optima of structural models too.
+
+    Every start runs the same compiled fit (same model, shapes and static settings), so
+    extra starts cost run time, not compilation. Structural models (no EM) restart with
+    ``method="lbfgs"``. Warnings of the fits (e.g. a state that lost its mass) are
+    re-issued for the chosen start only.
 
     Args:
         model: a statseq model with ``initialize``.
         y: data, as for the fitting function.
         key: a ``jax.random`` key.
-        num_restarts: number of starts.
-        method: ``"em"`` (`statseq.fit_em`) or ``"sgd"`` (`statseq.fit_sgd`;
-            pass ``optimizer`` and ``num_steps``).
+        num_restarts: number of starts (the data start included).
+        method: ``"em"`` (`statseq.fit_em`), ``"lbfgs"`` (`statseq.fit_lbfgs`) or
+            ``"sgd"`` (`statseq.fit_sgd`; pass ``optimizer`` and ``num_steps``).
         mask: optional observation mask.
         inputs: optional covariates.
         **fit_kwargs: passed to the fitting function (``progress`` defaults to False).
@@ -55,24 +76,50 @@ def fit_restarts(model, y, *, key, num_restarts=10, method="em", mask=None, inpu
         ...                       num_restarts=3, num_iters=200)
         >>> res.final_log_joints.shape
         (3,)
+
+        A structural model restarts by L-BFGS:
+
+        >>> import numpy as np
+        >>> y = np.log(ss.datasets.load_air_passengers().to_numpy())
+        >>> model = ss.StructuralModel((ss.Trend(slope=True), ss.Seasonal(period=12)))
+        >>> res = ss.fit_restarts(model, y, key=jax.random.key(0), num_restarts=3,
+        ...                       method="lbfgs", num_iters=100)
+        >>> res.best.method
+        'lbfgs'
     """
     from statseq.fit.em import fit_em
+    from statseq.fit.lbfgs import fit_lbfgs
     from statseq.fit.sgd import fit_sgd
 
     num_restarts = check_positive_int(num_restarts, "num_restarts")
-    if method not in ("em", "sgd"):
-        raise ValueError(f"method must be 'em' or 'sgd', got {method!r}")
+    if method not in ("em", "lbfgs", "sgd"):
+        raise ValueError(f"method must be 'em', 'lbfgs' or 'sgd', got {method!r}")
     fit_kwargs.setdefault("progress", False)
+    families = tuple(getattr(model, "transition_starts", ()) or ())
     init_keys = jax.random.split(key, num_restarts + 1)
-    fits = []
+    fits, caught, degenerate = [], [], []
     for i in range(num_restarts):
+        extra = {}
+        if i > 0 and families:
+            extra["transitions"] = families[(i - 1) % len(families)]
         params = model.initialize(y, key=init_keys[i], mask=mask, inputs=inputs,
-                                  method="data" if i == 0 else "random")
-        if method == "em":
-            fits.append(fit_em(model, params, y, mask=mask, inputs=inputs, **fit_kwargs))
-        else:
-            fits.append(fit_sgd(model, params, y, mask=mask, inputs=inputs,
-                                key=init_keys[-1], **fit_kwargs))
-    finals = np.array([f.final_log_joint for f in fits])
-    best = int(np.nanargmax(np.where(np.isfinite(finals), finals, -np.inf)))
+                                  method="data" if i == 0 else "random", **extra)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            if method == "em":
+                fit = fit_em(model, params, y, mask=mask, inputs=inputs, **fit_kwargs)
+            elif method == "lbfgs":
+                fit = fit_lbfgs(model, params, y, mask=mask, inputs=inputs, **fit_kwargs)
+            else:
+                fit = fit_sgd(model, params, y, mask=mask, inputs=inputs,
+                              key=init_keys[-1], **fit_kwargs)
+        fits.append(fit)
+        caught.append(record)
+        degenerate.append(degenerate_fit_warning(model, fit.params, method) is not None)
+    finals = np.array([np.nan if bad else f.final_log_joint
+                       for f, bad in zip(fits, degenerate, strict=True)])
+    best = int(np.argmax(np.where(np.isfinite(finals), finals, -np.inf)))
+    # only the chosen fit's warnings concern the caller
+    for w in caught[best]:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return RestartsResult(best=fits[best], final_log_joints=finals, best_index=best)

@@ -418,8 +418,9 @@ class LinearAutoregressiveHMM(HMMBase):
     def initialize_emissions(self, y, mask, *, key, method):
         """Least squares on the fully observed (target, lags) rows. ``"data"``: k-means
         (k-means++ seeding from ``key``) on the rows ``[y_t, y_{t-1}, ...]``, then a ridge
-        regression per cluster shrunk toward the pooled fit. ``"random"``: the pooled fit
-        with biases moved by random multiples of the residual scale."""
+        regression per cluster shrunk toward the pooled fit. ``"random"``: k-means++ seeds on
+        those rows, each row assigned to its nearest seed, a ridge regression per group
+        shrunk toward the pooled fit."""
         k, d, lag = self.num_states, self.emission_dim, self.num_lags
         y = np.asarray(y, float).reshape((-1,) + np.shape(y)[-2:])
         mask = np.broadcast_to(np.asarray(mask, bool), y.shape)
@@ -463,10 +464,13 @@ class LinearAutoregressiveHMM(HMMBase):
             order = np.argsort(centers[:, 0], kind="stable")
             thetas, covs = thetas[order], covs[order]
         elif method == "random":
-            rng = np.random.default_rng(seed)
-            thetas = np.repeat(pooled[None], k, axis=0)
-            sd = np.sqrt(np.diag(pooled_cov))
-            thetas[..., -1] += rng.normal(size=(k, d)) * sd
+            # k-means++ seeds on the rows [y_t, lags], every row assigned to its nearest
+            # seed (no Lloyd iterations), a ridge regression per group shrunk to the pool
+            rows = np.concatenate([t, x], axis=1)
+            seeds, _ = kmeans(rows, k, seed=seed, num_iters=0)
+            labels = np.argmin(((rows[:, None, :] - seeds[None]) ** 2).sum(-1), axis=1)
+            thetas = np.stack([ridge(phi[labels == j], t[labels == j], pooled, float(p + 1))
+                               for j in range(k)])
             covs = np.repeat(pooled_cov[None], k, axis=0)
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")

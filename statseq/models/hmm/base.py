@@ -444,14 +444,88 @@ class HMMBase(SequenceModel):
                 transitions = jax.nn.softmax(generalized_m_step(q, start), axis=-1)
         return HMMParams(initial_probs, transitions, emissions)
 
-    def initialize(self, y, *, key, inputs=None, mask=None, method="data"):
-        """Starting parameters: ``"data"`` (emissions fitted to data quantiles/clusters)
-        or ``"random"``; sticky transitions and a uniform initial law in both cases."""
+    #: Transition-matrix families for ``initialize(..., transitions=...)``; `fit_restarts`
+    #: cycles through them so random starts cover persistent and switching regimes.
+    transition_starts: ClassVar[tuple[str, ...]] = (
+        "uniform", "anti_persistent", "dirichlet", "sticky")
+
+    def initialize(self, y: Any, *, key: jax.Array, inputs: Any = None, mask: Any = None,
+                   method: str = "data", transitions: str | None = None) -> HMMParams:
+        """Starting parameters: every block (transitions, initial law, emissions).
+
+        ``method="data"``: emissions fitted to the data (quantiles, k-means with k-means++
+        seeding, least squares; see the family's ``initialize_emissions``), a sticky
+        transition matrix (0.9 on the diagonal) and a uniform initial law.
+        ``method="random"``: emissions from random data points (k-means++ seeds, random
+        subsets), a random transition matrix and an initial law
+        ``pi = (1/K + Dirichlet(1)) / 2``. The rows of the transition matrix are drawn
+        from the family ``transitions`` (when ``None``, a family drawn from ``key`` for
+        ``"random"``, ``"sticky"`` for ``"data"``):
+
+        * ``"sticky"``: rows ``Dirichlet(alpha)`` with ``alpha_ii = 9 (K - 1)``,
+          ``alpha_ij = 1`` (mean diagonal 0.9): persistent regimes;
+        * ``"uniform"``: every entry ``1 / K`` (the start that does not presume anything
+          about persistence);
+        * ``"dirichlet"``: rows ``Dirichlet(1)`` (uniform on the simplex);
+        * ``"anti_persistent"``: ``alpha_ii = 0.5``, ``alpha_ij = 2`` (mean diagonal
+          ``0.5 / (0.5 + 2 (K - 1))``, below ``1 / K``): regimes that switch more often
+          than they stay.
+
+        Drawn entries are kept at least ``1e-3`` (then renormalized): EM never moves a
+        probability away from exactly 0. Input-driven transitions start with zero weights
+        and biases ``log A``. `statseq.fit_restarts` cycles its random starts through
+        ``transition_starts``.
+
+        Args:
+            y: ``batch_shape + (num_timesteps,) + event_shape``.
+            key: a ``jax.random`` key.
+            inputs: covariates, when the model has input-driven transitions.
+            mask: optional observation mask.
+            method: ``"data"`` or ``"random"``.
+            transitions: ``None`` or one of ``"sticky"``, ``"uniform"``, ``"dirichlet"``,
+                ``"anti_persistent"``.
+
+        Returns:
+            `HMMParams`.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> y = ss.datasets.load_earthquakes().to_numpy()
+            >>> model = ss.PoissonHMM(num_states=3)
+            >>> p = model.initialize(y, key=jax.random.key(1), method="random",
+            ...                      transitions="anti_persistent")
+            >>> bool(jax.numpy.all(jax.numpy.diag(p.transitions) < 1 / 3))
+            True
+        """
+        if method not in ("data", "random"):
+            raise ValueError(f"method must be 'data' or 'random', got {method!r}")
+        if transitions is not None and transitions not in _TRANSITION_FAMILIES:
+            raise ValueError(f"transitions must be None or one of {_TRANSITION_FAMILIES}, "
+                             f"got {transitions!r}")
         data = prepare_data(self, y, mask, inputs)
+        k_emit, k_trans, k_family, k_init = jax.random.split(key, 4)
         emissions = self.initialize_emissions(
-            np.asarray(data.y), np.asarray(data.mask), key=key, method=method
+            np.asarray(data.y), np.asarray(data.mask), key=key if method == "data" else k_emit,
+            method=method,
         )
-        return self.assemble_params(emissions)
+        if method == "data" and transitions is None:
+            return self.assemble_params(emissions)
+        if transitions is None:
+            transitions = _TRANSITION_FAMILIES[
+                int(jax.random.randint(k_family, (), 0, len(_TRANSITION_FAMILIES)))]
+        k, dtype = self.num_states, float_dtype()
+        matrix = random_transition_matrix(k, transitions, np.random.default_rng(
+            np.asarray(jax.random.randint(k_trans, (2,), 0, 2**31 - 1))))
+        initial_probs = None
+        if method == "random":
+            draw = np.asarray(jax.random.dirichlet(k_init, np.ones(k)), float)
+            initial_probs = jnp.asarray(0.5 / k + 0.5 * draw, dtype)
+        if self.input_dim:
+            trans = TransitionRegression(jnp.zeros((k, k, self.input_dim), dtype),
+                                         jnp.asarray(np.log(matrix), dtype))
+        else:
+            trans = jnp.asarray(matrix, dtype)
+        return self.assemble_params(emissions, trans, initial_probs)
 
     @abc.abstractmethod
     def initialize_emissions(self, y, mask, *, key, method):
@@ -460,6 +534,40 @@ class HMMBase(SequenceModel):
     def em_warnings(self, params, y, mask, inputs) -> list[str]:
         """Warnings about the fitted parameters (states that lost their mass)."""
         return mass_warnings(self, params, y, mask, inputs)
+
+
+_TRANSITION_FAMILIES = ("sticky", "uniform", "dirichlet", "anti_persistent")
+
+
+def random_transition_matrix(num_states: int, family: str,
+                             rng: np.random.Generator) -> np.ndarray:
+    """A ``(K, K)`` row-stochastic start from ``family`` (see `HMMBase.initialize`).
+
+    Args:
+        num_states: ``K``.
+        family: ``"sticky"``, ``"uniform"``, ``"dirichlet"`` or ``"anti_persistent"``.
+        rng: a ``numpy.random.Generator``.
+
+    Returns:
+        NumPy ``(K, K)`` float64 array, rows summing to 1, entries ``>= 1e-3 / (1 + K 1e-3)``.
+    """
+    k = num_states
+    if k == 1:
+        return np.ones((1, 1))
+    if family == "uniform":
+        return np.full((k, k), 1.0 / k)
+    eye = np.eye(k)
+    if family == "sticky":
+        alpha = 1.0 + (9.0 * (k - 1) - 1.0) * eye
+    elif family == "dirichlet":
+        alpha = np.ones((k, k))
+    elif family == "anti_persistent":
+        alpha = 2.0 - 1.5 * eye
+    else:
+        raise ValueError(f"family must be one of {_TRANSITION_FAMILIES}, got {family!r}")
+    rows = np.stack([rng.dirichlet(a) for a in alpha])
+    rows = np.maximum(rows, 1e-3)
+    return rows / rows.sum(axis=1, keepdims=True)
 
 
 def _log_dirichlet(prior, probs):

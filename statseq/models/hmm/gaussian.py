@@ -481,8 +481,9 @@ class GaussianHMM(HMMBase):
     def initialize_emissions(self, y, mask, *, key, method):
         """``"data"``: k-means (k-means++ seeding from ``key``) on the steps with observed
         entries (missing entries filled with the entry's mean), cluster covariances shrunk
-        toward the overall covariance. ``"random"``: means are ``K`` data rows drawn at
-        random, covariances the overall covariance."""
+        toward the overall covariance. ``"random"``: means are ``K`` k-means++ seeds (data rows
+        drawn with probability proportional to their squared distance from the rows drawn
+        before), covariances the overall covariance times a random factor in [1/4, 1]."""
         k, d = self.num_states, self.emission_dim
         rows = np.asarray(y, float).reshape(-1, d)
         obs = np.asarray(mask, bool).reshape(-1, d)
@@ -497,9 +498,10 @@ class GaussianHMM(HMMBase):
             order = np.argsort(centers[:, 0], kind="stable")
             means, covs = centers[order], covs[order]
         elif method == "random":
-            idx = rng.choice(filled.shape[0], size=k, replace=filled.shape[0] < k)
-            means = filled[idx]
-            covs = np.broadcast_to(global_cov, (k, d, d))
+            # k-means++ seeds (data rows spread over the data), the overall covariance
+            # shrunk by a random factor in [1/4, 1] (clusters are narrower than the data)
+            means, _ = kmeans(filled, k, seed=seed, num_iters=0)
+            covs = np.broadcast_to(global_cov, (k, d, d)) * rng.uniform(0.25, 1.0)
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         covs = 0.5 * (covs + np.swapaxes(covs, -1, -2)) + self.min_variance * np.eye(d)

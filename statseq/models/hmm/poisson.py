@@ -117,10 +117,22 @@ class PoissonHMM(HMMBase):
             rates = rates + 0.1 * np.arange(1, k + 1).reshape((k,) + (1,) * len(
                 self.event_shape))
         elif method == "random":
-            mean = np.array([flat[..., d][obs[..., d]].mean() for d in range(
-                self.event_shape[0])]) if self.event_shape else flat[obs].mean()
-            draws = np.asarray(jax.random.gamma(key, 2.0, (k,) + self.event_shape)) / 2.0
-            rates = (np.asarray(mean) + 0.1) * draws
+            # k-means++ seeds: k observed rows, each drawn with probability proportional to
+            # its squared distance from the rows already drawn (spread over the data), plus
+            # a small random offset so that equal counts still give distinct states
+            from statseq.models.hmm.gaussian import kmeans, seed_from_key
+
+            d = self.event_shape[0] if self.event_shape else 1
+            rows, obs_rows = flat.reshape(-1, d), obs.reshape(-1, d)
+            col_mean = np.array([rows[obs_rows[:, j], j].mean() if obs_rows[:, j].any()
+                                 else 1.0 for j in range(d)])
+            filled = np.where(obs_rows, rows, col_mean)[obs_rows.any(axis=1)]
+            if filled.shape[0] == 0:
+                raise ValueError("y has no observed values")
+            seed = seed_from_key(key)
+            seeds, _ = kmeans(filled, k, seed=seed, num_iters=0)
+            jitter = np.random.default_rng(seed + 1).uniform(0.05, 0.5, seeds.shape)
+            rates = (seeds + jitter).reshape((k,) + self.event_shape)
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         return PoissonEmissions(jnp.asarray(np.maximum(rates, 1e-3), float_dtype()))

@@ -151,11 +151,30 @@ class LinearGaussianSSM(GaussianSSMBase):
             tile(jnp.zeros((d,)), lead_h), tile(0.1 * jnp.eye(d), lead_h),
         )
 
-    def initialize(self, y, *, key, inputs=None, mask=None, method="data") -> LGSSMParams:
-        """Starting values: ``H`` from the leading principal directions of ``y`` (or random
-        with ``method="random"``), ``d`` the mean, ``R`` the residual variances, and a stable
-        diagonal ``F`` with distinct entries from 0.9 down to 0.5 (identical entries would
-        make states with equal dynamics indistinguishable, and a diffuse start improper)."""
+    def initialize(self, y: Any, *, key: jax.Array, inputs: Any = None, mask: Any = None,
+                   method: str = "data") -> LGSSMParams:
+        """Starting values for every block.
+
+        ``method="data"``: ``H`` from the leading principal directions of ``y``, ``d`` the
+        mean, ``R`` half the variances of ``y``, ``Q = 0.1 I`` and a stable diagonal ``F``
+        with distinct entries from 0.9 down to 0.5 (identical entries would make states
+        with equal dynamics indistinguishable, and a diffuse start improper).
+        ``method="random"`` (for `statseq.fit_restarts`): ``H`` standard normal, ``F``
+        diagonal with entries uniform in ``(0.3, 0.98)``, and the variances on a log scale:
+        ``Q = diag(0.1 * 10^u_i)``, ``R = diag(v_j * 10^w_j)`` with ``v_j`` the variance of
+        ``y_j`` (plus 1e-3) and ``u_i, w_j ~ Uniform(-3, 1)`` independent, so the
+        signal-to-noise ratios of random starts span several orders of magnitude.
+
+        Args:
+            y: ``batch_shape + (num_timesteps, dim)``.
+            key: a ``jax.random`` key.
+            inputs: covariates, when the model takes them (unused by the start).
+            mask: optional observation mask.
+            method: ``"data"`` or ``"random"``.
+
+        Returns:
+            `LGSSMParams`.
+        """
         if self._leading() != ((), ()):
             raise NotImplementedError("initialize the time-varying model's params yourself")
         data = prepare_data(self, y, mask, inputs)
@@ -177,13 +196,20 @@ class LinearGaussianSSM(GaussianSSMBase):
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         resid = np.var(centred, axis=0) * 0.5 + 1e-3
+        diag_f, q = np.linspace(0.9, 0.5, n), np.full(n, 0.1)
+        if method == "random":
+            k_f, k_q, k_r = jax.random.split(jax.random.fold_in(key, 1), 3)
+            diag_f = np.asarray(jax.random.uniform(k_f, (n,), minval=0.3, maxval=0.98))
+            q = 0.1 * 10.0 ** np.asarray(jax.random.uniform(k_q, (n,), minval=-3.0, maxval=1.0))
+            resid = (np.var(centred, axis=0) + 1e-3) * 10.0 ** np.asarray(
+                jax.random.uniform(k_r, (d,), minval=-3.0, maxval=1.0))
         p = self.default_params()
         dtype = float_dtype()
-        return p._replace(dynamics_weights=jnp.asarray(np.diag(np.linspace(0.9, 0.5, n)), dtype),
+        return p._replace(dynamics_weights=jnp.asarray(np.diag(diag_f), dtype),
                           emission_weights=jnp.asarray(h, dtype),
                           emission_bias=jnp.asarray(mean, dtype),
                           emission_cov=jnp.asarray(np.diag(resid), dtype),
-                          dynamics_cov=jnp.asarray(0.1 * np.eye(n), dtype))
+                          dynamics_cov=jnp.asarray(np.diag(q), dtype))
 
     def check_params(self, params) -> None:
         """Eager checks: a stationary initial law needs a stable ``F``; with a singular

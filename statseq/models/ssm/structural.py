@@ -594,13 +594,28 @@ class _StructuralBase(GaussianSSMBase):
         return self._join(jnp.asarray(1.0, dtype),
                           tuple(c.default_params(1.0, dtype) for c in self.components))
 
-    def initialize(self, y, *, key=None, inputs=None, mask=None, method="data"):
+    def initialize(self, y: Any, *, key: jax.Array | None = None, inputs: Any = None,
+                   mask: Any = None, method: str = "data") -> Any:
         """Starting values from the scale of the data.
 
         Every variance is ``v / k``, with ``v`` the variance of the observed first
         differences of ``y`` and ``k`` the number of variances; autoregressive coefficients
-        start at 0. ``method="random"`` multiplies each variance by an independent
-        log-normal factor (for `statseq.fit_restarts`; needs ``key``).
+        start at 0. ``method="random"`` (for `statseq.fit_restarts`; needs ``key``)
+        multiplies each variance by an independent factor ``10^u``, ``u ~ Uniform(-4, 1)``,
+        so random starts spread the variance ratios over five orders of magnitude (the
+        maximum likelihood estimate often sets some variance near 0, a boundary optimum
+        that a start near equal variances may miss), and draws autoregressive coefficients
+        uniformly in ``(-0.9 / p, 0.9 / p)`` (stationary for any order ``p``).
+
+        Args:
+            y: ``batch_shape + (num_timesteps,)``.
+            key: a ``jax.random`` key (needed for ``method="random"``).
+            inputs: unused (structural models take no covariates).
+            mask: optional observation mask.
+            method: ``"data"`` or ``"random"``.
+
+        Returns:
+            The model's params.
         """
         data = prepare_data(self, y, mask, inputs)
         yy = np.where(np.asarray(data.mask), np.asarray(data.y, float), np.nan)
@@ -622,13 +637,23 @@ class _StructuralBase(GaussianSSMBase):
         elif method == "random":
             if key is None:
                 raise ValueError("method='random' needs a key")
-            factors = iter(np.exp(np.asarray(jax.random.normal(key, (num_vars,)))))
+            k_var, k_coef = jax.random.split(key)
+            factors = iter(10.0 ** np.asarray(
+                jax.random.uniform(k_var, (num_vars,), minval=-4.0, maxval=1.0)))
+            coef_keys = iter(jax.random.split(k_coef, max(len(jax.tree.leaves(
+                cons, is_leaf=is_con)), 1)))
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
 
         def leaf(con, value):
             if con is not constraints.positive:
-                return value
+                if factors is None or value is None or np.size(value) == 0:
+                    return value
+                # sum |phi_j| < 0.9: a stationary autoregression of any order
+                bound = 0.9 / max(np.size(value), 1)
+                draw = jax.random.uniform(next(coef_keys), np.shape(value), minval=-bound,
+                                          maxval=bound)
+                return jnp.asarray(draw, dtype)
             f = 1.0 if factors is None else float(next(factors))
             return jnp.asarray(scale * f, dtype)
 
