@@ -283,12 +283,35 @@ class MarkovSwitchingAR(SequenceModel):
             jnp.ones((k,) if self.switching_variance else (), dtype),
         )
 
-    def initialize(self, y, *, key=None, inputs=None, mask=None) -> MSARParams:
-        """A start for `statseq.fit_lbfgs`: the least-squares AR(p) fit (``phi``,
-        ``sigma^2``), regime means (intercepts) at the mean ``+- 0.5`` standard deviations
-        of ``y`` in ascending order, sticky transitions (0.9). ``key`` is unused (the
-        start is deterministic)."""
-        del key
+    #: transition-matrix families `statseq.fit_restarts` cycles through (as for HMMs)
+    transition_starts = ("uniform", "anti_persistent", "dirichlet", "sticky")
+
+    def initialize(self, y, *, key=None, inputs=None, mask=None, method="data",
+                   transitions=None) -> MSARParams:
+        """A start for `statseq.fit_em` / `statseq.fit_lbfgs` / `statseq.fit_restarts`.
+
+        ``method="data"`` (deterministic, ``key`` unused): the least-squares AR(p) fit
+        (``phi``, ``sigma^2``), regime means (intercepts) at the mean ``+- 0.5`` standard
+        deviations of ``y`` in ascending order, sticky transitions (0.9).
+        ``method="random"`` (needs ``key``): the same AR fit, regime means drawn uniformly
+        in ``mean +- 1`` standard deviation (sorted), variances times ``10^U(-1/2, 1/2)``,
+        and a transition matrix from the family ``transitions`` (``"sticky"``,
+        ``"uniform"``, ``"dirichlet"`` or ``"anti_persistent"``, as for
+        `statseq.models.hmm.base.random_transition_matrix`; default ``"dirichlet"``).
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> y = ss.datasets.load_us_gnp_growth().to_numpy()
+            >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=4)
+            >>> p = model.initialize(y, key=jax.random.key(0), method="random",
+            ...                      transitions="anti_persistent")
+            >>> bool(p.transitions[0, 0] < 0.5 or p.transitions[1, 1] < 0.5)
+            True
+        """
+        if method not in ("data", "random"):
+            raise ValueError(f"method must be 'data' or 'random', got {method!r}")
+        if method == "random" and key is None:
+            raise ValueError("initialize(method='random') needs a key")
         data = prepare_data(self, y, mask, inputs)  # (runs validate_data)
         p, k, dtype = self.order, self.num_regimes, float_dtype()
         rows, targets = [], []
@@ -313,6 +336,17 @@ class MarkovSwitchingAR(SequenceModel):
             mean_vals = mean_vals * (1.0 - phi.sum())
         base = self.default_params()
         var = max(float(np.mean(resid**2)), 1e-8)
+        if method == "random":
+            from statseq.models.hmm.base import random_transition_matrix
+            from statseq.models.hmm.gaussian import seed_from_key
+
+            rng = np.random.default_rng(seed_from_key(key))
+            mean_vals = np.sort(center + sd * rng.uniform(-1.0, 1.0, k))
+            if self.form == "intercept":
+                mean_vals = mean_vals * (1.0 - phi.sum())
+            var = var * 10.0 ** rng.uniform(-0.5, 0.5)
+            base = base._replace(transitions=jnp.asarray(
+                random_transition_matrix(k, transitions or "dirichlet", rng), dtype))
         return base._replace(
             means=jnp.asarray(mean_vals if self.switching_mean else mean_vals.mean(), dtype),
             ar_coeffs=jnp.asarray(np.broadcast_to(phi, (k, p)) if self.switching_ar else phi,
