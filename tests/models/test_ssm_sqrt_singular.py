@@ -48,7 +48,7 @@ def test_square_root_smoother_matches_dense_conditioning(ar2_exact, parallel):
 
 
 def test_the_gain_solves_its_equation_and_stays_finite_under_vmap(ar2_exact):
-    """``J P_{t+1|t} = P_{t|t} F^T`` at every step, for the pseudo-inverse gain."""
+    """``J P_{t+1|t} = P_{t|t} F^T`` at every step, for the generalized-inverse gain."""
     _, p, y = ar2_exact
     arrays = kalman.GaussianSSMArrays(
         p.initial_mean, p.initial_cov, p.dynamics_weights, jnp.zeros((2, 0)), jnp.zeros(2),
