@@ -62,8 +62,9 @@ def test_the_gain_solves_its_equation_and_stays_finite_under_vmap(ar2_exact):
         assert np.all(np.isfinite(np.asarray(res.smoothed_covs)))
     filt = kalman_sqrt.sqrt_kalman_filter_factors(arrays, ys[0], args[0][0], args[1][0])
     f = np.asarray(p.dynamics_weights)
+    gain_fn = jax.jit(kalman_sqrt.smoother_gain)  # compiled once for all steps
     for t in range(len(y) - 1):
         l_f, l_p = filt.filtered_chols[t], filt.predicted_chols[t + 1]
-        gain = np.asarray(kalman_sqrt.smoother_gain(l_f, f @ l_f, l_p))
+        gain = np.asarray(gain_fn(l_f, f @ l_f, l_p))
         p_f, p_p = np.asarray(l_f @ l_f.T), np.asarray(l_p @ l_p.T)
         np.testing.assert_allclose(gain @ p_p, p_f @ f.T, rtol=0, atol=1e-12)
