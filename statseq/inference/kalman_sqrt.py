@@ -343,6 +343,80 @@ class SqrtKalmanSmootherResult(NamedTuple):
     smoothed_cross_covs: Any
 
 
+def smoother_gain(filt_chol, fl, pred_chol, regular=None):
+    """The smoother gain ``J = P_{t|t} F^T P_{t+1|t}^+`` from factors.
+
+    With ``L_f = filt_chol``, ``fl = F L_f`` and ``L_p = pred_chol`` (``L_p L_p^T =
+    F L_f L_f^T F^T + Q``), ``J = L_f W^T L_p^{-1}`` with ``W = L_p^{-1} F L_f`` (two
+    triangular solves) when ``L_p`` is nonsingular. When it is singular (a diagonal entry
+    ``<= 10 n eps max|L_p|``: e.g. an AR(2) in companion form, ``Q = diag(q, 0)``,
+    observed without noise) ``P_{t+1|t}`` is refactored by `psd_cholesky` (rows below
+    ``(10 n eps)^2`` of the largest variance zeroed), which gives zero columns ``Z`` of
+    ``C``, and ``G`` inverts ``C`` on the other columns (zero rows and columns at ``Z``):
+    ``J = L_f (G F L_f)^T G``. The columns of ``F P_{t|t}`` lie in the range of
+    ``P_{t+1|t}``, so this ``J`` solves ``J P_{t+1|t} = P_{t|t} F^T`` exactly and the RTS
+    recursion keeps its exact (dense Gaussian conditioning) answer; the inverse of a
+    singular factor gave NaN. Only array operations (no LAPACK call) on that branch, so it
+    may be batched (`kalman_sqrt_parallel`).
+
+    Args:
+        filt_chol: ``(n, n)`` factor ``L_{t|t}``.
+        fl: ``(n, n)`` product ``F_t L_{t|t}``.
+        pred_chol: ``(n, n)`` lower-triangular factor ``L_{t+1|t}``.
+        regular: optional ``(L_f, F L_f, L_p) -> J`` for a nonsingular ``L_p`` (default:
+            two triangular solves).
+
+    Returns:
+        ``(n, n)`` gain ``J_t``.
+    """
+    n = pred_chol.shape[-1]
+    rtol = 10.0 * n * jnp.finfo(pred_chol.dtype).eps
+    scale = jnp.max(jnp.abs(pred_chol))
+    singular = jnp.min(jnp.abs(jnp.diagonal(pred_chol))) <= rtol * scale
+    if regular is None:
+        regular = _regular_gain
+
+    def nonsingular(operands):
+        l_f, f_l, l_p = operands
+        # an identity stands in for a singular factor so that neither branch makes NaN
+        # (under vmap both branches run)
+        return regular(l_f, f_l, jnp.where(singular, jnp.eye(n, dtype=l_p.dtype), l_p))
+
+    def pseudo(operands):
+        l_f, f_l, l_p = operands
+        cov = l_p @ l_p.T
+        var = jnp.diagonal(cov)
+        keep = var > rtol**2 * jnp.max(var)
+        chol = psd_cholesky(jnp.where(keep[:, None] & keep[None, :], cov, 0.0))
+        inv = _skip_inverse_lower(chol)
+        return l_f @ (inv @ f_l).T @ inv
+
+    return jax.lax.cond(singular, pseudo, nonsingular, (filt_chol, fl, pred_chol))
+
+
+def _regular_gain(l_f, f_l, l_p):
+    w = jsl.solve_triangular(l_p, f_l, lower=True)
+    return jsl.solve_triangular(l_p, w @ l_f.T, lower=True, trans=1).T
+
+
+def _skip_inverse_lower(chol):
+    """``G`` with ``G_SS = C_SS^{-1}`` and zero rows and columns at the zero pivots of the
+    lower-triangular ``C`` (forward substitution that sets the unknown of a zero pivot to 0;
+    array operations only)."""
+    n = chol.shape[-1]
+    eye = jnp.eye(n, dtype=chol.dtype)
+
+    def row(i, x):
+        e = eye[i]
+        l_row = e @ chol
+        r = e - l_row @ x  # rows >= i of x are still zero
+        piv = l_row @ e
+        ok = piv > 0
+        return x + e[:, None] * jnp.where(ok, r / jnp.where(ok, piv, 1.0), 0.0)[None, :]
+
+    return jax.lax.fori_loop(0, n, row, jnp.zeros_like(chol))
+
+
 def sqrt_smoother_step(arrays_t: GaussianSSMArrays, filt_mean, filt_chol, pred_mean_next,
                        pred_chol_next, sm_mean_next, sm_chol_next):
     """One backward step of the square-root Rauch-Tung-Striebel smoother.
@@ -366,8 +440,7 @@ def sqrt_smoother_step(arrays_t: GaussianSSMArrays, filt_mean, filt_chol, pred_m
     """
     f = arrays_t.dynamics_weights
     fl = f @ filt_chol
-    w = jsl.solve_triangular(pred_chol_next, fl, lower=True)
-    gain = jsl.solve_triangular(pred_chol_next, w @ filt_chol.T, lower=True, trans=1).T
+    gain = smoother_gain(filt_chol, fl, pred_chol_next)
     mean = filt_mean + gain @ (sm_mean_next - pred_mean_next)
     chol = _tria(jnp.concatenate([(filt_chol - gain @ fl).T, (gain @ arrays_t.dynamics_cov).T,
                                   (gain @ sm_chol_next).T]))
@@ -388,9 +461,9 @@ def sqrt_kalman_smoother_factors(
     smoother's variances are wrong by a factor of 10; these keep ``1e-14``, tested against
     exact rational arithmetic).
 
-    The gain ``J_t`` inverts the predicted factor ``L_{t+1|t}``, so the predicted
-    covariances must be nonsingular (a nonsingular ``Q_t`` suffices); for structural models
-    with singular ``Q`` use `statseq.inference.kalman.kalman_smoother`.
+    The gain ``J_t`` inverts the predicted factor ``L_{t+1|t}``; where that is singular
+    (e.g. a singular ``Q_t`` with exactly observed states) it uses a generalized inverse
+    instead, which keeps the recursion exact (see `smoother_gain`).
 
     Args:
         arrays: the model's matrices (``initial_diffuse`` with ``q = 0`` columns).

@@ -43,8 +43,8 @@ with Gaussian noise, ``x_t = E_t x_{t+1} + g_t + D_t e``, with ``E_t = J_t`` the
 form, as in `kalman_sqrt.sqrt_smoother_step`); the last element is ``(0, m_{T-1|T-1},
 U_{T-1})``. The maps compose as ``(E_i E_j, E_i g_j + g_i, Tria([E_i D_j, D_i]))`` by a
 suffix scan, whose results are the smoothed means and factors. The gain inverts the
-predicted factor, so the predicted covariances must be nonsingular (a nonsingular ``Q``
-suffices).
+predicted factor, or where it is singular a generalized inverse that keeps the
+recursion exact (see `statseq.inference.kalman_sqrt.smoother_gain`).
 
 The functions are not jitted themselves: wrap them, or the code that calls them, in
 ``jax.jit``.
@@ -78,6 +78,7 @@ from statseq.inference.kalman_sqrt import (
     SqrtKalmanFilterResult,
     SqrtKalmanSmootherResult,
     psd_cholesky,
+    smoother_gain,
     square_root_arrays,
 )
 
@@ -320,8 +321,7 @@ def _smoother_elements(roots, filt: SqrtKalmanFilterResult):
     def one(t, m_f, l_f, m_p, l_p):
         arr = arrays_at(roots, t)
         fl = arr.dynamics_weights @ l_f
-        inv_p = _solve_lower(l_p, jnp.eye(n, dtype=l_p.dtype))
-        gain = l_f @ _mT(inv_p @ fl) @ inv_p  # P_{t|t} F^T P_{t+1|t}^{-1}
+        gain = smoother_gain(l_f, fl, l_p, _inverse_gain)  # P_{t|t} F^T P_{t+1|t}^+
         chol = _tria(jnp.concatenate([l_f - gain @ fl, gain @ arr.dynamics_cov], axis=1))
         return gain, m_f - gain @ m_p, chol
 
@@ -332,6 +332,12 @@ def _smoother_elements(roots, filt: SqrtKalmanFilterResult):
             filt.filtered_chols[-1:])
     return tuple(jnp.concatenate([a, b]) for a, b in zip((gain, offset, chol), last,
                                                           strict=True))
+
+
+def _inverse_gain(l_f, fl, l_p):
+    """``P_{t|t} F^T P_{t+1|t}^{-1}`` by `_solve_lower` (no batched LAPACK call)."""
+    inv_p = _solve_lower(l_p, jnp.eye(l_p.shape[-1], dtype=l_p.dtype))
+    return l_f @ _mT(inv_p @ fl) @ inv_p
 
 
 def _smoother_combine(later, earlier):
@@ -351,7 +357,8 @@ def parallel_sqrt_kalman_smoother_factors(
 
     `parallel_sqrt_kalman_filter_factors`, then a suffix scan over the smoother elements
     of the module docstring; the lag-one covariances are ``Cov[x_{t+1}, x_t | y] =
-    P_{t+1|T} J_t^T``. The predicted covariances must be nonsingular.
+    P_{t+1|T} J_t^T``. Singular predicted covariances are handled as in
+    `statseq.inference.kalman_sqrt.smoother_gain`.
 
     Args:
         arrays: the model's matrices (``initial_diffuse`` with ``q = 0`` columns).

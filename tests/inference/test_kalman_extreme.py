@@ -196,10 +196,31 @@ FILTERS = {
     "sqrt": jax.jit(kalman_sqrt.sqrt_kalman_filter),
     "sqrt_parallel": jax.jit(kalman_sqrt_parallel.parallel_sqrt_kalman_filter),
 }
-SMOOTHERS = {
-    "sqrt": jax.jit(kalman_sqrt.sqrt_kalman_smoother),
-    "sqrt_parallel": jax.jit(kalman_sqrt_parallel.parallel_sqrt_kalman_smoother),
+# the smoothers are compiled once, as the factor forms (which
+# test_factors_are_lower_triangular_with_nonnegative_diagonal inspects with the same compiled
+# programs); the covariances are ``L L^T`` of the factors, as in the library's wrappers
+SMOOTHER_FACTORS = {
+    "sqrt": jax.jit(kalman_sqrt.sqrt_kalman_smoother_factors),
+    "sqrt_parallel": jax.jit(kalman_sqrt_parallel.parallel_sqrt_kalman_smoother_factors),
 }
+
+
+def _moments(factor_fn):
+    def smoother(*args):
+        res = factor_fn(*args)
+
+        def gram(chol):
+            chol = np.asarray(chol)
+            return chol @ np.swapaxes(chol, -1, -2)
+
+        return kalman.KalmanSmootherResult(
+            res.marginal_log_lik, res.filtered_means, gram(res.filtered_chols),
+            res.smoothed_means, gram(res.smoothed_chols), res.smoothed_cross_covs)
+
+    return smoother
+
+
+SMOOTHERS = {name: _moments(fn) for name, fn in SMOOTHER_FACTORS.items()}
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -284,9 +305,8 @@ def test_parallel_sqrt_equals_sequential_on_a_time_varying_model_with_inputs():
 
 def test_factors_are_lower_triangular_with_nonnegative_diagonal():
     args, _ = _case(2, 1.0, 1e-8)
-    for fn in (kalman_sqrt.sqrt_kalman_smoother_factors,
-               kalman_sqrt_parallel.parallel_sqrt_kalman_smoother_factors):
-        res = jax.jit(fn)(*args)
+    for fn in SMOOTHER_FACTORS.values():
+        res = fn(*args)
         for chols in (res.filtered_chols, res.smoothed_chols):
             chols = np.asarray(chols)
             assert np.all(np.triu(chols, 1) == 0.0)
