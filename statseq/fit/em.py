@@ -231,7 +231,13 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             `LinearGaussianSSM`), boolean arrays of the leaf's shape: ``False`` entries keep
             their value (a constrained M-step; see `statseq.core.restrict` for covariances).
         progress: show a progress bar.
-        ties: not supported by EM (a ``ValueError`` unless ``None``); use `fit_lbfgs`.
+        ties: ``None`` or integer labels like ``params`` (`statseq.core.restrict`; equal
+            labels ``>= 0`` share one value), for models with ``expected_log_joint``
+            (`LinearGaussianSSM`); others raise a ``ValueError``. Tied entries start at
+            their common value; each iteration runs the closed-form M-step with them held,
+            then `generalized_m_step` (accepted gradient steps) on the expected
+            complete-data log-likelihood over the restricted free vector: an ECM
+            iteration, still monotone.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters
