@@ -110,6 +110,34 @@ class Restriction:
                 out.append(jnp.where(both, chol @ chol.T, value).astype(value.dtype))
         return jax.tree.unflatten(self.treedef, out)
 
+    def contract(self, model, params):
+        """The free vector ``z`` of ``params`` (traceable; the inverse of `expand` for
+        params that satisfy the restriction: fixed entries as given, tied entries equal).
+        Fixed coordinates are read from ``z0``."""
+        z = self.z0
+        size = z.shape[0]
+        cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
+        leaves = self.treedef.flatten_up_to(params)
+        for kind, arrs, con, value in zip(self.kinds, self.arrays, cons, leaves, strict=True):
+            value = jnp.asarray(value)
+            if kind[0] == "leaf":
+                _, start, width, _ = kind
+                if width:
+                    u = jnp.ravel(biject_to(con).inv(value)).astype(z.dtype)
+                    z = z.at[start:start + width].set(u)
+            elif kind[0] == "entry":
+                idx = arrs[1]
+                u = biject_to(con).inv(value).astype(z.dtype)
+                z = z.at[jnp.where(idx >= 0, idx, size)].set(u, mode="drop")
+            else:  # "cov": the Cholesky factor of the free block (the fixed rows set to I)
+                idx, free_diag = arrs[1], arrs[2]
+                both = free_diag[:, None] & free_diag[None, :]
+                chol = jnp.linalg.cholesky(jnp.where(both, value, jnp.eye(value.shape[0])))
+                raw = jnp.where(jnp.eye(value.shape[0], dtype=bool), jnp.log(chol), chol)
+                z = z.at[jnp.where(idx >= 0, idx, size)].set(raw.astype(z.dtype),
+                                                             mode="drop")
+        return jnp.where(self.keep, z, self.z0)
+
     def free_mask(self):
         """Per leaf: a boolean array of the leaf's shape, ``True`` where the entry moves."""
         masks = []

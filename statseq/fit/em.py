@@ -79,25 +79,52 @@ def generalized_m_step(objective, start, *, num_steps: int = 30, step_size: floa
     return x
 
 
+def _has_ties(ties) -> bool:
+    return ties is not None and any(
+        t is not None and np.any(np.asarray(t) >= 0)
+        for t in jax.tree.leaves(ties, is_leaf=lambda x: x is None))
+
+
 def _em_masks(model, params, trainable, ties):
-    """The trainable pytree for EM: one bool per leaf, or boolean arrays where the model's
-    M-step maximizes over the free entries (checked like `statseq.core.restrict`)."""
-    if ties is not None and any(t is not None and np.any(np.asarray(t) >= 0)
-                                for t in jax.tree.leaves(ties, is_leaf=lambda x: x is None)):
-        raise ValueError("fit_em does not support ties (tied entries have no closed-form "
-                         "M-step here); fit with fit_lbfgs or fit_sgd")
+    """``(m_step_mask, free_mask, restriction)`` for EM.
+
+    ``m_step_mask`` is the trainable pytree of the closed-form M-step: one bool per leaf, or
+    boolean arrays where the model's M-step maximizes over the free entries (checked like
+    `statseq.core.restrict`); tied entries are fixed there. ``free_mask`` also marks the
+    tied entries free. ``restriction`` is the `Restriction` of the generalized M-step over
+    the tied entries, or ``None`` without ties."""
+    if _has_ties(ties):
+        if not (hasattr(model, "expected_log_joint")
+                and getattr(model, "m_step_entry_masks", False)):
+            raise ValueError(
+                f"fit_em supports ties only for models with an expected_log_joint and "
+                f"per-entry M-step masks (e.g. LinearGaussianSSM); {type(model).__name__} "
+                "has none: fit it with fit_lbfgs or fit_sgd")
+        restriction, _ = restrict(model, params, trainable, ties)  # validates
+        leaves, tree = jax.tree.flatten(params)
+        labels = tree.flatten_up_to(ties)
+        free, m_step = [], []
+        for m, lab in zip(restriction.free_mask(), labels, strict=True):
+            tied = np.zeros(m.shape, bool) if lab is None else np.asarray(lab) >= 0
+            free.append(bool(m.all()) if (m.all() or not m.any()) else np.asarray(m))
+            e = m & ~tied
+            m_step.append(bool(e.all()) if (e.all() or not e.any()) else e)
+        return (jax.tree.unflatten(tree, m_step), jax.tree.unflatten(tree, free),
+                restriction)
     if trainable is None or all(isinstance(t, bool | np.bool_)
                                 for t in jax.tree.leaves(trainable)):
-        return trainable_mask(params, trainable)
+        mask = trainable_mask(params, trainable)
+        return mask, mask, None
     if not getattr(model, "m_step_entry_masks", False):
         raise ValueError(
             f"fit_em: {type(model).__name__}'s M-step does not support per-entry trainable "
             "masks (boolean arrays); use True/False per field, or fit_lbfgs / fit_sgd")
     restriction, _ = restrict(model, params, trainable)  # validates the masks
     leaves, tree = jax.tree.flatten(params)
-    return jax.tree.unflatten(tree, [
+    mask = jax.tree.unflatten(tree, [
         bool(m.all()) if (m.all() or not m.any()) else np.asarray(m)
         for m in restriction.free_mask()] if len(leaves) else [])
+    return mask, mask, None
 
 
 class _FreeMasks:
@@ -126,7 +153,7 @@ def _rounding_tolerance(dtype) -> float:
 
 
 @partial(jax.jit, static_argnames=("model", "num_iters", "progress_every"))
-def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
+def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inputs, tol, *,
                      num_iters, progress_every):
     dtype = float_dtype()
     noise = _rounding_tolerance(dtype)
@@ -140,6 +167,12 @@ def _fit_em_compiled(model, params, trainable, priors, y, mask, inputs, tol, *,
         else:
             new = model.m_step(params, stats, priors, inputs)
         new = jax.tree.map(lambda n, o, t: jnp.where(t, n, o), new, params, trainable)
+        if restriction is not None:
+            # ECM: the closed-form step held the tied entries fixed; accepted gradient
+            # steps on the restricted free vector then raise the expected log joint further
+            new = restriction.expand(model, generalized_m_step(
+                lambda z: model.expected_log_joint(restriction.expand(model, z), stats),
+                restriction.contract(model, new)))
         last = trace[jnp.maximum(i - 1, 0)]
         scale = jnp.maximum(1.0, jnp.abs(value))
         converged = (i > 0) & (jnp.abs(value - last) <= tol * scale)
@@ -198,7 +231,13 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             `LinearGaussianSSM`), boolean arrays of the leaf's shape: ``False`` entries keep
             their value (a constrained M-step; see `statseq.core.restrict` for covariances).
         progress: show a progress bar.
-        ties: not supported by EM (a ``ValueError`` unless ``None``); use `fit_lbfgs`.
+        ties: ``None`` or integer labels like ``params`` (`statseq.core.restrict`; equal
+            labels ``>= 0`` share one value), for models with ``expected_log_joint``
+            (`LinearGaussianSSM`); others raise a ``ValueError``. Tied entries start at
+            their common value; each iteration runs the closed-form M-step with them held,
+            then `generalized_m_step` (accepted gradient steps) on the expected
+            complete-data log-likelihood over the restricted free vector: an ECM
+            iteration, still monotone.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters
@@ -236,14 +275,17 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         raise ValueError(f"tol must be non-negative, got {tol}")
     data = prepare_data(model, y, mask, inputs)
     require_observed(data, "fit_em")
-    mask_tree = _em_masks(model, params, trainable, ties)
+    m_step_tree, mask_tree, restriction = _em_masks(model, params, trainable, ties)
+    if restriction is not None:  # tied entries start at their common value (as in fit_lbfgs)
+        params = restriction.expand(model, restriction.z0)
     progress_every = _progress.update_every(num_iters) if progress else 0
     # one program per data shape; EM's statistics would see padded steps, so instead of
     # length buckets a loop over many lengths keeps only the latest programs
     bound_cache(_fit_em_compiled)
     with _progress.progress_bar(num_iters, f"fit_em {type(model).__name__}", progress):
         out = _fit_em_compiled(
-            model, params, jax.tree.map(jnp.asarray, mask_tree), priors, data.y, data.mask,
+            model, params, jax.tree.map(jnp.asarray, m_step_tree), restriction, priors,
+            data.y, data.mask,
             data.inputs, jnp.asarray(float(tol), float_dtype()),
             num_iters=num_iters, progress_every=progress_every,
         )

@@ -292,6 +292,36 @@ class LinearGaussianSSM(GaussianSSMBase):
     #: `fit_em` may pass boolean arrays (per-entry trainable masks) to `m_step`
     m_step_entry_masks: ClassVar[bool] = True
 
+    def expected_log_joint(self, params, stats):
+        """The expected complete-data log-likelihood ``E[log p(x, y | params)]`` under the
+        posterior that produced ``stats`` (`e_step`), up to an additive constant:
+
+            -1/2 [n_dyn log|Q| + tr(Q^{-1} (S_xx - A S_xz^T - S_xz A^T + A S_zz A^T))]
+
+        with ``A = [F B b]``, the same with ``[H D d]``, ``R`` for the emissions and, for
+        ``initial="free"``, ``-1/2 sum_s [log|P| + tr(P^{-1}(V_0 + (x_0 - m)(x_0 - m)^T))]``.
+        Rows of a covariance with zero variance (deterministic, e.g. a companion row) are
+        left out. `fit_em` maximizes it over tied entries (a generalized M-step); the
+        closed-form `m_step` is its maximizer.
+        """
+        def regression(xx, xz, zz, count, blocks, cov):
+            a = jnp.concatenate([blk if blk.ndim == 2 else blk[:, None] for blk in blocks],
+                                axis=1).astype(zz.dtype)
+            s = xx - a @ xz.T - xz @ a.T + a @ zz @ a.T
+            return _gaussian_term(s, count, cov)
+
+        out = regression(stats["xx"], stats["xz"], stats["zz"], stats["n_dyn"],
+                         (params.dynamics_weights, params.dynamics_input_weights,
+                          params.dynamics_bias), params.dynamics_cov)
+        out = out + regression(stats["yy"], stats["yw"], stats["ww"], stats["n_emit"],
+                               (params.emission_weights, params.emission_input_weights,
+                                params.emission_bias), params.emission_cov)
+        if self.initial == "free":
+            dev = stats["x0"] - params.initial_mean
+            s = jnp.sum(stats["v0"] + dev[:, :, None] * dev[:, None, :], axis=0)
+            out = out + _gaussian_term(s, dev.shape[0], params.initial_cov)
+        return out
+
     def m_step(self, params, stats, priors, inputs, trainable=None):
         """Closed-form updates: least squares for ``(F, B, b)`` and ``(H, D, d)`` given
         frozen blocks, then ``Q`` and ``R`` from the expected residual moments, ``m`` and
@@ -339,6 +369,16 @@ class LinearGaussianSSM(GaussianSSMBase):
             p0 = jnp.where(jnp.asarray(tr.initial_cov, bool), p0, p_old)
             new = new._replace(initial_mean=m0, initial_cov=p0)
         return new
+
+
+def _gaussian_term(s, count, cov):
+    """``-1/2 [count log|C| + tr(C^{-1} s)]`` over the rows of ``C`` with positive variance
+    (a zero variance has a zero row and column in a covariance: those rows are left out)."""
+    zero = jnp.diagonal(cov) <= 0
+    keep = (~zero).astype(cov.dtype)
+    reg = cov + jnp.diag(zero.astype(cov.dtype))
+    inv = jnp.linalg.inv(reg) * (keep[:, None] * keep[None, :])
+    return -0.5 * (count * jnp.linalg.slogdet(reg)[1] + jnp.sum(inv * s))
 
 
 def _singular(a, rtol=1e-10) -> bool:
