@@ -236,17 +236,23 @@ def _interval(est, se, lo, hi, z=_Z_975):
         return est - z * se, est + z * se, "wald"
     if not (lo < est < hi) or not np.isfinite(se):
         return math.nan, math.nan, "log" if math.isinf(hi) else "logit"
+    def exp(v):  # exp without OverflowError: a huge se_g gives an interval reaching inf
+        return math.exp(min(v, 709.0)) if v < 709.0 else math.inf
+
     if math.isinf(hi):
         se_g = se / (est - lo)
-        return lo + (est - lo) * math.exp(-z * se_g), lo + (est - lo) * math.exp(z * se_g), "log"
+        return lo + (est - lo) * exp(-z * se_g), lo + (est - lo) * exp(z * se_g), "log"
     if math.isinf(lo):
         se_g = se / (hi - est)
-        return hi - (hi - est) * math.exp(z * se_g), hi - (hi - est) * math.exp(-z * se_g), "log"
+        return hi - (hi - est) * exp(z * se_g), hi - (hi - est) * exp(-z * se_g), "log"
     g = math.log((est - lo) / (hi - est))
     se_g = se * (hi - lo) / ((est - lo) * (hi - est))
 
-    def back(v):
-        return lo + (hi - lo) / (1.0 + math.exp(-v))
+    def back(v):  # the logistic map, stable for any v (an interval reaching lo or hi)
+        if v >= 0:
+            return lo + (hi - lo) / (1.0 + math.exp(-v))
+        e = exp(v)
+        return lo + (hi - lo) * e / (1.0 + e)
 
     return back(g - z * se_g), back(g + z * se_g), "logit"
 

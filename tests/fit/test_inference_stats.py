@@ -330,3 +330,20 @@ def test_poisson_hmm_probabilities_get_logit_intervals_and_rates_log_intervals()
     np.testing.assert_allclose(table.ci_upper[probs], 1 / (1 + np.exp(-(g + 1.959964 * se_g))),
                                rtol=1e-6)
     assert "logit" in str(table)
+
+
+def test_intervals_with_huge_standard_errors_reach_the_bounds_without_overflow():
+    """A probability near 0 with a huge standard error (an HMM transition near the
+    boundary) has a logit-scale interval spanning (0, 1); a positive parameter's log-scale
+    interval reaches infinity. Neither may raise OverflowError (seen in vignette 02)."""
+    from statseq.fit.inference_stats import _interval
+
+    lo, hi, scale = _interval(1e-4, 50.0, 0.0, 1.0)
+    assert scale == "logit" and lo == pytest.approx(0.0, abs=1e-300) and hi == pytest.approx(1.0)
+    lo, hi, scale = _interval(2.0, 1e6, 0.0, float("inf"))
+    assert scale == "log" and hi == float("inf") and 0.0 <= lo < 1e-100
+    # a moderate case still equals the logit-scale delta method computed by hand
+    g, se_g = np.log(0.3 / 0.7), 0.05 / (0.3 * 0.7)
+    expect = 1 / (1 + np.exp(-(g - 1.959963984540054 * se_g))), 1 / (
+        1 + np.exp(-(g + 1.959963984540054 * se_g)))
+    np.testing.assert_allclose(_interval(0.3, 0.05, 0.0, 1.0)[:2], expect, rtol=1e-12)
