@@ -58,8 +58,16 @@ def _one_program_per_length():
     long pytest process whether a test ran padded would depend on the tests before it.
     tests/core/test_buckets.py turns buckets on explicitly and checks that padded results
     equal these unpadded ones for every model family.
+
+    Likewise the fits' bounded program caches (`statseq.core.buckets.bound_cache` drops a
+    fitting loop's programs once it holds more than ``MAX_PROGRAMS_PER_FUNCTION``) are
+    unbounded here: the suite fits dozens of models in one process, and the contract test
+    that a repeated fit reuses its program would otherwise depend on how many fits ran
+    before it. test_buckets.py sets small bounds itself and checks them.
     """
     import statseq as ss
+    from statseq.core import buckets
 
     ss.set_length_buckets("never")
+    buckets.MAX_PROGRAMS_PER_FUNCTION = 10**9
     yield

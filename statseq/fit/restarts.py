@@ -21,7 +21,11 @@ class RestartsResult(NamedTuple):
         final_log_joints: ``(num_restarts,)`` final log joint of every start (so the spread
             of local optima is visible); NaN for a start whose fit ended outside the
             parameter constraints (a degenerate fit, e.g. a variance that reached exactly 0,
-            whose log joint is not that of a valid model), which is never chosen.
+            whose log joint is not that of a valid model) or whose objective trace
+            decreased beyond rounding (the objective was numerically unreliable along the
+            path, e.g. an observation variance collapsing towards 0 relative to the state
+            noise, where the diffuse likelihood loses its precision); such a start is never
+            chosen.
         best_index: which start won (0 is the data-driven start).
     """
 
@@ -115,7 +119,8 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int = 10,
                               key=init_keys[-1], **fit_kwargs)
         fits.append(fit)
         caught.append(record)
-        degenerate.append(degenerate_fit_warning(model, fit.params, method) is not None)
+        degenerate.append(degenerate_fit_warning(model, fit.params, method) is not None
+                          or _trace_decreased(fit))
     finals = np.array([np.nan if bad else f.final_log_joint
                        for f, bad in zip(fits, degenerate, strict=True)])
     best = int(np.argmax(np.where(np.isfinite(finals), finals, -np.inf)))
@@ -123,3 +128,18 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int = 10,
     for w in caught[best]:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return RestartsResult(best=fits[best], final_log_joints=finals, best_index=best)
+
+
+def _trace_decreased(fit: FitResult) -> bool:
+    """Whether a fit's finite log-joint trace ever decreased beyond rounding (``1e-10``
+    relative in float64, ``1e-5`` in float32): EM and L-BFGS never decrease it in exact
+    arithmetic, so such a fit's final value is not trustworthy. Stochastic fits (SGD),
+    whose minibatch trace is noisy by design, are not judged by it."""
+    if fit.method not in ("em", "lbfgs"):
+        return False
+    trace = np.asarray(fit.log_joint, np.float64)
+    trace = trace[np.isfinite(trace)]
+    if trace.size < 2:
+        return False
+    noise = 1e-5 if np.asarray(fit.log_joint).dtype == np.float32 else 1e-10
+    return bool(np.any(np.diff(trace) < -noise * np.maximum(1.0, np.abs(trace[1:]))))

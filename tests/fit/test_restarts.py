@@ -284,9 +284,10 @@ def test_small_benchmark_success_criterion():
 # ---- 3. the L-BFGS route for structural models -------------------------------------------
 def test_lbfgs_restarts_reach_statsmodels_optimum_and_skip_degenerate_fits():
     """Trend + 6-harmonic seasonal on the raw air passengers: statsmodels' exact-diffuse
-    MLE (tight BFGS) as the reference. One random start there drives ``slope_var`` to
-    exactly 0, a degenerate fit whose reported log joint (+16) is not a valid model's; it
-    must come back as NaN and never be chosen."""
+    MLE (tight BFGS) as the reference. One random start there drives ``obs_var`` towards
+    0 (1e-13 of the level variance), where the exact diffuse likelihood loses its precision:
+    its trace decreases and its reported log joint (-32, far above the true optimum's -544)
+    is rounding noise. It must come back as NaN and never be chosen."""
     sm = pytest.importorskip("statsmodels.tsa.statespace.structural")
     y = ss.datasets.load_air_passengers().to_numpy().astype(float)
     model = ss.StructuralModel((ss.Trend(slope=True), ss.TrigSeasonal(period=12,
