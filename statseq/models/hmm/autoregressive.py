@@ -27,6 +27,7 @@ from statseq.models.hmm.gaussian import (
     kmeans,
     seed_from_key,
 )
+from statseq.models.hmm.gaussian_params import covariances_by_state
 from statseq.models.hmm.poisson import _check_conjugate
 
 
@@ -182,12 +183,8 @@ class LinearAutoregressiveHMM(HMMBase):
 
     def state_covariances(self, emissions):
         """``(K, D, D)`` noise covariance of every state, whatever the parameterization."""
-        k, d = self.num_states, self.emission_dim
-        if self.covariance == "full":
-            return emissions.covs
-        if self.covariance == "tied":
-            return jnp.broadcast_to(emissions.cov, (k, d, d))
-        return emissions.variances[:, None, None] * jnp.eye(d, dtype=emissions.variances.dtype)
+        return covariances_by_state(self.covariance, emissions, self.num_states,
+                                    self.emission_dim)
 
     # ---- emissions given the lag window ------------------------------------------------
     def _regressors(self, regressors, dtype):

@@ -29,6 +29,7 @@ from statseq.models.hmm.gaussian_params import (
     NormalInverseWishart,
     SphericalGaussianEmissions,
     TiedGaussianEmissions,
+    covariances_by_state,
 )
 from statseq.models.hmm.poisson import _check_conjugate
 
@@ -192,14 +193,8 @@ class GaussianHMM(HMMBase):
 
     def state_covariances(self, emissions):
         """``(K, D, D)`` covariance of every state, whatever the parameterization."""
-        k, d = self.num_states, self.emission_dim
-        if self.covariance == "full":
-            return emissions.covs
-        if self.covariance == "tied":
-            return jnp.broadcast_to(emissions.cov, (k, d, d))
-        var = (emissions.variances if self.covariance == "diagonal"
-               else jnp.broadcast_to(emissions.variances[:, None], (k, d)))
-        return var[:, :, None] * jnp.eye(d, dtype=var.dtype)
+        return covariances_by_state(self.covariance, emissions, self.num_states,
+                                    self.emission_dim)
 
     def emission_shapes(self):
         k, d = self.num_states, self.emission_dim

@@ -78,6 +78,22 @@ class SphericalGaussianEmissions(NamedTuple):
 # conjugate priors
 
 
+def covariances_by_state(kind: str, emissions, num_states: int, dim: int):
+    """``(K, D, D)`` noise covariance of every state, whatever the parameterization.
+
+    ``kind`` is ``"full"`` (``emissions.covs``), ``"tied"`` (one ``emissions.cov``),
+    ``"diagonal"`` (``(K, D)`` ``emissions.variances``) or ``"spherical"`` (``(K,)``
+    ``emissions.variances``, ``sigma_k^2 I``); shared by the Gaussian and AR HMMs.
+    """
+    if kind == "full":
+        return emissions.covs
+    if kind == "tied":
+        return jnp.broadcast_to(emissions.cov, (num_states, dim, dim))
+    var = (emissions.variances if kind == "diagonal"
+           else jnp.broadcast_to(emissions.variances[:, None], (num_states, dim)))
+    return var[:, :, None] * jnp.eye(dim, dtype=var.dtype)
+
+
 def _is_concrete(*xs) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
