@@ -7,6 +7,7 @@ sampling, forecasting and fitting are written once over that protocol.
 
 from statseq import _compat
 
+_compat.import_tqdm_quietly()  # before numpyro, which imports tqdm.auto
 _compat.load_numpyro_fully()
 
 from statseq import _cache  # noqa: E402

@@ -29,6 +29,17 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
 
     Returns the directory used, or ``None`` when the cache could not be set up (for
     example a read-only home directory); statseq then works without it.
+
+    Examples:
+        >>> import jax, tempfile, statseq as ss
+        >>> keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+        ...         "jax_persistent_cache_min_entry_size_bytes")
+        >>> saved = {k: getattr(jax.config, k) for k in keys}
+        >>> path = ss.enable_compilation_cache(tempfile.mkdtemp())
+        >>> jax.config.jax_compilation_cache_dir == str(path)
+        True
+        >>> for k, v in saved.items():                      # this example restores the settings
+        ...     jax.config.update(k, v)
     """
     target = Path(path) if path is not None else default_cache_dir()
     try:

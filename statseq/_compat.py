@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 
 def load_numpyro_fully() -> None:
@@ -25,3 +26,21 @@ def load_numpyro_fully() -> None:
         parent = sys.modules.get(parent_name)
         if parent is not None and getattr(parent, child, None) is None:
             setattr(parent, child, module)
+
+
+def import_tqdm_quietly() -> None:
+    """Import ``tqdm.auto`` once, without its notebook warning.
+
+    numpyro (imported by statseq) imports ``tqdm.auto``, which in a Jupyter kernel without
+    ipywidgets warns "IProgress not found" (a ``TqdmWarning``) and falls back to the plain
+    text bar. statseq's progress bars are optional and work with the fallback, so the
+    warning is noise: it opened every executed vignette. Importing the module here first,
+    under a filter for exactly that message, silences it; later imports reuse the module.
+    """
+    try:
+        from tqdm import TqdmWarning
+    except ImportError:  # pragma: no cover - tqdm is a numpyro dependency
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+        import tqdm.auto  # noqa: F401

@@ -117,6 +117,19 @@ class Forecast(NamedTuple):
             was a time-indexed pandas object, else ``None``.
         history_index: the history's pandas index, or ``None``.
         columns: a DataFrame history's column labels (the emission dimensions), or ``None``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> fc = ss.forecast(model, params, y, num_steps=10, num_samples=500,
+        ...                  key=jax.random.key(0))
+        >>> fc.samples.shape, fc.mean().shape
+        ((500, 10), (10,))
+        >>> lower, upper = fc.interval(0.9)
+        >>> bool((lower <= upper).all())
+        True
     """
 
     samples: Any

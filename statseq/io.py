@@ -69,6 +69,15 @@ def load(path: str | os.PathLike):
     Raises:
         ValueError: the file is damaged, is not a statseq parameter file, names an unknown
             model, or its arrays do not match the model's parameter shapes or constraints.
+
+    Examples:
+        >>> import os, tempfile, statseq as ss
+        >>> model = ss.LocalLevel()
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> path = ss.save(os.path.join(tempfile.mkdtemp(), "nile"), model, params)
+        >>> model2, params2 = ss.load(path)
+        >>> model2 == model, float(params2.obs_var)
+        (True, 15099.0)
     """
     path = Path(path)
     if not path.exists():

@@ -35,6 +35,18 @@ def plot_traces(fits: dict, ax=None, *, by: str = "iteration", relative: bool = 
 
     Returns:
         The matplotlib ``Axes``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> import matplotlib.pyplot as plt
+        >>> fits = {"L-BFGS": ss.fit_lbfgs(model, model.default_params(), y, progress=False)}
+        >>> ax = ss.plot_traces(fits)
+        >>> ax.get_ylabel() != "", len(ax.get_lines()) >= 1
+        (True, True)
+        >>> plt.close("all")
     """
     if by not in ("iteration", "time"):
         raise ValueError(f"by must be 'iteration' or 'time', got {by!r}")
@@ -73,6 +85,18 @@ def plot_forecast(fc, ax=None, *, levels=(0.5, 0.9), time=None, future_time=None
 
     Returns:
         The matplotlib ``Axes``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> import matplotlib.pyplot as plt
+        >>> fc = ss.forecast(model, params, y, num_steps=10, num_samples=300, key=jax.random.key(0))
+        >>> ax = ss.plot_forecast(fc)
+        >>> ax.get_legend() is not None
+        True
+        >>> plt.close("all")
     """
     history = np.asarray(fc.history, float)
     if hasattr(fc, "samples"):  # sample-based: empirical quantiles

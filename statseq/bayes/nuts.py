@@ -194,6 +194,17 @@ def posterior_params(model, idata):
         A params pytree whose leaves have shape ``(num_chains, num_draws) + leaf_shape``
         (ready for `SequenceDistribution` or `posterior_predictive_forecast`); tied
         entries take their group's ``"tied.L"`` draws.
+
+    Examples:
+        >>> import arviz as az, numpy as np, statseq as ss
+        >>> model = ss.LocalLevel()
+        >>> # idata = ss.fit_nuts(model, y, key=...) stores one variable per leaf, (chain, draw):
+        >>> rng = np.random.default_rng(0)
+        >>> idata = az.from_dict(posterior={"obs_var": rng.gamma(50.0, 300.0, (2, 10)),
+        ...                                 "level_var": rng.gamma(5.0, 300.0, (2, 10))})
+        >>> draws = ss.posterior_params(model, idata)
+        >>> type(draws).__name__, draws.obs_var.shape
+        ('LocalLevelParams', (2, 10))
     """
     post = idata.posterior
     first = np.asarray(post[next(iter(post.data_vars))].values)

@@ -29,6 +29,14 @@ class SVIResult(NamedTuple):
         losses: ``(num_steps,)`` negative ELBO estimates (one per optimizer step).
         guide: the NumPyro autoguide.
         guide_params: its fitted parameters (``guide.median(guide_params)`` etc. work).
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> res = ss.fit_svi(ss.LocalLevel(), y, key=jax.random.key(0), num_steps=50,
+        ...                  num_samples=20)
+        >>> res.draws.obs_var.shape, res.losses.shape
+        ((20,), (50,))
     """
 
     draws: Any

@@ -37,7 +37,15 @@ _MODEL_REGISTRY: dict[str, type[SequenceModel]] = {}
 
 
 def register_model(cls: type[SequenceModel]) -> type[SequenceModel]:
-    """Class decorator: register a concrete model for saving/loading and contract tests."""
+    """Class decorator: register a concrete model for saving/loading and contract tests.
+
+    Examples:
+        >>> import statseq as ss
+        >>> ss.register_model(ss.AR) is ss.AR     # registering the same class again: a no-op
+        True
+        >>> ss.registered_models()["AR"] is ss.AR
+        True
+    """
     name = cls.__name__
     old = _MODEL_REGISTRY.get(name)
     if old is not None and old is not cls:
@@ -51,7 +59,14 @@ def register_model(cls: type[SequenceModel]) -> type[SequenceModel]:
 
 
 def registered_models() -> dict[str, type[SequenceModel]]:
-    """All registered model classes, by class name."""
+    """All registered model classes, by class name.
+
+    Examples:
+        >>> import statseq as ss
+        >>> models = ss.registered_models()
+        >>> {"AR", "PoissonHMM", "LocalLevel", "LSTM"} <= set(models)
+        True
+    """
     return dict(_MODEL_REGISTRY)
 
 
@@ -62,6 +77,19 @@ class SequenceModel(abc.ABC):
     static configuration (orders, dimensions, options). They implement the abstract
     methods below and nothing else is required; optional capabilities (EM, smoothing,
     parallel filtering, closed-form estimators) are extra methods.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.AR(order=2)
+        >>> isinstance(model, ss.SequenceModel), model.event_shape
+        (True, ())
+        >>> params = model.default_params()
+        >>> carry = model.initial_carry(params)            # the filter protocol, one step:
+        >>> u = jnp.zeros((0,))                              # no inputs
+        >>> dist = model.predict(params, carry, u)          # a numpyro distribution for y_t
+        >>> carry = model.update(params, carry, 0.5, True, u)
+        >>> dist.batch_shape
+        ()
     """
 
     #: Whether ``update`` and ``predict`` marginalize a subset of emission dimensions

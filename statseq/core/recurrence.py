@@ -192,6 +192,17 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
 
     Returns:
         An array of shape ``batch_shape``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> lp = ss.log_prob(model, params, y)             # sum_t log p(y_t | y_<t)
+        >>> bool(abs(lp - ss.filter(model, params, y).log_probs.sum()) < 1e-4)
+        True
+        >>> ss.log_prob(model, params, np.stack([y, y[::-1]])).shape   # a batch of series
+        (2,)
     """
     data, out = _run(model, params, y, mask, inputs, False, need_final=False)
     return _unflatten(out[0], data.batch_shape)  # compiled: a third of an eager reshape

@@ -17,6 +17,15 @@ class FilterResult(NamedTuple):
         carries: the state after conditioning on ``y_{<=t}``, stacked over time
             (``None`` unless requested); its layout is the model's carry.
         final_carry: the state after the last observation (the start of a forecast).
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.AR(order=1)
+        >>> res = ss.filter(model, model.default_params(), jnp.array([0.1, -0.3, 0.2]))
+        >>> res.log_probs.shape
+        (3,)
+        >>> bool(jnp.isclose(res.log_prob, res.log_probs.sum()))
+        True
     """
 
     log_prob: Any
@@ -51,6 +60,17 @@ class FitResult(NamedTuple):
             eigenvalue, a Poisson rate) below ``1e-6`` times the data's variance, a
             probability within ``1e-6`` of 0 or 1. There the usual asymptotics (standard
             errors, likelihood-ratio tests) do not hold; fits warn when this is not empty.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> fit = ss.fit_lbfgs(model, model.default_params(), y, progress=False)
+        >>> fit.method, fit.log_joint.shape          # the trace, NaN after the last iteration
+        ('lbfgs', (200,))
+        >>> bool(abs(fit.final_log_joint - ss.log_prob(model, fit.params, y)) < 1e-2)   # no prior
+        True
     """
 
     params: Any

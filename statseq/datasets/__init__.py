@@ -5,6 +5,14 @@
 True
 >>> load_nile().shape
 (100,)
+
+Examples:
+    >>> import statseq as ss
+    >>> "nile" in ss.datasets.list_datasets()
+    True
+    >>> nile = ss.datasets.load_nile()          # a pandas Series indexed by year
+    >>> len(nile), int(nile.index[0])
+    (100, 1871)
 """
 
 from statseq.datasets._load import (

@@ -43,6 +43,14 @@ class AuxiliaryResiduals(NamedTuple):
             ``smoothed_measurement_disturbance_cov``).
         state_cond_var: ``batch_shape + (T, n, n)`` ``Var(w_t | y)``
             (``smoothed_state_disturbance_cov`` for ``Q`` of full rank).
+
+    Examples:
+        >>> import statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> aux = ss.auxiliary_residuals(ss.LocalLevel(), params, y)
+        >>> aux.observation_std.shape, aux.state_std.shape
+        ((100, 1), (100, 1))
     """
 
     observation: Any

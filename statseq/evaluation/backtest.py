@@ -135,6 +135,20 @@ def compare_forecasts(forecasts: dict, y_true, *, levels=(0.5, 0.8, 0.9), log_sc
 
     Returns:
         A pandas DataFrame indexed by label.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> def ar_forecast(p):
+        ...     m = ss.AR(order=p)
+        ...     return ss.forecast(m, m.fit_least_squares(y[:100]), y[:100], num_steps=14,
+        ...                        num_samples=300, key=jax.random.key(p))
+        >>> fcs = {"AR(1)": ar_forecast(1), "AR(2)": ar_forecast(2)}
+        >>> table = ss.compare_forecasts(fcs, y[100:], levels=(0.9,))
+        >>> list(table.index), "crps" in table.columns
+        (['AR(1)', 'AR(2)'], True)
     """
     import pandas as pd
 
@@ -164,6 +178,18 @@ class BacktestResult(NamedTuple):
         summary: mean scores and empirical coverage per horizon step (and series).
         origins: the origins (number of values each forecast conditions on).
         samples: ``(num_origins, num_samples, horizon) + event_shape`` sample paths.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> res = ss.backtest(model, params, y, initial=100, horizon=2, step=7, num_samples=100,
+        ...                   key=jax.random.key(0))
+        >>> res.origins.tolist(), res.samples.shape
+        ([100, 107], (2, 100, 2))
+        >>> list(res.summary.index)                        # one row per horizon
+        [1, 2]
     """
 
     table: Any

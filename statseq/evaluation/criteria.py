@@ -13,7 +13,13 @@ from statseq.core.validation import _merge_nan_mask, is_pandas, pandas_values, p
 
 
 def num_params(model, trainable=None) -> int:
-    """Number of free parameters ``k`` (unconstrained scalars of the trainable leaves)."""
+    """Number of free parameters ``k`` (unconstrained scalars of the trainable leaves).
+
+    Examples:
+        >>> import statseq as ss
+        >>> ss.num_params(ss.LocalLinearTrend())           # three variances
+        3
+    """
     return num_free_params(model, trainable)
 
 
@@ -22,6 +28,13 @@ def num_observations(model, y, *, mask=None) -> int:
 
     Leading steps a model conditions on (``model.num_conditioned_steps``) are counted
     here; `information_criteria` leaves them out.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> from statseq.evaluation import num_observations
+        >>> y = np.array([1.0, 2.0, np.nan, 3.0, 2.5])
+        >>> num_observations(ss.LocalLevel(), y, mask=~np.isnan(y))   # the NaN is not counted
+        4
     """
     data = prepare_data(model, y, mask)
     return int(np.sum(np.asarray(data.mask)))
@@ -37,6 +50,17 @@ def information_criteria(model, params, y, *, mask=None, inputs=None, trainable=
 
     Returns:
         ``{"log_lik", "num_params", "num_obs", "aic", "bic"}``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> ic = ss.information_criteria(model, params, y)
+        >>> ic["num_params"], ic["num_obs"]                # AR(2) conditions on y_1, y_2
+        (4, 112)
+        >>> bool(abs(ic["aic"] - (-2 * ic["log_lik"] + 2 * 4)) < 1e-6)
+        True
     """
     res = _filter(model, params, y, mask=mask, inputs=inputs, return_carries=False)
     log_lik = float(jnp.sum(res.log_prob))
@@ -79,6 +103,16 @@ def log_score(model, params, y_train, y_test, *, mask_train=None, mask_test=None
         A float for one sequence, else an array of shape ``batch_shape``.
 
     pandas ``Series``/``DataFrame`` parts are accepted; their ``NaN`` are missing values.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> s = ss.log_score(model, params, y[:100], y[100:])   # log p(y_101:114 | y_1:100)
+        >>> f = ss.filter(model, params, y).log_probs
+        >>> bool(abs(s - float(f[100:].sum())) < 1e-3)
+        True
     """
     event_ndim = len(model.event_shape)
     if is_pandas(y_train):

@@ -175,6 +175,15 @@ def quantile_residuals(model, params, y, *, mask=None, inputs=None, key=None):
 
     Returns:
         The shape of `pit`'s result.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> r = ss.quantile_residuals(ss.LocalLevel(), params, y)
+        >>> e = ss.standardized_residuals(ss.LocalLevel(), params, y)
+        >>> r.shape, bool(np.nanmax(abs(r - e)) < 1e-3)     # Gaussian predictive: r = e
+        ((100,), True)
     """
     out, _ = _compute(model, params, y, mask, inputs)
     if "z" in out:
@@ -227,6 +236,16 @@ class Diagnostics(NamedTuple):
             ``jarque_bera``) and series, with ``statistic`` and ``pvalue`` columns.
         acf: ``(lags + 1,)`` (or ``(D, lags + 1)``) autocorrelations of the residuals.
         kind: ``"standardized"`` or ``"quantile"``.
+
+    Examples:
+        >>> import statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> d = ss.diagnose(ss.LocalLevel(), params, y)
+        >>> d.kind, d.residuals.shape, d.pit.shape
+        ('standardized', (100,), (100,))
+        >>> list(d.tests.columns[:2])
+        ['statistic', 'pvalue']
     """
 
     residuals: Any

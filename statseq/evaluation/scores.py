@@ -165,6 +165,17 @@ def prediction_interval(forecast, level: float):
 
     Returns:
         ``(lower, upper)``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> from statseq.evaluation import prediction_interval
+        >>> fc = ss.forecast(model, params, y, num_steps=5, num_samples=400, key=jax.random.key(0))
+        >>> lower, upper = prediction_interval(fc, 0.8)
+        >>> lower.shape, bool((lower < upper).all())
+        ((5,), True)
     """
     (level,) = _check_levels(level)
     if _is_gaussian(forecast):
@@ -243,6 +254,17 @@ def gaussian_log_density(forecast, y_true):
 
     Returns:
         A NumPy array of that shape.
+
+    Examples:
+        >>> import numpy as np, scipy.stats as st, statseq as ss
+        >>> from statseq.evaluation import gaussian_log_density
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> fc = ss.LocalLevel().forecast_moments(params, y[:90], num_steps=10)
+        >>> ld = gaussian_log_density(fc, y[90:])
+        >>> ref = st.norm(np.asarray(fc.mean), np.asarray(fc.std)).logpdf(y[90:])
+        >>> ld.shape, bool(np.allclose(ld, ref, atol=1e-4))
+        ((10,), True)
     """
     if not _is_gaussian(forecast):
         raise TypeError("gaussian_log_density needs a GaussianForecast (exact moments)")

@@ -288,6 +288,18 @@ class Summary:
         method: the fitting method of the `~statseq.FitResult`, if one was given.
         converged: whether that fit converged.
         num_iterations: its number of iterations.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> y = np.log10(ss.datasets.load_lynx().to_numpy())
+        >>> model = ss.AR(order=2)
+        >>> params = model.fit_least_squares(y)
+        >>> table = ss.summary(model, params, y)
+        >>> type(table).__name__, table.estimates.shape, table.std_errors.shape
+        ('Summary', (4,), (4,))
+        >>> est = table.estimates
+        >>> bool((table.ci_lower < est).all() and (est < table.ci_upper).all())
+        True
     """
 
     model: str

@@ -27,6 +27,16 @@ class RestartsResult(NamedTuple):
             noise, where the diffuse likelihood loses its precision); such a start is never
             chosen.
         best_index: which start won (0 is the data-driven start).
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> y = ss.datasets.load_earthquakes().to_numpy()
+        >>> res = ss.fit_restarts(ss.PoissonHMM(num_states=2), y, key=jax.random.key(0),
+        ...                       num_restarts=2, num_iters=50)
+        >>> res.final_log_joints.shape, res.best_index in (0, 1)
+        ((2,), True)
+        >>> bool(res.best.final_log_joint == res.final_log_joints[res.best_index])
+        True
     """
 
     best: FitResult

@@ -34,6 +34,14 @@ class Windows(NamedTuple):
         scored: ``(num_windows, length)`` booleans: the steps that count in the objective
             (pass as ``scored=`` to `statseq.fit_sgd`).
         starts: ``(num_windows,)`` index of each window's first step in the series.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> w = ss.make_windows(np.arange(10.0), length=4, warmup=1)
+        >>> w.y.shape, w.scored.shape
+        ((3, 4), (3, 4))
+        >>> sorted(w.fit_kwargs())                       # pass to fit_sgd as **w.fit_kwargs()
+        ['inputs', 'mask', 'scored', 'y']
     """
 
     y: Any

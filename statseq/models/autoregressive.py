@@ -45,6 +45,17 @@ class ARParams(NamedTuple):
         intercept: ``(emission_dim,)`` the constant ``c``.
         input_weights: ``(emission_dim, input_dim)`` the regression weights ``W``.
         cov: ``(emission_dim, emission_dim)`` noise covariance ``Sigma``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.AR(order=2)                 # y_t = c + a_1 y_{t-1} + a_2 y_{t-2} + e_t
+        >>> params = ss.ARParams(coeffs=jnp.array([[[1.4]], [[-0.8]]]), intercept=jnp.array([1.1]),
+        ...                      input_weights=jnp.zeros((1, 0)), cov=jnp.array([[0.05]]))
+        >>> jax_shapes = [p.shape for p in params]
+        >>> jax_shapes == [p.shape for p in model.default_params()]
+        True
+        >>> ss.filter(model, params, jnp.array([2.0, 3.0, 3.5, 3.0])).log_probs.shape
+        (4,)
     """
 
     coeffs: jax.Array

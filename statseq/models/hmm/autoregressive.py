@@ -39,6 +39,15 @@ class ARHMMEmissions(NamedTuple):
             ``[A_{k,1}, ..., A_{k,L}]``; ``A_{k,l}`` multiplies ``y_{t-l}`` (dynamax's layout).
         biases: ``(num_states, emission_dim)``.
         covs: ``(num_states, emission_dim, emission_dim)`` positive definite.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import ARHMMEmissions
+        >>> y = np.cumsum(np.random.default_rng(0).normal(size=(40, 2)), axis=0)
+        >>> model = ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=1)
+        >>> em = model.initialize(y, key=jax.random.key(0)).emissions
+        >>> type(em) is ARHMMEmissions, em.weights.shape, em.biases.shape, em.covs.shape
+        (True, (2, 2, 2), (2, 2), (2, 2, 2))
     """
 
     weights: jax.Array

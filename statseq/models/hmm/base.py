@@ -42,6 +42,17 @@ class TransitionRegression(NamedTuple):
     Attributes:
         weights: ``(num_states, num_states, input_dim)``.
         bias: ``(num_states, num_states)``.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import PoissonEmissions
+        >>> model = ss.PoissonHMM(num_states=2, input_dim=1)
+        >>> params = model.assemble_params(PoissonEmissions(rates=jnp.array([1.0, 5.0])))
+        >>> type(params.transitions).__name__, params.transitions.weights.shape
+        ('TransitionRegression', (2, 2, 1))
+        >>> u = np.linspace(-1.0, 1.0, 5)[:, None]           # one covariate per step
+        >>> model.transition_matrices(params, u).shape          # A_t for t = 2, ..., T
+        (4, 2, 2)
     """
 
     weights: jax.Array
@@ -56,6 +67,16 @@ class HMMParams(NamedTuple):
         transitions: ``(num_states, num_states)`` row-stochastic matrix, or a
             `TransitionRegression` when the model has inputs.
         emissions: the emission family's parameters.
+
+    Examples:
+        >>> import jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import PoissonEmissions
+        >>> params = ss.HMMParams(initial_probs=jnp.array([0.5, 0.5]),
+        ...                       transitions=jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+        ...                       emissions=PoissonEmissions(rates=jnp.array([1.0, 8.0])))
+        >>> y = np.array([0, 1, 0, 9, 7, 8, 1])
+        >>> bool(ss.log_prob(ss.PoissonHMM(num_states=2), params, y) < 0)
+        True
     """
 
     initial_probs: Any
@@ -64,14 +85,35 @@ class HMMParams(NamedTuple):
 
 
 class HMMCarry(NamedTuple):
-    """``probs``: filtered ``p(z_{t-1} | y_{<t})``, or the initial law before any step."""
+    """``probs``: filtered ``p(z_{t-1} | y_{<t})``, or the initial law before any step.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> from statseq.models.hmm import PoissonEmissions
+        >>> model = ss.PoissonHMM(num_states=2)
+        >>> params = model.assemble_params(PoissonEmissions(rates=np.array([1.0, 5.0])))
+        >>> carry = model.initial_carry(params)
+        >>> carry.probs.shape, bool(carry.started)
+        ((2,), False)
+        >>> res = ss.filter(model, params, np.array([0, 3, 1]))
+        >>> res.final_carry.probs.shape
+        (2,)
+    """
 
     probs: jax.Array
     started: jax.Array
 
 
 def stationary_distribution(transition_matrix):
-    """The stationary law ``pi = pi A`` of an irreducible row-stochastic matrix ``(K, K)``."""
+    """The stationary law ``pi = pi A`` of an irreducible row-stochastic matrix ``(K, K)``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from statseq.models.hmm import stationary_distribution
+        >>> pi = stationary_distribution(jnp.array([[0.9, 0.1], [0.2, 0.8]]))
+        >>> [round(float(p), 4) for p in pi]                  # (2/3, 1/3)
+        [0.6667, 0.3333]
+    """
     k = transition_matrix.shape[-1]
     m = transition_matrix.T - jnp.eye(k, dtype=transition_matrix.dtype)
     m = m.at[-1].set(1.0)
@@ -85,6 +127,18 @@ class HMMBase(SequenceModel):
 
     Subclass fields must include ``num_states``, ``initial`` (``"free"`` or
     ``"stationary"``) and ``input_dim`` (0 for fixed transitions).
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> from statseq.models.hmm import HMMBase
+        >>> y = ss.datasets.load_earthquakes().to_numpy()
+        >>> model = ss.PoissonHMM(num_states=2)
+        >>> isinstance(model, HMMBase)
+        True
+        >>> params = model.initialize(y, key=jax.random.key(0))
+        >>> post = model.smoother(params, y)                 # shared by every HMM family
+        >>> model.most_likely_states(params, y).shape == y.shape
+        True
     """
 
     supports_partial_mask: ClassVar[bool] = True

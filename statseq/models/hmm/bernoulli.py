@@ -19,7 +19,18 @@ from statseq.models.hmm.poisson import _check_conjugate
 
 
 class BernoulliEmissions(NamedTuple):
-    """``probs``: ``(num_states, emission_dim)``, ``p(y_td = 1 | z_t = k)`` in ``[0, 1]``."""
+    """``probs``: ``(num_states, emission_dim)``, ``p(y_td = 1 | z_t = k)`` in ``[0, 1]``.
+
+    Examples:
+        >>> import jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import BernoulliEmissions
+        >>> model = ss.BernoulliHMM(num_states=2, emission_dim=3)
+        >>> probs = jnp.array([[0.1, 0.1, 0.2], [0.9, 0.8, 0.7]])
+        >>> params = model.assemble_params(BernoulliEmissions(probs))
+        >>> y = np.array([[0, 0, 1], [1, 1, 1], [1, 0, 1]])
+        >>> ss.filter(model, params, y).log_probs.shape
+        (3,)
+    """
 
     probs: jax.Array
 

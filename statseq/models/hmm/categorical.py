@@ -20,7 +20,17 @@ from statseq.models.hmm.poisson import _check_conjugate
 
 
 class CategoricalEmissions(NamedTuple):
-    """``probs``: ``(num_states, num_classes)``, each row a probability vector."""
+    """``probs``: ``(num_states, num_classes)``, each row a probability vector.
+
+    Examples:
+        >>> import jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import CategoricalEmissions
+        >>> model = ss.CategoricalHMM(num_states=2, num_classes=3)
+        >>> probs = jnp.array([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8]])
+        >>> params = model.assemble_params(CategoricalEmissions(probs))
+        >>> ss.filter(model, params, np.array([0, 0, 2, 2, 1])).log_probs.shape
+        (5,)
+    """
 
     probs: jax.Array
 

@@ -30,6 +30,17 @@ class GaussianEmissions(NamedTuple):
     Attributes:
         means: ``(num_states, emission_dim)``.
         covs: ``(num_states, emission_dim, emission_dim)`` positive definite.
+
+    Examples:
+        >>> import jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import GaussianEmissions
+        >>> model = ss.GaussianHMM(num_states=2, emission_dim=2)     # covariance="full"
+        >>> emissions = GaussianEmissions(means=jnp.array([[0.0, 0.0], [3.0, 3.0]]),
+        ...                               covs=jnp.stack([jnp.eye(2), 0.5 * jnp.eye(2)]))
+        >>> params = model.assemble_params(emissions)
+        >>> y = np.array([[0.1, -0.2], [2.9, 3.2], [3.1, 2.8]])
+        >>> model.most_likely_states(params, y).tolist()
+        [0, 1, 1]
     """
 
     means: jax.Array
@@ -42,6 +53,15 @@ class DiagonalGaussianEmissions(NamedTuple):
     Attributes:
         means: ``(num_states, emission_dim)``.
         variances: ``(num_states, emission_dim)`` positive.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import DiagonalGaussianEmissions
+        >>> y = np.random.default_rng(0).normal(size=(30, 2))
+        >>> model = ss.GaussianHMM(num_states=2, emission_dim=2, covariance="diagonal")
+        >>> params = model.initialize(y, key=jax.random.key(0))
+        >>> type(params.emissions) is DiagonalGaussianEmissions, params.emissions.variances.shape
+        (True, (2, 2))
     """
 
     means: jax.Array
@@ -55,6 +75,15 @@ class TiedGaussianEmissions(NamedTuple):
     Attributes:
         means: ``(num_states, emission_dim)``.
         cov: ``(emission_dim, emission_dim)`` positive definite, the same for every state.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import TiedGaussianEmissions
+        >>> y = np.random.default_rng(0).normal(size=(30, 2))
+        >>> model = ss.GaussianHMM(num_states=3, emission_dim=2, covariance="tied")
+        >>> params = model.initialize(y, key=jax.random.key(0))
+        >>> type(params.emissions) is TiedGaussianEmissions, params.emissions.cov.shape
+        (True, (2, 2))
     """
 
     means: jax.Array
@@ -68,6 +97,15 @@ class SphericalGaussianEmissions(NamedTuple):
     Attributes:
         means: ``(num_states, emission_dim)``.
         variances: ``(num_states,)`` positive, ``sigma_k^2``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> from statseq.models.hmm import SphericalGaussianEmissions
+        >>> y = np.random.default_rng(0).normal(size=(30, 2))
+        >>> model = ss.GaussianHMM(num_states=3, emission_dim=2, covariance="spherical")
+        >>> params = model.initialize(y, key=jax.random.key(0))
+        >>> type(params.emissions) is SphericalGaussianEmissions, params.emissions.variances.shape
+        (True, (3,))
     """
 
     means: jax.Array

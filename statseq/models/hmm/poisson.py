@@ -19,7 +19,17 @@ _MIN_RATE = 1e-10
 
 
 class PoissonEmissions(NamedTuple):
-    """``rates``: ``(num_states,) + event_shape`` positive Poisson means."""
+    """``rates``: ``(num_states,) + event_shape`` positive Poisson means.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> from statseq.models.hmm import PoissonEmissions
+        >>> model = ss.PoissonHMM(num_states=2)
+        >>> params = model.assemble_params(PoissonEmissions(rates=jnp.array([15.0, 25.0])))
+        >>> y = ss.datasets.load_earthquakes().to_numpy()
+        >>> bool(jnp.isfinite(ss.log_prob(model, params, y)))
+        True
+    """
 
     rates: jax.Array
 

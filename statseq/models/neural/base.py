@@ -49,6 +49,14 @@ class Backbone(abc.ABC):
     Whole sequences go through `scan` (default: ``lax.scan`` of `step`); a backbone with
     a faster whole-sequence algorithm (hoisted input projections, an associative scan)
     overrides `scan`, which must also return the final state. `sequence` drops it.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, statseq as ss
+        >>> backbone = ss.GRU(hidden_dim=4).backbone        # a GRU cell stack
+        >>> params = backbone.init_params(jax.random.key(0))
+        >>> hs = backbone.sequence(params, jnp.zeros((6, backbone.input_dim)))
+        >>> hs.shape == (6, backbone.output_dim)
+        True
     """
 
     input_dim: int
@@ -104,6 +112,13 @@ class NeuralParams(NamedTuple):
         backbone: the backbone's parameter pytree.
         head: the emission head's parameters (`statseq.models.neural.heads.HeadParams`
             or a variant with ``df`` / ``concentration``).
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> model = ss.GRU(hidden_dim=4)
+        >>> params = model.initialize(np.sin(np.arange(20.0)), key=jax.random.key(0))
+        >>> type(params).__name__, params._fields
+        ('NeuralParams', ('backbone', 'head'))
     """
 
     backbone: Any
@@ -116,6 +131,14 @@ class NeuralCarry(NamedTuple):
     Attributes:
         state: backbone state after ``x_{1:t-1}``.
         prev: ``[enc(y_{t-1}) * m_{t-1}, m_{t-1}]``.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> model = ss.ElmanRNN(hidden_dim=3)
+        >>> params = model.initialize(np.zeros(10), key=jax.random.key(0))
+        >>> carry = model.initial_carry(params)
+        >>> carry._fields, carry.prev.shape             # prev: y_{t-1} and its observed flag
+        (('state', 'prev'), (2,))
     """
 
     state: Any
@@ -135,6 +158,17 @@ class NeuralSequenceModel(SequenceModel):
         emission_dim: ``None`` for a scalar series, else the number of dimensions ``D``.
         num_classes: number of classes for ``emission="categorical"`` (else ``None``).
         input_dim: number of covariates ``u_t`` (0 for none).
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> from statseq.models.neural import NeuralSequenceModel
+        >>> model = ss.LSTM(hidden_dim=4, emission="student_t")
+        >>> isinstance(model, NeuralSequenceModel), type(model.head).__name__
+        (True, 'StudentTHead')
+        >>> y = np.sin(np.arange(20.0))
+        >>> params = model.initialize(y, key=jax.random.key(0))
+        >>> ss.filter(model, params, y).log_probs.shape
+        (20,)
     """
 
     emission: str = "gaussian"

@@ -87,6 +87,12 @@ class Head:
     Args:
         feature_dim: size ``F`` of the feature vector ``h_t`` the head reads.
         emission_dim: ``None`` for a scalar series, else the number of dimensions ``D``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> head = ss.GRU(hidden_dim=4, emission="poisson").head
+        >>> type(head).__name__, head.feature_dim, head.observation_dtype
+        ('PoissonHead', 4, 'count')
     """
 
     feature_dim: int

@@ -54,6 +54,17 @@ class GaussianForecast(NamedTuple):
             was a time-indexed pandas object, else ``None``.
         history_index: the history's pandas index, or ``None``.
         columns: a DataFrame history's column labels (the emission dimensions), or ``None``.
+
+    Examples:
+        >>> import statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> fc = ss.LocalLevel().forecast_moments(params, y, num_steps=5)
+        >>> fc.mean.shape, fc.cov.shape
+        ((5,), (5, 1, 1))
+        >>> lower, upper = fc.interval(0.9)                 # exact Gaussian intervals
+        >>> bool((lower < fc.mean).all() and (fc.mean < upper).all())
+        True
     """
 
     mean: Any
@@ -131,6 +142,18 @@ class GaussianSSMBase(SequenceModel):
 
     Subclasses set ``emission_dim`` (``None`` for a scalar series) and ``input_dim``, and
     implement `state_dim` and `to_arrays`.
+
+    Examples:
+        >>> import statseq as ss
+        >>> from statseq.models.ssm import GaussianSSMBase
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> model = ss.LocalLevel()
+        >>> isinstance(model, GaussianSSMBase), model.state_dim
+        (True, 1)
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> post = model.smoother(params, y)                # shared Kalman smoother
+        >>> model.to_arrays(params).dynamics_weights.shape    # the matrices a family supplies
+        (1, 1)
     """
 
     supports_partial_mask: ClassVar[bool] = True

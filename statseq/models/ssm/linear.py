@@ -39,6 +39,17 @@ class LGSSMParams(NamedTuple):
 
     In `TimeVaryingLinearGaussianSSM` the dynamics leaves have a leading axis ``T - 1``
     and the emission leaves a leading axis ``T``.
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> model = ss.LinearGaussianSSM(state_dim=2, emission_dim=1)
+        >>> params = model.default_params()
+        >>> params.dynamics_weights.shape, params.emission_weights.shape, params.emission_cov.shape
+        ((2, 2), (1, 2), (1, 1))
+        >>> params = params._replace(dynamics_weights=0.9 * params.dynamics_weights)
+        >>> y = ss.sample(model, params, num_timesteps=20, key=jax.random.key(0))
+        >>> y.shape
+        (20, 1)
     """
 
     initial_mean: Any

@@ -72,6 +72,14 @@ class TrendParams(NamedTuple):
     Attributes:
         level_var: scalar ``sigma^2_eta``, the variance of the level's disturbance.
         slope_var: scalar ``sigma^2_zeta``, the variance of the slope's disturbance.
+
+    Examples:
+        >>> import statseq as ss
+        >>> ss.TrendParams(level_var=1.0)                   # a local level: no slope variance
+        TrendParams(level_var=1.0, slope_var=None)
+        >>> model = ss.StructuralModel((ss.Trend(slope=True),))
+        >>> model.default_params().components[0].slope_var.shape
+        ()
     """
 
     level_var: Any
@@ -83,6 +91,15 @@ class SeasonalParams(NamedTuple):
 
     Attributes:
         var: scalar ``sigma^2_omega`` (``None`` for a fixed seasonal pattern).
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.StructuralModel((ss.Trend(), ss.Seasonal(period=4)))
+        >>> params = ss.StructuralParams(obs_var=jnp.array(0.5), components=(
+        ...     ss.TrendParams(level_var=jnp.array(0.1)), ss.SeasonalParams(var=jnp.array(0.01))))
+        >>> y = jnp.tile(jnp.array([1.0, -1.0, 2.0, -2.0]), 6)
+        >>> model.forecast_moments(params, y, num_steps=4).mean.shape
+        (4,)
     """
 
     var: Any
@@ -94,6 +111,15 @@ class ARComponentParams(NamedTuple):
     Attributes:
         coeffs: ``(order,)`` autoregressive coefficients ``phi_1, ..., phi_p``.
         var: scalar innovation variance ``sigma^2_ar``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.StructuralModel((ss.ARComponent(order=2),))
+        >>> params = ss.StructuralParams(obs_var=jnp.array(1.0), components=(
+        ...     ss.ARComponentParams(coeffs=jnp.array([0.5, 0.2]), var=jnp.array(2.0)),))
+        >>> y = ss.datasets.load_nile().to_numpy()[:30] / 100
+        >>> bool(jnp.isfinite(ss.log_prob(model, params, y)))
+        True
     """
 
     coeffs: Any
@@ -107,6 +133,16 @@ class StructuralParams(NamedTuple):
         obs_var: scalar variance of the irregular term ``eps_t``.
         components: tuple with one parameter NamedTuple per component, in the order of
             ``model.components``.
+
+    Examples:
+        >>> import statseq as ss
+        >>> model = ss.StructuralModel((ss.Trend(slope=True),
+        ...                             ss.TrigSeasonal(period=12, harmonics=2)))
+        >>> params = model.default_params()
+        >>> type(params).__name__, len(params.components)
+        ('StructuralParams', 2)
+        >>> params.components[0]._fields
+        ('level_var', 'slope_var')
     """
 
     obs_var: Any
@@ -119,6 +155,13 @@ class LocalLevelParams(NamedTuple):
     Attributes:
         obs_var: scalar ``sigma^2_eps``.
         level_var: scalar ``sigma^2_eta``.
+
+    Examples:
+        >>> import statseq as ss
+        >>> params = ss.LocalLevelParams(obs_var=15099.0, level_var=1469.1)
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> round(float(ss.log_prob(ss.LocalLevel(), params, y)), 1)
+        -633.5
     """
 
     obs_var: Any
@@ -132,6 +175,14 @@ class LocalLinearTrendParams(NamedTuple):
         obs_var: scalar ``sigma^2_eps``.
         level_var: scalar ``sigma^2_eta``.
         slope_var: scalar ``sigma^2_zeta``.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> y = np.log(ss.datasets.load_air_passengers().to_numpy().astype(float))
+        >>> params = ss.LocalLinearTrendParams(obs_var=1e-3, level_var=1e-3, slope_var=1e-5)
+        >>> fc = ss.LocalLinearTrend().forecast_moments(params, y, num_steps=12)
+        >>> fc.mean.shape
+        (12,)
     """
 
     obs_var: Any
@@ -160,6 +211,17 @@ class ComponentEstimate(NamedTuple):
         filtered_std: its standard deviation.
         smoothed_mean: ``E[Z_c x_{c,t} | y_{0:T-1}]``.
         smoothed_std: its standard deviation.
+
+    Examples:
+        >>> import statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> model = ss.StructuralModel((ss.Trend(),))
+        >>> params = ss.StructuralParams(15099.0, (ss.TrendParams(level_var=1469.1),))
+        >>> level = model.decompose(params, y)["level"]
+        >>> level._fields
+        ('filtered_mean', 'filtered_std', 'smoothed_mean', 'smoothed_std')
+        >>> bool((level.smoothed_std <= level.filtered_std + 1e-9)[1:].all())
+        True
     """
 
     filtered_mean: Any
@@ -174,6 +236,15 @@ class ComponentForecast(NamedTuple):
     Attributes:
         mean: ``batch_shape + (num_steps,)``.
         std: ``batch_shape + (num_steps,)``.
+
+    Examples:
+        >>> import statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> model = ss.StructuralModel((ss.Trend(),))
+        >>> params = ss.StructuralParams(15099.0, (ss.TrendParams(level_var=1469.1),))
+        >>> fc = model.forecast_components(params, y, num_steps=5)["level"]
+        >>> fc.mean.shape, bool((fc.std[1:] > fc.std[:-1]).all())
+        ((5,), True)
     """
 
     mean: Any
@@ -282,6 +353,14 @@ class Trend(Component):
         stochastic_slope: whether the slope has a disturbance (``slope_var``).
 
     Its parameters are a `TrendParams` ``(level_var, slope_var)``, ``None`` where absent.
+
+    Examples:
+        >>> import statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> model = ss.StructuralModel((ss.Trend(),))    # the local level model
+        >>> params = ss.StructuralParams(15099.0, (ss.TrendParams(level_var=1469.1),))
+        >>> round(float(ss.log_prob(model, params, y)), 1)
+        -633.5
     """
 
     slope: bool = False
@@ -355,6 +434,15 @@ class Seasonal(Component):
         stochastic: whether the pattern evolves (``var``) or is fixed.
 
     Its parameters are a `SeasonalParams` ``(var,)``.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> y = np.log(ss.datasets.load_air_passengers().to_numpy().astype(float))
+        >>> model = ss.StructuralModel((ss.Trend(slope=True), ss.Seasonal(period=12)))
+        >>> params = model.default_params()._replace(obs_var=1e-3)
+        >>> season = model.decompose(params, y[:48])["seasonal"].smoothed_mean
+        >>> season.shape
+        (48,)
     """
 
     period: int = 2
@@ -421,6 +509,17 @@ class TrigSeasonal(Component):
         stochastic: whether the pattern evolves (``var``) or is fixed.
 
     Its parameters are a `SeasonalParams` ``(var,)``.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> y = np.log(ss.datasets.load_air_passengers().to_numpy().astype(float))
+        >>> model = ss.StructuralModel((ss.Trend(slope=True),
+        ...                             ss.TrigSeasonal(period=12, harmonics=3)))
+        >>> model.state_dim                                 # 2 trend states + 2 per harmonic
+        8
+        >>> params = model.default_params()._replace(obs_var=1e-3)
+        >>> model.decompose(params, y[:48])["seasonal"].smoothed_mean.shape
+        (48,)
     """
 
     period: float = 2
@@ -499,6 +598,16 @@ class ARComponent(Component):
         initial: ``"stationary"`` or ``"diffuse"``.
 
     Its parameters are an `ARComponentParams` ``(coeffs, var)``.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> model = ss.StructuralModel((ss.Trend(), ss.ARComponent(order=1)))
+        >>> model.component_names, model.state_dim
+        (('level', 'ar'), 2)
+        >>> params = model.default_params()
+        >>> params.components[1].coeffs.shape
+        (1,)
     """
 
     order: int = 1

@@ -54,6 +54,17 @@ class MSARParams(NamedTuple):
         ar_coeffs: ``phi``: ``(K, p)`` when ``switching_ar``, else ``(p,)``; ``[..., i-1]``
             multiplies lag ``i``.
         variances: ``sigma^2``: ``(K,)`` when ``switching_variance``, else ``()``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+        >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+        ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]), jnp.array(0.3))
+        >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+        >>> params.initial_probs is None                    # None: the stationary law
+        True
+        >>> float(ss.log_prob(model, params, y)) < 0
+        True
     """
 
     initial_probs: Any
@@ -72,6 +83,16 @@ class MSARCarry(NamedTuple):
         started: whether ``probs`` is past the first step (then it is moved by ``A``).
         lags: ``(p,)``, ``lags[i - 1] = y_{t-i}`` (zeros before the data).
         count: steps seen so far, capped at ``p`` (scoring starts when it is reached).
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+        >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+        ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]), jnp.array(0.3))
+        >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+        >>> carry = model.initial_carry(params)
+        >>> carry.probs.shape, carry.lags.shape               # expanded states (s_t, s_{t-1})
+        ((4,), (1,))
     """
 
     probs: jax.Array
@@ -88,6 +109,18 @@ class RegimeFilterResult(NamedTuple):
         predicted_probs: ``(T, K)`` ``p(s_t | y_{<t})``.
         filtered_probs: ``(T, K)`` ``p(s_t | y_{<=t})``; for ``t < p`` (conditioned
             steps) the prior marginal ``p(s_t)``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+        >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+        ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]), jnp.array(0.3))
+        >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+        >>> res = model.filter_states(params, y)
+        >>> res.filtered_probs.shape, res.predicted_probs.shape
+        ((6, 2), (6, 2))
+        >>> bool(jnp.allclose(res.filtered_probs.sum(-1), 1.0, atol=1e-5))
+        True
     """
 
     marginal_log_lik: Any
@@ -104,6 +137,18 @@ class RegimePosterior(NamedTuple):
         smoothed_probs: ``(T, K)`` ``p(s_t | y_{0:T-1})`` (for every ``t``, including the
             conditioned first ``p`` steps).
         expanded: the `statseq.inference.hmm.HMMPosterior` of the expanded chain.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+        >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+        ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]), jnp.array(0.3))
+        >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+        >>> post = model.smoother(params, y)
+        >>> post.smoothed_probs.shape
+        (6, 2)
+        >>> [int(k) for k in post.smoothed_probs.argmax(-1)]
+        [0, 0, 0, 1, 1, 1]
     """
 
     marginal_log_lik: Any
