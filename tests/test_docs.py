@@ -102,9 +102,14 @@ def test_docs_page_snippets_run(page, tmp_path, monkeypatch):
         assert ns["lower"].shape == (10,)
     elif name == "getting-started.md":
         assert ns["fc"].samples.shape == (2000, 10)
+        assert ns["states"].shape == ns["quakes"].shape
+        # the Nile MLE is Durbin and Koopman's (2012, sec. 2.10.3): (15099, 1469.1)
+        assert abs(float(ns["mle"].params.obs_var) - 15099) < 2
+        assert ns["exact"].mean.shape == (10,)
     elif name == "api/neural.md":
         assert ns["fc"].samples.shape[-1] == 24
-        assert np.all(np.isfinite(np.asarray(ns["fit"].log_joint)))
+        fit = ns["fit"]
+        assert np.all(np.isfinite(np.asarray(fit.log_joint)[: fit.num_iterations]))
 
 
 def _api_targets() -> list[str]:
