@@ -259,7 +259,7 @@ ax.errorbar(years[miss], belief_mean[miss], yerr=1.64 * belief_sd[miss], fmt="o"
             color="C3", ms=4, label="filtered belief at missing years (90%)")
 ax.plot(years[miss], y[miss], "x", color="C0", label="true (hidden) value")
 ax.set(xlabel="year", ylabel="log10 lynx")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
 plt.show()
 
 # %% [markdown]
@@ -373,8 +373,12 @@ sims = ss.sample(exact, exact_fit.params, num_timesteps=y.size, num_samples=3,
 fig, axes = plt.subplots(4, 1, figsize=(9, 6), sharex=True, sharey=True)
 axes[0].plot(years, y, "k", lw=1)
 axes[0].set_title("observed and three simulated series", fontsize=9)
-for ax, sim in zip(axes[1:], np.asarray(sims), strict=True):
+axes[0].set_ylabel("observed", fontsize=8)
+for i, (ax, sim) in enumerate(zip(axes[1:], np.asarray(sims), strict=True)):
     ax.plot(years, sim, color="C0", lw=1)
+    ax.set_ylabel(f"simulation {i + 1}", fontsize=8)
+axes[-1].set_xlabel("year")
+fig.supylabel("log10 lynx trapped", fontsize=9)
 plt.show()
 
 # %% [markdown]

@@ -267,7 +267,13 @@ plt.show()
 diag_ll = ss.diagnose(model, params, y)
 print(diag_ll.tests.round(3))
 fig = diag_ll.plot()
-fig.suptitle("Local level model: standardized prediction errors (x axis: year - 1871)")
+DIAGNOSTIC_LABELS = [("residual", "density"), ("N(0, 1) quantile", "residual quantile"),
+                     ("lag", "autocorrelation")]  # panels 2-4 of `Diagnostics.plot`
+for ax, (xlabel, ylabel) in zip(fig.axes, [("year - 1871", "residual")] + DIAGNOSTIC_LABELS,
+                                strict=True):
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig.suptitle("Local level model: standardized prediction errors")
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -295,6 +301,7 @@ def plot_auxiliary(aux, title):
     axes[0].set_ylabel("standardized auxiliary residual")
     axes[0].legend(fontsize=8, loc="upper left", ncol=2)
     fig.suptitle(title)
+    fig.tight_layout()  # keeps the title clear of the panel titles
     plt.show()
     return obs_std, state_std
 
@@ -412,7 +419,11 @@ top = np.argsort(-np.abs(obs_iv))[:3]
 print("largest |observation residual|: "
       + ", ".join(f"{years[i]}: {obs_iv[i]:+.2f}" for i in top))
 fig = diag_iv.plot()
-fig.suptitle("Level + 1899 shift: standardized prediction errors (x axis: year - 1871)")
+for ax, (xlabel, ylabel) in zip(fig.axes, [("year - 1871", "residual")] + DIAGNOSTIC_LABELS,
+                                strict=True):
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig.suptitle("Level + 1899 shift: standardized prediction errors")
+fig.tight_layout()
 plt.show()
 
 fig, ax = plt.subplots(figsize=(9, 3))
@@ -567,8 +578,8 @@ print(f"{Y.shape[0]} years ({common[0]}-{common[-1]}), {Y.shape[1]} series; "
 fig, ax = plt.subplots(figsize=(9, 3))
 ax.plot(common, Y[:, 0], lw=1, label="log10 lynx (standardized)")
 ax.plot(common, Y[:, 1], lw=1, label="sqrt sunspots (standardized)")
-ax.set(xlabel="year")
-ax.legend(fontsize=8)
+ax.set(xlabel="year", ylabel="standardized value")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
 plt.show()
 
 # %% [markdown]
@@ -684,7 +695,11 @@ print(f"VAR(2) log-lik {crit_var2['log_lik']:.4f}, two AR(2) {ll_sep:.4f}; LR = 
 diag_var = ss.diagnose(var2, var2_params, Y)
 print(diag_var.tests.round(3))
 fig = diag_var.plot(series=0)
-fig.suptitle("VAR(2), lynx equation: standardized prediction errors (x axis: year - 1821)")
+for ax, (xlabel, ylabel) in zip(fig.axes, [("year - 1821", "residual")] + DIAGNOSTIC_LABELS,
+                                strict=True):
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig.suptitle("VAR(2), lynx equation: standardized prediction errors")
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]

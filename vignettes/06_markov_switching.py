@@ -279,7 +279,12 @@ diag = ss.diagnose(model, params, y, key=jax.random.key(0))
 print(f"{diag.kind} residuals")
 print(diag.tests.round(4).to_string())
 fig = diag.plot()
-fig.suptitle("MS(2)-AR(4): quantile (pseudo-) residuals", y=1.03)
+labels = [("quarter index", "quantile residual"), ("quantile residual", "density"),
+          ("N(0, 1) quantile", "residual quantile"), ("lag", "autocorrelation")]
+for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig.suptitle("MS(2)-AR(4): quantile (pseudo-) residuals")
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
