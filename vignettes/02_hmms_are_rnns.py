@@ -179,7 +179,7 @@ axes[1].plot(years, cell_predicted[:, high], color="C1", lw=1,
 axes[1].plot(years, cell_filtered[:, high], color="C0", lw=1.5,
              label=r"filtered $p(z_t = \mathrm{high} \mid y_{1:t})$")
 axes[1].set(xlabel="year", ylabel="probability", ylim=(-0.03, 1.03))
-axes[1].legend(fontsize=8, loc="upper left")
+axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
 axes[0].set_title(f"2-state model: probability of the high-rate state "
                   rf"($\lambda$ = {rates[high]:.1f})", fontsize=10)
 plt.show()
@@ -246,7 +246,7 @@ axes[0].plot(years, np.asarray(post.smoothed_probs)[:, high], color="C0", lw=2,
 axes[0].plot(years, np.asarray(grad_ll)[:, high], "o", color="C3", ms=2.5,
              label=r"smoothed, gradient $\partial \log p(y) / \partial \ell_{t,\mathrm{high}}$")
 axes[0].set(ylabel="p(high-rate state)", ylim=(-0.03, 1.03))
-axes[0].legend(fontsize=8, loc="upper left")
+axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
 axes[1].plot(years, np.asarray(grad_ll)[:, high] - np.asarray(post.smoothed_probs)[:, high],
              color="C3", lw=1)
 axes[1].set(xlabel="year", ylabel="gradient − F-B")
@@ -437,11 +437,11 @@ axes[0].step(years, rates_k[viterbi], where="mid", color="C3", lw=1.5,
 for rate in rates_k:
     axes[0].axhline(rate, color="0.7", lw=0.6, ls=":")
 axes[0].set(ylabel="count")
-axes[0].legend(fontsize=8, loc="upper left")
+axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
 axes[1].stackplot(years, smoothed.T, step="mid", alpha=0.8,
                   labels=[f"state {i + 1} (λ = {r:.1f})" for i, r in enumerate(rates_k)])
 axes[1].set(xlabel="year", ylabel="smoothed prob.", ylim=(0, 1), xlim=(years[0], years[-1]))
-axes[1].legend(fontsize=8, loc="lower left", ncol=k_best)
+axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # the bands fill the panel
 plt.show()
 
 # %% [markdown]
@@ -573,8 +573,11 @@ axes[1].step(years[split:], upper_t, where="mid", color="C3", ls="--", lw=1,
 axes[1].plot(years[split:], y_test, "ko", ms=4, mfc="w", label="held out")
 axes[1].set(xlim=(1950, years[-1] + 0.5), xlabel="year",
             title=f"held-out check: fit to {years[0]}-{years[split - 1]}")
+# one legend for both panels, below them (the right panel's entries include the left's)
 for ax in axes:
-    ax.legend(fontsize=7, loc="upper left")
+    ax.get_legend().remove()  # fc.plot's own legends would sit on the data
+fig.legend(*axes[1].get_legend_handles_labels(), fontsize=8, loc="upper center",
+           bbox_to_anchor=(0.5, 0.0), ncol=6)
 plt.show()
 
 # %% [markdown]
