@@ -106,6 +106,14 @@ def test_docs_page_snippets_run(page, tmp_path, monkeypatch):
         # the Nile MLE is Durbin and Koopman's (2012, sec. 2.10.3): (15099, 1469.1)
         assert abs(float(ns["mle"].params.obs_var) - 15099) < 2
         assert ns["exact"].mean.shape == (10,)
+    elif name == "api/params.md":
+        # the page's claim: this restricted state space model is SARIMAX(2, 0, 0) plus
+        # measurement error; statsmodels fits that model to the same data
+        from statsmodels.tsa.statespace.sarimax import SARIMAX
+
+        peer = SARIMAX(ns["y"], order=(2, 0, 0), trend="n", measurement_error=True)
+        llf = peer.fit(disp=False).llf
+        assert abs(ns["fit"].final_log_joint - llf) < 1e-4
     elif name == "api/neural.md":
         assert ns["fc"].samples.shape[-1] == 24
         fit = ns["fit"]
