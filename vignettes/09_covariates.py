@@ -226,7 +226,7 @@ assert scores["ARX(2) petrol + law"]["cover"] < 0.9  # months outside its 90% in
 
 fig, ax = plt.subplots(figsize=(9, 3))
 ax.plot(months[-48:], y[-48:], "k.-", lw=0.8, label="observed")
-for (name, (mu, sd)), color in zip(predictive.items(), ["C3", "C0", "C2"], strict=True):
+for (name, (mu, _sd)), color in zip(predictive.items(), ["C3", "C0", "C2"], strict=True):
     ax.plot(months[-h:], mu, color=color, lw=1.2, label=name)
 mu, sd = predictive["ARX(2) petrol + law"]
 ax.fill_between(months[-h:], mu - 1.64 * sd, mu + 1.64 * sd, color="C3", alpha=0.2,
