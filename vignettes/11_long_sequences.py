@@ -308,11 +308,10 @@ for name in ("HMM", "Kalman"):
 #
 # No GPU was used for this tutorial, and statseq's benchmarks contain no GPU rows yet, so
 # we only report what others published. Särkkä and García-Fernández (2021) ran their
-# parallel Kalman filter and smoother on a GPU and found the run time grew roughly
-# logarithmically in $T$ over the lengths they tried, while the sequential filter's
-# grew linearly, so that the parallel versions were much faster for long series; Hassan,
-# Särkkä and García-Fernández (2021) report the same shape for HMM filtering and
-# smoothing. The gain is bounded by the number of elements the device can combine at
+# parallel Kalman filter and smoother on a GPU and report that for long series they were
+# much faster than the sequential recursions, their run time growing far more slowly with
+# $T$; Hassan, Särkkä and García-Fernández (2021) report the same for HMM filtering and
+# smoothing. In theory the gain is bounded by the number of elements the device combines at
 # once: once $T$ exceeds it, the time grows linearly again with a smaller slope. Two
 # things carry over from the CPU results above without change: the parallel and
 # sequential scans compute the same numbers (section 1), and float32, the type GPUs are
