@@ -252,7 +252,8 @@ m_phi_mean = float(np.mean(fits["partial"][1]["m_phi"]))
 # the further a separate estimate is from the population mean, the more it is pulled in
 pull = np.corrcoef(np.abs(phi_none - m_phi_mean), np.abs(phi_none - phi_part))[0, 1]
 print(f"correlation of |no-pooling estimate - population mean| with the shrinkage: {pull:.2f}")
-assert pull > 0.5
+if not SMOKE:  # the prose below, for the converged full run
+    assert pull > 0.5
 
 fig, ax = plt.subplots(figsize=(6, 4))
 order = np.argsort(true_phi)
