@@ -93,7 +93,8 @@ class SequenceDistribution(dist.Distribution):
         num_timesteps: sequence length ``T`` (needed only when neither ``mask`` nor
             ``inputs`` gives it).
         mask: optional booleans ``batch + (T,)`` (per step) or ``batch + (T,) + event``
-            (per entry); ``True`` = observed.
+            (per entry); ``True`` = observed. Kept as the attribute ``obs_mask`` (``mask``
+            is numpyro's ``Distribution.mask`` method, which still works).
         inputs: ``[batch +] (T, input_dim)`` covariates when the model takes inputs.
         validate_args: numpyro's argument validation flag.
 
@@ -113,7 +114,10 @@ class SequenceDistribution(dist.Distribution):
         ...         model, ss.LocalLevelParams(obs, lev), num_timesteps=y.size), obs=y)
     """
 
-    pytree_data_fields = ("params", "mask", "inputs")
+    # the observation mask is stored as ``obs_mask``: the name ``mask`` belongs to numpyro's
+    # ``Distribution.mask(mask)`` method, which NumPyro's handlers (``Predictive``, the
+    # ``mask`` handler) call on every sample site
+    pytree_data_fields = ("params", "obs_mask", "inputs")
     pytree_aux_fields = ("model", "num_timesteps", "_params_batch")
 
     def __init__(self, model, params, *, num_timesteps=None, mask=None, inputs=None,
@@ -159,7 +163,7 @@ class SequenceDistribution(dist.Distribution):
         if isinstance(num_timesteps, bool) or int(num_timesteps) < 1:
             raise ValueError(f"num_timesteps must be a positive integer, got {num_timesteps}")
         self.num_timesteps = int(num_timesteps)
-        self.mask = mask
+        self.obs_mask = mask
         self.inputs = inputs
         super().__init__(batch_shape=tuple(batch), event_shape=(self.num_timesteps,) + event,
                          validate_args=validate_args)
@@ -172,8 +176,8 @@ class SequenceDistribution(dist.Distribution):
         """Mask and inputs broadcast to the leading axes ``lead``, flattened."""
         event, t = tuple(self.model.event_shape), self.num_timesteps
         n = math.prod(lead)
-        mask = None if self.mask is None else jnp.reshape(
-            jnp.broadcast_to(self.mask, lead + (t,) + event), (n, t) + event)
+        mask = None if self.obs_mask is None else jnp.reshape(
+            jnp.broadcast_to(self.obs_mask, lead + (t,) + event), (n, t) + event)
         u = self.inputs if self.inputs is not None else jnp.zeros((t, 0), float_dtype())
         u = jnp.reshape(jnp.broadcast_to(u, lead + u.shape[-2:]), (n,) + u.shape[-2:])
         return mask, u

@@ -224,3 +224,35 @@ def test_posterior_predictive_forecast_mixes_the_draws():
     with pytest.raises(ValueError, match="non-finite"):
         posterior_predictive_forecast(model, draws._replace(obs_var=jnp.array([1.0, np.nan])),
                                       y, num_steps=2, key=jax.random.key(0))
+
+
+def test_numpyro_mask_method_and_predictive_work_on_a_sequence_site():
+    """``Distribution.mask`` is numpyro's method (the observation mask is ``obs_mask``), so
+    NumPyro's handlers that call it, such as ``Predictive``, work on a model that observes
+    a `SequenceDistribution`; a masked-out site scores 0."""
+    from numpyro.infer import Predictive
+
+    model = ss.AR(order=1)
+    y = np.random.default_rng(2).normal(size=(4, 10))
+    params = model.default_params()
+    d = SequenceDistribution(model, params, num_timesteps=10)
+    assert d.obs_mask is None
+    masked = d.mask(False)
+    assert isinstance(masked, dist.MaskedDistribution)
+    np.testing.assert_array_equal(masked.log_prob(y), np.zeros(4))
+    m = np.ones((4, 10), bool)
+    m[:, 5] = False
+    assert SequenceDistribution(model, params, mask=m).obs_mask.shape == (4, 10)
+
+    def hier(y):
+        phi = numpyro.sample("phi", dist.Normal(0.0, 1.0))
+        numpyro.deterministic("double", 2 * phi)
+        with numpyro.plate("series", y.shape[0]):
+            numpyro.sample("y", SequenceDistribution(
+                model, params._replace(coeffs=jnp.reshape(phi, (1, 1, 1))),
+                num_timesteps=y.shape[1]), obs=y)
+
+    draws = {"phi": jnp.array([0.1, 0.5, -0.3])}
+    out = Predictive(hier, posterior_samples=draws, return_sites=["double"])(
+        jax.random.key(0), y)
+    np.testing.assert_allclose(out["double"], 2 * draws["phi"])
