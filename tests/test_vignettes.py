@@ -11,7 +11,8 @@ import pytest
 VIGNETTES = sorted((Path(__file__).resolve().parents[1] / "vignettes").glob("*.py"))
 # vignettes whose numbers a dedicated test checks: that test runs them (once, in the same
 # smoke mode), so they are not run a second time here
-RUN_ELSEWHERE = {"06_markov_switching": "tests/test_ms_vignette_numbers.py"}
+RUN_ELSEWHERE = {"04_neural_sequence_models": "tests/test_neural_vignette.py",
+                 "06_markov_switching": "tests/test_ms_vignette_numbers.py"}
 
 
 def test_there_are_vignettes():

@@ -78,13 +78,13 @@ def _split_validation(data, validation, key, scored=None):
     jax.jit,
     static_argnames=(
         "model", "optimizer", "num_steps", "batch_size", "eval_every", "patience",
-        "progress_every", "train_complete", "val_complete",
+        "min_steps", "progress_every", "train_complete", "val_complete",
     ),
 )
 def _fit_sgd_compiled(model, optimizer, restriction, priors, train, val, key,
                       clip_norm, *,
                       num_steps, batch_size, eval_every, patience, progress_every,
-                      train_complete=False, val_complete=False):
+                      min_steps=0, train_complete=False, val_complete=False):
     y_tr, m_tr, u_tr, s_tr = train
     num_train = y_tr.shape[0]
     scale = num_train / batch_size
@@ -150,7 +150,10 @@ def _fit_sgd_compiled(model, optimizer, restriction, priors, train, val, key,
                 better = score > best_val
                 best_up = jax.tree.map(lambda n, b: jnp.where(better, n, b), new_up, best_up)
                 best_val = jnp.where(better, score, best_val)
-                bad = jnp.where(better, 0, bad + 1)
+                # evaluations up to step `min_steps` (e.g. a learning-rate warm-up) still
+                # track the best parameters but do not count towards `patience`
+                counts = i + 1 > min_steps
+                bad = jnp.where(better, 0, jnp.where(counts, bad + 1, 0))
                 stop = jnp.where((bad >= patience) & (stop == _STOP_NONE), _STOP_EARLY, stop)
                 return vtrace, best_up, best_val, bad, stop
 
@@ -197,8 +200,8 @@ def _check_scored(scored, data):
 
 def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=None,
             batch_size=None, trainable=None, priors=None, clip_norm=None, validation=None,
-            eval_every=None, patience=None, progress=True, scored=None, ties=None
-            ) -> FitResult:
+            eval_every=None, patience=None, min_steps=0, progress=True, scored=None,
+            ties=None) -> FitResult:
     """Fit ``model`` by stochastic gradient ascent on the log joint, with optax.
 
     Maximizes ``log p(y | theta) + log p(theta)`` (the log-likelihood plus the log prior
@@ -214,6 +217,8 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
             part of the compiled program: build it once and pass the same object to
             repeated fits to reuse the compilation (a new ``optax.adam(...)`` per call
             retraces; the persistent cache then saves most, not all, of the compile).
+            Weight decay: ``optax.adamw(lr, weight_decay=w)`` (the optimizer receives
+            the unconstrained parameters, which it decays towards 0).
         num_steps: maximum number of optimizer steps.
         key: a ``jax.random`` key (minibatches and the validation split).
         mask: optional observation mask (per step or per entry).
@@ -228,7 +233,11 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
             sequence (scored as ``log p(y_val | y_train)``), else a random fraction of the
             sequences. Enables early stopping and returns the best validation parameters.
         eval_every: steps between validation evaluations (default ``num_steps // 100``).
-        patience: evaluations without improvement before stopping (default 10).
+        patience: evaluations without improvement before stopping (default 10). Only
+            evaluations after step ``min_steps`` count.
+        min_steps: steps before which early stopping cannot happen (default 0): set it to
+            the length of a learning-rate warm-up so that patience is measured from the
+            warm-up's end. Evaluations before it still update the best parameters.
         progress: show a progress bar (set ``False`` in scripts and tests).
         scored: optional booleans of shape ``batch_shape + (num_timesteps,)``: only the
             steps marked ``True`` count in the objective (and in validation scores); the
@@ -270,6 +279,7 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         max(1, num_steps // 100) if eval_every is None else eval_every, "eval_every"
     )
     patience = check_positive_int(10 if patience is None else patience, "patience")
+    min_steps = check_positive_int(min_steps, "min_steps", 0)
     if clip_norm is not None and not float(clip_norm) > 0:
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
     clip = jnp.asarray(jnp.inf if clip_norm is None else float(clip_norm), float_dtype())
@@ -282,7 +292,7 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         out = _fit_sgd_compiled(
             model, optimizer, restriction, priors, train, val, batch_key, clip,
             num_steps=num_steps, batch_size=batch_size, eval_every=eval_every,
-            patience=patience, progress_every=progress_every,
+            patience=patience, min_steps=min_steps, progress_every=progress_every,
             train_complete=bool(np.all(np.asarray(train[1]))),
             val_complete=val is not None and bool(np.all(np.asarray(val[1]))),
         )

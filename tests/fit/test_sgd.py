@@ -107,6 +107,58 @@ def test_validation_early_stopping_returns_best_validation_params():
     assert fit.log_joint[n - 1] > fit.log_joint[fit.validation_steps[best]]
 
 
+def test_min_steps_patience_counts_only_after_it():
+    """With ``min_steps`` (a learning-rate warm-up), the evaluations before it still pick
+    the best parameters but never count towards ``patience``: the fit that stopped early
+    above (white noise, AR(8)) now runs past ``min_steps`` and stops exactly ``patience``
+    evaluations after ``max(min_steps, best step)``."""
+    y = np.random.default_rng(0).normal(size=40)
+    model = ss.AR(order=8)
+    args = dict(optimizer=optax.adam(0.05), num_steps=2000, key=KEY, validation=0.25,
+                eval_every=10, patience=10, progress=False)
+    early = ss.fit_sgd(model, model.default_params(), y, **args)
+    min_steps = early.num_iterations + 300  # well past where the plain fit stopped
+    fit = ss.fit_sgd(model, model.default_params(), y, min_steps=min_steps, **args)
+    n, v, steps = fit.num_iterations, fit.validation_log_prob, fit.validation_steps
+    assert fit.converged and min_steps < n < 2000
+    # the same trajectory as the plain fit up to where that one stopped
+    np.testing.assert_allclose(v[: early.validation_log_prob.size], early.validation_log_prob,
+                               rtol=1e-12)
+    best = int(np.argmax(v))
+    counted = steps + 1 > max(min_steps, steps[best] + 1)  # evaluations after both
+    assert int(counted.sum()) == 10 and steps[-1] == n - 1
+    # returned params: the best validation point over all evaluations, warm-up included
+    np.testing.assert_allclose(ss.log_score(model, fit.params, y[:30], y[30:]), v[best],
+                               rtol=1e-10)
+
+
+def test_weight_decay_through_optax_adamw_matches_a_hand_written_loop(log_lynx):
+    """fit_sgd passes the parameters to ``optimizer.update``, so ``optax.adamw``'s decoupled
+    weight decay works: the fit equals a plain optax loop on ``-log p(y)`` (AR(1) with
+    the variance frozen: the free coefficient and intercept are unconstrained reals)."""
+    params = AR1.fit_least_squares(log_lynx)
+    trainable = ss.ARParams(coeffs=True, intercept=True, input_weights=False, cov=False)
+    opt = optax.adamw(0.01, weight_decay=0.5)
+    fit = ss.fit_sgd(AR1, params, log_lynx, optimizer=opt, num_steps=60, key=KEY,
+                     trainable=trainable, progress=False)
+
+    def loss(x):
+        p = params._replace(coeffs=x["coeffs"], intercept=x["intercept"])
+        return -ss.log_prob(AR1, p, log_lynx)
+
+    x = {"coeffs": params.coeffs, "intercept": params.intercept}
+    state = opt.init(x)
+    for _ in range(60):
+        updates, state = opt.update(jax.grad(loss)(x), state, x)
+        x = optax.apply_updates(x, updates)
+    np.testing.assert_allclose(fit.params.coeffs, x["coeffs"], rtol=1e-10)
+    np.testing.assert_allclose(fit.params.intercept, x["intercept"], rtol=1e-10)
+    # and the decay term matters: plain Adam (same loop without it) ends elsewhere
+    plain = ss.fit_sgd(AR1, params, log_lynx, optimizer=optax.adam(0.01), num_steps=60,
+                       key=KEY, trainable=trainable, progress=False)
+    assert abs(float(plain.params.intercept[0] - x["intercept"][0])) > 5e-3
+
+
 CLIP = dict(optimizer=optax.sgd(1.0), num_steps=1, key=KEY, clip_norm=1e-3, progress=False)
 
 
@@ -176,6 +228,8 @@ def test_non_finite_fit_returns_params_with_a_finite_objective(log_lynx):
         ({"clip_norm": -1.0}, ValueError, "clip_norm must be positive"),
         ({"eval_every": 0, "validation": 0.2}, ValueError, "eval_every"),
         ({"patience": 0, "validation": 0.2}, ValueError, "patience"),
+        ({"min_steps": -1, "validation": 0.2}, ValueError, "min_steps must be >= 0"),
+        ({"min_steps": 1.5, "validation": 0.2}, TypeError, "min_steps must be an integer"),
     ],
 )
 def test_bad_arguments(log_lynx, kwargs, exc, match):
