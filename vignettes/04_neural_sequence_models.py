@@ -179,10 +179,9 @@ plt.show()
 # %% [markdown]
 # **The linear baseline.** The AR order is chosen by AIC on the first training window,
 # with every order scored on the same years (the first 12 are conditioned on), so the
-# AICs are comparable. (An earlier version of this vignette said AR(9) is "the order Box,
-# Jenkins and Reinsel settle on"; it is not: their sunspot example, Series E, is 100
-# yearly Wolfer numbers 1770-1869, modelled by AR(2) and AR(3). Here the order is AIC's
-# choice on our data.)
+# AICs are comparable. The order is AIC's choice on our data, not a textbook's: Box,
+# Jenkins and Reinsel's sunspot example (Series E, 100 yearly Wolfer numbers 1770-1869)
+# is a shorter series, for which they identify AR(2) and AR(3).
 
 # %%
 first = z[ORIGINS[0] - WINDOW:ORIGINS[0]]
