@@ -283,6 +283,7 @@ if not SMOKE:
     assert model_beats["structural"] and model_beats["AR(13)"]
     assert significant["AR(13)"] and significant["structural"]
     assert not significant["AR(13) vs structural"]
+    assert (dm.loc[["AR(13)", "structural"], "origins better"] > 0.5).all()
 
 # %% [markdown]
 # * **What the data show.** Over 37 rolling origins (1957-1960, one to twelve months
