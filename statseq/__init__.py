@@ -49,6 +49,7 @@ from statseq.evaluation import (  # noqa: E402
     num_params,
 )
 from statseq.evaluation.auxiliary import AuxiliaryResiduals, auxiliary_residuals  # noqa: E402
+from statseq.evaluation.baselines import naive_forecast, naive_model, naive_params  # noqa: E402
 from statseq.evaluation.diagnostics import (  # noqa: E402
     Diagnostics,
     diagnose,
@@ -213,4 +214,7 @@ __all__ = [
     "Trend",
     "TrendParams",
     "TrigSeasonal",
+    "naive_forecast",
+    "naive_model",
+    "naive_params",
 ]

@@ -133,6 +133,8 @@ class StructuralParams(NamedTuple):
         obs_var: scalar variance of the irregular term ``eps_t``.
         components: tuple with one parameter NamedTuple per component, in the order of
             ``model.components``.
+        regression: ``(input_dim,)`` regression coefficients ``beta`` of the inputs in the
+            observation equation (``None`` for a model without inputs).
 
     Examples:
         >>> import statseq as ss
@@ -147,6 +149,7 @@ class StructuralParams(NamedTuple):
 
     obs_var: Any
     components: tuple
+    regression: Any = None
 
 
 class LocalLevelParams(NamedTuple):
@@ -685,23 +688,27 @@ class _StructuralBase(GaussianSSMBase):
         """``(obs_var, component params tuple)`` from the model's params."""
         return params.obs_var, tuple(params.components)
 
-    def _join(self, obs_var, component_params: tuple):
-        """The model's params from ``obs_var`` and a component params tuple."""
-        return StructuralParams(obs_var, tuple(component_params))
+    def _join(self, obs_var, component_params: tuple, regression=None):
+        """The model's params from ``obs_var``, a component params tuple and the
+        regression coefficients (``None`` without inputs)."""
+        return StructuralParams(obs_var, tuple(component_params), regression)
 
     # ---- parameters -------------------------------------------------------------------
     def param_shapes(self):
-        return self._join((), tuple(c.param_shapes() for c in self.components))
+        return self._join((), tuple(c.param_shapes() for c in self.components),
+                          (self.input_dim,) if self.input_dim else None)
 
     def param_constraints(self):
         return self._join(constraints.positive,
-                          tuple(c.param_constraints() for c in self.components))
+                          tuple(c.param_constraints() for c in self.components),
+                          constraints.real if self.input_dim else None)
 
     def default_params(self, dtype=None):
-        """Every variance 1, autoregressive coefficients 0."""
+        """Every variance 1, autoregressive and regression coefficients 0."""
         dtype = dtype or float_dtype()
         return self._join(jnp.asarray(1.0, dtype),
-                          tuple(c.default_params(1.0, dtype) for c in self.components))
+                          tuple(c.default_params(1.0, dtype) for c in self.components),
+                          jnp.zeros((self.input_dim,), dtype) if self.input_dim else None)
 
     def initialize(self, y: Any, *, key: jax.Array | None = None, inputs: Any = None,
                    mask: Any = None, method: str = "data") -> Any:
@@ -719,7 +726,10 @@ class _StructuralBase(GaussianSSMBase):
         Args:
             y: ``batch_shape + (num_timesteps,)``.
             key: a ``jax.random`` key (needed for ``method="random"``).
-            inputs: unused (structural models take no covariates).
+            inputs: ``batch_shape + (num_timesteps, input_dim)`` regressors (a
+                `StructuralModel` with ``input_dim > 0``): the regression coefficients start
+                at the least squares fit of the first differences of ``y`` on those of the
+                inputs (differencing removes a level; a random start keeps them).
             mask: optional observation mask.
             method: ``"data"`` or ``"random"``.
 
@@ -766,7 +776,12 @@ class _StructuralBase(GaussianSSMBase):
             f = 1.0 if factors is None else float(next(factors))
             return jnp.asarray(scale * f, dtype)
 
-        return jax.tree.map(leaf, cons, params, is_leaf=is_con)
+        params = jax.tree.map(leaf, cons, params, is_leaf=is_con)
+        if self.input_dim:
+            params = params._replace(regression=jnp.asarray(
+                _differenced_ols(np.asarray(data.y, float), np.asarray(data.mask),
+                                 np.asarray(data.inputs, float)), dtype))
+        return params
 
     @property
     def semidefinite_params(self) -> tuple[str, ...]:
@@ -821,6 +836,12 @@ class _StructuralBase(GaussianSSMBase):
             rows[i, sl] = c.design()
         return jnp.asarray(rows, dtype or float_dtype())
 
+    def _input_weights(self, params, dtype):
+        """``(1, input_dim)``: the regression coefficients as emission input weights."""
+        if not self.input_dim:
+            return jnp.zeros((1, 0), dtype)
+        return jnp.reshape(jnp.asarray(params.regression, dtype), (1, self.input_dim))
+
     def to_arrays(self, params) -> kalman.GaussianSSMArrays:
         obs_var, comps = self._split(params)
         dtype = jnp.asarray(obs_var).dtype
@@ -841,19 +862,19 @@ class _StructuralBase(GaussianSSMBase):
             initial_mean=jnp.zeros((n,), dtype),
             initial_cov=stack("initial_cov", n),
             dynamics_weights=stack("transition", n),
-            dynamics_input_weights=jnp.zeros((n, 0), dtype),
+            dynamics_input_weights=jnp.zeros((n, self.input_dim), dtype),
             dynamics_bias=jnp.zeros((n,), dtype),
             dynamics_cov=stack("cov", n),
             emission_weights=jnp.asarray(
                 np.concatenate([c.design() for c in self.components])[None, :], dtype),
-            emission_input_weights=jnp.zeros((1, 0), dtype),
+            emission_input_weights=self._input_weights(params, dtype),
             emission_bias=jnp.zeros((1,), dtype),
             emission_cov=jnp.reshape(obs_var, (1, 1)).astype(dtype),
             initial_diffuse=stack("diffuse", q),
         )
 
     # ---- per-component output ---------------------------------------------------------
-    def decompose(self, params, y, *, mask=None) -> dict[str, ComponentEstimate]:
+    def decompose(self, params, y, *, mask=None, inputs=None) -> dict[str, ComponentEstimate]:
         """Filtered and smoothed contribution ``Z_c x_{c,t}`` of every component.
 
         Both come from one run of `smoother` (so `decompose` compiles nothing of its
@@ -867,14 +888,17 @@ class _StructuralBase(GaussianSSMBase):
             params: the model's parameters.
             y: ``batch_shape + (num_timesteps,)``.
             mask: optional observation mask (``True`` = observed).
+            inputs: the regressors, for a model with ``input_dim > 0``.
 
         Returns:
             ``{name: ComponentEstimate}`` in the order of ``components`` (names from
-            `component_names`); each field has shape ``batch_shape + (num_timesteps,)``.
+            `component_names`), then, for a model with inputs, ``"regression"``: the
+            regression effect ``beta' u_t`` (a function of the parameters, standard
+            deviation 0); each field has shape ``batch_shape + (num_timesteps,)``.
             The smoothed contributions plus the smoothed irregular add up to ``y``.
         """
-        post = self.smoother(params, y, mask=mask)
-        data = prepare_data(self, y, mask, None)
+        post = self.smoother(params, y, mask=mask, inputs=inputs)
+        data = prepare_data(self, y, mask, inputs)
         dtype = post.smoothed_means.dtype
         z = self.component_designs(dtype)
         f_mean, f_std = _project(z, post.filtered_means, post.filtered_covs)
@@ -882,11 +906,22 @@ class _StructuralBase(GaussianSSMBase):
         known = self._identified(params, np.asarray(data.mask).reshape(data.mask.shape[:2]))
         known = jnp.asarray(known.reshape(data.batch_shape + known.shape[1:]))
         f_mean, f_std = jnp.where(known, f_mean, jnp.nan), jnp.where(known, f_std, jnp.nan)
-        return {
+        out = {
             name: ComponentEstimate(f_mean[..., i], f_std[..., i], s_mean[..., i],
                                     s_std[..., i])
             for i, name in enumerate(self.component_names)
         }
+        if self.input_dim:
+            effect = self._regression_effect(params, data.inputs, dtype)
+            effect = jnp.reshape(effect, data.batch_shape + effect.shape[-1:])
+            zero = jnp.zeros_like(effect)
+            out["regression"] = ComponentEstimate(effect, zero, effect, zero)
+        return out
+
+    def _regression_effect(self, params, inputs, dtype):
+        """``beta' u_t``: ``inputs`` ``(..., T, input_dim)`` to ``(..., T)``."""
+        weights = self._input_weights(params, dtype)[0]
+        return jnp.asarray(inputs, dtype) @ weights
 
     def _identified(self, params, mask) -> np.ndarray:
         """``(N, T, C)``: whether ``y_{0:t}`` identifies each filtered contribution.
@@ -917,8 +952,8 @@ class _StructuralBase(GaussianSSMBase):
                 power = f @ power
         return out
 
-    def forecast_components(self, params, y, *, num_steps, mask=None
-                            ) -> dict[str, ComponentForecast]:
+    def forecast_components(self, params, y, *, num_steps, mask=None, inputs=None,
+                            future_inputs=None) -> dict[str, ComponentForecast]:
         """h-step predictive mean and standard deviation of each component's contribution.
 
         From `forecast_moments`' ``state_mean`` and ``state_cov``:
@@ -926,17 +961,51 @@ class _StructuralBase(GaussianSSMBase):
         up to the forecast mean of ``y``; the variances do not add up (the components are
         correlated given ``y``, and the irregular adds ``obs_var``).
 
+        Args:
+            params: the model's parameters.
+            y: history ``batch_shape + (num_timesteps,)``.
+            num_steps: horizon ``h``.
+            mask: optional observation mask of the history.
+            inputs: the history's regressors (a model with ``input_dim > 0``).
+            future_inputs: ``(num_steps, input_dim)`` regressors over the horizon.
+
         Returns:
-            ``{name: ComponentForecast}``, fields of shape ``batch_shape + (num_steps,)``.
+            ``{name: ComponentForecast}``, fields of shape ``batch_shape + (num_steps,)``;
+            with inputs, also ``"regression"`` (``beta' u_{T+h}``, standard deviation 0).
         """
-        fc = self.forecast_moments(params, y, num_steps=num_steps, mask=mask)
-        z = self.component_designs(fc.state_mean.dtype)
+        fc = self.forecast_moments(params, y, num_steps=num_steps, mask=mask, inputs=inputs,
+                                   future_inputs=future_inputs)
+        dtype = fc.state_mean.dtype
+        z = self.component_designs(dtype)
         means, std = _project(z, fc.state_mean, fc.state_cov)
-        return {name: ComponentForecast(means[..., i], std[..., i])
-                for i, name in enumerate(self.component_names)}
+        out = {name: ComponentForecast(means[..., i], std[..., i])
+               for i, name in enumerate(self.component_names)}
+        if self.input_dim:
+            effect = jnp.broadcast_to(
+                self._regression_effect(params, self._future_inputs(future_inputs, num_steps),
+                                        dtype), means.shape[:-1])
+            out["regression"] = ComponentForecast(effect, jnp.zeros_like(effect))
+        return out
 
 
 _SPAN_TOL = 1e-8
+
+
+def _differenced_ols(y, mask, inputs) -> np.ndarray:
+    """Least squares coefficients of ``diff(y)`` on ``diff(inputs)`` over all sequences
+    (pairs of consecutive observed steps only): a start for the regression coefficients
+    that a random-walk level does not bias. Zeros where the inputs do not vary."""
+    k = inputs.shape[-1]
+    y = y.reshape(-1, y.shape[-1])  # (N, T): prepared scalar series
+    u = inputs.reshape(y.shape + (k,))
+    m = mask.reshape(y.shape).astype(bool)
+    dy, du = np.diff(np.where(m, y, 0.0), axis=1), np.diff(u, axis=1)
+    ok = m[:, 1:] & m[:, :-1] & np.all(np.isfinite(du), axis=-1)
+    dy, du = dy[ok], du[ok]
+    if dy.size == 0:
+        return np.zeros(k)
+    coef = np.linalg.lstsq(du, dy, rcond=None)[0]
+    return np.where(np.isfinite(coef), coef, 0.0)
 
 
 def _extend_basis(basis, row):
@@ -997,13 +1066,26 @@ class StructuralModel(_StructuralBase):
     ``sigma2.irregular, sigma2.level, sigma2.trend, sigma2.seasonal, sigma2.ar, ar.L1`` equal
     to ``obs_var, (level_var, slope_var), (var,), (coeffs, var)`` here.
 
+    With ``input_dim = k > 0`` the observation equation has a regression on ``k`` inputs
+    (covariates, or intervention dummies such as a step at a known date),
+
+        y_t = sum_c Z_c x_{c,t} + beta' u_t + eps_t,
+
+    with ``beta`` (``params.regression``, shape ``(k,)``) a parameter estimated with the
+    variances by maximum likelihood: statsmodels' ``UnobservedComponents(..., exog=u)``
+    with its default ``mle_regression=True`` (parameters ``beta.x1, ...`` last). Pass
+    ``inputs`` of shape ``(num_timesteps, k)`` wherever ``y`` goes, and ``future_inputs``
+    to forecasts.
+
     Args:
         components: a tuple of `Trend`, `Seasonal`, `TrigSeasonal` and `ARComponent`
             objects (at least one).
+        input_dim: number of regressors ``k`` in the observation equation (default 0).
 
-    Its parameters are a `StructuralParams` ``(obs_var, components)``, with one params
-    NamedTuple per component. Beyond the filter protocol: `decompose` (filtered and
-    smoothed contributions of each component) and `forecast_components`.
+    Its parameters are a `StructuralParams` ``(obs_var, components, regression)``, with one
+    params NamedTuple per component (``regression`` is ``None`` without inputs). Beyond
+    the filter protocol: `decompose` (filtered and smoothed contributions of each
+    component) and `forecast_components`.
 
     Examples:
         >>> import numpy as np, statseq as ss
@@ -1015,11 +1097,25 @@ class StructuralModel(_StructuralBase):
         >>> parts = model.decompose(params, y)
         >>> parts["seasonal"].smoothed_mean.shape
         (144,)
+
+        A step intervention (a level shift of the Nile from 1899, as in Durbin and
+        Koopman 2012, sec. 2.12):
+
+        >>> nile = ss.datasets.load_nile()
+        >>> step = (nile.index.to_numpy() >= 1899).astype(float)[:, None]
+        >>> shifted = ss.StructuralModel((ss.Trend(),), input_dim=1)
+        >>> p = shifted.default_params()._replace(obs_var=15000.0, regression=np.array([-250.0]))
+        >>> p.components[0].level_var.shape, p.regression.shape
+        ((), (1,))
+        >>> bool(ss.log_prob(shifted, p, nile.to_numpy(float), inputs=step) < 0)
+        True
     """
 
     components: tuple
+    input_dim: int = 0
 
     def __post_init__(self):
+        check_positive_int(self.input_dim, "input_dim", minimum=0)
         comps = self.components
         if isinstance(comps, Component | dict):
             comps = (comps,)
@@ -1028,7 +1124,10 @@ class StructuralModel(_StructuralBase):
         object.__setattr__(self, "components", tuple(_as_component(c) for c in comps))
 
     def config(self) -> dict[str, Any]:
-        return {"components": [c.config() for c in self.components]}
+        out: dict[str, Any] = {"components": [c.config() for c in self.components]}
+        if self.input_dim:
+            out["input_dim"] = self.input_dim
+        return out
 
 
 @register_model
@@ -1061,7 +1160,7 @@ class LocalLevel(_StructuralBase):
     def _split(self, params):
         return params.obs_var, (TrendParams(params.level_var),)
 
-    def _join(self, obs_var, component_params):
+    def _join(self, obs_var, component_params, regression=None):
         (trend,) = component_params
         return LocalLevelParams(obs_var, trend.level_var)
 
@@ -1095,6 +1194,6 @@ class LocalLinearTrend(_StructuralBase):
     def _split(self, params):
         return params.obs_var, (TrendParams(params.level_var, params.slope_var),)
 
-    def _join(self, obs_var, component_params):
+    def _join(self, obs_var, component_params, regression=None):
         (trend,) = component_params
         return LocalLinearTrendParams(obs_var, trend.level_var, trend.slope_var)
