@@ -59,6 +59,15 @@ def test_marginal_cdf_refuses_predictives_without_marginals():
         marginal_cdf(dist.Poisson(2.0), jnp.array(1.0))
 
 
+
+def test_marginal_cdf_uses_a_distributions_own_marginal_cdf_method():
+    class Product(dist.Independent):  # e.g. a product emission with its own marginals
+        def marginal_cdf(self, value):
+            return jnp.full(jnp.shape(value), 0.25)
+
+    d = Product(dist.Poisson(jnp.ones(2)), 1)
+    np.testing.assert_array_equal(marginal_cdf(d, jnp.array([3.0, 0.0])), [0.25, 0.25])
+
 def _brute_force_predicted(pi, a, lik):
     """``p(z_t = k | y_{<t})`` by summing ``p(z_{1:t}, y_{<t})`` over every state path."""
     k, num_steps = len(pi), lik.shape[0]
