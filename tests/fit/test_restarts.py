@@ -17,6 +17,7 @@ import statseq as ss
 from statseq.fit.em import _fit_em_compiled
 from statseq.fit.lbfgs import _fit_lbfgs_compiled
 from statseq.models.hmm.base import HMMBase, random_transition_matrix
+from statseq.models.hmm.gaussian import seed_from_key
 
 # Two fits reach "the same optimum" when their log-likelihoods differ by less than 0.5 nats:
 # half the 95% chi^2(1) likelihood-ratio threshold (1.92), far below the gaps between the
@@ -249,10 +250,14 @@ def test_anti_persistent_optimum_is_reached_where_a_sticky_start_is_not():
     for i in (0, 4):
         p = model.initialize(y, key=jax.random.key(i), method="random",
                              transitions="uniform")
-        # the old random emissions: one common variance, half the data's (random starts
-        # now spread each state's variance over two decades, which alone rescues these)
-        p = p._replace(emissions=p.emissions._replace(
-            covs=jnp.broadcast_to(0.5 * jnp.cov(y.T), (3, 2, 2))))
+        # the old random emissions, reproduced: the data's covariance (1e-3 ridge) times
+        # one factor U(1/4, 1) from the same seed (random starts now spread each state's
+        # variance over two decades, which alone rescues these two starts)
+        seed = seed_from_key(jax.random.split(jax.random.key(i), 4)[0])
+        factor = np.random.default_rng(seed).uniform(0.25, 1.0)
+        cov = np.cov(y.T, bias=True) + 1e-3 * np.diag(np.var(y, axis=0))
+        p = p._replace(emissions=p.emissions._replace(covs=jnp.asarray(
+            np.broadcast_to(factor * cov + model.min_variance * np.eye(2), (3, 2, 2)))))
         sticky = em(model, p._replace(transitions=model.default_transitions()), y)
         if sticky.final_log_joint < optimum - 5.0:
             stuck += 1
@@ -292,6 +297,7 @@ def test_small_benchmark_success_criterion():
     transition = switching(3, 0.1)
     means = np.array([[-1.0], [0.0], [1.0]])
     model = ss.GaussianHMM(num_states=3, emission_dim=1)
+    spreads = []
     for seed in range(3):
         y = simulate_gaussian_hmm(100 + seed, transition, means, 0.5, 300)
         with warnings.catch_warnings():
@@ -302,8 +308,9 @@ def test_small_benchmark_success_criterion():
         truth = em(model, true_params(model, y, transition, means, 0.5), y)
         best = max(best_start, truth.final_log_joint)
         assert ours.best.final_log_joint > best - SAME_OPTIMUM, seed
-        # the problem has local optima: some start ends short of the best
-        assert worst_start < best - 1.0
+        spreads.append(best - worst_start)
+    # the problem has local optima: on some seed a regular start ends short of the best
+    assert max(spreads) > 1.0, spreads
 
 
 def test_default_route_reaches_the_many_restart_best_where_the_old_default_did_not():
@@ -335,8 +342,8 @@ def test_default_route_reaches_the_many_restart_best_where_the_old_default_did_n
         best = max(many, truth.final_log_joint)
         assert len(ours.final_log_joints) == 20
         assert ours.best.final_log_joint > best - SAME_OPTIMUM, seed
-        # the truth-started EM stops in a worse optimum: the problem is multimodal
-        assert truth.final_log_joint < best - 0.5, seed
+        # EM from the true parameters stops in a worse optimum: the problem is multimodal
+        assert truth.final_log_joint < ours.best.final_log_joint - 0.5, seed
 
 
 def test_gaussian_random_starts_spread_state_variances_over_two_decades():
