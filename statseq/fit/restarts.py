@@ -56,9 +56,9 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int | None
       over several decades (see their ``initialize``), so the starts span variance ratios
       over orders of magnitude, near the boundary optima of structural models too.
 
-    HMMs' EM runs up to ``num_iters=500`` iterations by default (above `statseq.fit_em`'s 100:
+    For those models EM runs up to ``num_iters=500`` iterations by default (`fit_em`: 100;
     fits of anti-persistent regimes converge slowly, often in 200 to 450 iterations); it
-    stops earlier at its tolerance.
+    stops earlier at its tolerance. Other models keep the fitting function's defaults.
 
     Every start runs the same compiled fit (same model, shapes and static settings), so
     extra starts cost run time, not compilation. Structural models (no EM) restart with
@@ -69,8 +69,9 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int | None
         model: a statseq model with ``initialize``.
         y: data, as for the fitting function.
         key: a ``jax.random`` key.
-        num_restarts: number of starts (the data start included); default 20 for
-            models with transition families (HMMs), 10 otherwise.
+        num_restarts: number of starts (the data start included); default
+            ``5 * len(model.transition_starts)`` (20) for models with transition families
+            (HMMs, `MarkovSwitchingAR`), 10 otherwise.
         method: ``"em"`` (`statseq.fit_em`), ``"lbfgs"`` (`statseq.fit_lbfgs`) or
             ``"sgd"`` (`statseq.fit_sgd`; pass ``optimizer`` and ``num_steps``).
         mask: optional observation mask.

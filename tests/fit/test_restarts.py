@@ -213,6 +213,32 @@ def test_fit_restarts_cycles_families_and_compiles_once(monkeypatch):
     assert res.best.final_log_joint == np.nanmax(res.final_log_joints)
 
 
+
+def test_default_number_of_starts_and_em_iterations(monkeypatch):
+    """HMMs: 5 starts per transition family (20) and EM with num_iters=500 unless given;
+    other models: 10 starts and the fitting function's own defaults."""
+    import statseq.fit.em as em_module
+
+    real, calls = em_module.fit_em, []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("num_iters"))
+        return real(*args, **{**kwargs, "num_iters": 2})
+
+    monkeypatch.setattr(em_module, "fit_em", spy)
+    y = ss.datasets.load_earthquakes().to_numpy()
+    res = ss.fit_restarts(ss.PoissonHMM(num_states=2), y, key=jax.random.key(0))
+    assert calls == [500] * 20 and res.final_log_joints.shape == (20,)
+    calls.clear()
+    ss.fit_restarts(ss.PoissonHMM(num_states=2), y, key=jax.random.key(0), num_restarts=3,
+                    num_iters=7)
+    assert calls == [7] * 3
+    calls.clear()
+    nile = ss.datasets.load_nile().to_numpy().astype(float)[:, None]
+    res = ss.fit_restarts(ss.LinearGaussianSSM(state_dim=1, emission_dim=1), nile,
+                          key=jax.random.key(0))
+    assert calls == [None] * 10 and res.final_log_joints.shape == (10,)
+
 def test_only_the_chosen_starts_warnings_are_reissued(monkeypatch):
     import statseq.fit.em as em_module
 
