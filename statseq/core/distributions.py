@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 
 from statseq.inference.gaussian import masked_mvn_log_prob
 
@@ -94,7 +95,7 @@ def scalar_cdf(d, x):
                      f"shape {d.event_shape}")
 
 
-def marginal_cdf(d, x):
+def marginal_cdf(d: dist.Distribution, x: ArrayLike) -> jax.Array:
     """Per-coordinate marginal cdfs ``P(Y_j <= x_j)``, ``j = 1..D``, of a vector predictive.
 
     ``d`` has event shape ``(D,)``; the result has ``d``'s batch shape plus ``(D,)``. Each
