@@ -123,7 +123,7 @@ def marginal_cdf(d: dist.Distribution, x: ArrayLike) -> jax.Array:
     Examples:
         >>> import jax.numpy as jnp, numpyro.distributions as dist
         >>> d = dist.Independent(dist.Poisson(jnp.array([1.0, 4.0])), 1)
-        >>> marginal_cdf(d, jnp.array([0.0, 4.0])).round(4).tolist()
+        >>> [round(float(v), 4) for v in marginal_cdf(d, jnp.array([0.0, 4.0]))]
         [0.3679, 0.6288]
     """
     if hasattr(d, "marginal_cdf"):
