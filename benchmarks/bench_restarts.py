@@ -16,8 +16,8 @@ Problems (simulated, one data set per seed):
 
 Routes (each library's documented default way to fit from scratch):
 
-* statseq: ``fit_restarts(model, y, key=...)`` with its default ``num_restarts=10`` (EM,
-  ``num_iters=500``: above ``fit_em``'s default 100, which slow anti-persistent fits
+* statseq: ``fit_restarts(model, y, key=...)`` with every default (HMMs: 20 starts, EM
+  with ``num_iters=500``, above ``fit_em``'s default 100, which slow anti-persistent fits
   exceed; one winning start on anti3 took 296 iterations);
 * hmmlearn: ``GaussianHMM(n_components=K).fit(y)`` (``PoissonHMM`` for counts) with every
   default (diagonal covariances, ``n_iter=10``, ``tol=1e-2``, k-means init), for
@@ -26,7 +26,7 @@ Routes (each library's documented default way to fit from scratch):
   ``method="prior"``, its only one) then ``fit_em(..., num_iters=50)`` (its default).
 
 "Best known optimum" of a data set: the highest log-likelihood reached by any of these, by
-EM from the true parameters (``fit_em``, 1000 iterations), by ``fit_restarts`` with 20
+EM from the true parameters (``fit_em``, 1000 iterations), by ``fit_restarts`` with 30
 starts and another key (1000 iterations), and, with ``--reference-hmmlearn N``, by hmmlearn
 from ``N`` random initializations run to convergence (``n_iter=500``, ``tol=1e-6``, full
 covariances, ``min_covar=1e-6``; off by default: 30-70 s per fit on the shared 2-core
@@ -55,6 +55,7 @@ from _harness import CompileClock, fmt_s, md_table  # noqa: E402
 from bench_hmm import machine_info  # noqa: E402
 
 TOL = 0.5
+STATSEQ_ROUTE = "statseq fit_restarts (default: 20 starts)"
 MARKER_HEADING = "## Restarts: reaching the best known optimum"
 
 
@@ -179,7 +180,7 @@ def run_problem(name, cfg, seeds, num_timesteps, clock, args_reference_hmmlearn=
 
     model = statseq_model(cfg)
     rows = {r: dict(ok=0, n=0, times=[], gaps=[]) for r in
-            ("statseq fit_restarts (10 starts)", "hmmlearn default fit",
+            (STATSEQ_ROUTE, "hmmlearn default fit",
              "dynamax kmeans/prior + fit_em")}
     first_call = None
     for seed in seeds:
@@ -189,16 +190,16 @@ def run_problem(name, cfg, seeds, num_timesteps, clock, args_reference_hmmlearn=
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                res = ss.fit_restarts(model, y, key=jax.random.key(seed), num_iters=500)
+                res = ss.fit_restarts(model, y, key=jax.random.key(seed))
             sec = time.perf_counter() - t0
         if first_call is None:
             first_call = (sec, clock.total)
             with warnings.catch_warnings():  # steady state: the same call again
                 warnings.simplefilter("ignore")
                 t0 = time.perf_counter()
-                res = ss.fit_restarts(model, y, key=jax.random.key(seed), num_iters=500)
+                res = ss.fit_restarts(model, y, key=jax.random.key(seed))
                 sec = time.perf_counter() - t0
-        results["statseq fit_restarts (10 starts)"] = [(res.best.final_log_joint, sec)]
+        results[STATSEQ_ROUTE] = [(res.best.final_log_joint, sec)]
         results["hmmlearn default fit"] = []
         for rs in range(3):
             p, sec = hmmlearn_fit(cfg, y, rs)
@@ -222,7 +223,7 @@ def run_problem(name, cfg, seeds, num_timesteps, clock, args_reference_hmmlearn=
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             many = ss.fit_restarts(model, y, key=jax.random.key(10_000 + seed),
-                                   num_restarts=20, num_iters=1000)
+                                   num_restarts=30, num_iters=1000)
         candidates.append(many.best.final_log_joint)
         for rs in range(args_reference_hmmlearn):
             p, _ = hmmlearn_fit(cfg, y, 100 + rs, reference=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 
 from statseq.inference.gaussian import masked_mvn_log_prob
 
@@ -93,6 +94,64 @@ def scalar_cdf(d, x):
     raise ValueError(f"a cdf needs a scalar observation; this {type(d).__name__} has event "
                      f"shape {d.event_shape}")
 
+
+def marginal_cdf(d: dist.Distribution, x: ArrayLike) -> jax.Array:
+    """Per-coordinate marginal cdfs ``P(Y_j <= x_j)``, ``j = 1..D``, of a vector predictive.
+
+    ``d`` has event shape ``(D,)``; the result has ``d``'s batch shape plus ``(D,)``. Each
+    entry is the cdf of one coordinate's marginal law (the other coordinates integrated
+    out):
+
+    * ``Independent`` of a scalar family (Poisson, Bernoulli, Normal, ...): the scalar
+      cdf of each coordinate (`scalar_cdf`);
+    * ``MultivariateNormal``: ``Phi((x_j - mu_j) / sqrt(Sigma_jj))``;
+    * a finite mixture ``sum_k w_k p_k(y)`` (an HMM's one-step predictive): the mixture of
+      the components' marginals, ``F_j(x_j) = sum_k w_k F_kj(x_j)``;
+    * a distribution with a ``marginal_cdf(value)`` method: that method.
+
+    Args:
+        d: a numpyro distribution with event shape ``(D,)``.
+        x: values, shape broadcastable to ``d.batch_shape + (D,)``.
+
+    Returns:
+        ``batch_shape + (D,)`` probabilities.
+
+    Raises:
+        ValueError: when ``d`` has no per-coordinate marginal cdf (an event shape other
+            than ``(D,)``, or a family none of the cases above covers, e.g. a multinomial).
+
+    Examples:
+        >>> import jax.numpy as jnp, numpyro.distributions as dist
+        >>> d = dist.Independent(dist.Poisson(jnp.array([1.0, 4.0])), 1)
+        >>> [round(float(v), 4) for v in marginal_cdf(d, jnp.array([0.0, 4.0]))]
+        [0.3679, 0.6288]
+    """
+    if hasattr(d, "marginal_cdf"):
+        return d.marginal_cdf(x)
+    if len(d.event_shape) != 1:
+        raise ValueError(f"a marginal cdf needs a vector observation (event shape (D,)); "
+                         f"this {type(d).__name__} has event shape {d.event_shape}")
+    if isinstance(d, dist.MixtureSameFamily):
+        comp = marginal_cdf(d.component_distribution, jnp.expand_dims(x, -2))
+        return jnp.sum(d.mixing_distribution.probs[..., None] * comp, axis=-2)
+    if isinstance(d, dist.ExpandedDistribution):
+        out = marginal_cdf(d.base_dist, x)
+        return jnp.broadcast_to(out, jnp.broadcast_shapes(jnp.shape(out),
+                                                          d.batch_shape + d.event_shape))
+    if isinstance(d, dist.MultivariateNormal):
+        sd = jnp.sqrt(jnp.diagonal(d.covariance_matrix, axis1=-2, axis2=-1))
+        return jax.scipy.special.ndtr((x - d.loc) / sd)
+    if isinstance(d, dist.Independent) and d.reinterpreted_batch_ndims == 1:
+        base = d.base_dist
+        try:
+            return scalar_cdf(base, jnp.broadcast_to(x, jnp.broadcast_shapes(
+                jnp.shape(x), base.batch_shape)))
+        except (NotImplementedError, ValueError) as err:
+            raise ValueError(f"no marginal cdf: the coordinates' {type(base).__name__} "
+                             "has no cdf") from err
+    raise ValueError(f"no marginal cdf for a {type(d).__name__} predictive (supported: "
+                     "Independent scalar families, MultivariateNormal, finite mixtures of "
+                     "these, or a distribution with a marginal_cdf method)")
 
 def _is_discrete(d) -> bool:
     support = d.support

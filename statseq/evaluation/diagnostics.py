@@ -32,7 +32,7 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import ndtri
 
-from statseq.core.distributions import _is_discrete, scalar_cdf
+from statseq.core.distributions import _is_discrete, marginal_cdf, scalar_cdf
 from statseq.core.params import validate_params
 from statseq.core.recurrence import run_filter
 from statseq.core.validation import prepare_data
@@ -70,10 +70,16 @@ def _step_quantities(model, params, carry, y_t, mask_t, u_t):
         y = jnp.reshape(y_t, event).astype(d.loc.dtype)
         return {"z": _whiten(y, d.loc, d.covariance_matrix, mask)}
     if event not in ((), (1,)):
-        raise ValueError(
-            f"residuals of {type(model).__name__} need a scalar (or Gaussian vector) "
-            f"predictive; its predictive is a {type(d).__name__} with event shape {event}"
-        )
+        # a non-Gaussian vector predictive: per-coordinate marginal PIT
+        if len(event) != 1:
+            raise ValueError(
+                f"residuals of {type(model).__name__} need a scalar or vector predictive; "
+                f"its predictive is a {type(d).__name__} with event shape {event}")
+        x = jnp.reshape(y_t, event).astype(jnp.result_type(float))
+        hi = jnp.where(mask, marginal_cdf(d, x), jnp.nan)
+        if not _is_discrete(d):
+            return {"u": hi}
+        return {"lo": jnp.where(mask, marginal_cdf(d, x - 1.0), jnp.nan), "hi": hi}
     x = jnp.reshape(y_t, ()).astype(jnp.result_type(float))
     observed = jnp.all(mask)
     hi = jnp.where(observed, jnp.full(event, scalar_cdf(d, x)), jnp.nan)
@@ -133,6 +139,19 @@ def pit(model, params, y, *, mask=None, inputs=None, key=None):
     ``key`` is then required. For a Gaussian vector predictive the entries of the
     Cholesky-standardized error are mapped through ``Phi`` (the Rosenblatt transform).
 
+    For any other vector predictive (event shape ``(D,)``: a multivariate Poisson or
+    Bernoulli HMM, a Gaussian HMM with ``D > 1``, whose one-step predictive is a mixture)
+    the PIT is **marginal**: ``u_tj = F_tj(y_tj)`` with ``F_tj`` the cdf of coordinate
+    ``j``'s one-step predictive marginal (for an HMM ``sum_k p(z_t = k | y_{<t})
+    F_kj(y_tj)``, the mixture of the states' marginals;
+    `statseq.core.distributions.marginal_cdf`), randomized per coordinate for discrete
+    data. Under the model each coordinate's sequence ``u_1j, u_2j, ...`` is i.i.d.
+    ``U(0, 1)``, but the coordinates of one step are **not independent** of each other
+    (they share the hidden state), so test each coordinate separately (or account for
+    the dependence), not the pooled values. A missing coordinate gives NaN in that
+    coordinate only. A predictive without per-coordinate marginal cdfs raises a
+    ``ValueError``.
+
     Args:
         model: a statseq model.
         params: its parameters.
@@ -163,7 +182,9 @@ def quantile_residuals(model, params, y, *, mask=None, inputs=None, key=None):
     I.i.d. ``N(0, 1)`` under the model (for discrete data with the randomized PIT;
     Dunn and Smyth 1996; Zucchini, MacDonald and Langrock 2016, sec. 6.2). For Gaussian
     predictives they equal `standardized_residuals` (computed directly, without the
-    round trip through ``Phi``).
+    round trip through ``Phi``). For non-Gaussian vector predictives they are the
+    per-coordinate marginal residuals of `pit`: each coordinate i.i.d. ``N(0, 1)`` over
+    time, coordinates of one step dependent.
 
     Args:
         model: a statseq model.

@@ -17,6 +17,7 @@ import statseq as ss
 from statseq.fit.em import _fit_em_compiled
 from statseq.fit.lbfgs import _fit_lbfgs_compiled
 from statseq.models.hmm.base import HMMBase, random_transition_matrix
+from statseq.models.hmm.gaussian import seed_from_key
 
 # Two fits reach "the same optimum" when their log-likelihoods differ by less than 0.5 nats:
 # half the 95% chi^2(1) likelihood-ratio threshold (1.92), far below the gaps between the
@@ -212,6 +213,32 @@ def test_fit_restarts_cycles_families_and_compiles_once(monkeypatch):
     assert res.best.final_log_joint == np.nanmax(res.final_log_joints)
 
 
+
+def test_default_number_of_starts_and_em_iterations(monkeypatch):
+    """HMMs: 5 starts per transition family (20) and EM with num_iters=500 unless given;
+    other models: 10 starts and the fitting function's own defaults."""
+    import statseq.fit.em as em_module
+
+    real, calls = em_module.fit_em, []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("num_iters"))
+        return real(*args, **{**kwargs, "num_iters": 2})
+
+    monkeypatch.setattr(em_module, "fit_em", spy)
+    y = ss.datasets.load_earthquakes().to_numpy()
+    res = ss.fit_restarts(ss.PoissonHMM(num_states=2), y, key=jax.random.key(0))
+    assert calls == [500] * 20 and res.final_log_joints.shape == (20,)
+    calls.clear()
+    ss.fit_restarts(ss.PoissonHMM(num_states=2), y, key=jax.random.key(0), num_restarts=3,
+                    num_iters=7)
+    assert calls == [7] * 3
+    calls.clear()
+    nile = ss.datasets.load_nile().to_numpy().astype(float)[:, None]
+    res = ss.fit_restarts(ss.LinearGaussianSSM(state_dim=1, emission_dim=1), nile,
+                          key=jax.random.key(0))
+    assert calls == [None] * 10 and res.final_log_joints.shape == (10,)
+
 def test_only_the_chosen_starts_warnings_are_reissued(monkeypatch):
     import statseq.fit.em as em_module
 
@@ -249,6 +276,14 @@ def test_anti_persistent_optimum_is_reached_where_a_sticky_start_is_not():
     for i in (0, 4):
         p = model.initialize(y, key=jax.random.key(i), method="random",
                              transitions="uniform")
+        # the old random emissions, reproduced: the data's covariance (1e-3 ridge) times
+        # one factor U(1/4, 1) from the same seed (random starts now spread each state's
+        # variance over two decades, which alone rescues these two starts)
+        seed = seed_from_key(jax.random.split(jax.random.key(i), 4)[0])
+        factor = np.random.default_rng(seed).uniform(0.25, 1.0)
+        cov = np.cov(y.T, bias=True) + 1e-3 * np.diag(np.var(y, axis=0))
+        p = p._replace(emissions=p.emissions._replace(covs=jnp.asarray(
+            np.broadcast_to(factor * cov + model.min_variance * np.eye(2), (3, 2, 2)))))
         sticky = em(model, p._replace(transitions=model.default_transitions()), y)
         if sticky.final_log_joint < optimum - 5.0:
             stuck += 1
@@ -259,26 +294,97 @@ def test_anti_persistent_optimum_is_reached_where_a_sticky_start_is_not():
     assert res.best.final_log_joint > optimum - SAME_OPTIMUM
 
 
+def best_regular_optimum(model, y, key, num_starts):
+    """Best and worst final log-likelihoods of ``num_starts`` EM fits (the data start, then
+    random starts cycling the transition families), excluding near-singular fits: a state
+    whose variance is below 1% of the data's (spurious maximizers of the unbounded
+    Gaussian likelihood, McLachlan and Peel 2000, sec. 3.10)."""
+    fams = model.transition_starts
+    keys = jax.random.split(key, num_starts)
+    finals = []
+    for i in range(num_starts):
+        start = model.initialize(y, key=keys[i], method="data" if i == 0 else "random",
+                                 **({} if i == 0 else {"transitions": fams[i % 4]}))
+        fit = em(model, start, y, num_iters=1000)
+        if np.asarray(fit.params.emissions.covs).min() >= 0.01 * np.var(y):
+            finals.append(fit.final_log_joint)
+    return max(finals), min(finals)
+
+
 def test_small_benchmark_success_criterion():
     """benchmarks/bench_restarts.py in miniature: on 3 seeds of an anti-persistent
     Gaussian HMM (K = 3, stay 0.1, T = 300), the best known optimum is the best of EM from
-    the true parameters and of `fit_restarts` with 20 starts and another key;
-    `fit_restarts` with its default 10 starts must reach it on every seed (the benchmark
-    asks 90% of 10+ seeds; hmmlearn's references are left to the benchmark: 30-70 s a
+    the true parameters and of 20 random starts with another key, excluding near-singular
+    fits (`best_regular_optimum`; on seed 101 one of 20 starts ends at one, a state with
+    variance 7e-4 of the data's on 8 observations, 6 nats above every other fit).
+    `fit_restarts` with its default settings must reach it on every seed (the benchmark
+    asks 90% of 20 seeds; hmmlearn's references are left to the benchmark: 30-70 s a
     fit on the shared test machine)."""
     transition = switching(3, 0.1)
     means = np.array([[-1.0], [0.0], [1.0]])
     model = ss.GaussianHMM(num_states=3, emission_dim=1)
+    spreads = []
     for seed in range(3):
         y = simulate_gaussian_hmm(100 + seed, transition, means, 0.5, 300)
-        ours = ss.fit_restarts(model, y, key=jax.random.key(seed), num_iters=500)
-        many = ss.fit_restarts(model, y, key=jax.random.key(1000 + seed), num_restarts=20,
-                               num_iters=500)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ours = ss.fit_restarts(model, y, key=jax.random.key(seed))
+        best_start, worst_start = best_regular_optimum(model, y, jax.random.key(1000 + seed),
+                                                       20)
         truth = em(model, true_params(model, y, transition, means, 0.5), y)
-        best = max(many.best.final_log_joint, truth.final_log_joint)
+        best = max(best_start, truth.final_log_joint)
         assert ours.best.final_log_joint > best - SAME_OPTIMUM, seed
-        # the problem has local optima: some start ends short of the best
-        assert np.nanmin(many.final_log_joints) < best - 1.0
+        spreads.append(best - worst_start)
+    # the problem has local optima: on some seed a regular start ends short of the best
+    assert max(spreads) > 1.0, spreads
+
+
+def test_default_route_reaches_the_many_restart_best_where_the_old_default_did_not():
+    """Regression (issue 11 point 1): anti3 of benchmarks/bench_restarts.py (K = 3, stay
+    0.1, means -1/0/1, sd 0.5), T = 300, the benchmark's seeds 4 and 13 (its simulator,
+    copied). The old default (10 starts sharing one variance factor in [1/4, 1]) ended
+    0.93 and 3.24 nats short of the best known optimum: those optima have a narrow state
+    (variance 1.4% and 3.6% of the data's, on 8 and 11 steps), whose basin starts with
+    one common, wide variance rarely reach. The default route (20 starts, per-state
+    variances over two decades, 500 EM iterations) must end within 0.5 nats of the best
+    of 30 other starts (near-singular fits excluded) and of EM from the true parameters."""
+    transition = switching(3, 0.1)
+    means = np.array([[-1.0], [0.0], [1.0]])
+    model = ss.GaussianHMM(num_states=3, emission_dim=1)
+    for seed in (4, 13):
+        rng = np.random.default_rng([seed, 300])  # bench_restarts.simulate
+        cum = np.cumsum(transition, axis=1)
+        z = np.empty(300, int)
+        z[0] = rng.integers(3)
+        u = rng.random(300)
+        for t in range(1, 300):
+            z[t] = min(np.searchsorted(cum[z[t - 1]], u[t]), 2)
+        y = (means[z, 0] + 0.5 * rng.normal(size=300))[:, None]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ours = ss.fit_restarts(model, y, key=jax.random.key(seed))
+        many, _ = best_regular_optimum(model, y, jax.random.key(10_000 + seed), 30)
+        truth = em(model, true_params(model, y, transition, means, 0.5), y, num_iters=1000)
+        best = max(many, truth.final_log_joint)
+        assert len(ours.final_log_joints) == 20
+        assert ours.best.final_log_joint > best - SAME_OPTIMUM, seed
+        # EM from the true parameters stops in a worse optimum: the problem is multimodal
+        assert truth.final_log_joint < ours.best.final_log_joint - 0.5, seed
+
+
+def test_gaussian_random_starts_spread_state_variances_over_two_decades():
+    """Each state's start variance is the data's times 10^u, u ~ U(-2, 0), drawn per state
+    (plus ``min_variance``): 30 starts of 3 states cover most of the two decades, and the
+    states of one start differ."""
+    y = np.random.default_rng(0).normal(size=(400, 1)) * 3.0
+    model = ss.GaussianHMM(num_states=3, emission_dim=1)
+    var = 1.001 * np.var(y)  # the overall covariance keeps a 1e-3 ridge (_observed_moments)
+    v = np.array([np.asarray(model.initialize(y, key=jax.random.key(i), method="random")
+                             .emissions.covs)[:, 0, 0] for i in range(30)])
+    ratio = np.log10((v - model.min_variance) / var)
+    assert ratio.min() >= -2.0 - 1e-9 and ratio.max() <= 1e-9
+    assert ratio.min() < -1.8 and ratio.max() > -0.2
+    assert np.all(np.ptp(ratio, axis=1) > 1e-3)
 
 
 # ---- 3. the L-BFGS route for structural models -------------------------------------------

@@ -78,6 +78,11 @@ def kmeans(x, num_clusters: int, *, seed: int, num_iters: int = 20):
     return centers, labels
 
 
+#: Random starts scale the overall covariance by ``10^u`` per state, ``u ~ U(-2, 0)``: states
+#: narrower than the data by up to two decades (see ``GaussianHMM.initialize_emissions``).
+_RANDOM_VARIANCE_DECADES = 2.0
+
+
 def _observed_moments(rows, obs):
     """Per-entry mean and variance over observed entries, and the covariance of complete
     rows (diagonal of the variances when there are too few)."""
@@ -478,7 +483,8 @@ class GaussianHMM(HMMBase):
         entries (missing entries filled with the entry's mean), cluster covariances shrunk
         toward the overall covariance. ``"random"``: means are ``K`` k-means++ seeds (data rows
         drawn with probability proportional to their squared distance from the rows drawn
-        before), covariances the overall covariance times a random factor in [1/4, 1]."""
+        before), covariances the overall covariance times ``10^u``, ``u ~ U(-2, 0)`` drawn
+        per state (states one to a hundred times narrower than the data)."""
         k, d = self.num_states, self.emission_dim
         rows = np.asarray(y, float).reshape(-1, d)
         obs = np.asarray(mask, bool).reshape(-1, d)
@@ -493,10 +499,13 @@ class GaussianHMM(HMMBase):
             order = np.argsort(centers[:, 0], kind="stable")
             means, covs = centers[order], covs[order]
         elif method == "random":
-            # k-means++ seeds (data rows spread over the data), the overall covariance
-            # shrunk by a random factor in [1/4, 1] (clusters are narrower than the data)
             means, _ = kmeans(filled, k, seed=seed, num_iters=0)
-            covs = np.broadcast_to(global_cov, (k, d, d)) * rng.uniform(0.25, 1.0)
+            # k-means++ seeds (data rows spread over the data); each state's covariance
+            # is the overall one times its own 10^u, u ~ U(-2, 0): a narrow state (a
+            # rarely visited or tightly clustered regime) is then a start, not a basin that
+            # EM must shrink a common variance into
+            covs = global_cov[None] * 10.0 ** rng.uniform(-_RANDOM_VARIANCE_DECADES, 0.0,
+                                                           (k, 1, 1))
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         covs = 0.5 * (covs + np.swapaxes(covs, -1, -2)) + self.min_variance * np.eye(d)
