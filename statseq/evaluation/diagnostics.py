@@ -393,19 +393,25 @@ def plot_diagnostics(residuals, *, lags: int = 10, fig=None):
     ax.plot(np.arange(resid.size), resid, lw=1)
     ax.axhline(0.0, color="k", lw=0.5)
     ax.set_title("Standardized residual")
+    ax.set_xlabel("time step")
+    ax.set_ylabel("residual")
     ax = axes[0, 1]
     ax.hist(clean, bins="auto", density=True, alpha=0.6, label="Hist")
     grid = np.linspace(min(clean.min(), -3), max(clean.max(), 3), 200)
     if clean.std() > 0:
         ax.plot(grid, stats.gaussian_kde(clean)(grid), label="KDE")
     ax.plot(grid, stats.norm.pdf(grid), label="N(0,1)")
-    ax.legend()
+    ax.legend(fontsize="small", framealpha=0.6)
     ax.set_title("Histogram plus estimated density")
+    ax.set_xlabel("residual")
+    ax.set_ylabel("density")
     ax = axes[1, 0]
     theo = stats.norm.ppf((np.arange(1, clean.size + 1) - 0.5) / clean.size)
     ax.plot(theo, np.sort(clean), "o", ms=3)
     ax.plot(theo, theo, "k-", lw=0.8)
     ax.set_title("Normal Q-Q")
+    ax.set_xlabel("theoretical quantile")
+    ax.set_ylabel("sample quantile")
     ax = axes[1, 1]
     r = stattests.acf(clean, lags)[1:]
     ax.vlines(np.arange(1, lags + 1), 0.0, r)
@@ -414,5 +420,7 @@ def plot_diagnostics(residuals, *, lags: int = 10, fig=None):
     ax.axhspan(-band, band, alpha=0.2)
     ax.axhline(0.0, color="k", lw=0.5)
     ax.set_title("Correlogram")
+    ax.set_xlabel("lag")
+    ax.set_ylabel("autocorrelation")
     fig.tight_layout()
     return fig

@@ -230,6 +230,8 @@ def test_plot_diagnostics_draws_four_panels(nile):
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["Standardized residual", "Histogram plus estimated density",
                       "Normal Q-Q", "Correlogram"]
+    # every panel has labelled axes
+    assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
     with pytest.raises(ValueError, match="1-D"):
         ss.plot_diagnostics(np.ones((3, 2)))
     matplotlib.pyplot.close("all")
