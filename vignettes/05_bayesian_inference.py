@@ -115,13 +115,17 @@ plt.show()
 share = {c: float(np.mean((check.replicated["mean"] >= 1) & (check.replicated["mean"] <= 100)))
          for c, check in prior_checks.items()}
 below = {c: float(np.mean(check.replicated["mean"] < 5)) for c, check in prior_checks.items()}
+span = {c: np.quantile(check.replicated["mean"], [0.025, 0.975])
+        for c, check in prior_checks.items()}
 for c in priors:
-    print(f"c = {c:4g}: {share[c]:.0%} of prior series average 1-100 quakes a year, "
+    print(f"c = {c:4g}: middle 95% of prior series averages {span[c][0]:.2f} to "
+          f"{span[c][1]:.0f} quakes a year; {share[c]:.0%} average 1-100, "
           f"{below[c]:.0%} fewer than 5")
 
 # %% [markdown]
-# Both priors are wide (series averaging from a fraction of a quake to hundreds of quakes
-# a year), but with $c = 1$ most prior series average fewer than 5 quakes a year; with
+# Both priors are wide (the middle 95% of the prior series' yearly averages spans more
+# than two orders of magnitude), but with $c = 1$ most prior series average fewer than 5
+# quakes a year; with
 # $c = 15$ the prior predictive distribution is centred on plausible records and still
 # allows much quieter or much more active worlds. Neither prior conflicts with the data,
 # so we expect the posterior to be driven by the 107 years of data, which section 5 checks.
@@ -129,6 +133,7 @@ for c in priors:
 # %%
 if not SMOKE:
     assert below[1.0] > 0.5 > below[SCALE], below
+    assert all(hi / lo > 100 for lo, hi in span.values()), span
     assert share[SCALE] > share[1.0], share
 
 # %% [markdown]
@@ -143,11 +148,14 @@ if not SMOKE:
 
 
 # %%
-def fit(model, scale, key):
+PRIORS = {k: ss.bayes.default_priors(ss.PoissonHMM(num_states=k), scale=SCALE)
+          for k in (2, 3)}  # one priors object per model: refits reuse compiled programs
+
+
+def fit(model, key):
     return ss.fit_nuts(model, y, key=jax.random.key(key), num_warmup=NUM_WARMUP,
                        num_samples=NUM_SAMPLES, num_chains=NUM_CHAINS,
-                       priors=ss.bayes.default_priors(model, scale=scale),
-                       ordered="emissions.rates")
+                       priors=PRIORS[model.num_states], ordered="emissions.rates")
 
 
 def diagnostics(idata, label):
@@ -159,7 +167,7 @@ def diagnostics(idata, label):
     return summary, divergent
 
 
-idata2 = fit(hmm2, SCALE, 2)
+idata2 = fit(hmm2, 2)
 summary2, divergent2 = diagnostics(idata2, "2 states")
 print(summary2[["mean", "sd", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"]])
 if not SMOKE:
@@ -228,14 +236,19 @@ def prior_vs_posterior(model, idata, scale, title):
 
 prior_rates2, post_rates2 = prior_vs_posterior(hmm2, idata2, SCALE,
                                                "Two-state HMM: prior (dashed) and posterior")
-shrink = post_rates2.std(0) / np.log(prior_rates2).std(0)
+stay2 = np.asarray(idata2.posterior["transitions"].values).reshape(-1, 2, 2)[
+    :, np.arange(2), np.arange(2)].mean(0)
 print("posterior sd of the rates:", np.round(post_rates2.std(0), 2))
+print("posterior mean stay probabilities:", np.round(stay2, 3),
+      "expected regime durations 1 / (1 - stay):", np.round(1 / (1 - stay2), 1), "years")
+if not SMOKE:
+    assert np.all(post_rates2.std(0) < 2) and np.all((stay2 > 0.8) & (stay2 < 0.95))
 
 # %% [markdown]
-# The rate priors span three orders of magnitude; the posteriors are a few quakes wide.
-# The persistence probabilities move from uniform priors to posteriors concentrated near
-# 0.9: the data say regimes last about ten years, but with much less precision than they
-# give for the rates.
+# The rate priors span three orders of magnitude; the posteriors are a few quakes wide
+# (standard deviations under 2 quakes a year). The persistence probabilities move from
+# uniform priors to posteriors between 0.8 and 0.95: regimes last several years
+# (expected durations are printed above), known with much less precision than the rates.
 #
 # ## 4. Posterior predictive check, and what to do about it
 #
@@ -272,7 +285,7 @@ p_acf2 = ppc2.p_values[acf_name]
 if not SMOKE:
     assert p_acf2 < 0.1, p_acf2
 hmm3 = ss.PoissonHMM(num_states=3)
-idata3 = fit(hmm3, SCALE, 4)
+idata3 = fit(hmm3, 4)
 summary3, divergent3 = diagnostics(idata3, "3 states")
 print(summary3[["mean", "sd", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"]])
 draws3 = ss.posterior_params(hmm3, idata3)
@@ -285,43 +298,82 @@ p_acf3 = ppc3.p_values[acf_name]
 print(f"P(replicated lag-1 acf >= observed): 2 states {p_acf2:.3f}, 3 states {p_acf3:.3f}")
 
 # %% [markdown]
-# PLACEHOLDER-PPC3
+# The three-state model reproduces the spread and the extremes better (tail probabilities
+# of the standard deviation, the maximum and the variance-to-mean ratio near 0.5) and the
+# autocorrelation tail probability rises above 0.05: the observed 0.57 is now inside the
+# central 90% of the replicated values, though in their upper part. It is an improvement,
+# not a perfect fit: the model still makes the series slightly less persistent than it is.
+#
+# The same check one year at a time: the randomized quantile residuals at the posterior
+# mean (`ss.diagnose`; Zucchini, MacDonald and Langrock, sec. 6.2) should look like
+# independent standard normal draws. The Ljung-Box test looks for autocorrelation left in
+# them, Jarque-Bera for non-normality.
 
 # %%
+post_mean3 = jax.tree.map(lambda a: a.mean(axis=(0, 1)), draws3)
+diag3 = ss.diagnose(hmm3, post_mean3, y, key=jax.random.key(6))
+print(diag3.tests)
+diag3.plot()
+plt.show()
+acf3 = ppc3.replicated[acf_name]
 if not SMOKE:
     assert summary3["r_hat"].max() < 1.05 and summary3["ess_bulk"].min() > 100
-    assert p_acf3 > p_acf2
+    assert divergent3 == 0
+    assert p_acf2 < 0.05 < p_acf3 < 0.5
+    assert np.quantile(acf3, 0.05) < ppc3.observed[acf_name] < np.quantile(acf3, 0.95)
+    for name in ("sd", "max", "variance / mean"):
+        assert 0.3 < ppc3.p_values[name] < 0.7 and ppc3.p_values[name] > ppc2.p_values[name]
 
 # %% [markdown]
 # ## 5. Sensitivity to the prior scale
 #
-# How much of the posterior comes from the prior? Refit the three-state model with rate
-# priors of scale $c = 1$ and $c = 150$ (medians a factor 15 and 10 away from our
-# choice) and compare posterior means.
+# How much of the posterior comes from the prior? We change the rate priors of the
+# three-state model to scales $c = 1$ and $c = 150$ (medians a factor 15 and 10 away from
+# our choice) and compare posterior means. Refitting for each prior would cost a NUTS run
+# each; since only the prior changes, the posterior under the new prior $p'$ is the old
+# one reweighted by $p'(\theta) / p(\theta)$, which Pareto-smoothed importance sampling
+# (`ss.bayes.psis`) does reliably when the Pareto $k$ of the weights is below 0.7 (the
+# idea of the `priorsense` package, Kallioinen et al. 2023, "Detecting and diagnosing
+# prior and likelihood sensitivity with power-scaling", Statistics and Computing).
 
 # %%
-sens = {SCALE: idata3}
-for i, c in enumerate((1.0, 150.0)):
-    sens[c] = fit(hmm3, c, 10 + i)
-rows = {}
-for c in sorted(sens):
-    post = sens[c].posterior
-    rates = np.asarray(post["emissions.rates"].values).reshape(-1, 3)
-    trans = np.asarray(post["transitions"].values).reshape(-1, 3, 3)
-    rows[c] = np.concatenate([rates.mean(0), trans[:, np.arange(3), np.arange(3)].mean(0)])
-    sds = np.concatenate([rates.std(0), trans[:, np.arange(3), np.arange(3)].std(0)])
+post3 = idata3.posterior
+rates3_draws = np.asarray(post3["emissions.rates"].values).reshape(-1, 3)
+stay3_draws = np.asarray(post3["transitions"].values).reshape(-1, 3, 3)[:, np.arange(3),
+                                                                        np.arange(3)]
+values3 = np.concatenate([rates3_draws, stay3_draws], axis=1)
+fitted_prior = PRIORS[3].emissions.rates
+rows, pareto_k = {}, {}
+rows[SCALE], pareto_k[SCALE] = values3.mean(0), 0.0  # the fitted prior: plain means
+for c in (1.0, 150.0):
+    new_prior = ss.bayes.default_priors(hmm3, scale=c).emissions.rates
+    log_ratio = np.asarray(new_prior.log_prob(rates3_draws).sum(-1)
+                           - fitted_prior.log_prob(rates3_draws).sum(-1))
+    log_w, pareto_k[c] = ss.bayes.psis(log_ratio)
+    rows[c] = np.exp(log_w) @ values3
+rows = dict(sorted(rows.items()))
+sds = values3.std(0)
 header = ["rate 1", "rate 2", "rate 3", "stay 1", "stay 2", "stay 3"]
-print(f"{'scale c':>8s} " + " ".join(f"{h:>7s}" for h in header))
+print(f"{'scale c':>8s} " + " ".join(f"{h:>7s}" for h in header) + "  Pareto k")
 for c, row in rows.items():
-    print(f"{c:8g} " + " ".join(f"{v:7.3f}" for v in row))
-print(f"{'post sd':>8s} " + " ".join(f"{v:7.3f}" for v in sds))
+    print(f"{c:8g} " + " ".join(f"{v:7.3f}" for v in row) + f"  {pareto_k[c]:8.2f}")
+print(f"{'sd, c=15':>8s} " + " ".join(f"{v:7.3f}" for v in sds))
 spread = np.ptp(np.stack(list(rows.values())), axis=0)
 rel_spread = spread / sds
 print("largest change of a posterior mean across scales, in posterior sds:",
       f"{rel_spread.max():.2f}")
 
+# %%
+if not SMOKE:
+    assert rel_spread.max() < 0.5 and max(pareto_k.values()) < 0.7, (rel_spread, pareto_k)
+
 # %% [markdown]
-# PLACEHOLDER-SENS
+# The Pareto $k$ values are below 0.7, so the reweighted means can be trusted. Across
+# a 150-fold range of prior scales no posterior mean moves by more than half a posterior
+# standard deviation (the largest change is printed above): with 107 years of
+# data and weakly informative priors, the conclusions about the rates and the persistence
+# come from the data. (The transition priors, uniform Dirichlet rows, were not varied;
+# their mean stay probability is $1/K$, which if anything pulls against persistence.)
 #
 # ## 6. Leave-future-out cross-validation
 #
@@ -346,7 +398,7 @@ for name, model, key in [("2-state HMM", hmm2, 20), ("3-state HMM", hmm3, 21)]:
     lfo[name] = ss.lfo_cv(model, y, first_origin=LFO_FIRST, key=jax.random.key(key),
                           num_warmup=NUM_WARMUP, num_samples=NUM_SAMPLES,
                           num_chains=NUM_CHAINS, ordered="emissions.rates",
-                          priors=ss.bayes.default_priors(model, scale=SCALE))
+                          priors=PRIORS[model.num_states])
 origins = np.arange(LFO_FIRST, y.size)
 sums = np.concatenate([[0], np.cumsum(y)])
 a0, b0 = 2.0, 2.0 / SCALE
@@ -373,8 +425,44 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# PLACEHOLDER-LFO
-#
+# Both hidden Markov models forecast the next year far better than independent Poisson
+# counts (the difference is several standard errors): knowing the current regime
+# matters. Three states score higher than two, but by less than two standard errors of
+# the difference: 30 one-year forecasts cannot separate the two HMMs decisively. The
+# refits column counts the NUTS fits each model needed (one at $L$, then one whenever
+# the Pareto $k$ of the importance weights exceeded 0.7).
+
+# %%
+gain_se = float(np.sqrt(gain_vs_iid.size * gain_vs_iid.var()))
+if not SMOKE:
+    assert gain_vs_iid.sum() > 4 * gain_se
+    assert 0 < diff.sum() < 2 * diff_se
+rates2 = np.asarray(idata2.posterior["emissions.rates"].values).reshape(-1, 2).mean(0)
+rates3 = rows[SCALE][:3]
+stay3, stay3_sd = rows[SCALE][3:], sds[3:]
+print("posterior mean rates: 2 states", np.round(rates2, 1), "3 states", np.round(rates3, 1))
+print("3 states, stay probabilities:", np.round(stay3, 2), "sd", np.round(stay3_sd, 2))
+if not SMOKE:
+    assert np.all(np.abs(rates2 - [15, 26]) < 1) and np.all(np.abs(rates3 - [13, 20, 30]) < 1)
+    assert np.all((stay3 > 0.65) & (stay3 < 0.9)) and stay3_sd.max() < 0.15
+
+# %% [markdown]
 # ## Conclusion
 #
-# PLACEHOLDER-CONCLUSION
+# The yearly counts of major earthquakes behave like a Poisson process whose rate
+# switches between regimes that last several years. A two-state model (rates of about 15
+# and 26 quakes a year) reproduces the level, the spread and the extremes of the series
+# and forecasts the next year much better than independent Poisson counts, but its
+# posterior predictive check fails on the lag-1 autocorrelation (tail probability 0.03):
+# it does not make consecutive years alike enough. Adding a third state (rates of about
+# 13, 20 and 30) brings that tail probability above 0.05 and improves the spread
+# statistics, and it forecasts slightly better in leave-future-out cross-validation,
+# though by less than two standard errors. The posterior barely depends on the prior
+# scale, and the published maximum likelihood estimates fall inside the posterior
+# intervals. What remains uncertain: how long the regimes last (stay probabilities between
+# about 0.7 and 0.85, with posterior standard deviations of up to about 0.12), whether three
+# discrete regimes are the right description or a stand-in for a more gradually varying
+# rate (the three-state model is still a little less persistent than the data; a model
+# with autocorrelated emissions, such as a count state space model, would test that), and
+# whether two or three states forecast better: thirty years of one-year-ahead forecasts do
+# not settle it.

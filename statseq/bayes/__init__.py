@@ -8,7 +8,7 @@ relabelling, posterior predictive forecasts, prior and posterior predictive chec
 
 from statseq.bayes.checks import PredictiveCheck, predictive_check, sample_prior
 from statseq.bayes.distribution import SequenceDistribution
-from statseq.bayes.lfo import LFOResult, lfo_cv
+from statseq.bayes.lfo import LFOResult, lfo_cv, psis
 from statseq.bayes.nuts import fit_nuts, posterior_params
 from statseq.bayes.predictive import posterior_predictive_forecast
 from statseq.bayes.priors import LKJCovariance, default_priors
@@ -29,6 +29,7 @@ __all__ = [
     "posterior_params",
     "posterior_predictive_forecast",
     "predictive_check",
+    "psis",
     "relabel_states",
     "sample_prior",
 ]
