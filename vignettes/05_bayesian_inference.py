@@ -315,16 +315,23 @@ diag3 = ss.diagnose(hmm3, post_mean3, y, key=jax.random.key(6))
 print(diag3.tests)
 diag3.plot()
 plt.show()
+diag_p = diag3.tests["pvalue"]
 acf3 = ppc3.replicated[acf_name]
 if not SMOKE:
     assert summary3["r_hat"].max() < 1.05 and summary3["ess_bulk"].min() > 100
     assert divergent3 == 0
     assert p_acf2 < 0.05 < p_acf3 < 0.5
+    assert diag_p.min() > 0.1, diag_p
     assert np.quantile(acf3, 0.05) < ppc3.observed[acf_name] < np.quantile(acf3, 0.95)
     for name in ("sd", "max", "variance / mean"):
         assert 0.3 < ppc3.p_values[name] < 0.7 and ppc3.p_values[name] > ppc2.p_values[name]
 
 # %% [markdown]
+# None of the three tests rejects (every p-value is above 0.1): one year at a time, the
+# three-state model's predictive distributions are consistent with the data, and no
+# autocorrelation is left in its quantile residuals. The whole-series check above is the
+# sharper test of persistence, because it compares entire simulated series with the data.
+#
 # ## 5. Sensitivity to the prior scale
 #
 # How much of the posterior comes from the prior? We change the rate priors of the
@@ -444,7 +451,8 @@ print("posterior mean rates: 2 states", np.round(rates2, 1), "3 states", np.roun
 print("3 states, stay probabilities:", np.round(stay3, 2), "sd", np.round(stay3_sd, 2))
 if not SMOKE:
     assert np.all(np.abs(rates2 - [15, 26]) < 1) and np.all(np.abs(rates3 - [13, 20, 30]) < 1)
-    assert np.all((stay3 > 0.65) & (stay3 < 0.9)) and stay3_sd.max() < 0.15
+    assert np.all((stay3 > 0.65) & (stay3 < 0.9))
+    assert np.all((stay3_sd > 0.05) & (stay3_sd < 0.15))
 
 # %% [markdown]
 # ## Conclusion
@@ -460,7 +468,7 @@ if not SMOKE:
 # though by less than two standard errors. The posterior barely depends on the prior
 # scale, and the published maximum likelihood estimates fall inside the posterior
 # intervals. What remains uncertain: how long the regimes last (stay probabilities between
-# about 0.7 and 0.85, with posterior standard deviations of up to about 0.12), whether three
+# about 0.7 and 0.85, with posterior standard deviations between 0.05 and 0.15), whether three
 # discrete regimes are the right description or a stand-in for a more gradually varying
 # rate (the three-state model is still a little less persistent than the data; a model
 # with autocorrelated emissions, such as a count state space model, would test that), and

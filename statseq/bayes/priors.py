@@ -19,7 +19,7 @@ standardized real-valued data; for raw data either standardize it or pass ``scal
 | positive definite | `LKJCovariance` (LKJ(2) correlations, half-normal(2 c) scales) | covariances |
 
 A log-normal with log-scale standard deviation 2 puts 95% of its mass within a factor
-``e^4 ≈ 55`` of its median: a variance prior with median ``c^2``, a rate prior with median
+``e^(1.96 * 2) ≈ 50`` of its median: a variance prior with median ``c^2``, a rate prior with median
 ``c``. Means are centred at 0, so centre real data (or pass a prior on the means).
 
 A model may override these with a ``default_priors(y, mask, *, scale)`` method returning
