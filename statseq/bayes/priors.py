@@ -158,7 +158,7 @@ def default_priors(model, y=None, *, mask=None, scale=1.0):
         >>> priors = default_priors(ss.PoissonHMM(num_states=2), scale=20.0)
         >>> type(priors.transitions).__name__, type(priors.emissions.rates).__name__
         ('Dirichlet', 'LogNormal')
-        >>> round(float(priors.emissions.rates.median[0]), 6)  # exp(log 20): median rate 20
+        >>> round(float(priors.emissions.rates.icdf(0.5)[0]), 6)  # median rate c = 20
         20.0
     """
     del y, mask  # the values of the data never set the prior
