@@ -20,9 +20,12 @@ from statseq.bayes import (  # noqa: E402
     SequenceDistribution,
     fit_nuts,
     fit_svi,
+    lfo_cv,
     posterior_params,
     posterior_predictive_forecast,
+    predictive_check,
     relabel_states,
+    sample_prior,
 )
 from statseq.core.buckets import bucket_length, set_length_buckets  # noqa: E402
 from statseq.core.model import SequenceModel, register_model, registered_models  # noqa: E402
@@ -157,6 +160,9 @@ __all__ = [
     "posterior_params",
     "posterior_predictive_forecast",
     "relabel_states",
+    "lfo_cv",
+    "predictive_check",
+    "sample_prior",
     "make_windows",
     "Windows",
     "forecast",

@@ -2,23 +2,32 @@
 
 Priors use the format of `statseq.core.params` (a pytree like ``params`` whose leaves are
 numpyro distributions on the natural, constrained parameters). For NUTS and SVI every
-trainable leaf needs a proper prior; `default_priors` gives one per constraint, scaled to
-the data (``m``, ``s``: mean and standard deviation of the observed values):
+trainable leaf needs a proper prior; `default_priors` gives one per constraint. The
+defaults **do not look at the data**: they are weakly informative on a fixed, stated
+scale ``c`` (the ``scale`` argument, default 1), the typical size of an observation's
+deviations (real data) or of a count (count data), which you set from what you know
+about the measurements, not from the sample. With the default ``c = 1`` they suit
+standardized real-valued data; for raw data either standardize it or pass ``scale``:
 
 | constraint | default prior | used for |
 |---|---|---|
 | simplex | ``Dirichlet(1, ..., 1)`` per row | initial, transition, categorical probs |
-| positive | ``LogNormal(log v, 2)``; ``v = s^2`` (real data), ``m`` (counts) | variances, rates |
+| positive, real data | ``LogNormal(2 log c, 2)`` (median ``c^2``) | variances |
+| positive, other data | ``LogNormal(log c, 2)`` (median ``c``) | rates (counts) |
 | unit interval | ``Beta(1, 1)`` | Bernoulli probabilities |
-| real | ``Normal(0, max(1, 2 sqrt(m^2 + s^2)))`` | means, biases, weights, AR coefficients |
-| positive definite | `LKJCovariance` (LKJ(2) correlations, half-normal(2 s) scales) | covariances |
+| real | ``Normal(0, 2 max(1, c))`` | means, biases, weights, AR coefficients |
+| positive definite | `LKJCovariance` (LKJ(2) correlations, half-normal(2 c) scales) | covariances |
 
-A model may override these with a ``default_priors(y, mask)`` method returning a priors
-pytree (leaves it leaves ``None`` fall back to the table): HMMs put logit-scale priors on
-input-driven transitions, the Gaussian HMM scales its means and covariances per
-emission dimension, and the neural models put fan-in-scaled ``Normal(0, 1 / sqrt(fan_in))``
-priors on recurrent weights and ``Normal(0, 2 max(1, s) / sqrt(F))`` on the readout
-(`statseq.models.neural.base.NeuralSequenceModel.default_priors`).
+A log-normal with log-scale standard deviation 2 puts 95% of its mass within a factor
+``e^(1.96 * 2) ≈ 50`` of its median: a variance prior with median ``c^2``, a rate prior with median
+``c``. Means are centred at 0, so centre real data (or pass a prior on the means).
+
+A model may override these with a ``default_priors(y, mask, *, scale)`` method returning
+a priors pytree (leaves it leaves ``None`` fall back to the table): HMMs put logit-scale
+priors on input-driven transitions, the Gaussian HMM puts ``Normal(0, 2 c)`` on its means
+and the table's priors on its covariances, and the neural models put fan-in-scaled
+``Normal(0, 1 / sqrt(fan_in))`` priors on recurrent weights and ``Normal(0, 2 max(1, c) /
+sqrt(F))`` on the readout (`statseq.models.neural.base.NeuralSequenceModel.default_priors`).
 """
 
 from __future__ import annotations
@@ -95,50 +104,49 @@ class LKJCovariance(dist.Distribution):
         return lp
 
 
-def _data_moments(y, mask):
-    """Mean and standard deviation of the observed (unmasked, finite) values."""
-    arr = np.asarray(y, float)
-    obs = np.isfinite(arr)
-    if mask is not None:
-        m = np.asarray(mask, bool)
-        m = m.reshape(m.shape + (1,) * (arr.ndim - m.ndim))
-        obs &= np.broadcast_to(m, arr.shape)
-    vals = arr[obs]
-    if vals.size == 0:
-        raise ValueError("y has no observed values to scale the default priors")
-    m = float(vals.mean())
-    s = float(vals.std()) if vals.size > 1 else 1.0
-    return m, (s if s > 0 else 1.0)
+def check_prior_scale(scale) -> float:
+    """``scale`` as a positive finite float (ValueError naming ``scale`` otherwise)."""
+    try:
+        c = float(scale)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"scale must be a positive number, got {scale!r}") from err
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return c
 
 
-def _generic_prior(model, con, shape, m, s):
+def _generic_prior(model, con, shape, c):
+    """The constraint table's prior for one leaf at observation scale ``c``."""
     dtype = float_dtype()
     shape = tuple(shape)
     if con is constraints.simplex:
         return dist.Dirichlet(jnp.ones(shape, dtype))
     if con is constraints.positive:
-        v = m if model.observation_dtype == "count" else s ** 2
-        loc = math.log(max(v, 1e-6))
+        loc = 2.0 * math.log(c) if model.observation_dtype == "real" else math.log(c)
         return dist.LogNormal(jnp.full(shape, loc, dtype), 2.0)
     if con is constraints.unit_interval:
         return dist.Beta(jnp.ones(shape, dtype), 1.0)
     if con is constraints.real:
-        return dist.Normal(jnp.zeros(shape, dtype), max(1.0, 2.0 * math.hypot(m, s)))
+        return dist.Normal(jnp.zeros(shape, dtype), 2.0 * max(1.0, c))
     if con is constraints.positive_definite:
-        return LKJCovariance(shape[-1], jnp.full(shape[:-1], 2.0 * s, dtype))
+        return LKJCovariance(shape[-1], jnp.full(shape[:-1], 2.0 * c, dtype))
     return None
 
 
-def default_priors(model, y, *, mask=None):
-    """Weakly informative priors for every parameter of ``model``, scaled to ``y``.
+def default_priors(model, y=None, *, mask=None, scale=1.0):
+    """Weakly informative priors for every parameter of ``model``, on a fixed scale.
 
-    Uses the model's own ``default_priors(y, mask)`` where it has one, and the
-    constraint table of `statseq.bayes.priors` for the leaves it leaves ``None``.
+    Uses the model's own ``default_priors`` hook where it has one, and the constraint
+    table of `statseq.bayes.priors` for the leaves it leaves ``None``. The priors depend
+    on the model and on ``scale`` only, never on the values of ``y``: the same ``y``
+    multiplied by 1000 gets the same priors.
 
     Args:
         model: a statseq model.
-        y: the data, ``batch_shape + (num_timesteps,) + event_shape``.
-        mask: optional observation mask.
+        y: accepted for backward compatibility; its values are not used.
+        mask: accepted for backward compatibility; not used.
+        scale: the observation scale ``c`` of the table (default 1: standardized real
+            data, counts of order 1), chosen from knowledge of the measurements.
 
     Returns:
         A priors pytree (the structure of ``params``) of numpyro distributions; a leaf is
@@ -147,19 +155,22 @@ def default_priors(model, y, *, mask=None):
     Examples:
         >>> import statseq as ss
         >>> from statseq.bayes import default_priors
-        >>> priors = default_priors(ss.PoissonHMM(num_states=2), [1, 4, 2, 8, 9, 7])
+        >>> priors = default_priors(ss.PoissonHMM(num_states=2), scale=20.0)
         >>> type(priors.transitions).__name__, type(priors.emissions.rates).__name__
         ('Dirichlet', 'LogNormal')
+        >>> round(float(priors.emissions.rates.icdf(0.5)[0]), 6)  # median rate c = 20
+        20.0
     """
-    m, s = _data_moments(y, mask)
+    del y, mask  # the values of the data never set the prior
+    c = check_prior_scale(scale)
     generic = jax.tree.map(
-        lambda c, shape: _generic_prior(model, c, shape, m, s),
+        lambda con, shape: _generic_prior(model, con, shape, c),
         model.param_constraints(), model.param_shapes(), is_leaf=_is_constraint,
     )
     hook = getattr(model, "default_priors", None)
     if hook is None:
         return generic
-    own = hook(y, mask)
+    own = hook(None, None, scale=c)
     own_leaves, tree = jax.tree.flatten(own, is_leaf=_is_prior_leaf)
     gen_leaves = tree.flatten_up_to(generic)
     return jax.tree.unflatten(

@@ -148,30 +148,95 @@ def test_lkj_covariance_density_is_the_change_of_variables(dim):
     np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
-def test_default_priors_follow_the_constraints_and_data_scale():
-    y = np.array([3, 5, 4, 12, 15, 11])
-    priors = default_priors(ss.PoissonHMM(num_states=2), y)
-    assert isinstance(priors.initial_probs, dist.Dirichlet)
-    assert isinstance(priors.transitions, dist.Dirichlet)
-    assert priors.transitions.batch_shape == (2,)
-    np.testing.assert_allclose(np.exp(priors.emissions.rates.loc), np.full(2, y.mean()))
-    yr = np.random.default_rng(0).normal(3.0, 2.0, size=(50, 2))
-    g = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2), yr)
-    assert isinstance(g.emissions.covs, LKJCovariance) and g.emissions.covs.batch_shape == (2,)
-    # the Gaussian HMM scales each emission dimension separately
-    yr[:, 1] = 100.0 * yr[:, 1]
-    g = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2), yr)
-    np.testing.assert_allclose(g.emissions.means.loc, np.broadcast_to(yr.mean(0), (2, 2)))
-    np.testing.assert_allclose(g.emissions.covs.scale, np.broadcast_to(2 * yr.std(0), (2, 2)))
-    gd = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2, covariance="diagonal"), yr)
-    np.testing.assert_allclose(np.exp(gd.emissions.variances.loc),
-                               np.broadcast_to(yr.var(0), (2, 2)))
-    # input-driven transitions: logit-scale priors, not data-scaled ones
-    gi = default_priors(ss.PoissonHMM(num_states=2, input_dim=1), y)
+def _prior_params(priors):
+    """The numbers that define each prior leaf (for comparing two priors pytrees)."""
+    out = []
+    for leaf in jax.tree.leaves(priors, is_leaf=lambda x: isinstance(x, dist.Distribution)):
+        out.append((type(leaf).__name__, leaf.batch_shape, leaf.event_shape,
+                    [np.asarray(getattr(leaf, k)) for k in sorted(leaf.arg_constraints)
+                     if k in vars(leaf)]))
+    return out
+
+
+def _assert_same_priors(a, b):
+    pa, pb = _prior_params(a), _prior_params(b)
+    assert len(pa) == len(pb) > 0
+    for (na, ba, ea, va), (nb, bb, eb, vb) in zip(pa, pb, strict=True):
+        assert (na, ba, ea) == (nb, bb, eb)
+        for x, z in zip(va, vb, strict=True):
+            np.testing.assert_array_equal(x, z)
+
+
+@pytest.mark.parametrize("model", [
+    ss.PoissonHMM(num_states=2), ss.GaussianHMM(num_states=2, emission_dim=2),
+    ss.GaussianHMM(num_states=2, emission_dim=2, covariance="diagonal"), ss.LocalLevel(),
+    ss.AR(order=2), ss.GRU(hidden_dim=3), ss.ElmanRNN(hidden_dim=2, emission="poisson")],
+    ids=lambda m: type(m).__name__)
+def test_default_priors_do_not_look_at_the_data(model):
+    """The issue: data-scaled priors (centred at the sample variance). The defaults must be
+    the same for ``y`` and ``1000 y`` (and without ``y``): only ``scale`` sets them."""
+    rng = np.random.default_rng(0)
+    shape = (40,) + tuple(model.event_shape)
+    y = rng.poisson(7.0, size=shape) if model.observation_dtype == "count" else (
+        rng.normal(3.0, 2.0, size=shape))
+    base = default_priors(model, y)
+    _assert_same_priors(base, default_priors(model, 1000 * y))
+    _assert_same_priors(base, default_priors(model))
+    _assert_same_priors(base, default_priors(model, y, mask=np.arange(40) < 5))
+    _assert_same_priors(default_priors(model, scale=3.0), default_priors(model, y, scale=3.0))
+
+
+def test_default_priors_are_the_documented_table():
+    """The table in `statseq.bayes.priors` at scale c: Dirichlet(1) rows,
+    LogNormal(log c, 2) rates of counts, LogNormal(2 log c, 2) variances of real data,
+    Normal(0, 2 max(1, c)) real leaves, LKJ(2) with half-normal(2 c) scales."""
+    for c in (1.0, 0.3, 20.0):
+        p = default_priors(ss.PoissonHMM(num_states=2), scale=c)
+        assert isinstance(p.initial_probs, dist.Dirichlet)
+        assert isinstance(p.transitions, dist.Dirichlet) and p.transitions.batch_shape == (2,)
+        np.testing.assert_array_equal(p.transitions.concentration, np.ones((2, 2)))
+        assert isinstance(p.emissions.rates, dist.LogNormal)
+        np.testing.assert_allclose(p.emissions.rates.loc, np.full(2, np.log(c)), rtol=1e-15)
+        np.testing.assert_allclose(p.emissions.rates.scale, 2.0)
+        ll = default_priors(ss.LocalLevel(), scale=c)
+        for v in ll:
+            np.testing.assert_allclose(v.loc, 2 * np.log(c), rtol=1e-15)
+            np.testing.assert_allclose(v.scale, 2.0)
+        ar = default_priors(ss.AR(order=2), scale=c)
+        reals = [leaf for leaf in jax.tree.leaves(
+            ar, is_leaf=lambda x: isinstance(x, dist.Distribution))
+            if isinstance(leaf, dist.Normal)]
+        assert reals
+        for leaf in reals:
+            np.testing.assert_allclose(leaf.loc, 0.0)
+            np.testing.assert_allclose(leaf.scale, 2 * max(1.0, c))
+        g = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2), scale=c)
+        assert isinstance(g.emissions.covs, LKJCovariance)
+        assert g.emissions.covs.batch_shape == (2,)
+        np.testing.assert_allclose(g.emissions.covs.scale, np.full((2, 2), 2 * c))
+        np.testing.assert_allclose(g.emissions.covs.concentration, 2.0)
+        np.testing.assert_allclose(g.emissions.means.loc, 0.0)
+        np.testing.assert_allclose(g.emissions.means.scale, 2 * c)
+        gd = default_priors(ss.GaussianHMM(num_states=2, emission_dim=2,
+                                           covariance="diagonal"), scale=c)
+        np.testing.assert_allclose(gd.emissions.variances.loc, np.full((2, 2), 2 * np.log(c)))
+        b = default_priors(ss.BernoulliHMM(num_states=2, emission_dim=1), scale=c)
+        assert isinstance(b.emissions.probs, dist.Beta)
+        np.testing.assert_array_equal(b.emissions.probs.concentration1, 1.0)
+        np.testing.assert_array_equal(b.emissions.probs.concentration0, 1.0)
+    # the documented 95% span of LogNormal(log c, 2): a factor e^(1.96 * 2) ~ 50 each way
+    rates = default_priors(ss.PoissonHMM(num_states=1), scale=20.0).emissions.rates
+    np.testing.assert_allclose(float(rates.icdf(0.975)[0]) / 20.0, np.exp(1.959964 * 2),
+                               rtol=1e-6)
+    # input-driven transitions: logit-scale priors whatever the scale
+    gi = default_priors(ss.PoissonHMM(num_states=2, input_dim=1), scale=50.0)
     assert gi.transitions.weights.scale == 1.0 and gi.transitions.bias.scale == 2.0
     assert isinstance(gi.initial_probs, dist.Dirichlet)
-    ll = default_priors(ss.LocalLevel(), yr[:, 0])
-    np.testing.assert_allclose(np.exp(ll.obs_var.loc), yr[:, 0].std() ** 2)
+    for bad in (0.0, -1.0, np.inf, np.nan):
+        with pytest.raises(ValueError, match="scale"):
+            default_priors(ss.LocalLevel(), scale=bad)
+    with pytest.raises(TypeError, match="scale"):
+        default_priors(ss.LocalLevel(), scale="big")
 
 
 def _poisson_draws(rates):

@@ -34,38 +34,33 @@ def test_neural_default_priors_are_fan_in_scaled():
     rng = np.random.default_rng(1)
     y = simulate_ar1(rng, 2, 50)
     model = ss.GRU(hidden_dim=3, input_dim=1)
-    priors = default_priors(model, y)
-    layer = priors.backbone[0]
     h, i = 3, model.backbone_input_dim  # x_t = [y_{t-1}, m_{t-1}, u_t]: I = 3
     g = 1.0 / np.sqrt(i + h)
-    m, s = y.mean(), y.std()
-    expected_in = np.broadcast_to([g / s, g * np.sqrt(1 + (m / s) ** 2), g], (3 * h, i))
-    np.testing.assert_allclose(layer.w_in.scale, expected_in, rtol=1e-12)
-    np.testing.assert_allclose(layer.w_in.loc, 0.0)
-    np.testing.assert_allclose(layer.w_rec.scale, g)
-    assert layer.w_rec.batch_shape == (3 * h, h)
-    np.testing.assert_allclose(layer.bias.scale, 1.0)
-    np.testing.assert_allclose(layer.bias_rec.scale, 1.0)
-    np.testing.assert_allclose(priors.head.weight.scale, 2.0 / np.sqrt(h))  # a = max(1, s)
-    # the head's biases keep the generic data-scaled prior: Normal(0, 2 sqrt(m^2 + s^2))
-    np.testing.assert_allclose(priors.head.bias.scale, 2.0 * np.hypot(m, s), rtol=1e-12)
-    # vector data: per-dimension moments of the observed values only (masked outliers)
+    for c in (1.0, 0.2, 7.0):  # the documented scales at observation scale c
+        priors = default_priors(model, y, scale=c)
+        layer = priors.backbone[0]
+        expected_in = np.broadcast_to([g / c, g, g], (3 * h, i))
+        np.testing.assert_allclose(layer.w_in.scale, expected_in, rtol=1e-12)
+        np.testing.assert_allclose(layer.w_in.loc, 0.0)
+        np.testing.assert_allclose(layer.w_rec.scale, g)
+        assert layer.w_rec.batch_shape == (3 * h, h)
+        np.testing.assert_allclose(layer.bias.scale, 1.0)
+        np.testing.assert_allclose(layer.bias_rec.scale, 1.0)
+        np.testing.assert_allclose(priors.head.weight.scale, 2.0 * max(1.0, c) / np.sqrt(h))
+        # the head's biases keep the generic prior: Normal(0, 2 max(1, c))
+        np.testing.assert_allclose(priors.head.bias.scale, 2.0 * max(1.0, c), rtol=1e-12)
+    # vector data: the same scale for every dimension, whatever the values (and mask)
     y2 = np.stack([rng.normal(3.0, 2.0, 40), rng.normal(-1.0, 0.5, 40)], axis=-1)
     mask2 = np.ones((40, 2), bool)
     mask2[:5, 0] = False
-    y2[:5, 0] = 1e6
-    lstm = default_priors(ss.LSTM(hidden_dim=2, emission_dim=2), y2, mask=mask2)
-    m2 = np.array([y2[5:, 0].mean(), y2[:, 1].mean()])
-    s2 = np.array([y2[5:, 0].std(), y2[:, 1].std()])
+    lstm = default_priors(ss.LSTM(hidden_dim=2, emission_dim=2), y2, mask=mask2, scale=2.0)
     g2 = 1.0 / np.sqrt(4 + 2)  # x_t = [y_{t-1} (2), m_{t-1} (2)], H = 2
-    expected_in = np.broadcast_to(np.concatenate([g2 / s2, g2 * np.hypot(1.0, m2 / s2)]),
-                                  (4 * 2, 4))
+    expected_in = np.broadcast_to([g2 / 2, g2 / 2, g2, g2], (4 * 2, 4))
     np.testing.assert_allclose(lstm.backbone[0].w_in.scale, expected_in, rtol=1e-12)
-    a2 = max(1.0, np.sqrt(np.mean(s2 ** 2)))
-    np.testing.assert_allclose(lstm.head.weight.scale, 2.0 * a2 / np.sqrt(2), rtol=1e-12)
-    # counts: readout on the log scale, no data scaling of the input weights
+    np.testing.assert_allclose(lstm.head.weight.scale, 2.0 * 2.0 / np.sqrt(2), rtol=1e-12)
+    # counts: readout on the log scale, no scaling of the input weights
     counts = default_priors(ss.ElmanRNN(hidden_dim=4, emission="poisson"),
-                            rng.poisson(100.0, size=40))
+                            rng.poisson(100.0, size=40), scale=100.0)
     np.testing.assert_allclose(counts.head.weight.scale, 2.0 / np.sqrt(4))
     np.testing.assert_allclose(counts.backbone[0].w_in.scale, 1.0 / np.sqrt(2 + 4))
 

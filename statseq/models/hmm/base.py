@@ -247,15 +247,16 @@ class HMMBase(SequenceModel):
             initial_probs = None
         return HMMParams(initial_probs, transitions, emissions)
 
-    def default_priors(self, y, mask=None) -> HMMParams:
+    def default_priors(self, y=None, mask=None, *, scale=1.0) -> HMMParams:
         """Model-specific Bayesian defaults (`statseq.bayes.default_priors` fills ``None``).
 
         The initial law and fixed transition rows keep the generic uniform Dirichlet priors;
         input-driven transitions get ``Normal(0, 1)`` weights and ``Normal(0, 2)`` biases on
-        the logit scale (the generic prior for real leaves is scaled to ``y``, not to
-        logits). Emission families may add their own.
+        the logit scale (the generic prior for real leaves follows the observation
+        ``scale``, not logits). Emission families may add their own. ``y`` and ``mask``
+        are accepted for backward compatibility and not used.
         """
-        del y, mask
+        del y, mask, scale
         transitions = None
         if self.input_dim:
             k, dtype = self.num_states, float_dtype()

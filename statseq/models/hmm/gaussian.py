@@ -211,42 +211,31 @@ class GaussianHMM(HMMBase):
             return SphericalGaussianEmissions((k, d), (k,))
         return DiagonalGaussianEmissions((k, d), (k, d))
 
-    def default_priors(self, y, mask=None):
-        """Bayesian defaults with per-dimension scales (``m_d``, ``s_d``: mean and standard
-        deviation of the observed values of dimension ``d``): means ``N(m_d, (2 s_d)^2)``;
-        full and tied covariances `statseq.bayes.LKJCovariance` (LKJ(2) correlations,
-        half-normal ``2 s_d`` scales), diagonal variances ``LogNormal(log s_d^2, 2)``,
-        spherical ones ``LogNormal(log mean_d s_d^2, 2)``; the initial law
-        and transitions as in `HMMBase.default_priors`."""
-        from statseq.bayes.priors import LKJCovariance  # the Bayesian layer sits above models
+    def default_priors(self, y=None, mask=None, *, scale=1.0):
+        """Bayesian defaults at observation scale ``c = scale`` (the data's values are not
+        used; standardize each dimension or pass your own priors): means
+        ``Normal(0, 2 c)``; full and tied covariances `statseq.bayes.LKJCovariance`
+        (LKJ(2) correlations, half-normal ``2 c`` scales), diagonal and spherical variances
+        ``LogNormal(2 log c, 2)``; the initial law and transitions as in
+        `HMMBase.default_priors`."""
+        from statseq.bayes.priors import LKJCovariance, check_prior_scale
 
         d, k, dtype = self.emission_dim, self.num_states, float_dtype()
-        arr = np.asarray(y, float)
-        obs = np.isfinite(arr)
-        if mask is not None:
-            m = np.asarray(mask, bool)
-            obs &= np.broadcast_to(m.reshape(m.shape + (1,) * (arr.ndim - m.ndim)), arr.shape)
-        arr, obs = arr.reshape(-1, d), obs.reshape(-1, d)
-        mean = np.array([arr[obs[:, j], j].mean() if obs[:, j].any() else 0.0 for j in range(d)])
-        sd = np.array([arr[obs[:, j], j].std() if obs[:, j].sum() > 1 else 1.0
-                       for j in range(d)])
-        sd = np.where(sd > 0, sd, 1.0)
-        means = dist.Normal(jnp.asarray(np.broadcast_to(mean, (k, d)), dtype),
-                            jnp.asarray(2.0 * sd, dtype))
+        c = check_prior_scale(scale)
+        means = dist.Normal(jnp.zeros((k, d), dtype), 2.0 * c)
         if self._full:
-            emissions = GaussianEmissions(
-                means, LKJCovariance(d, jnp.asarray(np.broadcast_to(2.0 * sd, (k, d)), dtype)))
+            emissions = GaussianEmissions(means, LKJCovariance(d, jnp.full((k, d), 2.0 * c,
+                                                                           dtype)))
         elif self.covariance == "tied":
-            emissions = TiedGaussianEmissions(means, LKJCovariance(d, jnp.asarray(2.0 * sd,
-                                                                                  dtype)))
+            emissions = TiedGaussianEmissions(means, LKJCovariance(d, jnp.full((d,), 2.0 * c,
+                                                                               dtype)))
         elif self.covariance == "spherical":
             emissions = SphericalGaussianEmissions(
-                means, dist.LogNormal(jnp.full((k,), np.log(np.mean(sd ** 2)), dtype), 2.0))
+                means, dist.LogNormal(jnp.full((k,), 2.0 * np.log(c), dtype), 2.0))
         else:
             emissions = DiagonalGaussianEmissions(
-                means, dist.LogNormal(jnp.asarray(np.broadcast_to(np.log(sd ** 2), (k, d)),
-                                                  dtype), 2.0))
-        return HMMBase.default_priors(self, y, mask)._replace(emissions=emissions)
+                means, dist.LogNormal(jnp.full((k, d), 2.0 * np.log(c), dtype), 2.0))
+        return HMMBase.default_priors(self, y, mask, scale=c)._replace(emissions=emissions)
 
     def emission_constraints(self):
         if self._full:

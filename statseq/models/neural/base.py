@@ -252,60 +252,52 @@ class NeuralSequenceModel(SequenceModel):
             self.head.init_params(k_head, np.asarray(data.y), np.asarray(data.mask)),
         )
 
-    def default_priors(self, y, mask=None) -> NeuralParams:
+    def default_priors(self, y=None, mask=None, *, scale=1.0) -> NeuralParams:
         """Bayesian defaults for the weights (`statseq.bayes.default_priors` fills ``None``).
 
-        The generic prior for real leaves, ``Normal(0, max(1, 2 sqrt(m^2 + s^2)))``, is
-        scaled to the data, not to tanh/sigmoid units (``y`` with mean 5 gives weights of
-        scale 10: saturated units). Instead, with ``m_d``, ``s_d`` the mean and standard
-        deviation of dimension ``d`` of the observed ``y``:
+        The priors are on a fixed observation scale ``c = scale`` (default 1: standardized
+        real data) and never look at the values of ``y``. The generic prior for real
+        leaves, ``Normal(0, 2 max(1, c))``, is on the data scale, not that of tanh/sigmoid
+        units, so instead:
 
         * recurrent layers (``ElmanRNN``, ``GRU``, ``LSTM``): every gate weight
           ``Normal(0, 1 / sqrt(I + H))`` with ``I + H`` the gate's fan-in (input and
           recurrent), so a pre-activation of inputs of unit scale has variance about 1;
           for real-valued data the first layer reads ``y_{t-1}`` unstandardized, so its
-          weights on ``y_{t-1, d}`` get scale ``1 / (s_d sqrt(I + H))`` and those on the
-          indicator ``m_{t-1, d}`` (which carry the mean, as in ``initialize``)
-          ``sqrt(1 + m_d^2 / s_d^2) / sqrt(I + H)``; biases ``Normal(0, 1)``;
+          weights on ``y_{t-1, d}`` get scale ``1 / (c sqrt(I + H))`` (those on the
+          indicator ``m_{t-1, d}`` keep ``1 / sqrt(I + H)``); biases ``Normal(0, 1)``;
         * the head's readout weights ``Normal(0, 2 a / sqrt(F))`` (``F`` features in
-          ``(-1, 1)``; ``a = max(1, s)`` for real data with ``s`` the root mean square
-          of the ``s_d``, ``a = 1`` on the log/logit scale of counts and categories).
+          ``(-1, 1)``; ``a = max(1, c)`` for real data, ``a = 1`` on the log/logit scale
+          of counts and categories).
 
-        The head's biases keep the wider data-scaled generic prior, as do the negative
-        binomial ``concentration`` and the Mamba and LRU backbones (whose log-parametrized
-        decay rates are not centred at 0: pass your own priors there); the Student-t
-        ``df`` has no default (pass a prior on it).
+        The head's biases keep the generic prior (centred at 0: centre real data), as do
+        the negative binomial ``concentration`` and the Mamba and LRU backbones (whose
+        log-parametrized decay rates are not centred at 0: pass your own priors there);
+        the Student-t ``df`` has no default (pass a prior on it).
 
         Args:
-            y: the data, ``batch_shape + (num_timesteps,) + event_shape``.
-            mask: optional observation mask.
+            y: accepted for backward compatibility; its values are not used.
+            mask: accepted for backward compatibility; not used.
+            scale: the observation scale ``c`` (a positive number).
 
         Returns:
             `NeuralParams` of numpyro distributions (``None`` where the generic table
             applies).
 
         Examples:
-            >>> import numpy as np, statseq as ss
-            >>> priors = ss.GRU(hidden_dim=3).default_priors(np.arange(20.0))
+            >>> import statseq as ss
+            >>> priors = ss.GRU(hidden_dim=3).default_priors()
             >>> round(float(priors.backbone[0].w_rec.scale[0, 0]), 4)  # 1 / sqrt(2 + 3)
             0.4472
         """
+        from statseq.bayes.priors import check_prior_scale
         from statseq.models.neural.cells import RNNBackbone
 
+        del y, mask  # the values of the data never set the prior
+        c = check_prior_scale(scale)
         dtype, head = float_dtype(), self.head
         real = head.observation_dtype == "real"
-        mean = std = None
-        if real:
-            yv = np.asarray(y, float)
-            obs = np.isfinite(yv)
-            if mask is not None:
-                m = np.asarray(mask, bool)
-                obs &= np.broadcast_to(m.reshape(m.shape + (1,) * (yv.ndim - m.ndim)), yv.shape)
-            yv, obs = yv.reshape(-1, head.dim), obs.reshape(-1, head.dim)
-            mean, var = head._observed_moments(np.where(obs, yv, 0.0), obs)
-            std = np.sqrt(var)
-            std = np.where(std > 0, std, 1.0)
-        a = max(1.0, float(np.sqrt(np.mean(std ** 2)))) if real else 1.0
+        a = max(1.0, c) if real else 1.0
         shapes = head.param_shapes()
         head_priors = type(shapes)(*([None] * len(shapes)))._replace(
             weight=dist.Normal(jnp.zeros(tuple(shapes.weight), dtype),
@@ -319,9 +311,7 @@ class NeuralSequenceModel(SequenceModel):
             g = 1.0 / np.sqrt(fan_in)
             scale_in = np.full(shape.w_in[1], g)
             if layer == 0 and real:
-                d = head.dim
-                scale_in[:d] = g / std
-                scale_in[d:2 * d] = g * np.sqrt(1.0 + (mean / std) ** 2)
+                scale_in[:head.dim] = g / c
             layers.append(type(shape)(
                 dist.Normal(jnp.zeros(shape.w_in, dtype),
                             jnp.broadcast_to(jnp.asarray(scale_in, dtype), shape.w_in)),
