@@ -3,7 +3,10 @@
 The vignettes live in ``vignettes/*.py`` at the repository root (jupytext percent format, so
 they are plain Python that ruff and the tests can read). MkDocs only sees files inside
 ``docs_dir``, so this hook adds every vignette to the build as if it were
-``docs/vignettes/<name>.py``; mkdocs-jupyter then executes and renders it. It also
+``docs/vignettes/<name>.ipynb``: each vignette is first executed into a notebook, several
+at a time (one kernel per CPU core, at most ``STATSEQ_DOCS_JOBS`` if set), and mkdocs-jupyter
+renders the executed notebooks (its own execution is off, as it would run them one after
+another). A vignette that raises fails the build, naming the vignette and the cell. It also
 
 * generates ``vignettes/index.md``, a page listing every vignette with its title;
 * fills the ``Vignettes`` section of the nav (left empty in ``mkdocs.yml``) with the overview
@@ -26,6 +29,10 @@ import io
 import logging
 import os
 import re
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 from mkdocs.plugins import event_priority
@@ -61,7 +68,7 @@ def on_config(config):
 
     vignettes = _vignettes(config)
     entries = [{"Overview": f"{VIGNETTE_DIR}/index.md"}]
-    entries += [{_title(p): f"{VIGNETTE_DIR}/{p.name}"} for p in vignettes]
+    entries += [{_title(p): f"{VIGNETTE_DIR}/{p.stem}.ipynb"} for p in vignettes]
     for item in config["nav"] or []:
         if isinstance(item, dict) and "Vignettes" in item:
             item["Vignettes"] = entries
@@ -71,15 +78,15 @@ def on_config(config):
 # Run before mkdocs-jupyter's on_files (default priority 0), which wraps the notebook files.
 @event_priority(50)
 def on_files(files: Files, config) -> Files:
-    root = _repo_root(config)
     vignettes = _vignettes(config)
+    out_dir = _execute_all(vignettes)
     for path in vignettes:
-        uri = f"{VIGNETTE_DIR}/{path.name}"
+        uri = f"{VIGNETTE_DIR}/{path.stem}.ipynb"
         if files.get_file_from_path(uri) is None:
             files.append(
                 File(
                     uri,
-                    src_dir=str(root),
+                    src_dir=str(out_dir),
                     dest_dir=config["site_dir"],
                     use_directory_urls=config["use_directory_urls"],
                 )
@@ -93,7 +100,7 @@ def on_files(files: Files, config) -> Files:
         "",
     ]
     if vignettes:
-        lines += [f"- [{_title(p)}]({p.name})" for p in vignettes]
+        lines += [f"- [{_title(p)}]({p.stem}.ipynb)" for p in vignettes]
     else:
         lines.append("No vignettes yet.")
     files.append(
@@ -103,6 +110,57 @@ def on_files(files: Files, config) -> Files:
 
 
 # ---- TeX math to SVG, offline ------------------------------------------------------------
+
+
+# Run in a fresh interpreter per vignette: read the percent-format file with jupytext,
+# execute it with nbclient in the vignette's folder (as mkdocs-jupyter would) and write
+# the executed notebook.
+_EXECUTE = """
+import sys
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+
+src, dst = sys.argv[1], sys.argv[2]
+nb = jupytext.read(src)
+nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                             "language": "python"}
+NotebookClient(nb, timeout=1800, kernel_name="python3",
+               resources={"metadata": {"path": sys.argv[3]}}).execute()
+nbformat.write(nb, dst)
+"""
+
+
+def _execute_all(vignettes: list[Path]) -> Path:
+    """Execute every vignette into ``<tmp>/vignettes/<name>.ipynb``, a few at a time."""
+    out_dir = Path(tempfile.mkdtemp(prefix="statseq-vignettes-"))
+    (out_dir / VIGNETTE_DIR).mkdir()
+    jobs = int(os.environ.get("STATSEQ_DOCS_JOBS") or os.cpu_count() or 1)
+    pending = list(vignettes)
+    running: list[tuple[Path, subprocess.Popen]] = []
+    failed: list[str] = []
+    while pending or running:
+        while pending and len(running) < max(jobs, 1):
+            path = pending.pop(0)
+            log.info("executing vignette %s", path.name)
+            dst = out_dir / VIGNETTE_DIR / f"{path.stem}.ipynb"
+            with open(out_dir / f"{path.stem}.log", "w") as out:
+                running.append((path, subprocess.Popen(
+                    [sys.executable, "-c", _EXECUTE, str(path), str(dst), str(path.parent)],
+                    stdout=out, stderr=subprocess.STDOUT)))
+        done = next((r for r in running if r[1].poll() is not None), None)
+        if done is None:
+            time.sleep(0.2)
+            continue
+        running.remove(done)
+        path, proc = done
+        if proc.returncode != 0:
+            output = (out_dir / f"{path.stem}.log").read_text(errors="replace")
+            failed.append(f"{path.name}:\n{output[-4000:]}")
+    if failed:
+        raise RuntimeError("vignettes failed to execute:\n" + "\n".join(failed))
+    return out_dir
+
 
 _MATH_FONT_SIZE = 16.0  # mathtext units per em of the surrounding text
 _SKIP = re.compile(r"(<(pre|code|script|style|textarea|svg)\b.*?</\2\s*>)", re.S | re.I)
