@@ -27,7 +27,6 @@ from statseq.inference.kalman import (
     KalmanSmootherResult,
     _backward_pass,
     _check,
-    _pdet_terms,
     _scan_filter,
     _smoothed,
     initial_carry,
@@ -393,7 +392,8 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
             filt = filt._replace(diffuse=cat([filt_h.diffuse, f_dif]),
                                  info=cat([filt_h.info, info]),
                                  score=cat([filt_h.score, score]))
-            total = total + _pdet_terms(info[-1], score[-1], dtype)[0] - carry.diffuse_log_lik
+            # the exact initial filter's total (the augmented increments cancel 1 / R terms)
+            total = pairwise_sum(steady_state_log_probs(arrays, y, inputs, head=head)[0])
             offs = cat([offs, jnp.einsum("ij,kjq->kiq", info_mat, p_dif)], axis=2)
         back = _affine_scan(l_bar.T, offs[::-1], jnp.zeros_like(offs[0]))[::-1]  # r_{t-1}, r_X
         n_tail = cat([jnp.broadcast_to(n_far, (num_k - head - 1, n, n)), n_rev[::-1],
