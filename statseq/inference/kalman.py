@@ -424,9 +424,11 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         inputs: ``(T, m)`` inputs (``m`` may be 0).
 
     Returns:
-        A `KalmanFilterResult`. With diffuse directions the filtered moments before the
-        data identify ``delta`` are those given ``delta = 0`` (their diffuse part is
-        infinite).
+        A `KalmanFilterResult`. With diffuse directions the moments before the data
+        identify ``delta`` are the exact initial filter's ``a_t`` and ``P_star`` (the
+        limits as the diffuse variance grows, as statsmodels and KFAS report them; the
+        infinite part ``P_inf`` is left out), and the log-likelihood is the diffuse one,
+        accurate down to zero observation variance.
 
     Examples:
         >>> import jax.numpy as jnp
