@@ -51,8 +51,17 @@ def ldl(r):
     its diagonal entry: ``R`` singular) its column below the diagonal is zero and
     ``d = 0`` there.
 
+    Args:
+        r: ``(D, D)`` symmetric positive semidefinite matrix.
+
     Returns:
-        ``(L, d)``.
+        ``(L, d)``: ``(D, D)`` and ``(D,)``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> lmat, d = ldl(jnp.array([[1.0, 2.0], [2.0, 4.0]]))  # rank 1
+        >>> lmat.tolist(), d.tolist()
+        ([[1.0, 0.0], [2.0, 1.0]], [1.0, 0.0])
     """
     dim = r.shape[0]
     tiny = 4.0 * dim * jnp.finfo(r.dtype).eps
