@@ -34,6 +34,7 @@ rank 0 the diffuse phase is over.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +45,7 @@ from statseq.inference.gaussian import symmetrize
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-def ldl(r):
+def ldl(r: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``R = L diag(d) L^T`` for a symmetric positive semidefinite ``R`` ``(D, D)``.
 
     ``L`` is unit lower triangular; where a pivot is zero (up to ``4 D eps`` relative to
@@ -80,7 +81,9 @@ def ldl(r):
     return jax.lax.fori_loop(0, dim, column, init)
 
 
-def diffuse_update(mean, cov, factor, identified, h, emission_cov, y_off, mask):
+def diffuse_update(mean: jax.Array, cov: jax.Array, factor: jax.Array, identified: Any,
+                   h: jax.Array, emission_cov: jax.Array, y_off: jax.Array, mask: jax.Array
+                   ) -> tuple[Any, jax.Array, jax.Array, jax.Array, Any]:
     """Exact initial update of the predicted ``(a, P_star, B)`` with one observation.
 
     Args:

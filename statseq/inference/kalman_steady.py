@@ -13,6 +13,8 @@ paths agree to float64 precision.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -125,7 +127,7 @@ def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, ou
 
 
 def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None,
-                           num_valid=None):
+                           num_valid: Any = None):
     """Per-step log-densities of fully observed ``y`` using the steady-state gain.
 
     The exact filter runs (including any diffuse phase) in chunks of 16 steps until the
