@@ -80,9 +80,16 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
     fast = hasattr(model, "complete_data_log_probs") and y.shape[1] >= getattr(
         model, "fast_path_min_timesteps", 0
     )
-    if complete and not return_carries and fast and (num_valid is None or not need_final):
+    # a model whose fast path takes num_valid keeps it for padded sequences that need the
+    # final carry (its final carry is then that of the real steps)
+    stops = getattr(model, "complete_data_num_valid", False)
+    if complete and not return_carries and fast and (num_valid is None or not need_final
+                                                     or stops):
         if hasattr(model, "complete_data_log_probs_batch"):  # the whole batch at once
             log_probs, final = model.complete_data_log_probs_batch(params, y, inputs)
+        elif stops and num_valid is not None:
+            fast = partial(model.complete_data_log_probs, params, num_valid=num_valid)
+            log_probs, final = jax.vmap(fast)(y, inputs)
         else:
             fast = partial(model.complete_data_log_probs, params)
             log_probs, final = jax.vmap(fast)(y, inputs)

@@ -52,6 +52,7 @@ import jax.scipy.linalg as jsl
 
 from statseq.core.recurrence import pairwise_sum
 from statseq.inference.gaussian import symmetrize
+from statseq.inference.kalman_diffuse import diffuse_update
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -126,6 +127,14 @@ class KalmanCarry(NamedTuple):
         diffuse_log_lik: scalar ``-1/2 log pdet S + 1/2 s^T S^+ s`` so far.
         collapsed: whether ``delta`` has been folded into the state (always true for q = 0).
         t: number of steps taken.
+        identified: int, the number of diffuse directions the data have identified (the
+            exact initial filter of `kalman_step` with ``collapse=True``).
+
+    In `kalman_step`'s default mode (``collapse=True``) the diffuse phase runs the exact
+    initial filter of `statseq.inference.kalman_diffuse` instead: ``mean`` and ``cov`` are
+    then its ``a_t`` and ``P_star`` (the limits as the diffuse variance grows), ``diffuse``
+    is a factor ``B`` of ``P_inf = B B^T``, and ``info``, ``score`` and
+    ``diffuse_log_lik`` stay 0.
     """
 
     mean: Any
@@ -136,6 +145,7 @@ class KalmanCarry(NamedTuple):
     diffuse_log_lik: Any
     collapsed: Any
     t: Any
+    identified: Any = None
 
 
 class KalmanFilterResult(NamedTuple):
@@ -299,6 +309,7 @@ def initial_carry(arrays: GaussianSSMArrays) -> KalmanCarry:
         diffuse_log_lik=jnp.zeros((), dtype),
         collapsed=jnp.asarray(q == 0),
         t=jnp.zeros((), jnp.int32),
+        identified=jnp.zeros((), jnp.int32),
     )
 
 
@@ -320,46 +331,56 @@ def kalman_step(arrays: GaussianSSMArrays, carry: KalmanCarry, y_t, mask_t, u_t,
                 collapse: bool = True):
     """One step: ``(log p(y_t | y_{<t}), new carry, (predicted moments, innovation))``.
 
-    With diffuse directions the log-density is the increment of the running diffuse
-    log-likelihood; with ``collapse=True`` (the default) ``delta`` is folded into the
-    state as soon as the data identify it.
+    With diffuse directions the log-density is the increment of the diffuse
+    log-likelihood. With ``collapse=True`` (the default) the diffuse phase runs the exact
+    initial filter of Koopman and Durbin (`statseq.inference.kalman_diffuse.diffuse_update`,
+    one scalar observation at a time), which keeps its accuracy as the observation variance
+    goes to 0 (exactly 0 included), until the data have identified every diffuse
+    direction; from then on this is the plain filter. While diffuse, the returned
+    innovation is a placeholder. With ``collapse=False`` the filter is de Jong's augmented
+    one (the regression columns, ``S`` and ``s`` that `kalman_smoother` needs), whose
+    increments cancel terms of order ``1 / R``.
     """
     arrays_t = arrays_at(arrays, carry.t)
     mean, cov, diffuse = predicted_moments(arrays, carry, u_t)
-    inn = innovation(arrays_t, mean, cov, y_t, mask_t, u_t)
+    q = diffuse.shape[1]
+    ident = jnp.zeros((), jnp.int32) if carry.identified is None else carry.identified
+    if q and collapse:
+        # a positive definite stand-in for R while diffuse (R may be singular, P_star 0)
+        eye = jnp.eye(arrays_t.emission_cov.shape[-1], dtype=cov.dtype)
+        safe = jnp.where(carry.collapsed, arrays_t.emission_cov, arrays_t.emission_cov + eye)
+        inn = innovation(arrays_t._replace(emission_cov=safe), mean, cov, y_t, mask_t, u_t)
+    else:
+        inn = innovation(arrays_t, mean, cov, y_t, mask_t, u_t)
     mean_f = mean + inn.w.T @ inn.z
     cov_f = joseph_update(cov, inn, arrays_t.emission_cov)
-    q = diffuse.shape[1]
     log_prob = inn.log_prob
     info, score, dll, collapsed = carry.info, carry.score, carry.diffuse_log_lik, carry.collapsed
-    if q:
+    if q and collapse:
+        y_off = y_t - arrays_t.emission_input_weights @ u_t - arrays_t.emission_bias
+
+        def exact_initial(_):
+            return diffuse_update(mean, cov, diffuse, ident, arrays_t.emission_weights,
+                                  arrays_t.emission_cov, y_off, mask_t)
+
+        def plain(_):
+            return log_prob, mean_f, cov_f, jnp.zeros_like(diffuse), ident
+
+        log_prob, mean_f, cov_f, diffuse_f, ident = jax.lax.cond(
+            collapsed, plain, exact_initial, None)
+        collapsed = collapsed | (ident >= q)
+    elif q:
         # regression columns: innovation X = H~ A, whitened and pushed through the gain
         xw = jsl.solve_triangular(inn.chol, inn.h @ diffuse, lower=True)
         diffuse_f = diffuse - inn.w.T @ xw
         info = info + xw.T @ xw
         score = score + xw.T @ inn.z
-        new_dll, rank = _pdet_terms(info, score, mean.dtype)
+        new_dll, _ = _pdet_terms(info, score, mean.dtype)
         log_prob = log_prob + new_dll - dll
         dll = new_dll
-        if collapse:
-            full = (rank == q) & ~collapsed
-            chol_s = jnp.linalg.cholesky(jnp.where(full, symmetrize(info), jnp.eye(q)))
-            delta = jsl.cho_solve((chol_s, True), score)
-            g = jsl.solve_triangular(chol_s, diffuse_f.T, lower=True)
-            mean_f = jnp.where(full, mean_f + diffuse_f @ delta, mean_f)
-            cov_f = jnp.where(full, symmetrize(cov_f + g.T @ g), cov_f)
-            zero = jnp.zeros_like
-            diffuse_f = jnp.where(full | collapsed, zero(diffuse_f), diffuse_f)
-            info = jnp.where(full | collapsed, zero(info), info)
-            score = jnp.where(full | collapsed, zero(score), score)
-            dll = jnp.where(full | collapsed, zero(dll), dll)
-            # once collapsed the data's information about delta is in the state; the
-            # increments above are then those of a plain filter
-            log_prob = jnp.where(collapsed, inn.log_prob, log_prob)
-            collapsed = collapsed | full
     else:
         diffuse_f = diffuse
-    new = KalmanCarry(mean_f, cov_f, diffuse_f, info, score, dll, collapsed, carry.t + 1)
+    new = KalmanCarry(mean_f, cov_f, diffuse_f, info, score, dll, collapsed, carry.t + 1, ident)
     return log_prob, new, (mean, cov, diffuse, inn)
 
 
@@ -403,9 +424,11 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         inputs: ``(T, m)`` inputs (``m`` may be 0).
 
     Returns:
-        A `KalmanFilterResult`. With diffuse directions the filtered moments before the
-        data identify ``delta`` are those given ``delta = 0`` (their diffuse part is
-        infinite).
+        A `KalmanFilterResult`. With diffuse directions the moments before the data
+        identify ``delta`` are the exact initial filter's ``a_t`` and ``P_star`` (the
+        limits as the diffuse variance grows, as statsmodels and KFAS report them; the
+        infinite part ``P_inf`` is left out), and the log-likelihood is the diffuse one,
+        accurate down to zero observation variance.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -453,8 +476,10 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
             jnp.zeros((n, q), mean.dtype))
     xs = (jnp.arange(num_t), cov, inn.w, inn.z, inn.chol, inn.h, diffuse)
     r_prev, n_prev, l_mat, rx_prev = _backward_pass(arrays, num_t, init, xs)
-    return _smoothed(pairwise_sum(lp), mean, cov, diffuse, filt, q,
-                     r_prev, n_prev, l_mat, rx_prev)
+    # the augmented filter's increments cancel terms of order 1 / R: the total comes from
+    # the exact initial filter (the same number where both are accurate)
+    total = kalman_log_prob(arrays, y, mask, inputs) if q else pairwise_sum(lp)
+    return _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev)
 
 
 def _backward_pass(arrays, num_t, init, xs):

@@ -63,8 +63,12 @@ which ``S`` first has full rank (where the sequential filter collapses ``delta``
 state) the per-step log-densities are the increments of the running diffuse
 log-likelihood and the filtered moments are those given ``delta = 0``; from then on
 ``delta`` is integrated over ``N(S_t^{-1} s_t, S_t^{-1})`` and the log-densities are those of
-the collapsed predictive, so every output agrees with the sequential filter at every
-step. The smoother integrates ``delta`` over its final posterior, as the sequential one.
+the collapsed predictive. Every log-density agrees with the sequential filter at every
+step, and the moments from the step at which the data identify ``delta`` on (before it the
+sequential `kalman_filter` reports the exact initial filter's ``a_t`` and ``P_star``, the
+limits as the diffuse variance grows, and is accurate as ``R -> 0``, where the augmented
+increments here cancel terms of order ``1 / R``). The smoother integrates ``delta`` over
+its final posterior, as the sequential one.
 
 **Scan schedule.** `jax.lax.associative_scan` traces the operator twice per level of its
 recursion: with the matrix solves above, a filter took 8 s to compile at ``T = 50`` and

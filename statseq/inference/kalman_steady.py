@@ -13,6 +13,8 @@ paths agree to float64 precision.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -27,7 +29,6 @@ from statseq.inference.kalman import (
     KalmanSmootherResult,
     _backward_pass,
     _check,
-    _pdet_terms,
     _scan_filter,
     _smoothed,
     initial_carry,
@@ -64,7 +65,8 @@ def _default_tol(dtype, tol):
     return (1e-13 if dtype == jnp.float64 else 1e-6) if tol is None else tol
 
 
-def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, outputs):
+def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, outputs,
+                        num_valid=None):
     """Exact filter steps in chunks of ``chunk = min(16, head)``, until the steady state
     holds or ``head`` steps (rounded down to a multiple of ``chunk``; ``1 <= head <= T``)
     are done, whichever is first.
@@ -78,7 +80,8 @@ def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, ou
         exact steps (a multiple of ``chunk``; ``head`` when the steady state was not
         reached), the carry after them,
         whether the steady state holds from there, the stored outputs, and the constant
-        gain pieces `_steady_gain` gives at the carry's covariance.
+        gain pieces `_steady_gain` gives at the carry's covariance. With ``num_valid``
+        (traced) the steps from ``num_valid`` on leave the carry unchanged.
     """
     chunk = min(_CHUNK, head)
     head = head // chunk * chunk
@@ -86,10 +89,15 @@ def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, ou
 
     def run_chunk(carry, start):
         def step(c, xs):
+            t, xs = xs[0], xs[1:]
             res = kalman_step(arrays, c, *xs)
+            if num_valid is not None:
+                live = t < num_valid
+                res = (res[0], jax.tree.map(lambda n, o: jnp.where(live, n, o), res[1], c),
+                       res[2])
             return res[1], outputs(res)
 
-        xs = (jax.lax.dynamic_slice_in_dim(y, start, chunk),
+        xs = (start + jnp.arange(chunk), jax.lax.dynamic_slice_in_dim(y, start, chunk),
               mask, jax.lax.dynamic_slice_in_dim(inputs, start, chunk))
         return jax.lax.scan(step, carry, xs)
 
@@ -118,7 +126,8 @@ def _exact_until_steady(arrays: GaussianSSMArrays, y, inputs, head: int, tol, ou
     return head, k, carry, steady, bufs, gain
 
 
-def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None):
+def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, tol=None,
+                           num_valid: Any = None):
     """Per-step log-densities of fully observed ``y`` using the steady-state gain.
 
     The exact filter runs (including any diffuse phase) in chunks of 16 steps until the
@@ -138,6 +147,11 @@ def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, t
             check runs every ``min(16, head)`` steps, and ``head`` is rounded down to a
             multiple of that and to at most ``T``).
         tol: relative tolerance of the covariance convergence check.
+        num_valid: ``None``, or the real length (may be traced) of ``y`` padded at the end
+            (to a bucket length, `statseq.core.buckets`): the final carry is then the one
+            after step ``num_valid - 1`` (the log-densities of the padded steps are
+            returned as computed, for the caller to drop), and the steady-state path is
+            kept.
 
     Returns:
         ``(log_probs (T,), final KalmanCarry)``.
@@ -148,31 +162,44 @@ def steady_state_log_probs(arrays: GaussianSSMArrays, y, inputs, *, head: int, t
     dtype = arrays.initial_cov.dtype
     tol = _default_tol(dtype, tol)
     if min(head, num_t) < 1:
-        return _exact(arrays, initial_carry(arrays), y, inputs)
+        return _exact(arrays, initial_carry(arrays), y, inputs, num_valid)
     head, k, carry, steady, lp_head, (_, chol, w, filt_cov, _) = _exact_until_steady(
-        arrays, y, inputs, min(head, num_t), tol, lambda res: res[0])
+        arrays, y, inputs, min(head, num_t), tol, lambda res: res[0], num_valid)
     t = jnp.arange(num_t)
+    end = jnp.int32(num_t) if num_valid is None else jnp.asarray(num_valid, jnp.int32)
 
     def steady_tail(_):
         lps, means, *_ = _steady_means(arrays, carry.mean, chol, w, y, inputs, start=k)
         lps = jnp.where(t < k, jnp.pad(lp_head, (0, num_t - head)), lps)
-        return lps, carry._replace(mean=means[-1], cov=filt_cov, t=jnp.int32(num_t))
+        if num_valid is None:
+            return lps, carry._replace(mean=means[-1], cov=filt_cov, t=end)
+        # padded: the state after the last real step (the exact carry if that came first)
+        late = end > k
+        final = carry._replace(
+            mean=jnp.where(late, means[jnp.clip(end - 1, 0, num_t - 1)], carry.mean),
+            cov=jnp.where(late, filt_cov, carry.cov), t=jnp.where(late, end, carry.t))
+        return lps, final
 
     def exact_tail(_):
-        lps, final = _exact(arrays, carry, y[head:], inputs[head:])
+        lps, final = _exact(arrays, carry, y[head:], inputs[head:], num_valid, offset=head)
         return jnp.concatenate([lp_head, lps]), final
 
     return jax.lax.cond(steady, steady_tail, exact_tail, None)
 
 
-def _exact(arrays, carry, y, inputs):
-    """``(log_probs, final carry)`` of the exact filter over fully observed ``y``."""
+def _exact(arrays, carry, y, inputs, num_valid=None, offset=0):
+    """``(log_probs, final carry)`` of the exact filter over fully observed ``y`` (steps
+    ``offset + i``; with ``num_valid`` those from ``num_valid`` on leave the carry as is)."""
 
     def step(c, xs):
+        t, xs = xs[0], xs[1:]
         lp, new, _ = kalman_step(arrays, c, *xs)
+        if num_valid is not None:
+            new = jax.tree.map(lambda n, o: jnp.where(t < num_valid, n, o), new, c)
         return new, lp
 
-    final, lps = jax.lax.scan(step, carry, (y, jnp.ones(y.shape, bool), inputs))
+    steps = offset + jnp.arange(y.shape[0])
+    final, lps = jax.lax.scan(step, carry, (steps, y, jnp.ones(y.shape, bool), inputs))
     return lps, final
 
 
@@ -393,7 +420,8 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
             filt = filt._replace(diffuse=cat([filt_h.diffuse, f_dif]),
                                  info=cat([filt_h.info, info]),
                                  score=cat([filt_h.score, score]))
-            total = total + _pdet_terms(info[-1], score[-1], dtype)[0] - carry.diffuse_log_lik
+            # the exact initial filter's total (the augmented increments cancel 1 / R terms)
+            total = pairwise_sum(steady_state_log_probs(arrays, y, inputs, head=head)[0])
             offs = cat([offs, jnp.einsum("ij,kjq->kiq", info_mat, p_dif)], axis=2)
         back = _affine_scan(l_bar.T, offs[::-1], jnp.zeros_like(offs[0]))[::-1]  # r_{t-1}, r_X
         n_tail = cat([jnp.broadcast_to(n_far, (num_k - head - 1, n, n)), n_rev[::-1],

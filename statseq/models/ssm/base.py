@@ -207,24 +207,33 @@ class GaussianSSMBase(SequenceModel):
         """The steady-state path pays off only beyond its exact head."""
         return 2 * self.steady_state_head
 
-    def complete_data_log_probs(self, params, y, inputs):
+    #: `complete_data_log_probs` takes ``num_valid`` (the real length of a padded time axis)
+    complete_data_num_valid: ClassVar[bool] = True
+
+    def complete_data_log_probs(self, params, y, inputs, num_valid=None):
         """Per-step log-densities of fully observed ``y`` (one sequence), using the
         steady-state gain once the covariance recursion has converged (time-invariant
         models; see `statseq.inference.kalman_steady.steady_state_log_probs`). Equal to the
-        step-by-step filter up to the convergence tolerance; a test checks this."""
+        step-by-step filter up to the convergence tolerance; a test checks this. With
+        ``num_valid`` (``y`` padded at the end to a bucket length) the final carry is the
+        one after the last real step."""
         arrays = self.to_arrays(params)
         y = jnp.reshape(y, (y.shape[0], self.dim)).astype(arrays.initial_cov.dtype)
         if kalman.is_time_varying(arrays):
             carry, out = kalman.initial_carry(arrays), []
 
             def step(c, xs):
+                t, xs = xs[0], xs[1:]
                 lp, new, _ = kalman.kalman_step(arrays, c, *xs)
+                if num_valid is not None:
+                    new = jax.tree.map(lambda n, o: jnp.where(t < num_valid, n, o), new, c)
                 return new, lp
 
             mask = jnp.ones(y.shape, bool)
-            carry, out = jax.lax.scan(step, carry, (y, mask, inputs))
+            carry, out = jax.lax.scan(step, carry, (jnp.arange(y.shape[0]), y, mask, inputs))
             return out, carry
-        return kalman_steady.steady_state_log_probs(arrays, y, inputs, head=self.steady_state_head)
+        return kalman_steady.steady_state_log_probs(arrays, y, inputs, head=self.steady_state_head,
+                                                    num_valid=num_valid)
 
     def update(self, params, carry, y_t, mask_t, inputs_t) -> kalman.KalmanCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
