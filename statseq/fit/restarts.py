@@ -18,7 +18,8 @@ class RestartsResult(NamedTuple):
     """Output of `fit_restarts`.
 
     Attributes:
-        best: the `~statseq.FitResult` with the highest final log joint.
+        best: the `~statseq.FitResult` with the highest final log joint (among the
+            non-spurious starts, with ``exclude_spurious=True``).
         final_log_joints: ``(num_restarts,)`` final log joint of every start (so the spread
             of local optima is visible); NaN for a start whose fit ended outside the
             parameter constraints (a degenerate fit, e.g. a variance that reached exactly 0,

@@ -147,3 +147,37 @@ def test_fit_restarts_all_spurious_warns_and_returns_best(monkeypatch):
         res = ss.fit_restarts(model, y, key=key, num_restarts=3, num_iters=20)
     assert res.spurious.all()
     assert res.best_index == int(np.nanargmax(res.final_log_joints))
+
+
+def test_spurious_states_autoregressive_hmm_scale_mask_and_opt_in(monkeypatch):
+    # a random walk: the data's variance is far above the differences' (the AR noise scale)
+    rng = np.random.default_rng(5)
+    y = np.cumsum(rng.normal(size=(120, 2)), axis=0)
+    model = ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=1)
+    params = model.initialize(y, key=jax.random.key(0))
+    check = ss.spurious_states(model, params, y)
+    scales = np.minimum(np.var(y, axis=0), np.var(np.diff(y, axis=0), axis=0))
+    assert np.all(scales < 0.2 * np.var(y, axis=0))  # the differences set the scale
+    covs = np.asarray(model.state_covariances(params.emissions))
+    scaled = covs / np.sqrt(scales)[:, None] / np.sqrt(scales)[None, :]
+    np.testing.assert_allclose(check.variance_ratio, np.linalg.eigvalsh(scaled)[:, 0],
+                               rtol=1e-10)
+    np.testing.assert_allclose(check.occupancy.sum(), 120.0, rtol=1e-10)
+    assert check.min_occupancy == 5.0  # max(D + 1 = 3, 5)
+    assert ss.spurious_states(model, params, y, min_occupancy=7.5).min_occupancy == 7.5
+    # masked entries are left out of the scale and of the occupancy's evidence
+    gy = _data()
+    mask = np.ones(len(gy), bool)
+    mask[40] = False
+    gmodel = ss.GaussianHMM(num_states=2, emission_dim=1)
+    masked = ss.spurious_states(gmodel, _params([0.0, OUTLIER], [1.0, 1e-6]), gy, mask=mask)
+    np.testing.assert_allclose(masked.variance_ratio[1], 1e-6 / np.var(gy[mask]), rtol=1e-9)
+    assert 0.9 < masked.occupancy[1] < 1.1  # one outlier left in state 1's evidence
+    # any model can opt in with spurious_state_covariances
+    pois = ss.PoissonHMM(num_states=2)
+    counts = rng.poisson(3.0, size=50)
+    pp = pois.initialize(counts, key=jax.random.key(0))
+    monkeypatch.setattr(ss.PoissonHMM, "spurious_state_covariances",
+                        lambda self, p: np.array([1.0, 1e-9])[:, None, None], raising=False)
+    opted = ss.spurious_states(pois, pp, counts)
+    assert opted.spurious[1] and not opted.spurious[0]
