@@ -61,6 +61,7 @@ from statseq.evaluation.diagnostics import (  # noqa: E402
     quantile_residuals,
     standardized_residuals,
 )
+from statseq.fit.degeneracy import SpuriousCheck, spurious_states  # noqa: E402
 from statseq.fit.em import fit_em  # noqa: E402
 from statseq.fit.inference_stats import Summary, standard_errors, summary  # noqa: E402
 from statseq.fit.lbfgs import fit_lbfgs  # noqa: E402
@@ -146,6 +147,8 @@ __all__ = [
     "fit_lbfgs",
     "fit_restarts",
     "RestartsResult",
+    "SpuriousCheck",
+    "spurious_states",
     "FilterResult",
     "FitResult",
     "Forecast",

@@ -11,13 +11,15 @@ import numpy as np
 from statseq.core.params import degenerate_fit_warning
 from statseq.core.results import FitResult
 from statseq.core.validation import check_positive_int
+from statseq.fit.degeneracy import MIN_VARIANCE_RATIO, spurious_states
 
 
 class RestartsResult(NamedTuple):
     """Output of `fit_restarts`.
 
     Attributes:
-        best: the `~statseq.FitResult` with the highest final log joint.
+        best: the `~statseq.FitResult` with the highest final log joint (among the
+            non-spurious starts, with ``exclude_spurious=True``).
         final_log_joints: ``(num_restarts,)`` final log joint of every start (so the spread
             of local optima is visible); NaN for a start whose fit ended outside the
             parameter constraints (a degenerate fit, e.g. a variance that reached exactly 0,
@@ -27,6 +29,11 @@ class RestartsResult(NamedTuple):
             noise, where the diffuse likelihood loses its precision); such a start is never
             chosen.
         best_index: which start won (0 is the data-driven start).
+        spurious: ``(num_restarts,)`` bool, which starts ended at a spurious (near-singular)
+            maximizer by `statseq.spurious_states` (all False for models it does not judge,
+            and for starts whose log joint is NaN). With ``exclude_spurious=True`` they are
+            set aside unless every valid start is spurious; their log joints stay in
+            ``final_log_joints``.
 
     Examples:
         >>> import jax, statseq as ss
@@ -42,12 +49,26 @@ class RestartsResult(NamedTuple):
     best: FitResult
     final_log_joints: np.ndarray
     best_index: int
+    spurious: np.ndarray | None = None
 
 
 def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int | None = None,
                  method: str = "em", mask: Any = None, inputs: Any = None,
+                 exclude_spurious: bool = True, min_occupancy: float | None = None,
+                 min_variance_ratio: float = MIN_VARIANCE_RATIO,
                  **fit_kwargs: Any) -> RestartsResult:
     """Fit from several starting points and keep the best (highest final log joint).
+
+    Spurious maximizers are set aside by default: for models with per-state Gaussian
+    covariances (Gaussian and autoregressive HMMs, `MarkovSwitchingAR` with
+    ``switching_variance``) the likelihood is unbounded as a state's variance shrinks onto
+    a few points, and such near-singular optima often beat the fit of interest (McLachlan
+    and Peel 2000, sec. 3.10). A start is spurious when some state has an expected
+    occupancy below ``max(D + 1, min_occupancy)`` (default 5) or a variance below
+    ``min_variance_ratio`` (default ``1e-3``) times the data's (`spurious_states`). The best
+    non-spurious start is returned; the spurious ones are flagged in
+    ``RestartsResult.spurious``; if every valid start is spurious, the best of them is
+    returned with a `RuntimeWarning`.
 
     Start 0 is ``model.initialize(..., method="data")`` (quantiles, k-means, least squares,
     data-scaled variances); starts 1, 2, ... are ``method="random"`` with independent keys,
@@ -86,6 +107,10 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int | None
             ``"sgd"`` (`statseq.fit_sgd`; pass ``optimizer`` and ``num_steps``).
         mask: optional observation mask.
         inputs: optional covariates.
+        exclude_spurious: set spurious starts aside (``False``: the highest log joint
+            wins, whatever the fit).
+        min_occupancy: occupancy threshold of `spurious_states` (``None``: 5).
+        min_variance_ratio: variance-ratio threshold of `spurious_states`.
         **fit_kwargs: passed to the fitting function (``progress`` defaults to False).
 
     Returns:
@@ -145,11 +170,28 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int | None
                           or _trace_decreased(fit))
     finals = np.array([np.nan if bad else f.final_log_joint
                        for f, bad in zip(fits, degenerate, strict=True)])
-    best = int(np.argmax(np.where(np.isfinite(finals), finals, -np.inf)))
+    spurious = np.zeros(num_restarts, bool)
+    for i, fit in enumerate(fits):
+        if np.isfinite(finals[i]):
+            check = spurious_states(model, fit.params, y, mask=mask, inputs=inputs,
+                                    min_occupancy=min_occupancy,
+                                    min_variance_ratio=min_variance_ratio)
+            spurious[i] = check is not None and check.any
+    valid = np.isfinite(finals)
+    keep = valid & ~spurious if exclude_spurious else valid
+    if exclude_spurious and valid.any() and not keep.any():
+        warnings.warn(f"fit_restarts: all {int(valid.sum())} valid starts ended at a spurious "
+                      "(near-singular) maximizer: some state has a tiny variance or too few "
+                      "observations (see statseq.spurious_states); returning the best of them. "
+                      "Consider fewer states, a larger min_variance, or priors.",
+                      RuntimeWarning, stacklevel=2)
+        keep = valid
+    best = int(np.argmax(np.where(keep, finals, -np.inf)))
     # only the chosen fit's warnings concern the caller
     for w in caught[best]:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return RestartsResult(best=fits[best], final_log_joints=finals, best_index=best)
+    return RestartsResult(best=fits[best], final_log_joints=finals, best_index=best,
+                          spurious=spurious)
 
 
 def _trace_decreased(fit: FitResult) -> bool:
