@@ -38,6 +38,7 @@ class JointSpec(NamedTuple):
     data: Any             # statseq.core.validation.Prepared
     entry_masks: Any = None  # per leaf: None, or the boolean free mask of a partial leaf
     ties: Any = ()        # tie groups: ((label, ((leaf, index), ...)), ...), label order
+    supports: Any = None  # per leaf: None, or the RowSimplices of a partial simplex leaf
 
 
 def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ordered, key,
@@ -61,6 +62,7 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
     flags = tuple(m is not False for m in entry_masks)
     entry_masks, groups = _tie_groups(model, init_params, entry_masks, ties, names)
     entry_masks = [m if isinstance(m, np.ndarray) else None for m in entry_masks]
+    entry_masks, supports = _simplex_sites(model, leaves, entry_masks, names)
     shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
     leaf_p = leaf_priors(model, priors, y, mask, flags)
     index = None
@@ -83,6 +85,14 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         leaves = list(leaves)
         leaves[index] = jnp.sort(jnp.asarray(leaves[index]))
     for i, m in enumerate(entry_masks):
+        if supports[i] is not None or (m is not None and con_of(model, i)
+                                       is constraints.simplex):
+            if dirichlet_concentration(leaf_p[i]) is None:
+                raise ValueError(
+                    f"params.{names[i]} has fixed entries in simplex rows, so its prior must "
+                    f"be a Dirichlet (the free entries get the scaled Dirichlet of the rest "
+                    f"of their row), got {leaf_p[i]}")
+            continue
         if m is not None and leaf_p[i].event_shape != ():
             raise ValueError(f"params.{names[i]} has fixed or tied entries, so its prior must "
                              f"be elementwise (event_shape ()), got {leaf_p[i]}")
@@ -98,7 +108,39 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         for i, pos in members:
             leaves[i] = leaves[i].at[pos].set(bij(u).astype(leaves[i].dtype))
     return JointSpec(model, names, shapes, leaf_p, leaves, index, data, entry_masks,
-                     tuple(groups))
+                     tuple(groups), supports)
+
+
+def dirichlet_concentration(prior):
+    """The concentration of a (possibly expanded) Dirichlet prior, else ``None``."""
+    base = prior
+    while isinstance(base, dist.ExpandedDistribution):
+        base = base.base_dist
+    if not isinstance(base, dist.Dirichlet):
+        return None
+    return jnp.broadcast_to(base.concentration,
+                            tuple(prior.batch_shape) + tuple(prior.event_shape))
+
+
+def con_of(model, i):
+    """The constraint of leaf ``i``."""
+    return jax.tree.leaves(model.param_constraints(),
+                           is_leaf=lambda c: isinstance(c, constraints.Constraint))[i]
+
+
+def _simplex_sites(model, leaves, entry_masks, names):
+    """Partial simplex leaves: the sampled entries (rows with two or more free entries)
+    and their `statseq.bayes._pieces.RowSimplices` support (checked eagerly)."""
+    from statseq.bayes._pieces import simplex_rows_site
+    from statseq.core.restrict import simplex_rest
+
+    masks, supports = list(entry_masks), [None] * len(entry_masks)
+    for i, m in enumerate(entry_masks):
+        if m is None or con_of(model, i) is not constraints.simplex:
+            continue
+        rest = simplex_rest(names[i], leaves[i], m)
+        masks[i], supports[i] = simplex_rows_site(m, rest)
+    return masks, supports
 
 
 def _tie_groups(model, params, entry_masks, ties, names):
@@ -150,11 +192,12 @@ def _entry_masks(model, params, trainable, names):
     for name, m, con in zip(names, masks, cons, strict=True):
         if m.all() or not m.any():
             out.append(bool(m.all()))
-        elif con.event_dim != 0:
+        elif con.event_dim != 0 and con is not constraints.simplex:
             raise ValueError(
                 f"params.{name} has constraint {con}: fit_nuts and fit_svi fix single entries "
-                "only of elementwise leaves (real, positive, ...); make trainable for this "
-                "field True or False")
+                "only of elementwise leaves (real, positive, ...) and of simplex rows; make "
+                "trainable for this field True or False (or fit it with fit_lbfgs / fit_em, "
+                "which fix covariance entries)")
         else:
             out.append(m)
     return out
@@ -185,6 +228,8 @@ def ordered_support(spec):
 
 def site_support(spec, i):
     """The support NumPyro transforms site ``i`` with."""
+    if spec.supports is not None and spec.supports[i] is not None:
+        return spec.supports[i]
     return ordered_support(spec) if i == spec.ordered else spec.priors[i].support
 
 
@@ -203,9 +248,16 @@ def sample_params(spec):
         elif is_partial(spec, i):
             k = int(spec.entry_masks[i].sum())
             if k:
-                x = numpyro.sample(name, dist.ImproperUniform(prior.support, (), (k,)))
+                x = numpyro.sample(name, dist.ImproperUniform(site_support(spec, i), (),
+                                                              (k,)))
                 full = scatter_entries(spec, i, x)
-                lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
+                conc = dirichlet_concentration(prior)
+                if conc is not None:  # the scaled Dirichlet of the row's free rest
+                    conc = jnp.broadcast_to(conc, full.shape)
+                    lp = jnp.where(spec.entry_masks[i], (conc - 1.0) * jnp.log(
+                        jnp.where(spec.entry_masks[i], full, 1.0)), 0.0)
+                else:
+                    lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
                 numpyro.factor(f"{name}.prior", jnp.sum(lp))
             else:
                 full = spec.fixed[i]

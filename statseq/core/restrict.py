@@ -409,13 +409,16 @@ def _simplex_rows(z, value, idx, free, rest):
     return jnp.where(free, probs.astype(value.dtype), value)
 
 
-def _simplex(build, name, value, mask, lab):
-    if lab is not None and (lab >= 0).any():
-        raise ValueError(
-            f"ties.{name}: entries of simplex rows (params.{name}) cannot be tied (the tied "
-            "rows would no longer be independent simplices); fix entries instead, or fit a "
-            "reparameterized model with fit_lbfgs")
+def simplex_rest(name, value, mask) -> np.ndarray:
+    """Check a per-entry mask of the simplex leaf ``params.<name>`` and return the mass
+    ``1 - sum(fixed)`` left to each row's free entries (shape ``value.shape[:-1] + (1,)``).
+
+    Raises:
+        ValueError: a row fixed entirely to values that do not sum to 1, fixed entries
+            that leave no mass to a row's free entries, or a free entry at 0.
+    """
     arr = np.asarray(value, np.float64)
+    mask = np.broadcast_to(np.asarray(mask, bool), arr.shape)
     rows, masks = arr.reshape(-1, arr.shape[-1]), mask.reshape(-1, arr.shape[-1])
     rest = np.ones(rows.shape[0])
     for r, (row, m) in enumerate(zip(rows, masks, strict=True)):
@@ -437,13 +440,23 @@ def _simplex(build, name, value, mask, lab):
             raise ValueError(
                 f"params.{name}{where}: a free entry of this simplex row is 0 (on the "
                 "boundary); fix it at 0, or start inside")
+    return rest.reshape(arr.shape[:-1] + (1,))
+
+
+def _simplex(build, name, value, mask, lab):
+    if lab is not None and (lab >= 0).any():
+        raise ValueError(
+            f"ties.{name}: entries of simplex rows (params.{name}) cannot be tied (the tied "
+            "rows would no longer be independent simplices); fix entries instead, or fit a "
+            "reparameterized model with fit_lbfgs")
+    arr = np.asarray(value, np.float64)
+    rest = simplex_rest(name, value, mask)
     last = np.asarray(_last_free(jnp.asarray(mask)))
     idx = np.full(mask.shape, -1, np.int32)
     for pos in zip(*np.nonzero(mask & ~last), strict=True):
         ref = float(np.log(arr[pos[:-1]][last[pos[:-1]]][0]))
         idx[pos] = build.coordinate(float(np.log(arr[pos])) - ref, None, None, name)
-    return (value, jnp.asarray(idx), jnp.asarray(mask),
-            jnp.asarray(rest.reshape(arr.shape[:-1] + (1,)), value.dtype))
+    return (value, jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(rest, value.dtype))
 
 
 def _covariance(build, name, value, mask, lab):
