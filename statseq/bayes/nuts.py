@@ -58,9 +58,16 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
         init_params: where chains start (jittered); default ``model.initialize(y)`` or
             ``model.default_params()``. Frozen leaves keep these values.
         trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf)
-            or, for leaves with an elementwise constraint, boolean arrays of the leaf's
-            shape: only the ``True`` entries are sampled (the posterior variable holds
-            them, in row-major order; ``constant_data`` holds the leaf and its mask).
+            or, for leaves with an elementwise or simplex constraint, boolean arrays of the
+            leaf's shape: only the ``True`` entries are sampled (the posterior variable
+            holds them, in row-major order; ``constant_data`` holds the leaf and its
+            mask). In a simplex row (a transition row, an emission probability vector) the
+            free entries share the mass ``1 - sum(fixed)``: with a ``Dirichlet(alpha)``
+            prior on the row (required) they are ``(1 - sum(fixed)) Dirichlet(alpha_free)``
+            a priori, sampled through ``n - 1`` logits; a row with one free entry has it
+            determined and not sampled. Fixed entries keep their value bit for bit in
+            every draw. Covariance (and other matrix) leaves are all free or all fixed
+            here (`fit_lbfgs` and `fit_em` fix their entries).
         ties: ``None`` or a pytree like ``params`` with ``None`` or an integer label array
             of the leaf's shape on elementwise leaves (as in `fit_lbfgs`): free entries
             with the same label ``L >= 0`` share one value, sampled once as the posterior

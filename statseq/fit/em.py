@@ -251,17 +251,27 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             rows, ``Gamma`` on Poisson rates), a pytree like ``params`` with ``None``
             leaves where the prior is flat.
         trainable: pytree like ``params`` of ``True``/``False`` (frozen leaves are kept) or,
-            for models whose M-step supports it (``model.m_step_entry_masks``, e.g.
-            `LinearGaussianSSM`), boolean arrays of the leaf's shape: ``False`` entries keep
-            their value (a constrained M-step; see `statseq.core.restrict` for covariances).
+            for models whose M-step supports it (``model.m_step_entry_masks``: every HMM
+            family incl. GLM-HMM transitions, `LinearGaussianSSM`), boolean arrays of the
+            leaf's shape: ``False`` entries keep their value bit for bit (see
+            `statseq.core.restrict` for what each constraint allows). The M-step is then
+            constrained: a simplex row (initial law, transition row, categorical emission
+            probabilities) gives its free entries the mass ``1 - sum(fixed)`` in
+            proportion to their expected counts (closed form); Poisson rates and Bernoulli
+            probabilities are updated entry by entry; input-driven transitions take
+            gradient steps on their free entries; any other partly fixed leaf (Gaussian or
+            AR emissions) is held in the closed-form step and moved by accepted gradient
+            steps on ``model.expected_log_joint`` (as for ``ties``). `MarkovSwitchingAR`
+            takes ``True``/``False`` per field only.
         progress: show a progress bar.
         ties: ``None`` or integer labels like ``params`` (`statseq.core.restrict`; equal
             labels ``>= 0`` share one value), for models with ``expected_log_joint``
-            (`LinearGaussianSSM`); others raise a ``ValueError``. Tied entries start at
-            their common value; each iteration runs the closed-form M-step with them held,
-            then `generalized_m_step` (accepted gradient steps) on the expected
-            complete-data log-likelihood over the restricted free vector: an ECM
-            iteration, still monotone.
+            (HMMs, `LinearGaussianSSM`); others raise a ``ValueError``, and entries of
+            simplex rows cannot be tied. Tied entries start at their common value; each
+            iteration runs the closed-form M-step with them held, keeps it only if it
+            raised ``Q = expected_log_joint + log prior``, then takes
+            `generalized_m_step` (accepted gradient steps) on ``Q`` over the restricted
+            free vector: an ECM iteration, still monotone.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters

@@ -116,8 +116,9 @@ def test_gaussian_hmm_with_a_fixed_mean_entry_takes_generalized_steps_monotonica
     y = np.asarray(ss.sample(model, truth, num_timesteps=150, key=jax.random.key(4)))
     start = truth._replace(emissions=truth.emissions._replace(
         means=jnp.array([[-0.5, 0.0], [1.0, 0.0]])))
-    tr = _all(start, True)._replace(initial_probs=False, emissions=_all(start.emissions, True)._replace(
-        means=np.array([[True, False], [True, True]])))
+    tr = _all(start, True)._replace(
+        initial_probs=False, emissions=_all(start.emissions, True)._replace(
+            means=np.array([[True, False], [True, True]])))
     em = ss.fit_em(model, start, y, trainable=tr, num_iters=400, tol=1e-13, progress=False)
     lb = ss.fit_lbfgs(model, start, y, trainable=tr, num_iters=500, tol=1e-12,
                       progress=False)
@@ -161,3 +162,35 @@ def test_entry_restrictions_bad_input():
     with pytest.raises(ValueError, match="boundary"):
         restrict(model, zero, _all(p, True)._replace(
             transitions=np.array([[True, True], [False, True]])))
+
+
+def test_glm_hmm_with_reference_logits_fixed_at_zero_matches_restricted_lbfgs():
+    """Input-driven transitions ``A_t[i] = softmax(b_i + W_i u_t)`` are not identified
+    (a constant added to a row's logits cancels); fixing each row's own-state logit at 0
+    (a reference category) identifies them. EM's transition step takes gradient steps on
+    the free entries only."""
+    model = ss.PoissonHMM(num_states=2, input_dim=1)
+    eye = np.eye(2, dtype=bool)
+    truth = ss.HMMParams(jnp.array([0.6, 0.4]), ss.TransitionRegression(
+        jnp.asarray(np.where(eye, 0.0, [[0.0, 1.5], [-1.0, 0.0]])[..., None]),
+        jnp.asarray(np.where(eye, 0.0, -2.0))), PoissonEmissions(jnp.array([1.0, 6.0])))
+    u = np.random.default_rng(5).normal(size=(150, 1))
+    y = np.asarray(ss.sample(model, truth, num_timesteps=150, inputs=u,
+                             key=jax.random.key(6)))
+    start = truth._replace(transitions=ss.TransitionRegression(
+        jnp.zeros((2, 2, 1)), jnp.asarray(np.where(eye, 0.0, -1.0))))
+    tr = _all(start, True)._replace(initial_probs=False, transitions=ss.TransitionRegression(
+        ~eye[..., None], ~eye))
+    em = ss.fit_em(model, start, y, inputs=u, trainable=tr, num_iters=400, tol=1e-13,
+                   progress=False)
+    lb = ss.fit_lbfgs(model, start, y, inputs=u, trainable=tr, num_iters=500, tol=1e-12,
+                      progress=False)
+    trace = em.log_joint[:em.num_iterations]
+    assert np.diff(trace).min() >= -1e-9 * abs(trace[-1])
+    ll_em = float(ss.log_prob(model, em.params, y, inputs=u))
+    ll_lb = float(ss.log_prob(model, lb.params, y, inputs=u))
+    assert abs(ll_em - ll_lb) < 1e-6
+    for a, b in zip(jax.tree.leaves(em.params), jax.tree.leaves(lb.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+    assert np.all(np.asarray(em.params.transitions.bias)[eye] == 0.0)
+    assert np.all(np.asarray(em.params.transitions.weights)[eye] == 0.0)
