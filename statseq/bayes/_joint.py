@@ -85,6 +85,8 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         leaves = list(leaves)
         leaves[index] = jnp.sort(jnp.asarray(leaves[index]))
     for i, m in enumerate(entry_masks):
+        if m is not None and con_of(model, i) is constraints.positive_definite:
+            continue  # the prior is a density of the whole matrix (event (n, n))
         if supports[i] is not None or (m is not None and con_of(model, i)
                                        is constraints.simplex):
             if dirichlet_concentration(leaf_p[i]) is None:
@@ -129,17 +131,21 @@ def con_of(model, i):
 
 
 def _simplex_sites(model, leaves, entry_masks, names):
-    """Partial simplex leaves: the sampled entries (rows with two or more free entries)
-    and their `statseq.bayes._pieces.RowSimplices` support (checked eagerly)."""
-    from statseq.bayes._pieces import simplex_rows_site
+    """Partial simplex and covariance leaves: the sampled entries (rows with two or more
+    free entries; the free lower triangle) and their `statseq.bayes._pieces` support
+    (`RowSimplices`, `BlockCovariance`), checked eagerly."""
+    from statseq.bayes._pieces import covariance_site, simplex_rows_site
     from statseq.core.restrict import simplex_rest
 
     masks, supports = list(entry_masks), [None] * len(entry_masks)
     for i, m in enumerate(entry_masks):
-        if m is None or con_of(model, i) is not constraints.simplex:
+        if m is None:
             continue
-        rest = simplex_rest(names[i], leaves[i], m)
-        masks[i], supports[i] = simplex_rows_site(m, rest)
+        if con_of(model, i) is constraints.simplex:
+            rest = simplex_rest(names[i], leaves[i], m)
+            masks[i], supports[i] = simplex_rows_site(m, rest)
+        elif con_of(model, i) is constraints.positive_definite:
+            masks[i], supports[i] = covariance_site(names[i], leaves[i], m)
     return masks, supports
 
 
@@ -192,12 +198,13 @@ def _entry_masks(model, params, trainable, names):
     for name, m, con in zip(names, masks, cons, strict=True):
         if m.all() or not m.any():
             out.append(bool(m.all()))
-        elif con.event_dim != 0 and con is not constraints.simplex:
+        elif con.event_dim != 0 and con is not constraints.simplex and not (
+                con is constraints.positive_definite and m.ndim == 2):
             raise ValueError(
                 f"params.{name} has constraint {con}: fit_nuts and fit_svi fix single entries "
-                "only of elementwise leaves (real, positive, ...) and of simplex rows; make "
-                "trainable for this field True or False (or fit it with fit_lbfgs / fit_em, "
-                "which fix covariance entries)")
+                "only of elementwise leaves (real, positive, ...), simplex rows and (n, n) "
+                "covariance matrices; make trainable for this field True or False (or fit "
+                "it with fit_lbfgs / fit_em)")
         else:
             out.append(m)
     return out
@@ -212,7 +219,20 @@ def free_entries(spec, i, value):
 def scatter_entries(spec, i, free, lead=()):
     """Leaf ``i`` with the ``free`` entries (``lead + (k,)``) set, the others fixed."""
     full = jnp.broadcast_to(spec.fixed[i], lead + spec.shapes[i])
-    return full.at[(Ellipsis, *np.nonzero(spec.entry_masks[i]))].set(free)
+    full = full.at[(Ellipsis, *np.nonzero(spec.entry_masks[i]))].set(free)
+    return mirror_lower(full, spec.entry_masks[i]) if is_covariance_site(spec, i) else full
+
+
+def is_covariance_site(spec, i) -> bool:
+    from statseq.bayes._pieces import BlockCovariance
+
+    return spec.supports is not None and isinstance(spec.supports[i], BlockCovariance)
+
+
+def mirror_lower(full, site):
+    """A covariance whose free lower-triangular entries ``site`` were set: mirror them."""
+    upper = np.asarray(site).T & ~np.asarray(site)
+    return jnp.where(upper, jnp.swapaxes(full, -1, -2), full)
 
 
 def is_partial(spec, i) -> bool:
@@ -256,6 +276,8 @@ def sample_params(spec):
                     conc = jnp.broadcast_to(conc, full.shape)
                     lp = jnp.where(spec.entry_masks[i], (conc - 1.0) * jnp.log(
                         jnp.where(spec.entry_masks[i], full, 1.0)), 0.0)
+                elif prior.event_shape != ():  # a covariance: the whole matrix's density
+                    lp = prior.log_prob(full)  # (its conditional on the fixed entries)
                 else:
                     lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
                 numpyro.factor(f"{name}.prior", jnp.sum(lp))

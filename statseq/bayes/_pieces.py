@@ -129,3 +129,136 @@ def simplex_rows_site(mask, rest):
     if not keep.any():
         return site, None
     return site, RowSimplices(counts[keep], np.asarray(rest).reshape(-1)[keep])
+
+
+class BlockCovariance(constraints.Constraint):
+    """The free lower-triangular entries (positions ``rows``, ``cols`` of a ``(dim, dim)``
+    covariance, row-major) of a covariance whose free rows form diagonal blocks (up to a
+    permutation; the fixed rows and the entries between blocks are fixed, see
+    `statseq.core.restrict`): each block is positive definite."""
+
+    event_dim = 1
+
+    def __init__(self, dim, rows, cols, blocks):
+        self.dim = int(dim)
+        self.rows = tuple(int(r) for r in rows)
+        self.cols = tuple(int(c) for c in cols)
+        self.blocks = tuple(tuple(int(i) for i in b) for b in blocks)
+
+    def tree_flatten(self):
+        return (), ((), {"dim": self.dim, "rows": self.rows, "cols": self.cols,
+                         "blocks": self.blocks})
+
+    def __call__(self, x):
+        diag = np.array([r == c for r, c in zip(self.rows, self.cols, strict=True)])
+        return jnp.all(x[..., diag] > 0, axis=-1)
+
+    def feasible_like(self, prototype):
+        diag = np.array([r == c for r, c in zip(self.rows, self.cols, strict=True)], float)
+        return jnp.broadcast_to(jnp.asarray(diag, prototype.dtype), prototype.shape)
+
+    def eq(self, other, static=False):
+        return isinstance(other, BlockCovariance) and other.tree_flatten() == self.tree_flatten()
+
+    def __repr__(self):
+        return f"BlockCovariance(dim={self.dim}, blocks={self.blocks})"
+
+
+class BlockCovarianceTransform(Transform):
+    """Unconstrained Cholesky entries (log on the diagonal) at the same positions ->
+    the free entries of ``L L^T``. Per block of size ``m`` (local index ``i = 1..m``):
+    ``log |det| = m log 2 + sum_i (m - i + 2) log L_ii`` (``vech(L) -> vech(L L^T)``
+    contributes ``2^m prod_i L_ii^(m - i + 1)``, the exponential of the diagonal one more
+    ``L_ii``)."""
+
+    domain = constraints.real_vector
+
+    def __init__(self, codomain: BlockCovariance):
+        self._codomain = codomain
+        c = codomain
+        self._diag = np.array([r == k for r, k in zip(c.rows, c.cols, strict=True)])
+        coef = np.zeros(len(c.rows))
+        for block in c.blocks:
+            m = len(block)
+            for i, row in enumerate(block):
+                coef[_position(c, row, row)] = m - i + 1  # i is 0-based
+        self._coef = coef
+        self._const = float(sum(len(b) for b in c.blocks) * np.log(2.0))
+
+    @property
+    def codomain(self):
+        return self._codomain
+
+    def tree_flatten(self):
+        return (), ((), {"_codomain": self._codomain, "_diag": self._diag,
+                         "_coef": self._coef, "_const": self._const})
+
+    def _chol(self, x):
+        c = self._codomain
+        vals = jnp.where(self._diag, jnp.exp(x), x)
+        lead = x.shape[:-1]
+        chol = jnp.zeros(lead + (c.dim, c.dim), x.dtype)
+        return chol.at[..., np.array(c.rows), np.array(c.cols)].set(vals)
+
+    def __call__(self, x):
+        c = self._codomain
+        chol = self._chol(x)
+        cov = chol @ jnp.swapaxes(chol, -1, -2)
+        return cov[..., np.array(c.rows), np.array(c.cols)]
+
+    def _inverse(self, y):
+        c = self._codomain
+        lead = y.shape[:-1]
+        rows, cols = np.array(c.rows), np.array(c.cols)
+        free = np.zeros(c.dim, bool)
+        free[rows] = True
+        cov = jnp.broadcast_to(jnp.diag(jnp.asarray(~free, y.dtype)), lead + (c.dim, c.dim))
+        cov = cov.at[..., rows, cols].set(y).at[..., cols, rows].set(y)
+        chol = jnp.linalg.cholesky(cov)[..., rows, cols]
+        return jnp.where(self._diag, jnp.log(jnp.where(self._diag, chol, 1.0)), chol)
+
+    def log_abs_det_jacobian(self, x, y, intermediates=None):
+        return self._const + jnp.sum(jnp.where(self._diag, self._coef * x, 0.0), axis=-1)
+
+    def forward_shape(self, shape):
+        return shape
+
+    def inverse_shape(self, shape):
+        return shape
+
+    def eq(self, other, static=False):
+        return (isinstance(other, BlockCovarianceTransform)
+                and self._codomain.eq(other._codomain))
+
+
+def _position(c, row, col):
+    return next(k for k, (r, q) in enumerate(zip(c.rows, c.cols, strict=True))
+                if r == row and q == col)
+
+
+@biject_to.register(BlockCovariance)
+def _transform_to_block_covariance(constraint):
+    return BlockCovarianceTransform(constraint)
+
+
+def covariance_site(name, value, mask):
+    """``(site_mask, support)`` of a covariance leaf with free entries ``mask``: the free
+    lower-triangular entries and their `BlockCovariance` (patterns checked as in
+    `statseq.core.restrict`; the fixed variances must be positive, since the prior is a
+    density of the whole matrix, 0 at a singular one)."""
+    from statseq.core.restrict import _Builder, _components, _covariance
+
+    _covariance(_Builder(), name, value, mask, None)  # raises on unreachable patterns
+    arr = np.asarray(value, np.float64)
+    free_rows = np.diag(mask)
+    if (np.diag(arr)[~free_rows] <= 0).any():
+        raise ValueError(
+            f"params.{name}: fit_nuts and fit_svi need the fixed variances positive (the "
+            "prior is a density of the whole covariance, zero at a singular one); a zero "
+            "variance can be fixed in fit_lbfgs / fit_em")
+    site = np.tril(mask)
+    rows, cols = np.nonzero(site)
+    idx = np.nonzero(free_rows)[0]
+    off = mask & ~np.eye(mask.shape[0], dtype=bool)
+    blocks = [tuple(int(idx[i]) for i in comp) for comp in _components(off[np.ix_(idx, idx)])]
+    return site, BlockCovariance(mask.shape[0], rows, cols, blocks)

@@ -14,6 +14,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.distributions import constraints
 
 from statseq.bayes import _joint
 from statseq.core.params import param_names, params_treedef
@@ -207,6 +208,8 @@ def posterior_params(model, idata):
     lead = tuple(first.shape[:2])
     shapes = params_treedef(model).flatten_up_to(model.param_shapes())
     const = getattr(idata, "constant_data", {})
+    cons = jax.tree.leaves(model.param_constraints(),
+                           is_leaf=lambda c: isinstance(c, constraints.Constraint))
     values = []
     for name, shape in zip(param_names(model), shapes, strict=True):
         if f"{name}.free" in const:  # free entries of a partly fixed (or tied) leaf
@@ -215,6 +218,8 @@ def posterior_params(model, idata):
             if name in post.data_vars:
                 full = full.at[(Ellipsis, *np.nonzero(free))].set(
                     jnp.asarray(post[name].values))
+                if cons[len(values)] is constraints.positive_definite:
+                    full = _joint.mirror_lower(full, free)  # the free lower triangle
             if f"{name}.ties" in const:
                 lab = np.asarray(const[f"{name}.ties"].values)
                 for pos in zip(*np.nonzero(lab >= 0), strict=True):

@@ -1,8 +1,10 @@
 """fit_nuts / fit_svi with fixed entries in simplex rows (a structural zero and a fixed
-probability in a transition row): the free entries of the row are a scaled Dirichlet over
-the mass the fixed entries leave. Fixed entries are bit-equal in every draw, and the
-posterior of the one free coordinate matches numerical quadrature of the exact posterior
-(likelihood by the forward filter, the conditional Dirichlet prior by hand)."""
+probability in a transition row) and in covariance matrices. The free entries of a row are
+a scaled Dirichlet over the mass the fixed entries leave; fixed entries are bit-equal in
+every draw, and the posterior of the one free coordinate matches numerical quadrature of
+the exact posterior (likelihood by the forward filter, the conditional Dirichlet prior by
+hand). A covariance's free block is ``L L^T``: its Jacobian against autodiff, the
+point-mass (delta) guide against the L-BFGS MAP under the same prior."""
 
 import arviz as az
 import jax
@@ -110,12 +112,72 @@ def test_sampler_simplex_entries_bad_input():
     with pytest.raises(ValueError, match="elementwise"):
         ss.fit_nuts(model, y, key=jax.random.key(0), init_params=p, ties=ties,
                     num_warmup=2, num_samples=2)
-    # covariance entries are not sampled entry by entry
-    g = ss.GaussianHMM(num_states=2, emission_dim=2, covariance="tied")
-    yg = np.random.default_rng(0).normal(size=(30, 2))
-    pg = g.initialize(yg, key=jax.random.key(0))
-    trg = jax.tree.map(lambda _: True, pg)._replace(emissions=pg.emissions._replace(
-        means=True, cov=np.array([[True, False], [False, True]])))
-    with pytest.raises(ValueError, match="only of elementwise leaves"):
-        ss.fit_nuts(g, yg, key=jax.random.key(0), init_params=pg, trainable=trg,
+    # a covariance pattern L L^T cannot reach, and a fixed zero variance
+    g = ss.LinearGaussianSSM(state_dim=1, emission_dim=3)
+    pg = g.default_params()
+    yg = np.random.default_rng(0).normal(size=(20, 3))
+    chain = np.array([[True, True, False], [True, True, True], [False, True, True]])
+    with pytest.raises(ValueError, match="block-diagonal"):
+        ss.fit_nuts(g, yg, key=jax.random.key(0), init_params=pg,
+                    trainable=jax.tree.map(lambda _: False, pg)._replace(emission_cov=chain),
                     num_warmup=2, num_samples=2)
+    g2 = ss.LinearGaussianSSM(state_dim=2, emission_dim=3)
+    zero = g2.default_params()._replace(dynamics_cov=jnp.diag(jnp.array([1.0, 0.0])))
+    with pytest.raises(ValueError, match="fixed variances positive"):
+        ss.fit_nuts(g2, yg, key=jax.random.key(0), init_params=zero,
+                    trainable=jax.tree.map(lambda _: False, zero)._replace(
+                        dynamics_cov=np.diag([True, False])),
+                    num_warmup=2, num_samples=2)
+
+
+def _cov_problem():
+    """A 3-dimensional emission covariance with a free 2x2 block, zero covariances with
+    the third coordinate and its variance fixed at 0.5; every other parameter fixed."""
+    model = ss.LinearGaussianSSM(state_dim=1, emission_dim=3)
+    cov = jnp.array([[1.0, 0.4, 0.0], [0.4, 0.8, 0.0], [0.0, 0.0, 0.5]])
+    p = model.default_params()._replace(dynamics_weights=jnp.array([[0.7]]),
+                                        emission_weights=jnp.ones((3, 1)), emission_cov=cov)
+    y = np.asarray(ss.sample(model, p, num_timesteps=40, key=jax.random.key(3)))
+    mask = np.array([[True, True, False], [True, True, False], [False, False, False]])
+    tr = jax.tree.map(lambda _: False, p)._replace(emission_cov=mask)
+    return model, p, y, tr
+
+
+def test_block_covariance_transform_jacobian_and_inverse():
+    from numpyro.distributions.transforms import biject_to
+
+    from statseq.bayes._pieces import covariance_site
+
+    cov = np.array([[2.0, 0.3, 0, 0], [0.3, 1.0, 0, 0], [0, 0, 1.5, 0], [0, 0, 0, 0.7]])
+    mask = np.zeros((4, 4), bool)
+    mask[:2, :2] = True
+    mask[2, 2] = True
+    site, support = covariance_site("cov", cov, mask)
+    assert site.sum() == 4  # (0,0), (1,0), (1,1), (2,2)
+    t = biject_to(support)
+    x = t.inv(jnp.asarray(cov[site])) + jnp.array([0.1, -0.2, 0.3, 0.05])
+    np.testing.assert_allclose(np.asarray(t(t.inv(jnp.asarray(cov[site])))), cov[site],
+                               atol=1e-14)
+    # log |det| of the square map x -> free entries, against autodiff
+    jac = np.asarray(jax.jacfwd(t)(x))
+    np.testing.assert_allclose(float(t.log_abs_det_jacobian(x, t(x))),
+                               np.log(abs(np.linalg.det(jac))), rtol=1e-12)
+
+
+def test_covariance_with_fixed_entries_svi_map_and_nuts_draws():
+    model, p, y, tr = _cov_problem()
+    res = ss.fit_svi(model, y, key=jax.random.key(2), init_params=p, trainable=tr,
+                     guide="delta", num_steps=1500, num_samples=3)
+    lb = ss.fit_lbfgs(model, p, y, trainable=tr, priors=ss.bayes.default_priors(model, y),
+                      progress=False)
+    cov = np.asarray(res.draws.emission_cov)
+    np.testing.assert_allclose(cov[0], np.asarray(lb.params.emission_cov), atol=1e-4)
+    assert np.all(cov[:, 2, :2] == 0.0) and np.all(cov[:, :2, 2] == 0.0)
+    assert np.all(cov[:, 2, 2] == 0.5)
+    idata = ss.fit_nuts(model, y, key=jax.random.key(4), init_params=p, trainable=tr,
+                        num_warmup=100, num_samples=100, num_chains=1, progress=False)
+    draws = np.asarray(ss.posterior_params(model, idata).emission_cov)  # (1, 100, 3, 3)
+    assert np.all(draws[..., 2, :2] == 0.0) and np.all(draws[..., 2, 2] == 0.5)
+    assert np.all(draws == np.swapaxes(draws, -1, -2))
+    assert np.all(np.linalg.eigvalsh(draws) > 0)
+    assert np.std(draws[..., 0, 1]) > 0  # the free covariance moves
