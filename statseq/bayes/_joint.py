@@ -38,7 +38,7 @@ class JointSpec(NamedTuple):
     data: Any             # statseq.core.validation.Prepared
     entry_masks: Any = None  # per leaf: None, or the boolean free mask of a partial leaf
     ties: Any = ()        # tie groups: ((label, ((leaf, index), ...)), ...), label order
-    supports: Any = None  # per leaf: None, or the RowSimplices of a partial simplex leaf
+    supports: Any = None  # per leaf: None, or the support of a partial simplex/cov leaf
 
 
 def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ordered, key,
@@ -62,7 +62,7 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
     flags = tuple(m is not False for m in entry_masks)
     entry_masks, groups = _tie_groups(model, init_params, entry_masks, ties, names)
     entry_masks = [m if isinstance(m, np.ndarray) else None for m in entry_masks]
-    entry_masks, supports = _simplex_sites(model, leaves, entry_masks, names)
+    entry_masks, site_sups = _simplex_sites(model, leaves, entry_masks, names)
     shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
     leaf_p = leaf_priors(model, priors, y, mask, flags)
     index = None
@@ -87,7 +87,7 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
     for i, m in enumerate(entry_masks):
         if m is not None and con_of(model, i) is constraints.positive_definite:
             continue  # the prior is a density of the whole matrix (event (n, n))
-        if supports[i] is not None or (m is not None and con_of(model, i)
+        if site_sups[i] is not None or (m is not None and con_of(model, i)
                                        is constraints.simplex):
             if dirichlet_concentration(leaf_p[i]) is None:
                 raise ValueError(
@@ -110,7 +110,7 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         for i, pos in members:
             leaves[i] = leaves[i].at[pos].set(bij(u).astype(leaves[i].dtype))
     return JointSpec(model, names, shapes, leaf_p, leaves, index, data, entry_masks,
-                     tuple(groups), supports)
+                     tuple(groups), site_sups)
 
 
 def dirichlet_concentration(prior):
