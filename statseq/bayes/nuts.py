@@ -67,8 +67,10 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
             prior on the row (required) they are ``(1 - sum(fixed)) Dirichlet(alpha_free)``
             a priori, sampled through ``n - 1`` logits; a row with one free entry has it
             determined and not sampled. Fixed entries keep their value bit for bit in
-            every draw. Covariance (and other matrix) leaves are all free or all fixed
-            here (`fit_lbfgs` and `fit_em` fix their entries).
+            every draw. An ``(n, n)`` covariance may have the patterns of
+            `statseq.core.restrict` (fixed rows with zero cross entries, a block-diagonal
+            free part) with positive fixed variances: its free lower triangle is sampled,
+            each free block ``L L^T``, under the whole matrix's prior density.
         ties: ``None`` or a pytree like ``params`` with ``None`` or an integer label array
             of the leaf's shape on elementwise leaves (as in `fit_lbfgs`): free entries
             with the same label ``L >= 0`` share one value, sampled once as the posterior
