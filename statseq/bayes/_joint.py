@@ -38,6 +38,7 @@ class JointSpec(NamedTuple):
     data: Any             # statseq.core.validation.Prepared
     entry_masks: Any = None  # per leaf: None, or the boolean free mask of a partial leaf
     ties: Any = ()        # tie groups: ((label, ((leaf, index), ...)), ...), label order
+    supports: Any = None  # per leaf: None, or the support of a partial simplex/cov leaf
 
 
 def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ordered, key,
@@ -61,6 +62,7 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
     flags = tuple(m is not False for m in entry_masks)
     entry_masks, groups = _tie_groups(model, init_params, entry_masks, ties, names)
     entry_masks = [m if isinstance(m, np.ndarray) else None for m in entry_masks]
+    entry_masks, site_sups = _simplex_sites(model, leaves, entry_masks, names)
     shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
     leaf_p = leaf_priors(model, priors, y, mask, flags)
     index = None
@@ -83,6 +85,16 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         leaves = list(leaves)
         leaves[index] = jnp.sort(jnp.asarray(leaves[index]))
     for i, m in enumerate(entry_masks):
+        if m is not None and con_of(model, i) is constraints.positive_definite:
+            continue  # the prior is a density of the whole matrix (event (n, n))
+        if site_sups[i] is not None or (m is not None and con_of(model, i)
+                                       is constraints.simplex):
+            if dirichlet_concentration(leaf_p[i]) is None:
+                raise ValueError(
+                    f"params.{names[i]} has fixed entries in simplex rows, so its prior must "
+                    f"be a Dirichlet (the free entries get the scaled Dirichlet of the rest "
+                    f"of their row), got {leaf_p[i]}")
+            continue
         if m is not None and leaf_p[i].event_shape != ():
             raise ValueError(f"params.{names[i]} has fixed or tied entries, so its prior must "
                              f"be elementwise (event_shape ()), got {leaf_p[i]}")
@@ -98,7 +110,43 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
         for i, pos in members:
             leaves[i] = leaves[i].at[pos].set(bij(u).astype(leaves[i].dtype))
     return JointSpec(model, names, shapes, leaf_p, leaves, index, data, entry_masks,
-                     tuple(groups))
+                     tuple(groups), site_sups)
+
+
+def dirichlet_concentration(prior):
+    """The concentration of a (possibly expanded) Dirichlet prior, else ``None``."""
+    base = prior
+    while isinstance(base, dist.ExpandedDistribution):
+        base = base.base_dist
+    if not isinstance(base, dist.Dirichlet):
+        return None
+    return jnp.broadcast_to(base.concentration,
+                            tuple(prior.batch_shape) + tuple(prior.event_shape))
+
+
+def con_of(model, i):
+    """The constraint of leaf ``i``."""
+    return jax.tree.leaves(model.param_constraints(),
+                           is_leaf=lambda c: isinstance(c, constraints.Constraint))[i]
+
+
+def _simplex_sites(model, leaves, entry_masks, names):
+    """Partial simplex and covariance leaves: the sampled entries (rows with two or more
+    free entries; the free lower triangle) and their `statseq.bayes._pieces` support
+    (`RowSimplices`, `BlockCovariance`), checked eagerly."""
+    from statseq.bayes._pieces import covariance_site, simplex_rows_site
+    from statseq.core.restrict import simplex_rest
+
+    masks, supports = list(entry_masks), [None] * len(entry_masks)
+    for i, m in enumerate(entry_masks):
+        if m is None:
+            continue
+        if con_of(model, i) is constraints.simplex:
+            rest = simplex_rest(names[i], leaves[i], m)
+            masks[i], supports[i] = simplex_rows_site(m, rest)
+        elif con_of(model, i) is constraints.positive_definite:
+            masks[i], supports[i] = covariance_site(names[i], leaves[i], m)
+    return masks, supports
 
 
 def _tie_groups(model, params, entry_masks, ties, names):
@@ -150,11 +198,13 @@ def _entry_masks(model, params, trainable, names):
     for name, m, con in zip(names, masks, cons, strict=True):
         if m.all() or not m.any():
             out.append(bool(m.all()))
-        elif con.event_dim != 0:
+        elif con.event_dim != 0 and con is not constraints.simplex and not (
+                con is constraints.positive_definite and m.ndim == 2):
             raise ValueError(
                 f"params.{name} has constraint {con}: fit_nuts and fit_svi fix single entries "
-                "only of elementwise leaves (real, positive, ...); make trainable for this "
-                "field True or False")
+                "only of elementwise leaves (real, positive, ...), simplex rows and (n, n) "
+                "covariance matrices; make trainable for this field True or False (or fit "
+                "it with fit_lbfgs / fit_em)")
         else:
             out.append(m)
     return out
@@ -169,7 +219,20 @@ def free_entries(spec, i, value):
 def scatter_entries(spec, i, free, lead=()):
     """Leaf ``i`` with the ``free`` entries (``lead + (k,)``) set, the others fixed."""
     full = jnp.broadcast_to(spec.fixed[i], lead + spec.shapes[i])
-    return full.at[(Ellipsis, *np.nonzero(spec.entry_masks[i]))].set(free)
+    full = full.at[(Ellipsis, *np.nonzero(spec.entry_masks[i]))].set(free)
+    return mirror_lower(full, spec.entry_masks[i]) if is_covariance_site(spec, i) else full
+
+
+def is_covariance_site(spec, i) -> bool:
+    from statseq.bayes._pieces import BlockCovariance
+
+    return spec.supports is not None and isinstance(spec.supports[i], BlockCovariance)
+
+
+def mirror_lower(full, site):
+    """A covariance whose free lower-triangular entries ``site`` were set: mirror them."""
+    upper = np.asarray(site).T & ~np.asarray(site)
+    return jnp.where(upper, jnp.swapaxes(full, -1, -2), full)
 
 
 def is_partial(spec, i) -> bool:
@@ -185,6 +248,8 @@ def ordered_support(spec):
 
 def site_support(spec, i):
     """The support NumPyro transforms site ``i`` with."""
+    if spec.supports is not None and spec.supports[i] is not None:
+        return spec.supports[i]
     return ordered_support(spec) if i == spec.ordered else spec.priors[i].support
 
 
@@ -203,9 +268,18 @@ def sample_params(spec):
         elif is_partial(spec, i):
             k = int(spec.entry_masks[i].sum())
             if k:
-                x = numpyro.sample(name, dist.ImproperUniform(prior.support, (), (k,)))
+                x = numpyro.sample(name, dist.ImproperUniform(site_support(spec, i), (),
+                                                              (k,)))
                 full = scatter_entries(spec, i, x)
-                lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
+                conc = dirichlet_concentration(prior)
+                if conc is not None:  # the scaled Dirichlet of the row's free rest
+                    conc = jnp.broadcast_to(conc, full.shape)
+                    lp = jnp.where(spec.entry_masks[i], (conc - 1.0) * jnp.log(
+                        jnp.where(spec.entry_masks[i], full, 1.0)), 0.0)
+                elif prior.event_shape != ():  # a covariance: the whole matrix's density
+                    lp = prior.log_prob(full)  # (its conditional on the fixed entries)
+                else:
+                    lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
                 numpyro.factor(f"{name}.prior", jnp.sum(lp))
             else:
                 full = spec.fixed[i]

@@ -14,6 +14,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.distributions import constraints
 
 from statseq.bayes import _joint
 from statseq.core.params import param_names, params_treedef
@@ -58,9 +59,18 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
         init_params: where chains start (jittered); default ``model.initialize(y)`` or
             ``model.default_params()``. Frozen leaves keep these values.
         trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf)
-            or, for leaves with an elementwise constraint, boolean arrays of the leaf's
-            shape: only the ``True`` entries are sampled (the posterior variable holds
-            them, in row-major order; ``constant_data`` holds the leaf and its mask).
+            or, for leaves with an elementwise or simplex constraint, boolean arrays of the
+            leaf's shape: only the ``True`` entries are sampled (the posterior variable
+            holds them, in row-major order; ``constant_data`` holds the leaf and its
+            mask). In a simplex row (a transition row, an emission probability vector) the
+            free entries share the mass ``1 - sum(fixed)``: with a ``Dirichlet(alpha)``
+            prior on the row (required) they are ``(1 - sum(fixed)) Dirichlet(alpha_free)``
+            a priori, sampled through ``n - 1`` logits; a row with one free entry has it
+            determined and not sampled. Fixed entries keep their value bit for bit in
+            every draw. An ``(n, n)`` covariance may have the patterns of
+            `statseq.core.restrict` (fixed rows with zero cross entries, a block-diagonal
+            free part) with positive fixed variances: its free lower triangle is sampled,
+            each free block ``L L^T``, under the whole matrix's prior density.
         ties: ``None`` or a pytree like ``params`` with ``None`` or an integer label array
             of the leaf's shape on elementwise leaves (as in `fit_lbfgs`): free entries
             with the same label ``L >= 0`` share one value, sampled once as the posterior
@@ -211,6 +221,8 @@ def posterior_params(model, idata):
     lead = tuple(first.shape[:2])
     shapes = params_treedef(model).flatten_up_to(model.param_shapes())
     const = getattr(idata, "constant_data", {})
+    cons = jax.tree.leaves(model.param_constraints(),
+                           is_leaf=lambda c: isinstance(c, constraints.Constraint))
     values = []
     for name, shape in zip(param_names(model), shapes, strict=True):
         if f"{name}.free" in const:  # free entries of a partly fixed (or tied) leaf
@@ -219,6 +231,8 @@ def posterior_params(model, idata):
             if name in post.data_vars:
                 full = full.at[(Ellipsis, *np.nonzero(free))].set(
                     jnp.asarray(post[name].values))
+                if cons[len(values)] is constraints.positive_definite:
+                    full = _joint.mirror_lower(full, free)  # the free lower triangle
             if f"{name}.ties" in const:
                 lab = np.asarray(const[f"{name}.ties"].values)
                 for pos in zip(*np.nonzero(lab >= 0), strict=True):

@@ -75,9 +75,10 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
         inputs: covariates, when the model takes them.
         init_params: where the guide starts (default ``model.initialize(y)``).
         trainable: pytree like ``params`` of ``True``/``False`` (``False`` freezes a leaf)
-            or, for leaves with an elementwise constraint, boolean arrays of the leaf's
-            shape: only the ``True`` entries are sampled (the posterior variable holds
-            them, in row-major order; ``constant_data`` holds the leaf and its mask).
+            or, for leaves with an elementwise or simplex constraint, boolean arrays of the
+            leaf's shape: only the ``True`` entries are sampled (the free entries of a
+            simplex row share the mass its fixed entries leave, a scaled Dirichlet a priori;
+            see `fit_nuts`); fixed entries keep their value in every draw.
         ordered: dotted name of a per-state leaf to keep ordered (see `fit_nuts`).
         ties: integer labels tying free entries of elementwise leaves (see `fit_nuts`):
             each tie group is one site ``"tied.L"`` of the guide; ``draws`` holds the

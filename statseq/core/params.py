@@ -479,7 +479,9 @@ def on_boundary(model: Any, params: Any, scale: float = 1.0,
                     while keep.ndim > 1:
                         keep = keep.any(axis=0)
                     arr = arr[..., keep, :][..., :, keep]
-                elif con is not constraints.simplex:
+                elif con is constraints.simplex:  # fixed probabilities are not checked
+                    arr = np.where(free, arr, 1.0)
+                else:
                     arr = arr[free]
         if not arr.size or not np.all(np.isfinite(arr)):
             continue

@@ -24,7 +24,14 @@ say depends on the leaf's constraint:
   ``L L^T`` with ``L`` its Cholesky factor, whose zero pattern is then that of the block
   structure, so every such matrix is reached. Ties on a covariance join free *diagonal*
   entries of rows whose off-diagonal entries are all fixed (equal variances);
-* any other constraint (simplex rows, correlation matrices): the whole leaf only.
+* ``simplex`` leaves (rows of probabilities, e.g. transition matrices): any entries of a
+  row may be fixed (e.g. a structural zero); the free entries share the remaining mass
+  ``1 - sum(fixed)`` of their row, as ``(1 - sum(fixed)) softmax`` of one coordinate per
+  free entry but the row's last (whose logit is 0). A row with one free entry has it
+  determined; a row with every entry fixed must sum to 1; free entries need a positive
+  remaining mass. Simplex entries cannot be tied (a tie across rows of a simplex is a
+  polytope, not a product of simplices);
+* any other constraint (correlation matrices, ...): the whole leaf only.
 
 Tied entries start at the mean of their unconstrained starting values.
 """
@@ -101,6 +108,9 @@ class Restriction:
                 value, idx = arrs
                 u = z[jnp.maximum(idx, 0)]
                 out.append(jnp.where(idx >= 0, biject_to(con)(u), value).astype(value.dtype))
+            elif kind[0] == "simplex":
+                value, idx, free, rest = arrs
+                out.append(_simplex_rows(z, value, idx, free, rest))
             else:  # "cov"
                 value, idx, free_diag = arrs
                 raw = jnp.where(idx >= 0, z[jnp.maximum(idx, 0)], 0.0)
@@ -129,6 +139,13 @@ class Restriction:
                 idx = arrs[1]
                 u = biject_to(con).inv(value).astype(z.dtype)
                 z = z.at[jnp.where(idx >= 0, idx, size)].set(u, mode="drop")
+            elif kind[0] == "simplex":  # log-ratios to the row's last free entry
+                idx, free = arrs[1], arrs[2]
+                last = _last_free(free)
+                logv = jnp.log(jnp.where(free, value, 1.0))
+                ref = jnp.sum(jnp.where(last, logv, 0.0), axis=-1, keepdims=True)
+                z = z.at[jnp.where(idx >= 0, idx, size)].set((logv - ref).astype(z.dtype),
+                                                             mode="drop")
             else:  # "cov": the Cholesky factor of the free block (the fixed rows set to I)
                 idx, free_diag = arrs[1], arrs[2]
                 both = free_diag[:, None] & free_diag[None, :]
@@ -146,6 +163,8 @@ class Restriction:
                 masks.append(np.full(np.shape(arrs[0]), not bool(arrs[1])))
             elif kind[0] == "entry":
                 masks.append(np.asarray(arrs[1]) >= 0)
+            elif kind[0] == "simplex":
+                masks.append(np.asarray(arrs[2]))
             else:
                 idx = np.asarray(arrs[1]) >= 0
                 masks.append(idx | idx.T)
@@ -299,12 +318,13 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
             arrays.append((value, jnp.asarray(not mask.any())))
             partial.append(None)
         else:
-            if con.event_dim != 0 and not (
+            if con.event_dim != 0 and con is not constraints.simplex and not (
                     con is constraints.positive_definite and value.ndim == 2):
                 raise ValueError(
                     f"params.{name} has constraint {con}: per-entry trainable masks and ties "
-                    "are supported for elementwise constraints (real, positive, ...) and for "
-                    "(n, n) covariance matrices; make trainable for this field True or False")
+                    "are supported for elementwise constraints (real, positive, ...), simplex "
+                    "rows and (n, n) covariance matrices; make trainable for this field True "
+                    "or False")
             kinds.append(None)
             arrays.append(None)
             partial.append((name, value, con, mask, lab))
@@ -317,6 +337,9 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
         if con.event_dim == 0:
             kinds[i] = ("entry",)
             arrays[i] = _entries(build, name, value, con, mask, lab)
+        elif con is constraints.simplex:
+            kinds[i] = ("simplex",)
+            arrays[i] = _simplex(build, name, value, mask, lab)
         else:
             kinds[i] = ("cov",)
             arrays[i] = _covariance(build, name, value, mask, lab)
@@ -365,6 +388,75 @@ def _entries(build, name, value, con, mask, lab):
         label = None if lab is None else int(lab[pos])
         idx[pos] = build.coordinate(float(u[pos]), label, ("entry", repr(con)), name)
     return (value, jnp.asarray(idx))
+
+
+def _last_free(free):
+    """``True`` at the last free entry of each row (the reference of the log-ratios)."""
+    after = jnp.flip(jnp.cumsum(jnp.flip(free, -1), -1), -1)  # free entries at or after
+    return free & (after == 1)
+
+
+def _simplex_rows(z, value, idx, free, rest):
+    """Rows with the free entries ``rest * softmax(logits)`` (the last free entry's logit 0)
+    and the fixed entries as in ``value`` (bit for bit)."""
+    logits = jnp.where(idx >= 0, z[jnp.maximum(idx, 0)], 0.0)
+    logits = logits - jax.lax.stop_gradient(
+        jnp.max(jnp.where(free, logits, -jnp.inf), axis=-1, keepdims=True,
+                initial=0.0))
+    e = jnp.where(free, jnp.exp(jnp.where(free, logits, 0.0)), 0.0)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = rest * e / jnp.where(total > 0, total, 1.0)
+    return jnp.where(free, probs.astype(value.dtype), value)
+
+
+def simplex_rest(name, value, mask) -> np.ndarray:
+    """Check a per-entry mask of the simplex leaf ``params.<name>`` and return the mass
+    ``1 - sum(fixed)`` left to each row's free entries (shape ``value.shape[:-1] + (1,)``).
+
+    Raises:
+        ValueError: a row fixed entirely to values that do not sum to 1, fixed entries
+            that leave no mass to a row's free entries, or a free entry at 0.
+    """
+    arr = np.asarray(value, np.float64)
+    mask = np.broadcast_to(np.asarray(mask, bool), arr.shape)
+    rows, masks = arr.reshape(-1, arr.shape[-1]), mask.reshape(-1, arr.shape[-1])
+    rest = np.ones(rows.shape[0])
+    for r, (row, m) in enumerate(zip(rows, masks, strict=True)):
+        where = [int(i) for i in np.unravel_index(r, arr.shape[:-1])] if arr.ndim > 1 else []
+        fixed_sum = float(row[~m].sum())
+        if not m.any():
+            if abs(fixed_sum - 1.0) > 1e-6:
+                raise ValueError(
+                    f"trainable.{name}{where}: every entry of this simplex row is fixed "
+                    f"but the fixed values sum to {fixed_sum:.8g}, not 1")
+            continue
+        rest[r] = 1.0 - fixed_sum
+        if rest[r] <= 1e-12:
+            raise ValueError(
+                f"trainable.{name}{where}: the fixed entries of this simplex row sum to "
+                f"{fixed_sum:.8g}, leaving no probability for its free entries; fix the whole "
+                "row or lower the fixed values")
+        if not (row[m] > 0).all():
+            raise ValueError(
+                f"params.{name}{where}: a free entry of this simplex row is 0 (on the "
+                "boundary); fix it at 0, or start inside")
+    return rest.reshape(arr.shape[:-1] + (1,))
+
+
+def _simplex(build, name, value, mask, lab):
+    if lab is not None and (lab >= 0).any():
+        raise ValueError(
+            f"ties.{name}: entries of simplex rows (params.{name}) cannot be tied (the tied "
+            "rows would no longer be independent simplices); fix entries instead, or fit a "
+            "reparameterized model with fit_lbfgs")
+    arr = np.asarray(value, np.float64)
+    rest = simplex_rest(name, value, mask)
+    last = np.asarray(_last_free(jnp.asarray(mask)))
+    idx = np.full(mask.shape, -1, np.int32)
+    for pos in zip(*np.nonzero(mask & ~last), strict=True):
+        ref = float(np.log(arr[pos[:-1]][last[pos[:-1]]][0]))
+        idx[pos] = build.coordinate(float(np.log(arr[pos])) - ref, None, None, name)
+    return (value, jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(rest, value.dtype))
 
 
 def _covariance(build, name, value, mask, lab):

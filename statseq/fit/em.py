@@ -55,6 +55,26 @@ def dirichlet_map(counts, prior, old):
     return jnp.where(empty, old, counts / jnp.where(empty, 1.0, total))
 
 
+def constrained_dirichlet_map(counts, prior, old, free):
+    """`dirichlet_map` with some entries of each row fixed at their ``old`` value.
+
+    The free entries of a row share the mass ``r = 1 - sum(fixed)`` in proportion to their
+    (prior-augmented) expected counts, ``p_j = r n_j / sum_{free i} n_i``: the maximizer
+    of ``sum_j n_j log p_j`` over the row's free entries (Lagrange). ``free`` is a boolean
+    (array) broadcastable to ``counts``; all ``True`` gives `dirichlet_map` exactly. Rows
+    whose free entries have no expected count keep their ``old`` values.
+    """
+    free = jnp.broadcast_to(jnp.asarray(free, bool), old.shape)
+    if prior is not None:
+        counts = counts + prior.concentration - 1.0
+    rest = 1.0 - jnp.sum(jnp.where(free, 0.0, old), axis=-1, keepdims=True)
+    counts = jnp.where(free, counts, 0.0)
+    total = jnp.sum(counts, axis=-1, keepdims=True)
+    empty = total <= 1e-12 * jnp.maximum(1.0, jnp.max(total))
+    new = jnp.where(empty, old, rest * (counts / jnp.where(empty, 1.0, total)))
+    return jnp.where(free, new, old)
+
+
 def generalized_m_step(objective, start, *, num_steps: int = 30, step_size: float = 0.1):
     """Increase ``objective`` from ``start`` by accepted gradient steps (a generalized M-step).
 
@@ -91,40 +111,37 @@ def _em_masks(model, params, trainable, ties):
     ``m_step_mask`` is the trainable pytree of the closed-form M-step: one bool per leaf, or
     boolean arrays where the model's M-step maximizes over the free entries (checked like
     `statseq.core.restrict`); tied entries are fixed there. ``free_mask`` also marks the
-    tied entries free. ``restriction`` is the `Restriction` of the generalized M-step over
-    the tied entries, or ``None`` without ties."""
-    if _has_ties(ties):
-        if not (hasattr(model, "expected_log_joint")
-                and getattr(model, "m_step_entry_masks", False)):
-            raise ValueError(
-                f"fit_em supports ties only for models with an expected_log_joint and "
-                f"per-entry M-step masks (e.g. LinearGaussianSSM); {type(model).__name__} "
-                "has none: fit it with fit_lbfgs or fit_sgd")
-        restriction, _ = restrict(model, params, trainable, ties)  # validates
-        leaves, tree = jax.tree.flatten(params)
-        labels = tree.flatten_up_to(ties)
-        free, m_step = [], []
-        for m, lab in zip(restriction.free_mask(), labels, strict=True):
-            tied = np.zeros(m.shape, bool) if lab is None else np.asarray(lab) >= 0
-            free.append(bool(m.all()) if (m.all() or not m.any()) else np.asarray(m))
-            e = m & ~tied
-            m_step.append(bool(e.all()) if (e.all() or not e.any()) else e)
-        return (jax.tree.unflatten(tree, m_step), jax.tree.unflatten(tree, free),
-                restriction)
-    if trainable is None or all(isinstance(t, bool | np.bool_)
-                                for t in jax.tree.leaves(trainable)):
+    tied entries free. ``restriction`` is the `Restriction` of the generalized M-step (over
+    the tied entries, and over entries whose masked closed-form step is not exact, see
+    ``model.m_step_exact``), or ``None`` when the closed-form step is all there is."""
+    has_ties = _has_ties(ties)
+    if not has_ties and (trainable is None or all(
+            isinstance(t, bool | np.bool_) for t in jax.tree.leaves(trainable))):
         mask = trainable_mask(params, trainable)
         return mask, mask, None
+    if has_ties and not (hasattr(model, "expected_log_joint")
+                         and getattr(model, "m_step_entry_masks", False)):
+        raise ValueError(
+            f"fit_em supports ties only for models with an expected_log_joint and "
+            f"per-entry M-step masks (HMMs, LinearGaussianSSM); {type(model).__name__} "
+            "has none: fit it with fit_lbfgs or fit_sgd")
     if not getattr(model, "m_step_entry_masks", False):
         raise ValueError(
             f"fit_em: {type(model).__name__}'s M-step does not support per-entry trainable "
             "masks (boolean arrays); use True/False per field, or fit_lbfgs / fit_sgd")
-    restriction, _ = restrict(model, params, trainable)  # validates the masks
+    restriction, _ = restrict(model, params, trainable, ties)  # validates
     leaves, tree = jax.tree.flatten(params)
-    mask = jax.tree.unflatten(tree, [
-        bool(m.all()) if (m.all() or not m.any()) else np.asarray(m)
-        for m in restriction.free_mask()] if len(leaves) else [])
-    return mask, mask, None
+    labels = tree.flatten_up_to(ties) if has_ties else [None] * len(leaves)
+    free, m_step = [], []
+    for m, lab in zip(restriction.free_mask(), labels, strict=True):
+        tied = np.zeros(m.shape, bool) if lab is None else np.asarray(lab) >= 0
+        free.append(bool(m.all()) if (m.all() or not m.any()) else np.asarray(m))
+        e = m & ~tied
+        m_step.append(bool(e.all()) if (e.all() or not e.any()) else e)
+    m_step_tree = jax.tree.unflatten(tree, m_step)
+    exact = not has_ties and (not hasattr(model, "m_step_exact")
+                              or model.m_step_exact(m_step_tree))
+    return m_step_tree, jax.tree.unflatten(tree, free), None if exact else restriction
 
 
 class _FreeMasks:
@@ -168,10 +185,17 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
             new = model.m_step(params, stats, priors, inputs)
         new = jax.tree.map(lambda n, o, t: jnp.where(t, n, o), new, params, trainable)
         if restriction is not None:
-            # ECM: the closed-form step held the tied entries fixed; accepted gradient
-            # steps on the restricted free vector then raise the expected log joint further
+            # ECM: the closed-form step held the tied entries (and the entries it cannot
+            # maximize exactly) fixed; it is kept only if it raised the expected log joint
+            # Q + log prior, then accepted gradient steps on the restricted free vector
+            # raise it further: every iteration raises Q, so the log joint never decreases
+            def q_of(p):
+                return model.expected_log_joint(p, stats) + log_prior(priors, p)
+
+            better = q_of(new) >= q_of(params)
+            new = jax.tree.map(lambda a, b: jnp.where(better, a, b), new, params)
             new = restriction.expand(model, generalized_m_step(
-                lambda z: model.expected_log_joint(restriction.expand(model, z), stats),
+                lambda z: q_of(restriction.expand(model, z)),
                 restriction.contract(model, new)))
         last = trace[jnp.maximum(i - 1, 0)]
         scale = jnp.maximum(1.0, jnp.abs(value))
@@ -227,17 +251,27 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             rows, ``Gamma`` on Poisson rates), a pytree like ``params`` with ``None``
             leaves where the prior is flat.
         trainable: pytree like ``params`` of ``True``/``False`` (frozen leaves are kept) or,
-            for models whose M-step supports it (``model.m_step_entry_masks``, e.g.
-            `LinearGaussianSSM`), boolean arrays of the leaf's shape: ``False`` entries keep
-            their value (a constrained M-step; see `statseq.core.restrict` for covariances).
+            for models whose M-step supports it (``model.m_step_entry_masks``: every HMM
+            family incl. GLM-HMM transitions, `LinearGaussianSSM`), boolean arrays of the
+            leaf's shape: ``False`` entries keep their value bit for bit (see
+            `statseq.core.restrict` for what each constraint allows). The M-step is then
+            constrained: a simplex row (initial law, transition row, categorical emission
+            probabilities) gives its free entries the mass ``1 - sum(fixed)`` in
+            proportion to their expected counts (closed form); Poisson rates and Bernoulli
+            probabilities are updated entry by entry; input-driven transitions take
+            gradient steps on their free entries; any other partly fixed leaf (Gaussian or
+            AR emissions) is held in the closed-form step and moved by accepted gradient
+            steps on ``model.expected_log_joint`` (as for ``ties``). `MarkovSwitchingAR`
+            takes ``True``/``False`` per field only.
         progress: show a progress bar.
         ties: ``None`` or integer labels like ``params`` (`statseq.core.restrict`; equal
             labels ``>= 0`` share one value), for models with ``expected_log_joint``
-            (`LinearGaussianSSM`); others raise a ``ValueError``. Tied entries start at
-            their common value; each iteration runs the closed-form M-step with them held,
-            then `generalized_m_step` (accepted gradient steps) on the expected
-            complete-data log-likelihood over the restricted free vector: an ECM
-            iteration, still monotone.
+            (HMMs, `LinearGaussianSSM`); others raise a ``ValueError``, and entries of
+            simplex rows cannot be tied. Tied entries start at their common value; each
+            iteration runs the closed-form M-step with them held, keeps it only if it
+            raised ``Q = expected_log_joint + log prior``, then takes
+            `generalized_m_step` (accepted gradient steps) on ``Q`` over the restricted
+            free vector: an ECM iteration, still monotone.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters

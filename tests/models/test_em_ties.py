@@ -109,13 +109,12 @@ def test_expected_log_joint_is_maximized_by_the_closed_form_m_step():
 
 
 def test_ties_are_refused_where_the_model_has_no_expected_log_joint():
-    hmm = ss.PoissonHMM(num_states=2)
-    counts = np.array([1, 2, 0, 3, 1, 5, 2, 1.0])
-    hp = hmm.initialize(counts, key=jax.random.key(0))
-    ties = jax.tree.map(lambda _: None, hp)
-    ties = ties._replace(emissions=ties.emissions._replace(rates=np.array([0, 0])))
+    msar = ss.MarkovSwitchingAR()
+    mp = msar.default_params()
+    ties = jax.tree.map(lambda _: None, mp)
+    ties = ties._replace(variances=np.zeros(np.shape(mp.variances), int))
     with pytest.raises(ValueError, match="fit_em supports ties only for models with"):
-        ss.fit_em(hmm, hp, counts, ties=ties, progress=False)
+        ss.fit_em(msar, mp, np.sin(np.arange(30.0)), ties=ties, progress=False)
 
 
 def test_contract_inverts_expand_under_a_restriction_with_ties():

@@ -212,18 +212,23 @@ def test_restriction_round_trip_counts_and_errors():
     y = np.zeros((10, 2))
     with pytest.raises(ValueError, match="ties entries that trainable fixes"):
         ss.fit_em(model, p, y, trainable=tr, ties=ties, progress=False)
-    # a simplex leaf (transition rows) restricted entry by entry is refused; fit_em refuses
-    # per-entry masks where the model's M-step does not handle them
+    # a simplex leaf (transition rows) restricted entry by entry: one logit per free entry
+    # but the last of its row; fit_em refuses per-entry masks where the model's M-step
+    # does not handle them (MarkovSwitchingAR)
     hmm = ss.PoissonHMM(num_states=2)
     counts = np.array([1, 2, 0, 3, 1, 5, 2, 1.0])
     hp = hmm.initialize(counts, key=jax.random.key(0))
     mask = jax.tree.map(lambda _: True, hp)
-    with pytest.raises(ValueError, match="make trainable for this field True or False"):
-        restrict(hmm, hp, mask._replace(transitions=np.array([[True, False], [True, True]])))
+    fixed = mask._replace(transitions=np.array([[True, False], [True, True]]))
+    assert restrict(hmm, hp, fixed)[0].num_free == 1 + 0 + 1 + 2
     rates = mask._replace(emissions=mask.emissions._replace(rates=np.array([True, False])))
     assert restrict(hmm, hp, rates)[0].num_free == 1 + 2 + 1
+    msar = ss.MarkovSwitchingAR()
+    mp = msar.default_params()
+    mtr = jax.tree.map(lambda _: True, mp)._replace(
+        transitions=np.array([[True, False], [True, True]]))
     with pytest.raises(ValueError, match="does not support per-entry trainable masks"):
-        ss.fit_em(hmm, hp, counts, trainable=rates, progress=False)
+        ss.fit_em(msar, mp, np.sin(np.arange(30.0)), trainable=mtr, progress=False)
 
 
 def test_nuts_and_svi_sample_only_the_free_entries():

@@ -456,47 +456,157 @@ class HMMBase(SequenceModel):
             "transitions": post.expected_transitions,  # (N, K, K) or (N, T-1, K, K)
             "weights": post.smoothed_probs,
             "emissions": self.emission_suff_stats(y, mask, post.smoothed_probs),
+            # the data, for `expected_log_joint` (and the inputs of GLM transitions)
+            "y": y, "mask": mask, "inputs": inputs,
         }
         return stats, jnp.sum(post.marginal_log_lik)
 
-    def m_step(self, params, stats, priors, inputs):
-        """Closed-form (MAP) updates; generalized (gradient) steps where none exists."""
+    #: `fit_em` may pass boolean arrays (per-entry trainable masks) to `m_step`
+    m_step_entry_masks: ClassVar[bool] = True
+    #: emission fields whose closed-form M-step is exact under per-entry masks (the update
+    #: of each entry depends on its own statistics only, or the family's
+    #: `emission_m_step_masked` solves the constrained problem); a partial mask on any other
+    #: field makes `fit_em` add accepted gradient steps on `expected_log_joint`
+    exact_masked_emission_fields: ClassVar[tuple[str, ...]] = ()
+
+    def expected_log_joint(self, params, stats):
+        """The expected complete-data log-likelihood ``Q`` under the posterior that produced
+        ``stats`` (`e_step`):
+
+            Q = sum_k g_1(k) log pi_k + sum_t sum_ij xi_t(i, j) log A_t[i, j]
+                + sum_t sum_k g_t(k) log p(y_t | z_t = k)
+
+        with the smoothed marginals ``g_t`` and pair marginals ``xi_t`` of `e_step`
+        (``pi`` the stationary law of ``A`` for ``initial="stationary"``). The emission term
+        is `emission_expected_log_lik`. `fit_em` maximizes it over tied entries and
+        entries whose masked closed-form M-step is not exact (a generalized M-step); the
+        closed-form `m_step` is its maximizer. Missing observations are marginalized in
+        the emission term (not treated as latent), which makes ``Q`` a valid EM minorant
+        of the log-likelihood as well.
+        """
+        out = _xlogp(stats["initial"], self.initial_probs(params))
+        if self.input_dim:
+            reg = params.transitions
+            logs = jax.vmap(jax.vmap(
+                lambda u: jax.nn.log_softmax(reg.bias + reg.weights @ u, axis=-1)
+            ))(stats["inputs"][:, 1:])
+            out = out + jnp.sum(stats["transitions"] * logs)
+        else:
+            out = out + _xlogp(jnp.sum(stats["transitions"], axis=0), params.transitions)
+        return out + self.emission_expected_log_lik(params, stats)
+
+    def emission_expected_log_lik(self, params, stats):
+        """``sum_n sum_t sum_k g_nt(k) log p(y_nt | z = k)`` from the smoothed weights and
+        the data (families may override it with their sufficient statistics)."""
+        ll = jax.vmap(lambda y_s, m_s: self.log_likelihoods(params, y_s, m_s))(
+            stats["y"], stats["mask"])
+        w = stats["weights"]
+        return jnp.sum(jnp.where(w > 0, w * ll, 0.0))
+
+    def emission_m_step_masked(self, emissions, stats, prior, trainable):
+        """The emission M-step given per-entry masks ``trainable`` (a pytree like
+        ``emissions`` of boolean arrays, possibly traced): fields in
+        ``exact_masked_emission_fields`` keep their fixed entries, any other field with a
+        fixed entry keeps its old value (`fit_em` then takes gradient steps on it)."""
+        new = self.emission_m_step(emissions, stats, prior)
+        names = getattr(type(emissions), "_fields", ())
+        out = []
+        for i, (n, o, t) in enumerate(zip(new, emissions, trainable, strict=True)):
+            t = jnp.asarray(t, bool)
+            if names and names[i] not in self.exact_masked_emission_fields:
+                t = jnp.all(t)
+            out.append(jnp.where(t, n, o))
+        return type(emissions)(*out)
+
+    def m_step_exact(self, trainable) -> bool:
+        """Whether `m_step` with the (NumPy) masks ``trainable`` is exact (no gradient steps
+        needed in `fit_em`): per-entry masks only on the initial law, fixed transitions and
+        the ``exact_masked_emission_fields``."""
+        em = trainable.emissions
+        names = getattr(type(em), "_fields", ())
+        for name, t in zip(names, em, strict=True):
+            arr = np.asarray(t)
+            if arr.ndim and not (arr.all() or not arr.any()) and (
+                    name not in self.exact_masked_emission_fields):
+                return False
+        return True
+
+    def m_step(self, params, stats, priors, inputs, trainable=None):
+        """Closed-form (MAP) updates; generalized (gradient) steps where none exists.
+
+        ``trainable`` (a pytree like ``params`` of booleans or boolean arrays, as `fit_em`
+        passes it) fixes entries: a simplex row's free entries share the mass its fixed
+        entries leave, in proportion to their expected counts (plus prior pseudo-counts),
+        the constrained maximizer; input-driven transitions take gradient steps on their
+        free entries only; emissions follow `emission_m_step_masked`.
+        """
         from statseq.core.params import log_prior
-        from statseq.fit.em import dirichlet_map, generalized_m_step
+        from statseq.fit.em import constrained_dirichlet_map, generalized_m_step
 
         prior = priors if priors is not None else HMMParams(None, None, None)
-        emissions = self.emission_m_step(params.emissions, stats["emissions"],
-                                         prior.emissions)
+        tr = trainable if trainable is not None else jax.tree.map(
+            lambda _: True, params, is_leaf=lambda x: x is None)
+        if trainable is None:
+            emissions = self.emission_m_step(params.emissions, stats["emissions"],
+                                             prior.emissions)
+        else:
+            emissions = self.emission_m_step_masked(params.emissions, stats["emissions"],
+                                                    prior.emissions, tr.emissions)
         initial_probs = None
         if self.initial == "free":
-            initial_probs = dirichlet_map(stats["initial"], prior.initial_probs,
-                                          params.initial_probs)
+            initial_probs = constrained_dirichlet_map(
+                stats["initial"], prior.initial_probs, params.initial_probs,
+                tr.initial_probs)
         if self.input_dim:
             counts = stats["transitions"]  # (N, T-1, K, K)
+            free = jax.tree.map(lambda t, p: jnp.broadcast_to(jnp.asarray(t, bool), p.shape),
+                                tr.transitions, params.transitions)
+
+            def held(reg):
+                return jax.tree.map(jnp.where, free, reg, params.transitions)
 
             def q(reg):
+                reg = held(reg)
                 mats = jax.vmap(jax.vmap(
                     lambda u: jax.nn.log_softmax(reg.bias + reg.weights @ u, axis=-1)
                 ))(inputs[:, 1:])
                 return jnp.sum(counts * mats) + log_prior(prior.transitions, reg)
 
-            transitions = generalized_m_step(q, params.transitions)
+            transitions = held(generalized_m_step(q, params.transitions))
         else:
             counts = jnp.sum(stats["transitions"], axis=0)
-            transitions = dirichlet_map(counts, prior.transitions, params.transitions)
+            free = jnp.broadcast_to(jnp.asarray(tr.transitions, bool),
+                                    params.transitions.shape)
+            transitions = constrained_dirichlet_map(counts, prior.transitions,
+                                                    params.transitions, free)
             if self.initial == "stationary":
                 gamma0 = stats["initial"]
+                rest = 1.0 - jnp.sum(jnp.where(free, 0.0, params.transitions), axis=-1,
+                                     keepdims=True)
+
+                def rows(logits):  # the free entries share the mass the fixed ones leave
+                    logits = logits - jax.lax.stop_gradient(jnp.max(
+                        jnp.where(free, logits, -jnp.inf), axis=-1, keepdims=True,
+                        initial=-jnp.inf))
+                    e = jnp.where(free, jnp.exp(jnp.where(free, logits, 0.0)), 0.0)
+                    total = jnp.sum(e, axis=-1, keepdims=True)
+                    return jnp.where(free, rest * (e / jnp.where(total > 0, total, 1.0)),
+                                     params.transitions)
 
                 def q(logits):
-                    a = jax.nn.softmax(logits, axis=-1)
+                    a = rows(logits)
                     pi = stationary_distribution(a)
-                    return (jnp.sum(counts * jnp.log(a)) + jnp.sum(gamma0 * jnp.log(pi))
+                    return (_xlogp(counts, a) + _xlogp(gamma0, pi)
                             + _log_dirichlet(prior.transitions, a))
 
-                old = jnp.log(params.transitions)
-                cand = jnp.log(jnp.clip(transitions, 1e-300, None))
+                def logits_of(a):
+                    return jnp.where(free, jnp.log(jnp.where(free, jnp.clip(a, 1e-300, None),
+                                                             1.0)), 0.0)
+
+                old = logits_of(params.transitions)
+                cand = logits_of(transitions)
                 start = jnp.where(q(cand) >= q(old), cand, old)
-                transitions = jax.nn.softmax(generalized_m_step(q, start), axis=-1)
+                transitions = rows(generalized_m_step(q, start))
         return HMMParams(initial_probs, transitions, emissions)
 
     #: Transition-matrix families for ``initialize(..., transitions=...)``; `fit_restarts`
@@ -623,6 +733,12 @@ def random_transition_matrix(num_states: int, family: str,
     rows = np.stack([rng.dirichlet(a) for a in alpha])
     rows = np.maximum(rows, 1e-3)
     return rows / rows.sum(axis=1, keepdims=True)
+
+
+def _xlogp(counts, probs):
+    """``sum counts * log probs`` with ``0 log 0 = 0`` (and no NaN gradient there)."""
+    pos = counts > 0
+    return jnp.sum(jnp.where(pos, counts * jnp.log(jnp.where(pos, probs, 1.0)), 0.0))
 
 
 def _log_dirichlet(prior, probs):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +99,9 @@ class BernoulliHMM(HMMBase):
         m = mask.astype(weights.dtype)
         return {"sum_w": jnp.einsum("ntk,ntd->kd", weights, m),
                 "sum_wy": jnp.einsum("ntk,ntd->kd", weights, m * y.astype(weights.dtype))}
+
+    #: each entry's closed-form update uses its own statistics only (exact per entry)
+    exact_masked_emission_fields: ClassVar[tuple[str, ...]] = ("probs",)
 
     def emission_m_step(self, emissions, stats, prior):
         """``p = (n_1 + a - 1) / (n + a + b - 2)`` (``a = b = 1`` without a prior); entries

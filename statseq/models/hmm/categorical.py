@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,7 @@ from numpyro.distributions import constraints
 from statseq.core.distributions import CategoricalWithCdf
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
-from statseq.fit.em import dirichlet_map
+from statseq.fit.em import constrained_dirichlet_map, dirichlet_map
 from statseq.models.hmm.base import HMMBase
 from statseq.models.hmm.poisson import _check_conjugate
 
@@ -103,6 +103,14 @@ class CategoricalHMM(HMMBase):
     def emission_m_step(self, emissions, stats, prior):
         p = None if prior is None else prior.probs
         return CategoricalEmissions(dirichlet_map(stats["counts"], p, emissions.probs))
+
+    #: fixed entries of a row of ``probs``: the free ones share the rest of its mass
+    exact_masked_emission_fields: ClassVar[tuple[str, ...]] = ("probs",)
+
+    def emission_m_step_masked(self, emissions, stats, prior, trainable):
+        p = None if prior is None else prior.probs
+        return CategoricalEmissions(constrained_dirichlet_map(
+            stats["counts"], p, emissions.probs, trainable.probs))
 
     def validate_em_priors(self, priors):
         """EM's closed form needs Dirichlet priors."""

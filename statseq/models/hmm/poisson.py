@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +97,9 @@ class PoissonHMM(HMMBase):
         m = mask[:, :, None].astype(w.dtype)
         return {"sum_w": jnp.sum(w * m, axis=(0, 1)),
                 "sum_wy": jnp.sum(w * m * y[:, :, None].astype(w.dtype), axis=(0, 1))}
+
+    #: each entry's closed-form update uses its own statistics only (exact per entry)
+    exact_masked_emission_fields: ClassVar[tuple[str, ...]] = ("rates",)
 
     def emission_m_step(self, emissions, stats, prior):
         num, den = stats["sum_wy"], stats["sum_w"]
