@@ -71,3 +71,26 @@ def _one_program_per_length():
     ss.set_length_buckets("never")
     buckets.MAX_PROGRAMS_PER_FUNCTION = 10**9
     yield
+
+
+@pytest.fixture(scope="session")
+def run_vignette_smoke():
+    """A function ``name -> namespace`` that runs ``vignettes/<name>.py`` top to bottom in
+    smoke mode (``STATSEQ_SMOKE=1``, figures discarded) and returns its globals."""
+    import runpy
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    def run(name: str) -> dict:
+        path = Path(__file__).resolve().parents[1] / "vignettes" / f"{name}.py"
+        mp = pytest.MonkeyPatch()
+        mp.setenv("STATSEQ_SMOKE", "1")
+        mp.setattr(plt, "show", lambda *a, **k: None)
+        try:
+            return runpy.run_path(str(path), run_name="__main__")
+        finally:
+            plt.close("all")
+            mp.undo()
+
+    return run

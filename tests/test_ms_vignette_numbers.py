@@ -17,11 +17,8 @@ number of random EM starts and forecast samples shrink). References:
 
 from __future__ import annotations
 
-import runpy
 import warnings
-from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from statsmodels.tsa.ar_model import AutoReg
@@ -33,7 +30,6 @@ with warnings.catch_warnings():  # its `pytest.mark.smoke` is unregistered here
         test_markov_autoregression as sm_tests,
     )
 
-VIGNETTE = Path(__file__).resolve().parents[1] / "vignettes" / "06_markov_switching.py"
 # statsmodels' TestHamiltonAR4 (E-views), typed here from its source
 E_VIEWS = np.r_[0.754673, 0.095915, -0.358811, 1.163516, np.exp(-0.262658) ** 2,
                 0.013486, -0.057521, -0.246983, -0.212923]
@@ -44,16 +40,8 @@ SM_EXPECTED_DURATIONS = np.r_[4.07604793, 10.42589261]
 
 
 @pytest.fixture(scope="module")
-def ns():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("STATSEQ_SMOKE", "1")
-    mp.setattr(plt, "show", lambda *a, **k: None)
-    try:
-        out = runpy.run_path(str(VIGNETTE), run_name="__main__")
-    finally:
-        plt.close("all")
-        mp.undo()
-    return out
+def ns(run_vignette_smoke):
+    return run_vignette_smoke("06_markov_switching")
 
 
 def test_published_constants_are_statsmodels_test_values(ns):

@@ -14,31 +14,17 @@ steps); its helpers and baselines are the same as in full mode. References:
 
 from __future__ import annotations
 
-import runpy
-from pathlib import Path
-
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from statsmodels.tsa.ar_model import AutoReg, ar_select_order
 
 import statseq as ss
 
-VIGNETTE = Path(__file__).resolve().parents[1] / "vignettes" / "04_neural_sequence_models.py"
-
 
 @pytest.fixture(scope="module")
-def ns():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("STATSEQ_SMOKE", "1")
-    mp.setattr(plt, "show", lambda *a, **k: None)
-    try:
-        out = runpy.run_path(str(VIGNETTE), run_name="__main__")
-    finally:
-        plt.close("all")
-        mp.undo()
-    return out
+def ns(run_vignette_smoke):
+    return run_vignette_smoke("04_neural_sequence_models")
 
 
 def _windows(ns):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from statseq.bayes.distribution import SequenceDistribution, params_batch_shape
+from statseq.bayes.distribution import SequenceDistribution, flatten_draws
 from statseq.bayes.priors import default_priors
 from statseq.core.params import _is_prior_leaf, is_shape
 from statseq.core.validation import check_positive_int
@@ -198,12 +198,8 @@ def predictive_check(model, draws, y, *, key, statistics=None, inputs=None):
             DEFAULT_STATISTICS)
     if not isinstance(statistics, dict) or not statistics:
         raise TypeError("statistics must be a non-empty dict of name -> function")
-    lead = params_batch_shape(model, draws)
+    flat, lead = flatten_draws(model, draws)
     num_draws = math.prod(lead)
-    if num_draws == 0:
-        raise ValueError("draws is empty")
-    flat = jax.tree.map(lambda a: jnp.reshape(jnp.asarray(a), (num_draws,) + a.shape[len(lead):]),
-                        draws)
     seq = SequenceDistribution(model, flat, num_timesteps=yv.size,
                                inputs=None if inputs is None else jnp.asarray(inputs))
     reps = np.asarray(seq.sample(key), float)

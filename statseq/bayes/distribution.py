@@ -69,6 +69,15 @@ def _flatten_params(model, params, batch_shape):
     return jax.tree.unflatten(params_treedef(model), flat)
 
 
+def flatten_draws(model, draws):
+    """``(flat, lead)``: posterior or prior ``draws`` with their leading axes ``lead``
+    (e.g. ``(num_chains, num_draws)``) broadcast and flattened into one axis."""
+    lead = params_batch_shape(model, draws)
+    if math.prod(lead) == 0:
+        raise ValueError("draws is empty")
+    return _flatten_params(model, draws, lead), lead
+
+
 def _support(model):
     kind = model.observation_dtype
     base = constraints.real if kind == "real" else constraints.nonnegative_integer

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from statseq.bayes.distribution import params_batch_shape
+from statseq.bayes.distribution import flatten_draws
 from statseq.core.params import validate_params
 from statseq.core.recurrence import _future_inputs, _sample_from, run_filter
 from statseq.core.validation import check_positive_int, prepare_data
@@ -67,12 +67,8 @@ def posterior_predictive_forecast(model, draws, y, *, num_steps, key, samples_pe
     """
     num_steps = check_positive_int(num_steps, "num_steps")
     per_draw = check_positive_int(samples_per_draw, "samples_per_draw")
-    lead = params_batch_shape(model, draws)
+    flat, lead = flatten_draws(model, draws)
     num_draws = math.prod(lead)
-    if num_draws == 0:
-        raise ValueError("draws is empty")
-    flat = jax.tree.map(lambda a: jnp.reshape(jnp.asarray(a), (num_draws,) + a.shape[len(lead):]),
-                        draws)
     for leaf in jax.tree.leaves(flat):
         if not bool(np.all(np.isfinite(np.asarray(leaf)))):
             raise ValueError("draws contain non-finite values")
