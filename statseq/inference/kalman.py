@@ -468,6 +468,10 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
     """
     n = arrays.initial_mean.shape[-1]
     q = arrays.initial_diffuse.shape[1]
+    if q:
+        from statseq.inference.kalman_diffuse_smoother import diffuse_kalman_smoother
+
+        return diffuse_kalman_smoother(arrays, y, mask, inputs)
     _, (lp, mean, cov, diffuse, filt, inn) = _scan_filter(
         arrays, y, mask, inputs, collapse=False
     )
