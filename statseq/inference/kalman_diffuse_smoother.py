@@ -51,7 +51,7 @@ from statseq.inference.kalman import (
 from statseq.inference.kalman_diffuse import diffuse_update
 
 
-def diffuse_forward(arrays: GaussianSSMArrays, y, mask, inputs, carry: KalmanCarry = None):
+def diffuse_forward(arrays: GaussianSSMArrays, y, mask, inputs, carry: KalmanCarry | None = None):
     """The exact initial filter (`kalman_step`, ``collapse=True``) keeping what the smoother
     needs: ``(final carry, (log_probs, predicted mean, P_star, B, filtered carries,
     innovations, diffuse-before-step flags, per-entry `DiffuseEntries`))``; entries are 0
@@ -159,6 +159,19 @@ def diffuse_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalma
     Returns:
         A `KalmanSmootherResult`; the filtered moments are the exact initial filter's
         (``a_t`` and ``P_star`` before identification, as `kalman_filter` reports them).
+
+    Examples:
+        A local level observed without noise (``R = 0``, diffuse start): the data pin the
+        state, so the smoothed means are the data and the smoothed variances 0.
+
+        >>> import jax.numpy as jnp
+        >>> z1, e1 = jnp.zeros((1, 1)), jnp.eye(1)
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), z1, e1, jnp.zeros((1, 0)), jnp.zeros(1),
+        ...     e1, e1, jnp.zeros((1, 0)), jnp.zeros(1), z1, e1)
+        >>> y = jnp.array([[1.0], [3.0], [2.0]])
+        >>> res = diffuse_kalman_smoother(arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
+        >>> res.smoothed_means[:, 0].tolist(), float(jnp.abs(res.smoothed_covs).max())
+        ([1.0, 3.0, 2.0], 0.0)
     """
     _check(arrays, y, mask, inputs)
     n = arrays.initial_mean.shape[-1]

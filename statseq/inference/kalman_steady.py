@@ -362,7 +362,11 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
 
         m_t = (I - K H) F m_{t-1} + g_t,     r_{t-1} = L^T r_t + H^T S^{-1} v_t.
 
-    The first ``head`` steps (forward and backward) run exactly. Otherwise, and for
+    The first ``head`` steps (forward and backward) run exactly; with diffuse directions
+    they run the exact initial filter and smoother
+    (`statseq.inference.kalman_diffuse_smoother`), the steady state is checked from the
+    filtered covariance they end with, and every diffuse direction must be identified
+    within them. Otherwise, and for
     ``T <= 2 head + 1``, this is `kalman_smoother`. The same numbers up to the
     convergence tolerance; tests check this.
 
@@ -400,7 +404,6 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
         return _steady_diffuse(arrays, y, inputs, head, tol)
     (pred_cov, filt_cov, chol, w, lh, l_bar, info_mat, n_far, n_rev,
      converged) = _steady_smoother_parts(arrays, head, tol)
-    f = arrays.dynamics_weights
     eye = jnp.eye(n, dtype=dtype)
     num_k = num_t - head
     cat = jnp.concatenate
