@@ -146,7 +146,8 @@ def diffuse_smoothed(arrays: GaussianSSMArrays, total, mean, cov, factor, filt: 
     return KalmanSmootherResult(total, filt.mean, filt.cov, sm_mean, sm_cov, cross)
 
 
-def diffuse_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmootherResult:
+def diffuse_kalman_smoother(arrays: GaussianSSMArrays, y: jax.Array, mask: jax.Array,
+                            inputs: jax.Array) -> KalmanSmootherResult:
     """`statseq.inference.kalman.kalman_smoother` with diffuse directions: the exact
     initial smoother (module docstring) on the exact initial filter.
 
