@@ -32,7 +32,8 @@ with ``kappa = 0`` and propagates ``A_t`` (how the predicted state depends on th
 
 the diffuse log-likelihood of Durbin and Koopman (2012, sec. 5.7 and 7.2), which is what
 statsmodels and KFAS report; smoothed moments follow by integrating ``delta`` over its
-posterior ``N(S^{-1} s, S^{-1})``. The per-step log-densities are the increments of the
+posterior ``N(S^{-1} s, S^{-1})`` (`sample_posterior` does this; `kalman_smoother` now
+runs the exact initial smoother instead). The per-step log-densities are the increments of the
 running diffuse log-likelihood, computed with pseudo-determinants while ``S`` is
 singular; once ``S`` has full rank the filter *collapses* ``delta`` into the state and
 continues as a plain Kalman filter.
@@ -458,8 +459,11 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
         E[x_t | y] = a_t + P_t r_{t-1},   Cov[x_t | y] = P_t - P_t N_{t-1} P_t,
         Cov[x_{t+1}, x_t | y] = (I - P_{t+1} N_t) L_t P_t.
 
-    With diffuse directions the same pass runs on the regression columns and ``delta`` is
-    integrated over its posterior, exactly (no large-variance approximation).
+    With diffuse directions this is the exact initial smoother of Durbin and Koopman
+    (2012, sec. 5.3) on the exact initial filter
+    (`statseq.inference.kalman_diffuse_smoother`): ``r`` and ``N`` expanded in
+    ``1 / kappa`` over the diffuse head, no large-variance approximation, accurate down to
+    zero observation variance; the filtered moments are then `kalman_filter`'s.
 
     Args and shapes as in `kalman_filter`.
 
@@ -468,6 +472,10 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
     """
     n = arrays.initial_mean.shape[-1]
     q = arrays.initial_diffuse.shape[1]
+    if q:
+        from statseq.inference.kalman_diffuse_smoother import diffuse_kalman_smoother
+
+        return diffuse_kalman_smoother(arrays, y, mask, inputs)
     _, (lp, mean, cov, diffuse, filt, inn) = _scan_filter(
         arrays, y, mask, inputs, collapse=False
     )

@@ -34,7 +34,7 @@ rank 0 the diffuse phase is over.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +43,27 @@ import jax.scipy.linalg as jsl
 from statseq.inference.gaussian import symmetrize
 
 _LOG_2PI = math.log(2.0 * math.pi)
+
+
+class DiffuseEntries(NamedTuple):
+    """What the exact initial smoother needs of each scalar entry of `diffuse_update`.
+
+    Attributes:
+        z: ``(n,)`` the decorrelated row of ``H``.
+        v: scalar innovation ``y*_i - z^T a``.
+        f_inf, f_star: scalars ``F_inf = z^T P_inf z`` and ``F_star``.
+        m_inf, m_star: ``(n,)`` ``P_inf z`` and ``P_star z``.
+        is_inf, is_star: which update the entry took (neither: it was skipped).
+    """
+
+    z: Any
+    v: Any
+    f_inf: Any
+    f_star: Any
+    m_inf: Any
+    m_star: Any
+    is_inf: Any
+    is_star: Any
 
 
 def ldl(r: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -82,8 +103,8 @@ def ldl(r: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def diffuse_update(mean: jax.Array, cov: jax.Array, factor: jax.Array, identified: Any,
-                   h: jax.Array, emission_cov: jax.Array, y_off: jax.Array, mask: jax.Array
-                   ) -> tuple[Any, jax.Array, jax.Array, jax.Array, Any]:
+                   h: jax.Array, emission_cov: jax.Array, y_off: jax.Array, mask: jax.Array,
+                   entries: bool = False) -> tuple:
     """Exact initial update of the predicted ``(a, P_star, B)`` with one observation.
 
     Args:
@@ -95,9 +116,11 @@ def diffuse_update(mean: jax.Array, cov: jax.Array, factor: jax.Array, identifie
         emission_cov: ``(D, D)`` ``R``.
         y_off: ``(D,)`` the observation less its known offsets (``y - D u - d``).
         mask: ``(D,)`` observed entries.
+        entries: also return the per-entry quantities the exact initial smoother needs.
 
     Returns:
-        ``(log_prob, mean, cov, factor, identified)`` after the update.
+        ``(log_prob, mean, cov, factor, identified)`` after the update, and with
+        ``entries=True`` a sixth item, `DiffuseEntries` with a leading axis ``D``.
     """
     dtype = cov.dtype
     q = factor.shape[1]
@@ -133,10 +156,13 @@ def diffuse_update(mean: jax.Array, cov: jax.Array, factor: jax.Array, identifie
         lp_inf = -0.5 * (_LOG_2PI + jnp.log(f_inf_s))
         lp_star = -0.5 * (_LOG_2PI + jnp.log(f_star_s) + v**2 / f_star_s)
         lp = lp + jnp.where(is_inf, lp_inf, jnp.where(is_star, lp_star, 0.0))
+        out = DiffuseEntries(z, v, f_inf, f_star, b @ u, m_star, is_inf, is_star)
         a = a + gain * v
-        return (lp, a, p_new, b_new, ident + is_inf.astype(ident.dtype)), None
+        return (lp, a, p_new, b_new, ident + is_inf.astype(ident.dtype)), out
 
     init = (jnp.zeros((), dtype), mean, cov, factor, jnp.asarray(identified, jnp.int32))
-    (lp, a, p, b, ident), _ = jax.lax.scan(entry, init, (zmat, ystar, dvec, mask))
+    (lp, a, p, b, ident), ents = jax.lax.scan(entry, init, (zmat, ystar, dvec, mask))
     b = jnp.where(ident >= q, jnp.zeros_like(b), b)
+    if entries:
+        return lp, a, p, b, ident, ents
     return lp, a, p, b, ident

@@ -310,14 +310,16 @@ def _unchanged(new, old, tol):
     return jnp.max(jnp.abs(new - old)) <= tol * scale
 
 
-def _steady_smoother_parts(arrays: GaussianSSMArrays, head: int, tol):
+def _steady_smoother_parts(arrays: GaussianSSMArrays, head: int, tol, p_head=None):
     """The constant matrices of `steady_state_smoother` and whether they apply.
 
     Covariances only (no ``y``: with complete data they do not depend on it, so the check
     is the same for every sequence of a batch). Returns the predicted and filtered
     covariances for ``t >= head``, the innovation factor, the whitened gain, ``L^{-1} H``,
     ``L = F (I - K H)``, ``H^T S^{-1} H``, ``N`` far from the end, the ``N`` of the last
-    ``head`` backward steps (from the end) and the convergence flag.
+    ``head`` backward steps (from the end) and the convergence flag. ``p_head``: the
+    filtered covariance after step ``head - 1`` if known (the exact initial filter's, with
+    diffuse directions), else the Riccati recursion from ``initial_cov`` gives it.
     """
     f, h = arrays.dynamics_weights, arrays.emission_weights
     eye = jnp.eye(f.shape[0], dtype=arrays.initial_cov.dtype)
@@ -325,10 +327,11 @@ def _steady_smoother_parts(arrays: GaussianSSMArrays, head: int, tol):
     def riccati(p_filt, _):
         return _steady_gain(arrays, p_filt, tol)[3], None
 
-    p0 = arrays.initial_cov
-    w0 = jsl.solve_triangular(
-        jnp.linalg.cholesky(symmetrize(h @ p0 @ h.T + arrays.emission_cov)), h @ p0, lower=True)
-    p_head, _ = jax.lax.scan(riccati, symmetrize(p0 - w0.T @ w0), None, length=head - 1)
+    if p_head is None:
+        p0 = arrays.initial_cov
+        w0 = jsl.solve_triangular(jnp.linalg.cholesky(
+            symmetrize(h @ p0 @ h.T + arrays.emission_cov)), h @ p0, lower=True)
+        p_head, _ = jax.lax.scan(riccati, symmetrize(p0 - w0.T @ w0), None, length=head - 1)
     pred_cov, chol, w, filt_cov, conv_p = _steady_gain(arrays, p_head, tol)
     lh = jsl.solve_triangular(chol, h, lower=True)  # L^{-1} H  (D, n)
     l_bar = f @ (eye - w.T @ lh)
@@ -359,7 +362,11 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
 
         m_t = (I - K H) F m_{t-1} + g_t,     r_{t-1} = L^T r_t + H^T S^{-1} v_t.
 
-    The first ``head`` steps (forward and backward) run exactly. Otherwise, and for
+    The first ``head`` steps (forward and backward) run exactly; with diffuse directions
+    they run the exact initial filter and smoother
+    (`statseq.inference.kalman_diffuse_smoother`), the steady state is checked from the
+    filtered covariance they end with, and every diffuse direction must be identified
+    within them. Otherwise, and for
     ``T <= 2 head + 1``, this is `kalman_smoother`. The same numbers up to the
     convergence tolerance; tests check this.
 
@@ -393,9 +400,10 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
     _check(arrays, y, mask, inputs)
     if num_t <= 2 * head + 1:
         return kalman_smoother(arrays, y, mask, inputs)
+    if q:
+        return _steady_diffuse(arrays, y, inputs, head, tol)
     (pred_cov, filt_cov, chol, w, lh, l_bar, info_mat, n_far, n_rev,
      converged) = _steady_smoother_parts(arrays, head, tol)
-    f = arrays.dynamics_weights
     eye = jnp.eye(n, dtype=dtype)
     num_k = num_t - head
     cat = jnp.concatenate
@@ -411,18 +419,6 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
                            None, None, None, None, None, None)
         total = pairwise_sum(cat([lp_h, inn_lp]))
         p_dif = jnp.zeros((num_k, n, q), dtype)
-        if q:
-            f_dif = _affine_scan(a_mat, jnp.zeros((num_k, n, q), dtype), carry.diffuse)
-            p_dif = jnp.einsum("ij,kjq->kiq", f, cat([carry.diffuse[None], f_dif[:-1]]))
-            xw = jnp.einsum("di,kiq->kdq", lh, p_dif)
-            info = carry.info + jnp.cumsum(jnp.einsum("kdq,kdp->kqp", xw, xw), axis=0)
-            score = carry.score + jnp.cumsum(jnp.einsum("kdq,kd->kq", xw, z), axis=0)
-            filt = filt._replace(diffuse=cat([filt_h.diffuse, f_dif]),
-                                 info=cat([filt_h.info, info]),
-                                 score=cat([filt_h.score, score]))
-            # the exact initial filter's total (the augmented increments cancel 1 / R terms)
-            total = pairwise_sum(steady_state_log_probs(arrays, y, inputs, head=head)[0])
-            offs = cat([offs, jnp.einsum("ij,kjq->kiq", info_mat, p_dif)], axis=2)
         back = _affine_scan(l_bar.T, offs[::-1], jnp.zeros_like(offs[0]))[::-1]  # r_{t-1}, r_X
         n_tail = cat([jnp.broadcast_to(n_far, (num_k - head - 1, n, n)), n_rev[::-1],
                       info_mat[None]])
@@ -439,3 +435,55 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
         return kalman_smoother(arrays, y, mask, inputs)
 
     return jax.lax.cond(converged, steady, exact, None)
+
+
+def _steady_diffuse(arrays: GaussianSSMArrays, y, inputs, head: int, tol):
+    """`steady_state_smoother` with diffuse directions: the exact initial filter and
+    smoother (`statseq.inference.kalman_diffuse_smoother`) over the first ``head`` steps,
+    the constant-gain recursions after them. Taken where the data identified every diffuse
+    direction within ``head`` steps, one more Riccati step leaves the filtered covariance
+    after them unchanged and the backward ``N_t`` has converged (``tol`` relative);
+    otherwise `kalman_smoother`."""
+    from statseq.inference.kalman_diffuse_smoother import (
+        diffuse_backward,
+        diffuse_forward,
+        diffuse_smoothed,
+    )
+
+    num_t, dim = y.shape
+    n = arrays.initial_mean.shape[-1]
+    num_k = num_t - head
+    cat = jnp.concatenate
+    carry, (lp_h, mean_h, cov_h, fac_h, filt_h, inn_h, dif_h, ent_h) = diffuse_forward(
+        arrays, y[:head], jnp.ones((head, dim), bool), inputs[:head])
+    # while diffuse, carry.cov is only P_star: a stand-in keeps the Cholesky finite there
+    p_head = jnp.where(carry.collapsed, carry.cov, jnp.eye(n, dtype=carry.cov.dtype))
+    (pred_cov, filt_cov, chol, w, lh, l_bar, _, n_far, n_rev,
+     converged) = _steady_smoother_parts(arrays, head, tol, p_head)
+    ok = converged & carry.collapsed & _unchanged(filt_cov, p_head, tol)
+
+    def exact(_):
+        return kalman_smoother(arrays, y, jnp.ones((num_t, dim), bool), inputs)
+
+    def steady(_):
+        inn_lp, f_means, p_means, z, _ = _steady_means(
+            arrays, carry.mean, chol, w, y[head:], inputs[head:])
+        r_tail = _affine_scan(l_bar.T, (z @ lh)[::-1], jnp.zeros((n,), z.dtype))[::-1]
+        n_tail = cat([jnp.broadcast_to(n_far, (num_k - head - 1, n, n)), n_rev[::-1],
+                      (lh.T @ lh)[None]])
+        zeros_v, zeros_m = jnp.zeros((num_k, n), z.dtype), jnp.zeros((num_k, n, n), z.dtype)
+        init = (r_tail[0], zeros_v[0], n_tail[0], zeros_m[0], zeros_m[0])
+        xs = (jnp.arange(head), dif_h, inn_h.w, inn_h.z, inn_h.chol, inn_h.h, ent_h)
+        back_h = diffuse_backward(arrays, init, xs)
+        back = tuple(cat([b, t_]) for b, t_ in
+                     zip(back_h, (r_tail, zeros_v, n_tail, zeros_m, zeros_m), strict=True))
+        filt = KalmanCarry(cat([filt_h.mean, f_means]),
+                           cat([filt_h.cov, jnp.broadcast_to(filt_cov, (num_k, n, n))]),
+                           cat([filt_h.diffuse, jnp.zeros((num_k,) + fac_h.shape[1:], z.dtype)]),
+                           None, None, None, None, None)
+        return diffuse_smoothed(
+            arrays, pairwise_sum(cat([lp_h, inn_lp])), cat([mean_h, p_means]),
+            cat([cov_h, jnp.broadcast_to(pred_cov, (num_k, n, n))]),
+            cat([fac_h, jnp.zeros((num_k,) + fac_h.shape[1:], z.dtype)]), filt, back)
+
+    return jax.lax.cond(ok, steady, exact, None)
