@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import runpy
 from pathlib import Path
 
@@ -21,6 +22,10 @@ def test_there_are_vignettes():
 
 @pytest.mark.parametrize("path", VIGNETTES, ids=[p.stem for p in VIGNETTES])
 def test_vignette_runs(path, monkeypatch):
+    if os.environ.get("STATSEQ_DOCS_BUILD_RUNS_VIGNETTES") == "1":
+        # set by .ci/run, whose strict docs build (same run, right after the tests)
+        # executes every vignette in full mode and fails on any error
+        pytest.skip("executed in full mode by this CI run's docs build")
     if path.stem in RUN_ELSEWHERE:
         assert (path.parents[1] / RUN_ELSEWHERE[path.stem]).is_file()
         pytest.skip(f"run in smoke mode by {RUN_ELSEWHERE[path.stem]}")

@@ -113,6 +113,17 @@ class PredictiveCheck:
         replicated: ``{name: (num_draws,) array of T(y_rep)}``.
         p_values: ``{name: Pr(T(y_rep) >= T(y))}`` (upper tail probability).
         replicas: the replicated series, ``(num_draws, num_timesteps) + event_shape``.
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> from statseq.bayes import predictive_check, sample_prior
+        >>> model = ss.PoissonHMM(num_states=1)
+        >>> draws = sample_prior(model, num_samples=20, key=jax.random.key(0), scale=20.0)
+        >>> check = predictive_check(model, draws, [3, 5, 4, 6, 2], key=jax.random.key(1))
+        >>> type(check).__name__, check.replicas.shape
+        ('PredictiveCheck', (20, 5))
+        >>> 0.0 <= check.two_sided("mean") <= 1.0
+        True
     """
 
     observed: dict

@@ -104,6 +104,15 @@ class LFOResult:
             value above the threshold triggered a refit there; 0 at ``L`` and in exact
             mode).
         refits: origins at which the model was refitted (the first is ``L``).
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> from statseq.bayes import lfo_cv
+        >>> y = ss.datasets.load_earthquakes().to_numpy()[:40]
+        >>> res = lfo_cv(ss.PoissonHMM(num_states=1), y, first_origin=37,
+        ...              key=jax.random.key(0), num_warmup=50, num_samples=50, num_chains=1)
+        >>> type(res).__name__, res.origins.tolist(), bool(res.elpd == res.pointwise.sum())
+        ('LFOResult', [37, 38, 39], True)
     """
 
     elpd: float

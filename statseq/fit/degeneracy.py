@@ -31,6 +31,17 @@ class SpuriousCheck(NamedTuple):
             data's coordinates scaled to unit scale (see `spurious_states`).
         min_occupancy: the occupancy threshold used.
         min_variance_ratio: the variance-ratio threshold used.
+
+    Examples:
+        >>> import jax.numpy as jnp, numpy as np, statseq as ss
+        >>> from statseq.models.hmm.gaussian_params import GaussianEmissions
+        >>> params = ss.HMMParams(jnp.array([0.5, 0.5]), jnp.array([[0.9, 0.1], [0.5, 0.5]]),
+        ...     GaussianEmissions(jnp.array([[0.0], [8.0]]),
+        ...                       jnp.array([[[1.5]], [[1e-6]]])))
+        >>> y = np.r_[np.linspace(-2, 2, 40), 8.0, 8.0][:, None]
+        >>> check = ss.spurious_states(ss.GaussianHMM(num_states=2, emission_dim=1), params, y)
+        >>> type(check).__name__, check.spurious.tolist(), check.min_variance_ratio
+        ('SpuriousCheck', [False, True], 0.001)
     """
 
     spurious: np.ndarray

@@ -346,7 +346,11 @@ def test_em_is_monotone_on_random_problems(name):
         assert np.all(np.isfinite(trace)), (name, seed)
         assert np.all(np.diff(trace) > -1e-8 * np.abs(trace[1:])), (name, seed, trace)
         assert all(np.all(np.isfinite(np.asarray(a))) for a in jax.tree.leaves(res.params))
-        if seed < 4:  # prior-free EM (the closed-form MLE branch) is monotone too
+        # prior-free EM (the closed-form MLE branch) is monotone too; from the k-means
+        # ("data") starts only: a random start may give a state a variance narrow enough
+        # that prior-free EM collapses it onto a few points, where the Gaussian likelihood
+        # is unbounded (the spurious optima fit_restarts sets aside)
+        if seed % 2 and seed < 8:
             mle_trace, _ = mle_em(fam, start, y, mask, 12)
             assert np.all(np.diff(mle_trace) > -1e-8 * np.abs(mle_trace[1:])), (name, seed)
 
