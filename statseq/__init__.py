@@ -9,6 +9,7 @@ from statseq import _compat
 
 _compat.import_tqdm_quietly()  # before numpyro, which imports tqdm.auto
 _compat.load_numpyro_fully()
+_compat.avoid_cpu_scheduler_deadlock()  # before JAX's first computation
 
 from statseq import _cache  # noqa: E402
 

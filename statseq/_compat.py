@@ -44,3 +44,46 @@ def import_tqdm_quietly() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
         import tqdm.auto  # noqa: F401
+
+
+CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def needs_cpu_scheduler_workaround(jaxlib_version: str) -> bool:
+    """Whether this jaxlib has the CPU deadlock that `avoid_cpu_scheduler_deadlock` avoids."""
+    return jaxlib_version.startswith("0.10.")
+
+
+def avoid_cpu_scheduler_deadlock() -> bool:
+    """Turn off XLA's concurrency-optimized CPU scheduler on jaxlib 0.10 (a deadlock).
+
+    With jaxlib 0.10.x, executing some large batched programs on the CPU never returns: the
+    calling thread waits for the program to finish while every worker thread of XLA's pool
+    waits for work (0% CPU). statseq hit it drawing 20,000 forecast paths from a basic
+    structural model (`statseq.forecast`, and `statseq.backtest` with 1,000 paths from
+    each of 37 origins); 5,000 paths finished in 3 s. jaxlib 0.12 finishes the same
+    programs, and on 0.10.2 the flag ``--xla_cpu_enable_concurrency_optimized_scheduler=false``
+    does too (tests/test_compat.py runs the case in a subprocess with a time limit).
+
+    XLA reads ``XLA_FLAGS`` when JAX creates its first backend, so this appends the flag
+    only while no backend exists yet (statseq imported before the first JAX computation),
+    only on jaxlib 0.10.x, and only if ``XLA_FLAGS`` does not set that option already.
+    ``STATSEQ_KEEP_XLA_FLAGS=1`` leaves ``XLA_FLAGS`` untouched. Returns whether the flag
+    was added.
+    """
+    import os
+
+    import jaxlib
+    from jax._src import xla_bridge
+
+    if os.environ.get("STATSEQ_KEEP_XLA_FLAGS", "").strip() not in ("", "0"):
+        return False
+    if not needs_cpu_scheduler_workaround(jaxlib.__version__):
+        return False
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_concurrency_optimized_scheduler" in flags:
+        return False
+    if xla_bridge.backends_are_initialized():
+        return False
+    os.environ["XLA_FLAGS"] = (flags + " " + CPU_SCHEDULER_FLAG).strip()
+    return True
