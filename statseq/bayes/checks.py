@@ -22,7 +22,7 @@ import numpy as np
 from statseq.bayes.distribution import SequenceDistribution, flatten_draws
 from statseq.bayes.priors import default_priors
 from statseq.core.params import _is_prior_leaf, is_shape
-from statseq.core.validation import check_positive_int
+from statseq.core.validation import check_positive_int, prepare_data
 
 
 def sample_prior(model, priors=None, *, num_samples, key, scale=1.0):
@@ -111,7 +111,9 @@ class PredictiveCheck:
     Attributes:
         observed: ``{name: T(y)}``.
         replicated: ``{name: (num_draws,) array of T(y_rep)}``.
-        p_values: ``{name: Pr(T(y_rep) >= T(y))}`` (upper tail probability).
+        p_values: ``{name: Pr(T(y_rep) >= T(y))}`` (upper tail probability), over the
+            replicas whose statistic is defined (finite); ``NaN`` when ``T(y)`` is not
+            (e.g. the variance-to-mean ratio of an all-zero series).
         replicas: the replicated series, ``(num_draws, num_timesteps) + event_shape``.
 
     Examples:
@@ -132,8 +134,13 @@ class PredictiveCheck:
     replicas: np.ndarray
 
     def two_sided(self, name: str) -> float:
-        """``2 min(Pr(T_rep >= T), Pr(T_rep <= T))`` capped at 1, for statistic ``name``."""
+        """``2 min(Pr(T_rep >= T), Pr(T_rep <= T))`` capped at 1, for statistic ``name``
+        (over the finite replicated values; ``NaN`` when ``T(y)`` or all of them are not
+        finite)."""
         rep, obs = self.replicated[name], self.observed[name]
+        rep = rep[np.isfinite(rep)]
+        if not (np.isfinite(obs) and rep.size):
+            return float("nan")
         return float(min(1.0, 2 * min(np.mean(rep >= obs), np.mean(rep <= obs))))
 
     def summary(self) -> str:
@@ -204,11 +211,17 @@ def predictive_check(model, draws, y, *, key, statistics=None, inputs=None):
         raise ValueError("y must be fully observed (finite) for a predictive check")
     if math.prod(model.event_shape) != 1:
         raise ValueError("predictive_check needs a model with scalar observations")
+    # the model's own checks: support (counts, categories), magnitude, dtype
+    prepare_data(model, np.asarray(y).reshape((yv.size,) + tuple(model.event_shape)),
+                 None, inputs)
     if statistics is None:
         statistics = COUNT_STATISTICS if model.observation_dtype == "count" else (
             DEFAULT_STATISTICS)
     if not isinstance(statistics, dict) or not statistics:
         raise TypeError("statistics must be a non-empty dict of name -> function")
+    for name, f in statistics.items():
+        if not callable(f):
+            raise TypeError(f"statistics[{name!r}] must be a function, got {f!r}")
     flat, lead = flatten_draws(model, draws)
     num_draws = math.prod(lead)
     seq = SequenceDistribution(model, flat, num_timesteps=yv.size,
@@ -218,8 +231,14 @@ def predictive_check(model, draws, y, *, key, statistics=None, inputs=None):
     flat_reps = reps.reshape(num_draws, yv.size)
     observed, replicated, p_values = {}, {}, {}
     for name, f in statistics.items():
-        obs = float(np.asarray(f(yv)))
-        rep = np.asarray(f(flat_reps), float).reshape(num_draws)
-        observed[name], replicated[name] = obs, rep
-        p_values[name] = float(np.mean(rep >= obs))
+        obs, rep = np.asarray(f(yv), float), np.asarray(f(flat_reps), float)
+        if obs.shape != () or rep.shape != (num_draws,):
+            raise ValueError(
+                f"statistics[{name!r}] must map a (..., T) array to (...): it gave shape "
+                f"{obs.shape} for y (expected ()) and {rep.shape} for the replicas "
+                f"(expected ({num_draws},))")
+        observed[name], replicated[name] = float(obs), rep
+        finite = rep[np.isfinite(rep)]
+        p_values[name] = (float(np.mean(finite >= obs)) if np.isfinite(obs) and finite.size
+                          else float("nan"))
     return PredictiveCheck(observed, replicated, p_values, reps)

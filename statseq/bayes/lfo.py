@@ -55,7 +55,7 @@ def psis(log_weights):
     truncated at the largest raw weight (Vehtari et al. 2024).
 
     Args:
-        log_weights: ``(S,)`` log importance weights (unnormalized).
+        log_weights: ``(S,)`` log importance weights (unnormalized, finite, real).
 
     Returns:
         ``(smoothed, k)``: normalized smoothed log weights ``(S,)`` (log-sum-exp 0) and the
@@ -69,7 +69,13 @@ def psis(log_weights):
         >>> bool(abs(np.exp(lw).sum() - 1) < 1e-12), bool(k < 0.7)
         (True, True)
     """
-    lw = np.array(log_weights, float).ravel()
+    raw = np.asarray(log_weights) if log_weights is not None else np.asarray([])
+    if np.iscomplexobj(raw) or not (np.issubdtype(raw.dtype, np.number)
+                                    or raw.dtype == bool):
+        raise TypeError(f"log_weights must be real numbers, got dtype {raw.dtype}")
+    if raw.ndim != 1:
+        raise ValueError(f"log_weights must be one set of weights (S,), got shape {raw.shape}")
+    lw = np.array(raw, float)
     if lw.size < 2 or not np.all(np.isfinite(lw)):
         raise ValueError("log_weights must be at least 2 finite values")
     n = lw.size
@@ -77,7 +83,10 @@ def psis(log_weights):
     cutoff_ind = -int(math.ceil(min(0.2 * n, 3 * math.sqrt(n)))) - 1
     order = np.argsort(lw)
     cutoff = max(lw[order[cutoff_ind]], np.log(np.finfo(float).tiny))
-    tail = np.flatnonzero(lw > cutoff)
+    # the tail: weights above the cutoff's *as weights* (log weights a few ulps apart, e.g.
+    # spread over 1e-300, are equal weights and leave nothing to fit: the GPD fit would
+    # divide by x = 0 and return NaN)
+    tail = np.flatnonzero(np.exp(lw) > np.exp(cutoff))
     k = np.inf
     if tail.size > 4:
         tail_sorted = tail[np.argsort(lw[tail])]
@@ -181,11 +190,25 @@ def lfo_cv(model, y, *, first_origin, key, pareto_k_threshold=0.7, priors=None,
     first = check_positive_int(first_origin, "first_origin")
     if first >= num_t:
         raise ValueError(f"first_origin must be below the series length {num_t}, got {first}")
-    if pareto_k_threshold is not None and not float(pareto_k_threshold) > 0:
-        raise ValueError(f"pareto_k_threshold must be positive or None, got "
-                         f"{pareto_k_threshold}")
+    if pareto_k_threshold is not None:
+        if isinstance(pareto_k_threshold, bool | str | bytes) or np.ndim(
+                pareto_k_threshold) != 0 or np.iscomplexobj(pareto_k_threshold):
+            raise TypeError(f"pareto_k_threshold must be a real number or None, got "
+                            f"{pareto_k_threshold!r}")
+        if not float(pareto_k_threshold) > 0:
+            raise ValueError(f"pareto_k_threshold must be positive or None, got "
+                             f"{pareto_k_threshold}")
+        draws = (check_positive_int(num_samples, "num_samples")
+                 * check_positive_int(num_chains, "num_chains"))
+        if draws < 2:
+            raise ValueError(f"PSIS-LFO needs at least 2 posterior draws per fit; "
+                             f"num_samples * num_chains = {draws} (or pass "
+                             "pareto_k_threshold=None for exact LFO)")
     if "mask" in nuts_kwargs:
         raise TypeError("lfo_cv sets the mask itself; pass a fully observed y")
+    if np.issubdtype(yv.dtype, np.floating) and not np.all(np.isfinite(yv)):
+        raise ValueError("y must be fully observed (finite, no NaN) for lfo_cv, which sets "
+                         "the mask itself")
     data = prepare_data(model, yv, None, inputs)
     if not data.complete:
         raise ValueError("y must be fully observed (no NaN) for lfo_cv")

@@ -10,7 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.params import validate_params
-from statseq.core.validation import check_positive_int, pandas_values, prepare_data
+from statseq.core.validation import (
+    check_positive_int,
+    pandas_values,
+    prepare_data,
+    require_observed,
+)
 from statseq.evaluation._origins import origin_forecasts
 from statseq.evaluation.scores import (
     _check_levels,
@@ -202,11 +207,20 @@ def _origins(num_timesteps, initial, horizon, step, origins, min_origin):
     if origins is None:
         initial = check_positive_int(initial, "initial", min_origin)
         step = check_positive_int(step, "step")
+        if initial + horizon > num_timesteps:
+            raise ValueError(f"no origins: need initial + horizon <= len(y); got initial = "
+                             f"{initial}, horizon = {horizon}, len(y) = {num_timesteps}")
         origins = np.arange(initial, num_timesteps - horizon + 1, step)
     origins = np.asarray(origins)
-    if origins.ndim != 1 or origins.size == 0 or not np.issubdtype(origins.dtype, np.integer):
-        raise ValueError("no origins: need initial + horizon <= len(y) (or a list of integer "
-                         "origins)")
+    if origins.dtype == bool or not np.issubdtype(origins.dtype, np.integer):
+        raise TypeError(f"origins must be integers, got dtype {origins.dtype}")
+    if origins.ndim != 1 or origins.size == 0:
+        raise ValueError(f"origins must be a non-empty 1-D list of integers, got shape "
+                         f"{origins.shape}")
+    if np.unique(origins).size != origins.size:
+        values, counts = np.unique(origins, return_counts=True)
+        raise ValueError(f"origins has repeated values {values[counts > 1].tolist()}: each "
+                         "forecast would be scored twice")
     if origins.min() < min_origin or origins.max() + horizon > num_timesteps:
         raise ValueError(
             f"origins must lie in [{min_origin}, len(y) - horizon = "
@@ -242,7 +256,7 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         key: a ``jax.random`` key.
         initial: first origin (length of the first history).
         step: distance between origins.
-        origins: explicit origins instead of ``initial``/``step``.
+        origins: explicit origins (distinct integers) instead of ``initial``/``step``.
         num_samples: sample paths per origin.
         levels: central interval coverages to report.
         mask: optional mask of ``y`` (missing values are neither conditioned on nor scored).
@@ -271,6 +285,7 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     data = prepare_data(model, y, mask, inputs)
     if data.batch_shape != ():
         raise ValueError(f"backtest takes one series; y has batch shape {data.batch_shape}")
+    require_observed(data, "backtest")
     t_len = data.num_timesteps
     origins = _origins(t_len, initial, horizon, step, origins,
                        max(1, model.num_conditioned_steps))

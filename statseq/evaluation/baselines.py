@@ -28,7 +28,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from statseq.core.validation import check_positive_int, float_dtype, pandas_values
+from statseq.core.validation import (
+    check_magnitude,
+    check_positive_int,
+    float_dtype,
+    pandas_values,
+)
 
 
 def naive_model(period: int = 1):
@@ -66,6 +71,12 @@ def naive_params(y, *, period: int = 1, mask=None):
         An `ARParams` with ``coeffs[m-1] = 1`` (the others 0), zero intercept and
         ``cov = [[sigma^2]]``.
 
+    Raises:
+        ValueError: ``y`` is not one series, has ``inf`` or values whose squares overflow,
+            too few values, no pair one period apart, or ``sigma^2 = 0`` (a series constant
+            one period apart, whose random walk forecast is degenerate).
+        TypeError: ``y`` is not real-valued.
+
     Examples:
         >>> import numpy as np, statseq as ss
         >>> p = ss.naive_params(np.array([1.0, 3.0, 2.0, 4.0]))
@@ -73,21 +84,29 @@ def naive_params(y, *, period: int = 1, mask=None):
         3.0
     """
     period = check_positive_int(period, "period")
-    values = np.asarray(pandas_values(y)[0], float)
-    if values.ndim != 1:
-        raise ValueError(f"y must be one scalar series (T,), got shape {values.shape}")
-    observed = np.isfinite(values)
+    values = _series(y)
+    observed = ~np.isnan(values)
     if mask is not None:
         mask = np.asarray(mask)
         if mask.shape != values.shape:
             raise ValueError(f"mask must have the shape of y {values.shape}, got {mask.shape}")
+        if mask.dtype != bool and not np.all(np.isin(mask, (0, 1))):
+            raise ValueError("mask must be boolean (or 0/1): True where y is observed")
         observed &= mask.astype(bool)
+    if np.any(np.isinf(values[observed])):
+        raise ValueError("y has infinite values at observed positions; mark missing values "
+                         "with NaN (or mask=False)")
+    check_magnitude(values[observed], np.float64, "y")
     if values.size <= period:
         raise ValueError(f"y needs more than period = {period} values, got {values.size}")
     ok = observed[period:] & observed[:-period]
     if not ok.any():
         raise ValueError("no pair of observed values one period apart: sigma is undefined")
     resid = (values[period:] - values[:-period])[ok]
+    if not np.mean(resid**2) > 0:
+        raise ValueError(
+            "the residuals y_t - y_{t-period} are all 0 (or their squares underflow): sigma "
+            "is 0 and the random walk's predictive distribution is degenerate")
     dtype = float_dtype()
     coeffs = np.zeros((period, 1, 1))
     coeffs[-1] = 1.0
@@ -106,7 +125,8 @@ def naive_forecast(y, num_steps: int, *, period: int = 1):
     (Hyndman and Athanasopoulos 2021, sec. 5.5), from `naive_params`.
 
     Args:
-        y: one scalar series ``(T,)`` (the last ``period`` values must be observed).
+        y: one scalar series ``(T,)`` (``NaN`` = missing; the last ``period`` values must
+            be observed).
         num_steps: the horizon ``h``.
         period: the season length ``m``.
 
@@ -120,7 +140,19 @@ def naive_forecast(y, num_steps: int, *, period: int = 1):
         ([4.0, 4.0, 4.0, 4.0], [3.0, 6.0, 9.0, 12.0])
     """
     params = naive_params(y, period=period)
-    values = np.asarray(pandas_values(y)[0], float)
+    values = _series(y)
     if not np.all(np.isfinite(values[-period:])):
         raise ValueError(f"the last period = {period} values of y must be observed")
-    return naive_model(period).forecast_moments(params, y, num_steps=num_steps)
+    observed = ~np.isnan(values)
+    return naive_model(period).forecast_moments(
+        params, np.where(observed, values, 0.0), num_steps=num_steps, mask=observed)
+
+
+def _series(y) -> np.ndarray:
+    """``y`` as one real ``(T,)`` float series (``NaN`` = missing), or a clear error."""
+    raw = np.asarray(pandas_values(y)[0])
+    if np.iscomplexobj(raw) or not (np.issubdtype(raw.dtype, np.number) or raw.dtype == bool):
+        raise TypeError(f"y must hold real numbers, got dtype {raw.dtype}")
+    if raw.ndim != 1:
+        raise ValueError(f"y must be one scalar series (T,), got shape {raw.shape}")
+    return raw.astype(float)

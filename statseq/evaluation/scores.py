@@ -59,6 +59,9 @@ def _check_levels(levels) -> tuple[float, ...]:
     levels = (levels,) if np.ndim(levels) == 0 else tuple(levels)
     out = []
     for level in levels:
+        if isinstance(level, bool | str | bytes) or np.ndim(level) != 0 or np.iscomplexobj(
+                level):
+            raise TypeError(f"levels must be numbers in (0, 1); got {level!r}")
         if not 0.0 < float(level) < 1.0:
             raise ValueError(f"levels must lie in (0, 1); got {level}")
         out.append(float(level))

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from statseq.core.validation import prepare_data, require_observed
+
 #: default smallest ratio of a state's variance (in any direction) to the data's
 MIN_VARIANCE_RATIO = 1e-3
 #: default smallest expected occupancy, before ``max(D + 1, .)``
@@ -101,6 +103,16 @@ def _data_scales(model: Any, y: Any, mask: Any) -> np.ndarray:
     return np.asarray(scales)
 
 
+def _threshold(value: Any, name: str) -> float:
+    """``value`` as a finite float ``>= 0``, or a clear error naming ``name``."""
+    if isinstance(value, bool | str | bytes) or np.ndim(value) != 0 or np.iscomplexobj(value):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if not (np.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
 def spurious_states(model: Any, params: Any, y: Any, *, mask: Any = None, inputs: Any = None,
                     min_occupancy: float | None = None,
                     min_variance_ratio: float = MIN_VARIANCE_RATIO) -> SpuriousCheck | None:
@@ -127,6 +139,11 @@ def spurious_states(model: Any, params: Any, y: Any, *, mask: Any = None, inputs
         A `SpuriousCheck`, or ``None`` when the model has no per-state Gaussian
         covariances (its likelihood has no such singularities).
 
+    Raises:
+        ValueError: a threshold is negative or not finite, or ``y`` has no observed value
+            (a fit to no data has no spurious states to judge).
+        TypeError: a threshold is not a real number.
+
     Examples:
         >>> import jax.numpy as jnp, numpy as np, statseq as ss
         >>> from statseq.models.hmm.gaussian_params import GaussianEmissions
@@ -139,17 +156,15 @@ def spurious_states(model: Any, params: Any, y: Any, *, mask: Any = None, inputs
         >>> check.spurious.tolist(), np.round(check.occupancy).tolist()
         ([False, True], [40.0, 2.0])
     """
+    min_variance_ratio = _threshold(min_variance_ratio, "min_variance_ratio")
+    min_occupancy = _threshold(MIN_OCCUPANCY if min_occupancy is None else min_occupancy,
+                               "min_occupancy")
     covs = state_covariances(model, params)
     if covs is None:
         return None
-    if not (np.isfinite(min_variance_ratio) and min_variance_ratio >= 0):
-        raise ValueError(f"min_variance_ratio must be >= 0, got {min_variance_ratio!r}")
-    if min_occupancy is None:
-        min_occupancy = MIN_OCCUPANCY
-    if not (np.isfinite(min_occupancy) and min_occupancy >= 0):
-        raise ValueError(f"min_occupancy must be >= 0, got {min_occupancy!r}")
+    require_observed(prepare_data(model, y, mask, inputs), "spurious_states")
     d = covs.shape[-1]
-    threshold = max(float(d + 1), float(min_occupancy))
+    threshold = max(float(d + 1), min_occupancy)
     kwargs = {"mask": mask}
     if inputs is not None:
         kwargs["inputs"] = inputs

@@ -26,9 +26,8 @@ import statseq as ss
 from statseq.inference import kalman, kalman_steady
 from statseq.inference.kalman import GaussianSSMArrays
 from statseq.inference.kalman_diffuse import ldl
+from tests.inference._diffuse_refs import LEVEL_VAR, SEASONAL_VAR, log_air, structural_arrays
 
-LEVEL_VAR = 1e-3
-SEASONAL_VAR = 1e-4
 RATIOS = [1e-2, 1e-6, 1e-10, 1e-13, 1e-16, 0.0]
 TINY = 2.0**-200  # an exact stand-in for R = 0 where the rational reference needs F > 0
 
@@ -120,22 +119,6 @@ def exact_diffuse_log_lik(arr, y, mask):
 
 
 # ---- models --------------------------------------------------------------------------------
-def log_air():
-    return np.log(ss.datasets.load_air_passengers().to_numpy().astype(float))
-
-
-def structural_arrays(kind, obs_var):
-    """Local level, or level plus a 12-month dummy seasonal, with ``R = obs_var``."""
-    if kind == "level":
-        model, params = ss.LocalLevel(), ss.LocalLevelParams(1.0, LEVEL_VAR)
-    else:
-        model = ss.StructuralModel((ss.Trend(), ss.Seasonal(12)))
-        params = ss.StructuralParams(1.0, (ss.TrendParams(level_var=LEVEL_VAR),
-                                           ss.SeasonalParams(SEASONAL_VAR)))
-    arr = jax.jit(model.to_arrays)(params)
-    return arr._replace(emission_cov=jnp.full((1, 1), obs_var))
-
-
 def run(arr, y, mask=None):
     y = jnp.asarray(y, float)
     mask = jnp.ones(y.shape, bool) if mask is None else jnp.asarray(mask)

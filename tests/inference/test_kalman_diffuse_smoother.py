@@ -23,28 +23,12 @@ import pytest
 import statseq as ss
 from statseq.inference import kalman, kalman_steady
 from statseq.inference.kalman import GaussianSSMArrays
+from tests.inference._diffuse_refs import LEVEL_VAR, SEASONAL_VAR, log_air, structural_arrays
 
-LEVEL_VAR = 1e-3
-SEASONAL_VAR = 1e-4
 RATIOS = [1e-2, 1e-6, 1e-10, 1e-13, 0.0]
 
 SMOOTHER = jax.jit(kalman.kalman_smoother)
 STEADY = jax.jit(kalman_steady.steady_state_smoother, static_argnames="head")
-
-
-def log_air():
-    return np.log(ss.datasets.load_air_passengers().to_numpy().astype(float))
-
-
-def structural_arrays(kind, obs_var):
-    if kind == "level":
-        model, params = ss.LocalLevel(), ss.LocalLevelParams(1.0, LEVEL_VAR)
-    else:
-        model = ss.StructuralModel((ss.Trend(), ss.Seasonal(12)))
-        params = ss.StructuralParams(1.0, (ss.TrendParams(level_var=LEVEL_VAR),
-                                           ss.SeasonalParams(SEASONAL_VAR)))
-    arr = jax.jit(model.to_arrays)(params)
-    return arr._replace(emission_cov=jnp.full((1, 1), obs_var))
 
 
 def statsmodels_smooth(kind, obs_var, y):
