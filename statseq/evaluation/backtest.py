@@ -280,6 +280,8 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     horizon = check_positive_int(horizon, "horizon")
     num_samples = check_positive_int(num_samples, "num_samples", 2)
     levels = _check_levels(levels)
+    if estimator not in ("fair", "energy"):  # (checked before any forecast is computed)
+        raise ValueError(f"estimator must be 'fair' or 'energy', got {estimator!r}")
     event_ndim = len(model.event_shape)
     _, index, columns = pandas_values(y, event_ndim)
     data = prepare_data(model, y, mask, inputs)

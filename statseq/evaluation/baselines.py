@@ -32,6 +32,7 @@ from statseq.core.validation import (
     check_magnitude,
     check_positive_int,
     float_dtype,
+    is_pandas,
     pandas_values,
 )
 
@@ -103,6 +104,12 @@ def naive_params(y, *, period: int = 1, mask=None):
     if not ok.any():
         raise ValueError("no pair of observed values one period apart: sigma is undefined")
     resid = (values[period:] - values[:-period])[ok]
+    limit = float(np.sqrt(np.sqrt(np.finfo(np.float64).max)))  # (sigma^2)^2 must not overflow
+    if np.max(np.abs(resid)) > limit:
+        raise ValueError(
+            f"y changes by as much as {np.max(np.abs(resid)):.3g} in one period: sigma^2 "
+            f"would exceed sqrt of the largest float64 (a parameter's square must not "
+            f"overflow); rescale y (differences below {limit:.3g})")
     if not np.mean(resid**2) > 0:
         raise ValueError(
             "the residuals y_t - y_{t-period} are all 0 (or their squares underflow): sigma "
@@ -143,9 +150,20 @@ def naive_forecast(y, num_steps: int, *, period: int = 1):
     values = _series(y)
     if not np.all(np.isfinite(values[-period:])):
         raise ValueError(f"the last period = {period} values of y must be observed")
+    # The predictive moments of a (seasonal) random walk depend on its last `period`
+    # values only (observed, so the lag window is known exactly): gaps are masked, and gaps
+    # among the first `period` values, which the AR would refuse to condition on, are
+    # filled and marked observed without changing the forecast.
     observed = ~np.isnan(values)
-    return naive_model(period).forecast_moments(
-        params, np.where(observed, values, 0.0), num_steps=num_steps, mask=observed)
+    observed[:period] = True
+    filled = np.where(np.isnan(values), 0.0, values)
+    if is_pandas(y):
+        import pandas as pd
+
+        filled = pd.Series(filled, index=y.index)
+    fc = naive_model(period).forecast_moments(params, filled, num_steps=num_steps,
+                                              mask=observed)
+    return fc._replace(history=values)
 
 
 def _series(y) -> np.ndarray:

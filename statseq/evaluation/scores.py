@@ -59,8 +59,9 @@ def _check_levels(levels) -> tuple[float, ...]:
     levels = (levels,) if np.ndim(levels) == 0 else tuple(levels)
     out = []
     for level in levels:
-        if isinstance(level, bool | str | bytes) or np.ndim(level) != 0 or np.iscomplexobj(
-                level):
+        arr = np.asarray(level)
+        if arr.ndim != 0 or arr.dtype == bool or not (
+                np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
             raise TypeError(f"levels must be numbers in (0, 1); got {level!r}")
         if not 0.0 < float(level) < 1.0:
             raise ValueError(f"levels must lie in (0, 1); got {level}")
