@@ -77,13 +77,14 @@ class TiedGaussianEmissions(NamedTuple):
         cov: ``(emission_dim, emission_dim)`` positive definite, the same for every state.
 
     Examples:
-        >>> import jax, numpy as np, statseq as ss
+        >>> import jax.numpy as jnp, numpy as np, statseq as ss
         >>> from statseq.models.hmm import TiedGaussianEmissions
-        >>> y = np.random.default_rng(0).normal(size=(30, 2))
         >>> model = ss.GaussianHMM(num_states=3, emission_dim=2, covariance="tied")
-        >>> params = model.initialize(y, key=jax.random.key(0))
-        >>> type(params.emissions) is TiedGaussianEmissions, params.emissions.cov.shape
-        (True, (2, 2))
+        >>> emissions = TiedGaussianEmissions(jnp.zeros((3, 2)), jnp.array([[2.0, 0.5],
+        ...                                                                [0.5, 1.0]]))
+        >>> covs = np.asarray(model.state_covariances(emissions))  # every state's: the one
+        >>> covs.shape, bool(np.all(covs == np.asarray(emissions.cov)))
+        ((3, 2, 2), True)
     """
 
     means: jax.Array
