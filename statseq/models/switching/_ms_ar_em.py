@@ -128,17 +128,16 @@ def _residual_ss(model, params, st):
 
 
 def expected_log_joint(model, params, stats):
-    """``Q(params) = E[log p(y_{p:}, x_{0:} | y_{:p}, params)]`` under the posterior of
-    `e_step`: exact from its statistics (the emission term is quadratic in ``y_t`` and the
-    lags, the chain term linear in the regime counts)."""
+    """``Q(params) = E[log p(s_{0:T-1}, y_{p:T-1} | y_{0:p-1}, params)]`` under the
+    posterior of `e_step`: exact from its statistics (the emission term is quadratic in
+    ``y_t`` and the lags, the chain term linear in the regime counts). The pre-sample
+    regimes of the expanded ``x_0`` reach no scored step and are left out."""
     from statseq.models.hmm.base import _xlogp
 
     k = model.num_regimes
     now = model.expanded_regimes()[:, 0]
     out = (_xlogp(stats["initial"], model.initial_probs(params))
            + _xlogp(stats["transitions"], params.transitions))
-    if model.expanded:  # the pre-sample regimes of x_0 are uniform (a constant)
-        out = out - jnp.sum(stats["initial"]) * model.order * math.log(k)
     var_m = jnp.broadcast_to(params.variances, (k,))[now]
     rss = _residual_ss(model, params, stats)
     return out - 0.5 * jnp.sum(stats["w"] * (_LOG_2PI + jnp.log(var_m)) + rss / var_m)

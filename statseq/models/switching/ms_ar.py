@@ -529,7 +529,8 @@ class MarkovSwitchingAR(SequenceModel):
         """The expected complete-data log-likelihood under the posterior that produced
         ``stats`` (`e_step`), exact from its moments:
 
-            Q = sum_k g_0(k) log pi_k + sum_ij n_ij log P[i, j] - N p log K [expanded]
+            Q = E[log p(s_{0:T-1}, y_{p:T-1} | y_{0:p-1})]
+              = sum_k g_0(k) log pi_k + sum_ij n_ij log P[i, j]
                 - sum_j [ w_j log(2 pi v_j) + RSS_j / v_j ] / 2,
             RSS_j = sum_t w_tj (y_t - m0_j - phi_j . (x_t - mlag_j))^2,
 
