@@ -13,6 +13,12 @@ weighted least-squares problem in each block given the others, so the M-step upd
 and variances, (iii) the variances given both: each a closed-form conditional maximum, so
 the likelihood never decreases (Meng & Rubin's ECM). Everything needs only the weighted
 moments of ``(1, y_t, x_t)`` per expanded state.
+
+Fixed entries (per-entry ``trainable`` masks) keep each block exact: a quadratic block
+``-x' A x / 2 + b' x`` is maximized over its free entries by ``A_ff x_f = b_f - A_fx x_x``,
+switching variances entry by entry, transition rows give their free entries the mass the
+fixed ones leave. `expected_log_joint` is ``Q`` itself (from the same moments), which
+`statseq.fit_em` climbs by accepted gradient steps for tied entries.
 """
 
 from __future__ import annotations

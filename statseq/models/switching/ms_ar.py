@@ -179,7 +179,9 @@ class MarkovSwitchingAR(SequenceModel):
     (``num_expanded_states = K^(p+1)``), otherwise on ``s_t`` (``K`` states). Filtering and
     smoothing use `statseq.inference.hmm` on the expanded chain; `filter_states` and
     `smoother` return ``K``-regime probabilities. `statseq.fit_em` runs an ECM algorithm
-    (closed-form weighted least-squares blocks on the expanded posterior).
+    (closed-form weighted least-squares blocks on the expanded posterior); it takes
+    per-entry ``trainable`` masks (each block solved over its free entries) and ``ties``
+    (accepted gradient steps on `expected_log_joint`).
     `statseq.log_prob`, `statseq.fit_lbfgs`,
     `statseq.fit_sgd` and `statseq.forecast` work through the generic filter
     (``predict``/``update``); `forecast_means` gives exact h-step means when ``phi`` does
