@@ -210,3 +210,25 @@ def test_restricted_em_equals_restricted_lbfgs_on_gnp():
                                np.asarray(lb.params.ar_coeffs[0]), atol=1e-4)
     assert float(em2.params.transitions[0, 1]) == 0.25
     assert float(em2.params.variances[1]) == 0.8
+
+
+def test_a_frozen_field_is_held_inside_the_ecm_sweep():
+    """Hamilton's model with the regime means frozen (whole field) away from their MLE:
+    `m_step` must hold them while it solves ``phi`` and the variance (before issue 11 it
+    updated them inside the sweep and `fit_em` reset them afterwards, so ``phi`` and the
+    variance were fitted to other means: the log joint fell at iteration 2, llf -194.70).
+    Now the trace never decreases and EM converges to the restricted L-BFGS optimum
+    (llf -190.76071, 1e-6)."""
+    y = gnp()
+    model = MarkovSwitchingAR(2, 4)
+    start = model.initialize(y)._replace(means=jnp.array([-0.8, 1.5]))
+    trainable = jax.tree.map(lambda _: True, start)._replace(means=False)
+    em = ss.fit_em(model, start, y, trainable=trainable, num_iters=200, tol=1e-12,
+                   progress=False)
+    lb = ss.fit_lbfgs(model, start, y, trainable=trainable, progress=False)
+    assert em.converged and lb.converged
+    trace = em.log_joint[: em.num_iterations]
+    assert np.all(np.diff(trace) >= -1e-10 * np.abs(trace[1:]))
+    np.testing.assert_array_equal(np.asarray(em.params.means), np.array([-0.8, 1.5]))
+    np.testing.assert_allclose(float(ss.log_prob(model, em.params, y)),
+                               float(ss.log_prob(model, lb.params, y)), rtol=0, atol=1e-6)
