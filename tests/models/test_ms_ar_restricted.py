@@ -43,8 +43,9 @@ def random_params(model, rng):
     )
 
 
-def paths_log_joint(model, params, y, paths):
-    """``log p(s_{0:T-1}, y_{p:T-1} | y_{0:p-1})`` per regime path, by the model equation."""
+def paths_log_joint(model, params, y, paths, observed=None):
+    """``log p(s_{0:T-1}, y_{p:T-1} | y_{0:p-1})`` per regime path, by the model equation
+    (steps with ``observed[t] = False`` contribute no emission term)."""
     k, p = model.num_regimes, model.order
     trans = np.asarray(params.transitions)
     pi = (np.asarray(params.initial_probs) if model.initial == "free"
@@ -54,6 +55,8 @@ def paths_log_joint(model, params, y, paths):
     var = np.broadcast_to(np.asarray(params.variances), (k,))
     out = np.log(pi[paths[:, 0]]) + np.sum(np.log(trans[paths[:, :-1], paths[:, 1:]]), axis=1)
     for t in range(p, len(y)):
+        if observed is not None and not observed[t]:
+            continue
         s = paths[:, t]
         ph = phi[s] if model.switching_ar else np.broadcast_to(phi, (len(s), p))
         if model.form == "mean":
@@ -73,20 +76,21 @@ def paths_log_joint(model, params, y, paths):
 def test_expected_log_joint_equals_enumeration(model):
     """``Q(theta'; stats(theta))`` equals ``sum_paths p(path | y, theta) log p(path, y |
     theta')`` over all ``K^T`` regime paths (1e-10), at ``theta' = theta`` and at other
-    parameters; the E-step's log-likelihood is the log-sum of the path joints."""
+    parameters, with every step observed and with the last step missing; the E-step's
+    log-likelihood is the log-sum of the path joints."""
     rng = np.random.default_rng(3)
     params, other = random_params(model, rng), random_params(model, rng)
     y = rng.normal(size=7) * 1.5
     paths = np.array(list(itertools.product(range(model.num_regimes), repeat=len(y))))
-    lj = paths_log_joint(model, params, y, paths)
-    post = np.exp(lj - logsumexp(lj))
-    stats_, lp = jax.jit(model.e_step)(params, jnp.asarray(y)[None],
-                                       jnp.ones((1, len(y)), bool), None)
-    np.testing.assert_allclose(float(lp), logsumexp(lj), rtol=1e-12)
-    q = jax.jit(model.expected_log_joint)
-    for theta in (params, other):
-        ref = np.sum(post * paths_log_joint(model, theta, y, paths))
-        np.testing.assert_allclose(float(q(theta, stats_)), ref, rtol=1e-10)
+    e_step, q = jax.jit(model.e_step), jax.jit(model.expected_log_joint)
+    for observed in (np.ones(len(y), bool), np.arange(len(y)) < len(y) - 1):
+        lj = paths_log_joint(model, params, y, paths, observed)
+        post = np.exp(lj - logsumexp(lj))
+        stats_, lp = e_step(params, jnp.asarray(y)[None], jnp.asarray(observed)[None], None)
+        np.testing.assert_allclose(float(lp), logsumexp(lj), rtol=1e-12)
+        for theta in (params, other):
+            ref = np.sum(post * paths_log_joint(model, theta, y, paths, observed))
+            np.testing.assert_allclose(float(q(theta, stats_)), ref, rtol=1e-10)
 
 
 def test_fisher_identity_on_gnp():
