@@ -123,8 +123,8 @@ def _em_masks(model, params, trainable, ties):
                          and getattr(model, "m_step_entry_masks", False)):
         raise ValueError(
             f"fit_em supports ties only for models with an expected_log_joint and "
-            f"per-entry M-step masks (HMMs, LinearGaussianSSM); {type(model).__name__} "
-            "has none: fit it with fit_lbfgs or fit_sgd")
+            f"per-entry M-step masks (HMMs, LinearGaussianSSM, MarkovSwitchingAR); "
+            f"{type(model).__name__} has none: fit it with fit_lbfgs or fit_sgd")
     if not getattr(model, "m_step_entry_masks", False):
         raise ValueError(
             f"fit_em: {type(model).__name__}'s M-step does not support per-entry trainable "
@@ -252,8 +252,8 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             leaves where the prior is flat.
         trainable: pytree like ``params`` of ``True``/``False`` (frozen leaves are kept) or,
             for models whose M-step supports it (``model.m_step_entry_masks``: every HMM
-            family incl. GLM-HMM transitions, `LinearGaussianSSM`), boolean arrays of the
-            leaf's shape: ``False`` entries keep their value bit for bit (see
+            family incl. GLM-HMM transitions, `LinearGaussianSSM`, `MarkovSwitchingAR`),
+            boolean arrays of the leaf's shape: ``False`` entries keep their value bit for bit (see
             `statseq.core.restrict` for what each constraint allows). The M-step is then
             constrained: a simplex row (initial law, transition row, categorical emission
             probabilities) gives its free entries the mass ``1 - sum(fixed)`` in
@@ -262,16 +262,16 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             gradient steps on their free entries; any other partly fixed leaf (Gaussian or
             AR emissions) is held in the closed-form step and moved by accepted gradient
             steps on ``model.expected_log_joint`` (as for ``ties``). `MarkovSwitchingAR`
-            takes ``True``/``False`` per field only.
+            solves its means, ``phi`` and variance blocks over the free entries (exact).
         progress: show a progress bar.
         ties: ``None`` or integer labels like ``params`` (`statseq.core.restrict`; equal
             labels ``>= 0`` share one value), for models with ``expected_log_joint``
-            (HMMs, `LinearGaussianSSM`); others raise a ``ValueError``, and entries of
-            simplex rows cannot be tied. Tied entries start at their common value; each
-            iteration runs the closed-form M-step with them held, keeps it only if it
-            raised ``Q = expected_log_joint + log prior``, then takes
-            `generalized_m_step` (accepted gradient steps) on ``Q`` over the restricted
-            free vector: an ECM iteration, still monotone.
+            (HMMs, `LinearGaussianSSM`, `MarkovSwitchingAR`); others raise a
+            ``ValueError``, and entries of simplex rows cannot be tied. Tied entries start
+            at their common value; each iteration runs the closed-form M-step with them
+            held, keeps it only if it raised ``Q = expected_log_joint + log prior``, then
+            takes `generalized_m_step` (accepted gradient steps) on ``Q`` over the
+            restricted free vector: an ECM iteration, still monotone.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters

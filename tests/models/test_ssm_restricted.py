@@ -214,7 +214,7 @@ def test_restriction_round_trip_counts_and_errors():
         ss.fit_em(model, p, y, trainable=tr, ties=ties, progress=False)
     # a simplex leaf (transition rows) restricted entry by entry: one logit per free entry
     # but the last of its row; fit_em refuses per-entry masks where the model's M-step
-    # does not handle them (MarkovSwitchingAR)
+    # does not handle them (a model declaring m_step_entry_masks = False)
     hmm = ss.PoissonHMM(num_states=2)
     counts = np.array([1, 2, 0, 3, 1, 5, 2, 1.0])
     hp = hmm.initialize(counts, key=jax.random.key(0))
@@ -223,12 +223,12 @@ def test_restriction_round_trip_counts_and_errors():
     assert restrict(hmm, hp, fixed)[0].num_free == 1 + 0 + 1 + 2
     rates = mask._replace(emissions=mask.emissions._replace(rates=np.array([True, False])))
     assert restrict(hmm, hp, rates)[0].num_free == 1 + 2 + 1
-    msar = ss.MarkovSwitchingAR()
-    mp = msar.default_params()
-    mtr = jax.tree.map(lambda _: True, mp)._replace(
-        transitions=np.array([[True, False], [True, True]]))
+    class WholeFieldMasksOnly(ss.PoissonHMM):
+        m_step_entry_masks = False
+
     with pytest.raises(ValueError, match="does not support per-entry trainable masks"):
-        ss.fit_em(msar, mp, np.sin(np.arange(30.0)), trainable=mtr, progress=False)
+        ss.fit_em(WholeFieldMasksOnly(num_states=2), hp, counts, trainable=fixed,
+                  progress=False)
 
 
 def test_nuts_and_svi_sample_only_the_free_entries():

@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import math
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -179,7 +179,9 @@ class MarkovSwitchingAR(SequenceModel):
     (``num_expanded_states = K^(p+1)``), otherwise on ``s_t`` (``K`` states). Filtering and
     smoothing use `statseq.inference.hmm` on the expanded chain; `filter_states` and
     `smoother` return ``K``-regime probabilities. `statseq.fit_em` runs an ECM algorithm
-    (closed-form weighted least-squares blocks on the expanded posterior).
+    (closed-form weighted least-squares blocks on the expanded posterior); it takes
+    per-entry ``trainable`` masks (each block solved over its free entries) and ``ties``
+    (accepted gradient steps on `expected_log_joint`).
     `statseq.log_prob`, `statseq.fit_lbfgs`,
     `statseq.fit_sgd` and `statseq.forecast` work through the generic filter
     (``predict``/``update``); `forecast_means` gives exact h-step means when ``phi`` does
@@ -503,11 +505,57 @@ class MarkovSwitchingAR(SequenceModel):
         batch ``(N, T)`` (see `statseq.models.switching._ms_ar_em`)."""
         return _ms_ar_em.e_step(self, params, y, mask, inputs)
 
-    def m_step(self, params, stats, priors, inputs):
+    def m_step(self, params, stats, priors, inputs, trainable=None):
         """ECM: closed-form transitions (Dirichlet MAP), then means / intercepts, ``phi``
         and variances, each the exact weighted least-squares maximum given the others
-        (so `statseq.fit_em` never decreases the likelihood)."""
-        return _ms_ar_em.m_step(self, params, stats, priors, inputs)
+        (so `statseq.fit_em` never decreases the likelihood).
+
+        ``trainable`` (a pytree like ``params`` of booleans or boolean arrays, as
+        `statseq.fit_em` passes it) fixes entries: a transition row's free entries share
+        the mass ``1 - sum(fixed)`` in proportion to their expected counts; the means,
+        ``phi`` and variance blocks solve their weighted least-squares problems over the
+        free entries only (``A_ff x_f = b_f - A_fx x_x``); fixed entries keep their value.
+        """
+        return _ms_ar_em.m_step(self, params, stats, priors, inputs, trainable)
+
+    #: `fit_em` may pass boolean arrays (per-entry trainable masks) to `m_step`
+    m_step_entry_masks: ClassVar[bool] = True
+
+    def m_step_exact(self, trainable) -> bool:
+        """Always ``True``: every block of `m_step` maximizes exactly over its free entries
+        (ties still get accepted gradient steps on `expected_log_joint` in `fit_em`)."""
+        del trainable
+        return True
+
+    def expected_log_joint(self, params, stats):
+        """The expected complete-data log-likelihood under the posterior that produced
+        ``stats`` (`e_step`), exact from its moments:
+
+            Q = E[log p(s_{0:T-1}, y_{p:T-1} | y_{0:p-1})]
+              = sum_k g_0(k) log pi_k + sum_ij n_ij log P[i, j]
+                - sum_j [ w_j log(2 pi v_j) + RSS_j / v_j ] / 2,
+            RSS_j = sum_t w_tj (y_t - m0_j - phi_j . (x_t - mlag_j))^2,
+
+        with ``g_0`` the smoothed law of ``s_0``, ``n_ij`` the expected regime transition
+        counts, ``w_tj = p(x_t = j | y)`` over the scored steps ``t >= p`` of expanded state
+        ``j`` (``v_j``, ``phi_j``, ``m0_j``, ``mlag_j`` its variance, AR coefficients,
+        current and lagged means; see `statseq.models.switching._ms_ar_em`), ``x_t`` the
+        lags and ``pi`` the ergodic law of ``P`` for ``initial="stationary"``. By Fisher's
+        identity its gradient at the E-step's parameters is that of the log-likelihood;
+        `statseq.fit_em` takes accepted gradient steps on it for ``ties``.
+
+        Examples:
+            >>> import jax.numpy as jnp, statseq as ss
+            >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+            >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+            ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]),
+            ...                        jnp.array(0.3))
+            >>> y = jnp.array([[0.1, -0.9, -1.2, 0.8, 1.1, 1.3]])
+            >>> stats, log_lik = model.e_step(params, y, jnp.ones_like(y, bool), None)
+            >>> bool(model.expected_log_joint(params, stats) < log_lik)  # Q = ll - entropy
+            True
+        """
+        return _ms_ar_em.expected_log_joint(self, params, stats)
 
     def validate_em_priors(self, priors):
         """EM admits Dirichlet priors on ``initial_probs`` and ``transitions`` only."""
