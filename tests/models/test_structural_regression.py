@@ -55,36 +55,31 @@ def uc(y, **kwargs):
     return mod
 
 
-def test_loglike_at_fixed_params_matches_statsmodels_level_and_dummies():
-    """One diffuse state (the level): the exact diffuse likelihood to 1e-8."""
+@pytest.mark.parametrize("seasonal", ["dummies", "fixed", "stochastic"])
+def test_loglike_at_fixed_params_matches_statsmodels(seasonal):
+    """The exact diffuse likelihood with regressors at given parameters: one diffuse state
+    (the level, the seasonal as eleven month dummies among the regressors) to 1e-8; level
+    + fixed or stochastic dummy seasonal (twelve diffuse states, where the pseudo-determinant
+    carries ~1e-9 per diffuse step, see tests/models/test_structural.py) to 2e-7."""
     y, x = seatbelt()
-    xx = np.column_stack([x, month_dummies(y.size)])
-    model = ss.StructuralModel((ss.Trend(),), input_dim=xx.shape[1])
-    beta = np.linspace(-0.3, 0.2, xx.shape[1])
+    if seasonal == "dummies":
+        x = np.column_stack([x, month_dummies(y.size)])
+        components, seas_params, sm_kwargs, tol = (ss.Trend(),), (), {}, 1e-8
+    else:
+        stochastic = seasonal == "stochastic"
+        components = (ss.Trend(), ss.Seasonal(12, stochastic=stochastic))
+        seas_params = (ss.SeasonalParams(jnp.asarray(1e-5) if stochastic else None),)
+        sm_kwargs, tol = {"seasonal": 12, "stochastic_seasonal": stochastic}, 2e-7
+    model = ss.StructuralModel(components, input_dim=x.shape[1])
+    beta = np.linspace(-0.3, 0.2, x.shape[1])
     params = model.default_params()._replace(
-        obs_var=jnp.asarray(0.004), components=(ss.TrendParams(jnp.asarray(3e-4)),),
+        obs_var=jnp.asarray(0.004),
+        components=(ss.TrendParams(jnp.asarray(3e-4)), *seas_params),
         regression=jnp.asarray(beta))
-    ours = float(ss.log_prob(model, params, y, inputs=xx))
-    ref = uc(y, level="llevel", exog=xx).loglike(np.r_[0.004, 3e-4, beta])
-    assert abs(ours - ref) < 1e-8
-
-
-def test_loglike_at_fixed_params_matches_statsmodels_with_seasonal():
-    """Level + fixed (diffuse) seasonal + regressors: twelve diffuse states, where the
-    pseudo-determinant carries ~1e-9 per diffuse step (see tests/models/test_structural.py)."""
-    y, x = seatbelt()
-    for stochastic, sm_params in [(False, [0.004, 3e-4]), (True, [0.004, 3e-4, 1e-5])]:
-        model = ss.StructuralModel((ss.Trend(), ss.Seasonal(12, stochastic=stochastic)),
-                                   input_dim=2)
-        params = model.default_params()._replace(
-            obs_var=jnp.asarray(0.004),
-            components=(ss.TrendParams(jnp.asarray(3e-4)),
-                        ss.SeasonalParams(jnp.asarray(1e-5) if stochastic else None)),
-            regression=jnp.asarray([-0.28, -0.24]))
-        ours = float(ss.log_prob(model, params, y, inputs=x))
-        ref = uc(y, level="llevel", seasonal=12, stochastic_seasonal=stochastic,
-                 exog=x).loglike(np.r_[sm_params, -0.28, -0.24])
-        assert abs(ours - ref) < 2e-7
+    ours = float(ss.log_prob(model, params, y, inputs=x))
+    variances = [0.004, 3e-4] + ([1e-5] if seasonal == "stochastic" else [])
+    ref = uc(y, level="llevel", exog=x, **sm_kwargs).loglike(np.r_[variances, beta])
+    assert abs(ours - ref) < tol
 
 
 def fixed_seasonal_model(input_dim=2):
