@@ -430,7 +430,9 @@ assert -5 < w10 / se10 < -3.5  # "about four standard errors from zero"
 assert se01 > 10 * se10 and short_then_short == 0  # the data say nothing about W_01
 
 # %% [markdown]
-# The long-to-short slope is estimated well and is clearly negative: after a long wait,
+# (The summary counts 8 parameters and so prints a slightly lower AIC than the table
+# above: it holds the initial law fixed, while the table counts it, as it does for the
+# plain HMM.) The long-to-short slope is estimated well and is clearly negative: after a long wait,
 # a longer eruption makes the next wait much less likely to be short. The short-to-long
 # slope has a huge standard error: in the decoded states a short wait is never followed
 # by another short wait (printed above), whatever the eruption between them, so the data
