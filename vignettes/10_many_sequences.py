@@ -63,7 +63,7 @@ from statseq.evaluation.stattests import jarque_bera  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
-NUM_SVI_STEPS = 200 if SMOKE else 1000
+NUM_SVI_STEPS = 200 if SMOKE else 1500
 NUM_WARMUP, NUM_NUTS = (50, 50) if SMOKE else (300, 500)
 NUM_DRAWS = 100 if SMOKE else 1000
 
@@ -82,7 +82,7 @@ gsp = panel["gsp"].unstack("year")  # (48 states, 17 years)
 states, years = gsp.index.to_numpy(), gsp.columns.to_numpy()[1:]
 
 
-def name(state):
+def pretty(state):
     """'NEW_YORK' -> 'New York' (plm's spelling otherwise, e.g. 'TENNESSE')."""
     return state.replace("_", " ").title()
 
@@ -117,8 +117,8 @@ y_train = y[:, :-H]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharex=True)
 show = [list(states).index(s) for s in ("ARIZONA", "TEXAS", "MICHIGAN", "NEW_YORK")]
 for k, j in enumerate(show):
-    axes[0].plot(years, growth[j], lw=0.9, color=f"C{k}", label=name(states[j]))
-    axes[1].plot(years, y[j], lw=0.9, color=f"C{k}", label=name(states[j]))
+    axes[0].plot(years, growth[j], lw=0.9, color=f"C{k}", label=pretty(states[j]))
+    axes[1].plot(years, y[j], lw=0.9, color=f"C{k}", label=pretty(states[j]))
 axes[0].plot(years, national, "k", lw=2, label="cross-state mean")
 axes[1].axhline(0, color="k", lw=1)
 for ax in axes:
@@ -278,11 +278,12 @@ for a, b in [("partial", "none"), ("partial", "complete"), ("complete", "none"),
     print(f"{a} - {b}: {compare(a, b)[0]:.2f} (se {compare(a, b)[1]:.2f})")
 ranking = sorted(scores, key=lambda p: -scores[p].sum())
 print("ranking:", ranking)
+z_scores = {other: compare("partial", other)[0] / compare("partial", other)[1]
+            for other in ("none", "complete", "naive")}
+print("partial pooling's margin in standard errors:",
+      {k: round(v, 1) for k, v in z_scores.items()})
 if not SMOKE:  # the prose below (the smoke run is too short to converge)
-    assert ranking[0] == "partial"
-    for other in ("none", "complete", "naive"):
-        diff, se = compare("partial", other)
-        assert diff > 2 * se, other
+    assert ranking[0] == "partial" and min(z_scores.values()) > 2
     assert abs(compare("complete", "none")[0]) < 2 * compare("complete", "none")[1]
 
 # %% [markdown]
@@ -305,8 +306,8 @@ print(f"sd across states of the posterior means of mu_j: no pooling {mu_none.std
       f"partial pooling {mu_part.std():.3f}")
 print(f"correlation of |no-pooling estimate - population mean| with the shrinkage: {pull:.2f}")
 order = np.argsort(mu_part)
-print("slowest (relative to the nation):", ", ".join(name(s) for s in states[order[:3]]))
-print("fastest:", ", ".join(name(s) for s in states[order[::-1][:3]]))
+print("slowest (relative to the nation):", ", ".join(pretty(s) for s in states[order[:3]]))
+print("fastest:", ", ".join(pretty(s) for s in states[order[::-1][:3]]))
 if not SMOKE:  # the prose below, for the converged full run
     assert mu_part.std() < mu_none.std() and pull > 0.5
 
@@ -316,7 +317,7 @@ lims = [min(mu_none.min(), mu_part.min()) - 0.1, max(mu_none.max(), mu_part.max(
 ax.plot(lims, lims, "k--", lw=1, label="no shrinkage")
 ax.axhline(m_mu_mean, color="C0", ls=":", lw=1, label="population mean (posterior)")
 for j in np.concatenate([order[:2], order[-2:]]):
-    ax.annotate(name(states[j]), (mu_none[j], mu_part[j]), fontsize=7,
+    ax.annotate(pretty(states[j]), (mu_none[j], mu_part[j]), fontsize=7,
                 xytext=(3, 3), textcoords="offset points")
 ax.set(xlabel="no pooling: posterior mean of mu_j (pp per year)",
        ylabel="partial pooling: posterior mean of mu_j",
@@ -345,12 +346,12 @@ for name in hyper:
     q[name] = np.quantile(d, [0.05, 0.95])
     print(f"{name:>12} {d.mean():>7.3f} {d.std():>6.3f} {q[name][0]:>7.3f} {q[name][1]:>7.3f}")
 if not SMOKE:  # the prose below
-    assert q["s_mu"][0] > 0.2 and q["m_phi"][0] > 0 and q["s_phi"][0] > 0.1
-    assert q["s_log_sigma"][0] > 0.2
+    assert q["s_mu"][0] > 0.2 and 0.3 < np.mean(draws_part["s_mu"]) < 0.8
+    assert q["m_phi"][0] > 0 and q["s_phi"][0] > 0.1 and q["s_log_sigma"][0] > 0.2
 
 # %% [markdown]
 # By SVI's intervals (table above), the states differ in long-run relative growth ($s_\mu$
-# well above zero: a few tenths of a percentage point per year), relative growth is
+# well above zero: roughly half a percentage point per year), relative growth is
 # persistent on average ($m_\phi > 0$) with a persistence that varies between states, and
 # so does their volatility. How far to trust these intervals is the next question.
 #
@@ -378,3 +379,119 @@ for name in ["m_mu", "m_phi", "m_log_sigma", "s_mu", "s_phi", "s_log_sigma"]:
           f"{gaps[name]:>9.2f}")
 sd_ratio = {k: float(np.std(draws_small[k]) / np.std(nuts[k])) for k in gaps}
 print("SVI sd / NUTS sd:", {k: round(v, 2) for k, v in sd_ratio.items()})
+scales = ["s_mu", "s_phi", "s_log_sigma"]
+if not SMOKE:  # the prose below, for the full run
+    assert all(r < 0.8 for r in sd_ratio.values()) and max(gaps.values()) < 1
+    assert all(np.mean(draws_small[k]) < np.mean(nuts[k]) for k in scales)
+
+# %% [markdown]
+# On these eight states SVI's posterior means are within one NUTS standard deviation of
+# NUTS's (table above), but SVI's standard deviations are all much smaller (ratios
+# printed above): the mean-field guide treats the population parameters and the
+# states' parameters as independent, when in a hierarchical model they are strongly
+# coupled, so its intervals are overconfident. And SVI puts all three population
+# *scales* ($s_\mu$, $s_\phi$, $s_{\log\sigma}$) lower than NUTS does: the guide
+# shrinks the spread between states, a known tendency of mean-field variational
+# inference in hierarchical models. If the same holds on the full panel, the states
+# differ at least as much as the SVI table of the previous section says. (NUTS here is a
+# short single chain, whose divergence count is printed; a careful analysis would run
+# several longer chains.) So: use SVI to rank the models and for point estimates, but
+# take intervals from NUTS or from a richer guide such as `AutoMultivariateNormal`,
+# checked the same way, before relying on them.
+#
+# ## Checking the model on the held-out years
+#
+# With the posterior-mean parameters of each state, the one-step probability integral
+# transforms (`ss.pit`) of a correct model are independent $U(0, 1)$ draws and the
+# standardized one-step errors (`ss.standardized_residuals`) independent $\mathcal{N}(0,
+# 1)$ draws. In-sample residuals of series this short are biased (each state's
+# parameters were fitted to the same 12 errors), so we check the **held-out** steps: the
+# three one-step errors of 1984-1986 of every state, computed with parameters fitted
+# without them, 144 in all. We test their uniformity (PIT, Kolmogorov-Smirnov),
+# normality (Jarque-Bera), mean, variance and lag-one correlation within states, and
+# look for a common shock left in a year (the mean residual of each year across states).
+
+# %%
+means = {k: np.asarray(draws_part[k]).mean(axis=0) for k in ("mu", "phi", "log_sigma")}
+resid, u = [], []
+for j in range(J):
+    p_j = ar_params(*(jnp.asarray(means[k][j]) for k in ("mu", "phi", "log_sigma")))
+    resid.append(np.asarray(ss.standardized_residuals(ar1, p_j, y[j]))[-H:])
+    u.append(np.asarray(ss.pit(ar1, p_j, y[j]))[-H:])
+resid, u = np.array(resid), np.array(u)  # (J, H)
+ks = stats.kstest(u.ravel(), "uniform")
+jb = jarque_bera(resid.ravel())
+lag1 = np.sum(resid[:, 1:] * resid[:, :-1]) / np.sum(resid**2)
+z_lag1 = lag1 * np.sqrt(resid[:, 1:].size)
+z_mean = resid.mean() * np.sqrt(resid.size)
+z_year = resid.mean(axis=0) * np.sqrt(J)  # one z per held-out year
+print(f"{resid.size} held-out PITs: Kolmogorov-Smirnov p = {ks.pvalue:.3f}")
+print(f"residuals: mean {resid.mean():.3f} (z = {z_mean:.2f}), sd {resid.std():.3f}; "
+      f"Jarque-Bera p = {jb.pvalue:.3f} (skewness {jb.skewness:.2f}, kurtosis "
+      f"{jb.kurtosis:.2f}; normal: 0, 3); pooled lag-1 autocorrelation {lag1:.3f} "
+      f"(z = {z_lag1:.2f})")
+print("mean residual per held-out year, as z:",
+      {int(yr): round(float(z), 2) for yr, z in zip(years[-H:], z_year, strict=True)})
+top = np.argsort(-np.abs(resid).ravel())[:4]
+worst = [f"{pretty(states[i // H])} {years[-H + i % H]}" for i in top]
+print("largest |residuals|:",
+      ", ".join(f"{w} ({resid.ravel()[i]:+.1f})" for w, i in zip(worst, top, strict=True)))
+if not SMOKE:  # the prose below, for the converged full run
+    assert ks.pvalue > 0.05 and abs(z_lag1) < 1.96 and abs(z_mean) < 1.96
+    assert np.all(np.abs(z_year) < 1.96) and abs(resid.std() - 1) < 0.15
+    assert jb.pvalue < 0.05 and jb.kurtosis > 3 and jb.skewness < 0
+    assert set(worst[:2]) == {"Texas 1986", "Louisiana 1986"}
+
+fig, axes = plt.subplots(1, 3, figsize=(11, 3))
+axes[0].hist(u.ravel(), bins=10, range=(0, 1), density=True, color="0.7",
+             label="held-out PIT")
+axes[0].axhline(1, color="k", label="U(0, 1)")
+axes[0].set(xlabel="PIT", ylabel="density")
+axes[0].legend(fontsize=8, loc="lower center")
+axes[1].hist(resid.ravel(), bins=20, density=True, color="0.7", label="held-out residuals")
+grid = np.linspace(-4, 4, 200)
+axes[1].plot(grid, stats.norm.pdf(grid), "k", label="N(0, 1)")
+axes[1].set(xlabel="standardized residual", ylabel="density")
+axes[1].legend(fontsize=8)
+axes[2].plot(resid[:, :-1].ravel(), resid[:, 1:].ravel(), ".", ms=4, alpha=0.6,
+             label="consecutive held-out years")
+axes[2].set(xlabel="residual at t - 1", ylabel="residual at t",
+            title=f"pooled lag-1 correlation {lag1:.2f}")
+axes[2].legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The held-out forecasts are calibrated in the ways a PIT sees: the 144 PIT values are
+# consistent with uniformity (Kolmogorov-Smirnov p-value printed above), the residuals
+# have mean near zero, standard deviation near one and no lag-one correlation, and no
+# held-out year shows a common shock left over (all three yearly z-scores within
+# $\pm 1.96$). But the residuals are not normal: Jarque-Bera rejects, with a kurtosis
+# above 3 and a negative skewness (printed): a few states had much larger, mostly
+# negative, surprises than a Gaussian AR(1) allows. The two largest are Texas and
+# Louisiana in 1986, the year the price of oil collapsed: a shock common to the oil
+# states that no model of each state's own past could foresee. The tails of the predictive distributions are
+# too thin, so extreme intervals would be too narrow; a Student-t noise would be the
+# next model to try.
+#
+# ## Conclusion
+#
+# On 48 US states' growth of gross state product relative to the cross-state mean,
+# 1971-1986, the hierarchical AR(1) fitted by SVI forecasts the held-out years 1984-1986
+# best: it beats separate fits (no pooling), one shared model (complete pooling) and the
+# naive "every state grows at the national rate", each by more than two standard errors
+# across states (tables above), while no pooling and complete pooling are close to each
+# other. The data show states that really differ: in long-run growth relative to the
+# nation (the population spread $s_\mu$ of roughly half a percentage point per year),
+# in persistence and in volatility. Its held-out forecasts pass the PIT, mean, variance
+# and serial-correlation checks, but their tails are too thin. statseq's part is the
+# likelihood: `SequenceDistribution` with a batch of parameter sets scores all series
+# in one call inside a hand-written NumPyro model.
+#
+# What remains uncertain: three held-out years per state are a short test, and the
+# standard errors treat the 48 states as independent, which regional shocks (neighbouring
+# states, oil states) make optimistic; the relative growth uses the same year's national
+# mean, so these are forecasts *given* the nation's growth; the Gaussian noise understates
+# the tails; and mean-field SVI's intervals are overconfident (narrower than NUTS's on
+# eight states by the factors printed above, with the spread between states shrunk), so
+# intervals should come from NUTS or a richer guide.
