@@ -123,10 +123,12 @@ axes[0].plot(years, national, "k", lw=2, label="cross-state mean")
 axes[1].axhline(0, color="k", lw=1)
 for ax in axes:
     ax.axvline(years[-H] - 0.5, color="gray", ls="--", lw=1)
-axes[0].set(xlabel="year", ylabel="growth of gsp (%)", title="Growth, four of 48 states")
-axes[1].set(xlabel="year", ylabel="relative growth (pp)",
-            title="Relative to the cross-state mean (held out: right of dashes)")
-axes[0].legend(fontsize=7, ncol=2)
+axes[0].set(xlabel="year (held out: right of the dashed line)",
+            ylabel="growth of gsp (%)", title="Growth, four of 48 states")
+axes[1].set(xlabel="year (held out: right of the dashed line)",
+            ylabel="relative growth (pp)", title="Relative to the cross-state mean")
+axes[0].set_ylim(-18, 13)  # room for the legend below the data
+axes[0].legend(fontsize=7, ncol=3, loc="lower center")
 fig.tight_layout()
 plt.show()
 print(f"{J} series of {T} relative growth rates; the last {H} of each are held out")
@@ -281,7 +283,7 @@ print("ranking:", ranking)
 z_scores = {other: compare("partial", other)[0] / compare("partial", other)[1]
             for other in ("none", "complete", "naive")}
 print("partial pooling's margin in standard errors:",
-      {k: round(v, 1) for k, v in z_scores.items()})
+      {k: round(float(v), 1) for k, v in z_scores.items()})
 if not SMOKE:  # the prose below (the smoke run is too short to converge)
     assert ranking[0] == "partial" and min(z_scores.values()) > 2
     assert abs(compare("complete", "none")[0]) < 2 * compare("complete", "none")[1]
@@ -316,7 +318,7 @@ ax.plot(mu_none, mu_part, "o", color="C3", ms=4, label="states")
 lims = [min(mu_none.min(), mu_part.min()) - 0.1, max(mu_none.max(), mu_part.max()) + 0.1]
 ax.plot(lims, lims, "k--", lw=1, label="no shrinkage")
 ax.axhline(m_mu_mean, color="C0", ls=":", lw=1, label="population mean (posterior)")
-for j in np.concatenate([order[:2], order[-2:]]):
+for j in (order[0], order[-1]):  # the slowest and the fastest
     ax.annotate(pretty(states[j]), (mu_none[j], mu_part[j]), fontsize=7,
                 xytext=(3, 3), textcoords="offset points")
 ax.set(xlabel="no pooling: posterior mean of mu_j (pp per year)",
@@ -358,7 +360,7 @@ if not SMOKE:  # the prose below
 # ## Is SVI accurate here? A check against NUTS
 #
 # A mean-field guide ignores posterior correlations and tends to understate variances.
-# On a small case, the first eight states, we compare SVI with NUTS, which samples the
+# On a small case, the first eight states (alphabetically), we compare SVI with NUTS, which samples the
 # exact posterior (up to Monte Carlo error), on the population means and scales.
 
 # %%
@@ -379,19 +381,19 @@ for name in ["m_mu", "m_phi", "m_log_sigma", "s_mu", "s_phi", "s_log_sigma"]:
           f"{gaps[name]:>9.2f}")
 sd_ratio = {k: float(np.std(draws_small[k]) / np.std(nuts[k])) for k in gaps}
 print("SVI sd / NUTS sd:", {k: round(v, 2) for k, v in sd_ratio.items()})
-scales = ["s_mu", "s_phi", "s_log_sigma"]
 if not SMOKE:  # the prose below, for the full run
     assert all(r < 0.8 for r in sd_ratio.values()) and max(gaps.values()) < 1
-    assert all(np.mean(draws_small[k]) < np.mean(nuts[k]) for k in scales)
+    assert all(np.mean(draws_small[k]) < np.mean(nuts[k]) - 0.5 * np.std(nuts[k])
+               for k in ["s_mu", "s_phi"])
 
 # %% [markdown]
 # On these eight states SVI's posterior means are within one NUTS standard deviation of
 # NUTS's (table above), but SVI's standard deviations are all much smaller (ratios
 # printed above): the mean-field guide treats the population parameters and the
 # states' parameters as independent, when in a hierarchical model they are strongly
-# coupled, so its intervals are overconfident. And SVI puts all three population
-# *scales* ($s_\mu$, $s_\phi$, $s_{\log\sigma}$) lower than NUTS does: the guide
-# shrinks the spread between states, a known tendency of mean-field variational
+# coupled, so its intervals are overconfident. And SVI puts the population *scales* of
+# the levels and persistences ($s_\mu$, $s_\phi$) lower than NUTS does, by more than
+# half a NUTS standard deviation: the guide shrinks the spread between states, a known tendency of mean-field variational
 # inference in hierarchical models. If the same holds on the full panel, the states
 # differ at least as much as the SVI table of the previous section says. (NUTS here is a
 # short single chain, whose divergence count is printed; a careful analysis would run
@@ -440,24 +442,22 @@ if not SMOKE:  # the prose below, for the converged full run
     assert ks.pvalue > 0.05 and abs(z_lag1) < 1.96 and abs(z_mean) < 1.96
     assert np.all(np.abs(z_year) < 1.96) and abs(resid.std() - 1) < 0.15
     assert jb.pvalue < 0.05 and jb.kurtosis > 3 and jb.skewness < 0
-    assert set(worst[:2]) == {"Texas 1986", "Louisiana 1986"}
+    assert worst[0] == "Texas 1986" and "Louisiana 1986" in worst[:3]
 
 fig, axes = plt.subplots(1, 3, figsize=(11, 3))
 axes[0].hist(u.ravel(), bins=10, range=(0, 1), density=True, color="0.7",
              label="held-out PIT")
 axes[0].axhline(1, color="k", label="U(0, 1)")
-axes[0].set(xlabel="PIT", ylabel="density")
-axes[0].legend(fontsize=8, loc="lower center")
+axes[0].set(xlabel="PIT", ylabel="density", ylim=(0, 2))
+axes[0].legend(fontsize=8, loc="upper left", ncol=2)
 axes[1].hist(resid.ravel(), bins=20, density=True, color="0.7", label="held-out residuals")
 grid = np.linspace(-4, 4, 200)
 axes[1].plot(grid, stats.norm.pdf(grid), "k", label="N(0, 1)")
-axes[1].set(xlabel="standardized residual", ylabel="density")
-axes[1].legend(fontsize=8)
-axes[2].plot(resid[:, :-1].ravel(), resid[:, 1:].ravel(), ".", ms=4, alpha=0.6,
-             label="consecutive held-out years")
-axes[2].set(xlabel="residual at t - 1", ylabel="residual at t",
+axes[1].set(xlabel="standardized residual", ylabel="density", ylim=(0, 0.75))
+axes[1].legend(fontsize=8, loc="upper left")
+axes[2].plot(resid[:, :-1].ravel(), resid[:, 1:].ravel(), ".", ms=4, alpha=0.6)
+axes[2].set(xlabel="residual at t - 1 (held out)", ylabel="residual at t (held out)",
             title=f"pooled lag-1 correlation {lag1:.2f}")
-axes[2].legend(fontsize=8)
 fig.tight_layout()
 plt.show()
 
@@ -468,9 +468,9 @@ plt.show()
 # held-out year shows a common shock left over (all three yearly z-scores within
 # $\pm 1.96$). But the residuals are not normal: Jarque-Bera rejects, with a kurtosis
 # above 3 and a negative skewness (printed): a few states had much larger, mostly
-# negative, surprises than a Gaussian AR(1) allows. The two largest are Texas and
-# Louisiana in 1986, the year the price of oil collapsed: a shock common to the oil
-# states that no model of each state's own past could foresee. The tails of the predictive distributions are
+# negative, surprises than a Gaussian AR(1) allows. The largest is Texas in 1986, and
+# Louisiana in 1986 is among the next: the year the price of oil collapsed, a shock
+# common to the oil states that no model of each state's own past could foresee. The tails of the predictive distributions are
 # too thin, so extreme intervals would be too narrow; a Student-t noise would be the
 # next model to try.
 #
