@@ -23,24 +23,11 @@ from statseq.core.restrict import restrict
 from statseq.core.validation import prepare_data
 from statseq.models.hmm import stationary_distribution
 from statseq.models.switching import MarkovSwitchingAR, MSARParams
+from tests.models.test_ms_ar import random_params
 
 
 def gnp():
     return ss.datasets.load_us_gnp_growth().to_numpy()
-
-
-def random_params(model, rng):
-    k, p = model.num_regimes, model.order
-    trans = rng.dirichlet(np.ones(k), size=k) + 2 * np.eye(k)
-    trans /= trans.sum(1, keepdims=True)
-    shapes = model.param_shapes()
-    return MSARParams(
-        jnp.asarray(rng.dirichlet(np.ones(k))) if model.initial == "free" else None,
-        jnp.asarray(trans),
-        jnp.asarray(2.0 * rng.normal(size=shapes.means)),
-        jnp.asarray(rng.uniform(-0.5, 0.5, size=shapes.ar_coeffs) / p),
-        jnp.asarray(rng.uniform(0.3, 1.5, size=shapes.variances)),
-    )
 
 
 def paths_log_joint(model, params, y, paths, observed=None):
