@@ -286,13 +286,16 @@ def test_steady_state_smoother_falls_back_when_short_or_not_converged():
 
     arr, y, u = _steady_case(1, 1, t_len=30)
     ref = jax.jit(kalman_smoother)(arr, y, jnp.ones(y.shape, bool), u)
-    fast = jax.jit(steady_state_smoother, static_argnames=("head", "tol"))
+    # ``tol`` only enters the traced convergence checks, so it is passed as a traced scalar:
+    # the unconverged and the forced call below share one compiled program (CI time)
+    fast = jax.jit(steady_state_smoother, static_argnames="head")
     short = fast(arr, y, u, head=16)  # T <= 2 head + 1: exact path
-    unconverged = fast(arr, y, u, head=8)  # not converged after 8 steps
+    # not converged after 8 steps (1e-13 is the float64 default tolerance)
+    unconverged = fast(arr, y, u, head=8, tol=jnp.float64(1e-13))
     for got in (short, unconverged):
         _assert_same_smoother(got, ref, 1e-14)
     # the check matters: forcing the constant gain after 8 steps is visibly wrong
-    forced = fast(arr, y, u, head=8, tol=np.inf)
+    forced = fast(arr, y, u, head=8, tol=jnp.float64(np.inf))
     assert np.max(np.abs(forced.smoothed_covs - ref.smoothed_covs)) > 1e-8
 
 
@@ -303,18 +306,21 @@ def test_steady_state_filter_equals_exact_filter():
     from statseq.inference.kalman import kalman_filter
     from statseq.inference.kalman_steady import steady_state_filter
 
-    fast = jax.jit(steady_state_filter, static_argnames=("head", "tol"))
+    # ``tol`` is traced (it only enters the convergence checks): the two head = 8 calls
+    # below share one compiled program (CI time); 1e-13 is the float64 default
+    fast = jax.jit(steady_state_filter, static_argnames="head")
+    tol = jnp.float64(1e-13)
     exact = jax.jit(kalman_filter)
     for q in (2,):
         arr, y, u = _steady_case(q, 1)
         ref = exact(arr, y, jnp.ones(y.shape, bool), u)
-        got = fast(arr, y, u, head=32)
+        got = fast(arr, y, u, head=32, tol=tol)
         _assert_same_smoother(got, ref, 1e-11)
         assert not np.array_equal(np.asarray(got.filtered_means),
                                   np.asarray(ref.filtered_means))
     # not converged after 8 steps: the exact filter (forcing the gain would be wrong)
-    _assert_same_smoother(fast(arr, y, u, head=8), ref, 1e-14)
-    forced = fast(arr, y, u, head=8, tol=np.inf)
+    _assert_same_smoother(fast(arr, y, u, head=8, tol=tol), ref, 1e-14)
+    forced = fast(arr, y, u, head=8, tol=jnp.float64(np.inf))
     assert np.max(np.abs(forced.filtered_covs - ref.filtered_covs)) > 1e-8
 
 
