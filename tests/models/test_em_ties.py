@@ -69,7 +69,9 @@ def test_em_with_ties_reaches_the_restricted_lbfgs_optimum_monotonically():
 
 def test_em_with_ties_and_free_entries_beside_them():
     """Tied dynamics coefficients with untied (closed-form) variances and biases."""
-    _, _, y = _two_series(60)
+    # the series of the test above (same length): its sampler and log_prob programs are
+    # reused rather than compiled again for a second length
+    _, _, y = _two_series()
     biv, pb, tr, ties = _tied_bivariate()
     tr = tr._replace(emission_bias=True, dynamics_cov=np.eye(2, dtype=bool))
     ties = ties._replace(dynamics_cov=None)

@@ -86,6 +86,19 @@ def random_params(model, rng):
     )
 
 
+def ecm_step(model, params, y):
+    """One ECM step (E-step, then every closed-form M-step block) at ``params``, compiled
+    as one program: run eagerly, op by op, it took ~20 s of dispatch per call on 2 CPU
+    cores; jitted it gives identical numbers (checked to 1e-15) in a few seconds."""
+    data = prepare_data(model, y)
+
+    def step(p):
+        stats_, lp = model.e_step(p, data.y, data.mask, data.inputs)
+        return model.m_step(p, stats_, None, data.inputs), lp
+
+    return jax.jit(step)(params)
+
+
 # ---------------------------------------------------------------------------------------
 # Hamilton (1989)
 
@@ -139,10 +152,8 @@ def test_hamilton_mle_by_lbfgs_matches_published_estimates():
     np.testing.assert_allclose(got, HAMILTON, atol=2e-5)
     # the MLE is a fixed point of the ECM step: each closed-form block (transitions, means,
     # phi, variance) maximizes given the others, so none moves at a stationary point
-    data = prepare_data(HAM_MODEL, y)
-    stats_, lp = HAM_MODEL.e_step(fit.params, data.y, data.mask, data.inputs)
+    again, lp = ecm_step(HAM_MODEL, fit.params, y)
     np.testing.assert_allclose(float(lp), llf, rtol=1e-12)
-    again = HAM_MODEL.m_step(fit.params, stats_, None, data.inputs)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(fit.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
@@ -179,9 +190,7 @@ def test_em_is_monotone_and_reaches_a_stationary_point(model):
     assert np.all(np.diff(trace) > -1e-10 * np.abs(trace[1:]))
     polish = ss.fit_lbfgs(model, fit.params, y, progress=False)
     assert polish.converged
-    data = prepare_data(model, y)
-    stats_, _ = model.e_step(polish.params, data.y, data.mask, data.inputs)
-    again = model.m_step(polish.params, stats_, None, data.inputs)
+    again, _ = ecm_step(model, polish.params, y)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(polish.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
 
