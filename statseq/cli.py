@@ -140,7 +140,7 @@ def demo_sections(quick: bool = False) -> list[DemoSection]:
             time=lynx.index.to_numpy(),
             ylabel="log10 trappings",
             horizon=14,
-            entries=_ar_entries(max_order=1 if quick else 4, num_sgd_steps=300 if quick else 1500)
+            entries=_ar_entries(max_order=2 if quick else 4, num_sgd_steps=300 if quick else 1500)
             + _neural_entries(
                 [("GRU(8), Gaussian head", ss.GRU(hidden_dim=8)),
                  ("Mamba(8), Gaussian head", ss.Mamba(hidden_dim=8, state_dim=4, num_layers=1))],
@@ -152,7 +152,7 @@ def demo_sections(quick: bool = False) -> list[DemoSection]:
             time=quakes.index.to_numpy(),
             ylabel="earthquakes (magnitude 7+)",
             horizon=10,
-            entries=_poisson_hmm_entries(max_states=2 if quick else 4,
+            entries=_poisson_hmm_entries(max_states=3 if quick else 4,
                                          num_restarts=2 if quick else 5)
             + _neural_entries([("LSTM(8), Poisson head", ss.LSTM(hidden_dim=8,
                                                                   emission="poisson"))],
