@@ -72,14 +72,20 @@ def test_local_level_posterior_concentrates_and_svi_agrees():
     model = ss.LocalLevel()
     truth = ss.LocalLevelParams(jnp.asarray(1.0), jnp.asarray(0.4))
     y = SequenceDistribution(model, truth, num_timesteps=400).sample(jax.random.key(4))
-    idata = fit_nuts(model, y, key=jax.random.key(5), num_warmup=200, num_samples=300,
-                     num_chains=2)
+    # One chain of 200 + 400 (was two of 200 + 300: 1000 iterations, now 600). NUTS takes
+    # ~5 leapfrog steps here and one chain of 400 draws gives a bulk ESS of ~140-190 (two
+    # chains of 300 gave ~160-230), so the posterior mean and sd below carry Monte Carlo
+    # errors of under 0.1 sd and ~6%: far inside the 4 sd, 0.4 * true and SVI margins.
+    idata = fit_nuts(model, y, key=jax.random.key(5), num_warmup=200, num_samples=400,
+                     num_chains=1)
     post = idata.posterior
     for name, true in [("obs_var", 1.0), ("level_var", 0.4)]:
         v = post[name].values
         assert abs(v.mean() - true) < 4 * v.std() and v.std() < 0.4 * true, (name, v.mean())
-    svi = fit_svi(model, y, key=jax.random.key(6), num_steps=1500, num_samples=2000)
-    assert svi.losses.shape == (1500,)
+    # the ELBO has converged by 1000 steps (mean loss over steps 400-700 and 700-1000 agree
+    # to 0.1 nats, and with the value reached after 1500 steps)
+    svi = fit_svi(model, y, key=jax.random.key(6), num_steps=1000, num_samples=2000)
+    assert svi.losses.shape == (1000,)
     for name in ("obs_var", "level_var"):
         nuts_draws = post[name].values.ravel()
         svi_draws = np.asarray(getattr(svi.draws, name))

@@ -166,17 +166,20 @@ def test_block_covariance_transform_jacobian_and_inverse():
 
 def test_covariance_with_fixed_entries_svi_map_and_nuts_draws():
     model, p, y, tr = _cov_problem()
+    # 700 Adam steps already reach the L-BFGS MAP to 4e-10 (as 1500 did), well inside 1e-4
     res = ss.fit_svi(model, y, key=jax.random.key(2), init_params=p, trainable=tr,
-                     guide="delta", num_steps=1500, num_samples=3)
+                     guide="delta", num_steps=700, num_samples=3)
     lb = ss.fit_lbfgs(model, p, y, trainable=tr, priors=ss.bayes.default_priors(model, y),
                       progress=False)
     cov = np.asarray(res.draws.emission_cov)
     np.testing.assert_allclose(cov[0], np.asarray(lb.params.emission_cov), atol=1e-4)
     assert np.all(cov[:, 2, :2] == 0.0) and np.all(cov[:, :2, 2] == 0.0)
     assert np.all(cov[:, 2, 2] == 0.5)
+    # the draws' checks below are structural (fixed entries bit-equal, symmetric, positive
+    # definite, the free entry moves): they hold for any number of draws, so a short chain
     idata = ss.fit_nuts(model, y, key=jax.random.key(4), init_params=p, trainable=tr,
-                        num_warmup=100, num_samples=100, num_chains=1, progress=False)
-    draws = np.asarray(ss.posterior_params(model, idata).emission_cov)  # (1, 100, 3, 3)
+                        num_warmup=50, num_samples=50, num_chains=1, progress=False)
+    draws = np.asarray(ss.posterior_params(model, idata).emission_cov)  # (1, 50, 3, 3)
     assert np.all(draws[..., 2, :2] == 0.0) and np.all(draws[..., 2, 2] == 0.5)
     assert np.all(draws == np.swapaxes(draws, -1, -2))
     assert np.all(np.linalg.eigvalsh(draws) > 0)
