@@ -245,10 +245,11 @@ def test_variants_match_statsmodels(case):
 # brute force
 
 
-def paths_log_joint(model, params, y, paths, variance_lag=0):
+def paths_log_joint(model, params, y, paths, variance_lag=0, observed=None):
     """log p(s_{0:T-1}, y_{p:T-1} | y_{0:p-1}) for each regime path (rows of ``paths``), by
     the model equation (with ``variance_lag > 0`` the variance of ``y_t`` is that of
-    ``s_{t-variance_lag}``)."""
+    ``s_{t-variance_lag}``; steps with ``observed[t] = False`` contribute no emission
+    term)."""
     k, p = model.num_regimes, model.order
     trans = np.asarray(params.transitions)
     pi = (np.asarray(params.initial_probs) if model.initial == "free"
@@ -258,6 +259,8 @@ def paths_log_joint(model, params, y, paths, variance_lag=0):
     var = np.broadcast_to(np.asarray(params.variances), (k,))
     out = np.log(pi[paths[:, 0]]) + np.sum(np.log(trans[paths[:, :-1], paths[:, 1:]]), axis=1)
     for t in range(p, len(y)):
+        if observed is not None and not observed[t]:
+            continue
         s = paths[:, t]
         ph = phi[s] if model.switching_ar else np.broadcast_to(phi, (len(s), p))
         if model.form == "mean":

@@ -15,44 +15,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 from scipy.special import logsumexp
 
 import statseq as ss
 from statseq.core.restrict import restrict
 from statseq.core.validation import prepare_data
-from statseq.models.hmm import stationary_distribution
 from statseq.models.switching import MarkovSwitchingAR, MSARParams
-from tests.models.test_ms_ar import random_params
+from tests.models.test_ms_ar import paths_log_joint, random_params
 
 
 def gnp():
     return ss.datasets.load_us_gnp_growth().to_numpy()
-
-
-def paths_log_joint(model, params, y, paths, observed=None):
-    """``log p(s_{0:T-1}, y_{p:T-1} | y_{0:p-1})`` per regime path, by the model equation
-    (steps with ``observed[t] = False`` contribute no emission term)."""
-    k, p = model.num_regimes, model.order
-    trans = np.asarray(params.transitions)
-    pi = (np.asarray(params.initial_probs) if model.initial == "free"
-          else np.asarray(stationary_distribution(params.transitions)))
-    mu = np.broadcast_to(np.asarray(params.means), (k,))
-    phi = np.asarray(params.ar_coeffs)
-    var = np.broadcast_to(np.asarray(params.variances), (k,))
-    out = np.log(pi[paths[:, 0]]) + np.sum(np.log(trans[paths[:, :-1], paths[:, 1:]]), axis=1)
-    for t in range(p, len(y)):
-        if observed is not None and not observed[t]:
-            continue
-        s = paths[:, t]
-        ph = phi[s] if model.switching_ar else np.broadcast_to(phi, (len(s), p))
-        if model.form == "mean":
-            mean = mu[s] + sum(ph[:, i - 1] * (y[t - i] - mu[paths[:, t - i]])
-                               for i in range(1, p + 1))
-        else:
-            mean = mu[s] + sum(ph[:, i - 1] * y[t - i] for i in range(1, p + 1))
-        out = out + stats.norm(mean, np.sqrt(var[s])).logpdf(y[t])
-    return out
 
 
 @pytest.mark.parametrize("model", [
@@ -71,12 +44,12 @@ def test_expected_log_joint_equals_enumeration(model):
     paths = np.array(list(itertools.product(range(model.num_regimes), repeat=len(y))))
     e_step, q = jax.jit(model.e_step), jax.jit(model.expected_log_joint)
     for observed in (np.ones(len(y), bool), np.arange(len(y)) < len(y) - 1):
-        lj = paths_log_joint(model, params, y, paths, observed)
+        lj = paths_log_joint(model, params, y, paths, observed=observed)
         post = np.exp(lj - logsumexp(lj))
         stats_, lp = e_step(params, jnp.asarray(y)[None], jnp.asarray(observed)[None], None)
         np.testing.assert_allclose(float(lp), logsumexp(lj), rtol=1e-12)
         for theta in (params, other):
-            ref = np.sum(post * paths_log_joint(model, theta, y, paths, observed))
+            ref = np.sum(post * paths_log_joint(model, theta, y, paths, observed=observed))
             np.testing.assert_allclose(float(q(theta, stats_)), ref, rtol=1e-10)
 
 
