@@ -354,6 +354,9 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None, help="folder for results.json/.md")
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--max-t", type=float, default=1e6, help="largest T")
+    parser.add_argument("--lengths", default=None,
+                        help="comma-separated T values, run in this order (e.g. 1e4,1e6)")
+    parser.add_argument("--tag", default="", help="suffix of the output file names")
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="skip the remaining cases after this many seconds")
     parser.add_argument("--families", default="hmm,kalman,scan")
@@ -382,7 +385,8 @@ def main(argv=None):
                   budget_s=0.3 if args.quick else 1.0)
     # the long sequences first: they are what an accelerator is for, and the budget cuts
     # the tail of the list
-    lengths = [t for t in (10**5, 10**4, 10**6, 10**3) if t <= args.max_t]
+    lengths = ([int(float(t)) for t in args.lengths.split(",")] if args.lengths else
+               [t for t in (10**5, 10**4, 10**6, 10**3) if t <= args.max_t])
     fams = args.families.split(",")
     cases = []
     for t in lengths:
@@ -410,9 +414,10 @@ def main(argv=None):
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         record = dict(info=info, rows=rows, skipped=skipped)
-        (args.out / f"bench_gpu_{args.precision}.json").write_text(json.dumps(record, indent=1))
-        (args.out / f"bench_gpu_{args.precision}.md").write_text(md + "\n")
-        (args.out / f"bench_gpu_{args.precision}.log").write_text("\n".join(lines) + "\n")
+        stem = args.out / f"bench_gpu_{args.precision}{args.tag}"
+        stem.with_suffix(".json").write_text(json.dumps(record, indent=1))
+        stem.with_suffix(".md").write_text(md + "\n")
+        stem.with_suffix(".log").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

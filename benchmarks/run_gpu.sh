@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
 # The device run of the GPU benchmarks (see benchmarks/RESULTS.md, "On a GPU").
-#   bash benchmarks/run_gpu.sh OUTDIR [float32-budget-s] [float64-budget-s]
+#   bash benchmarks/run_gpu.sh OUTDIR
 # Installs the peers carried as wheels in .whl/ (dynamax and its needs) when present.
+# Each step has its own time limit, so one that hangs or crashes leaves the others' results;
+# everything ends up in OUTDIR/results.tgz (the device tool returns at most 8 files).
 set -u
-out=${1:?output folder}; b32=${2:-200}; b64=${3:-80}
-mkdir -p "$out"
+out=${1:?output folder}
+work=/tmp/gpu_results; rm -rf "$work"; mkdir -p "$work"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
-python3 -c "import jax, numpyro, optax, statseq; print(jax.__version__, jax.devices(), numpyro.__version__, optax.__version__)" 2>&1 | tee -a "$out/gpu.txt"
-python3 benchmarks/bench_gpu.py --out "$out" --budget-s "$b32" 2>&1 | tail -n 80
-python3 benchmarks/bench_gpu.py --out "$out" --precision float64 --max-t 1e5 --budget-s "$b64" 2>&1 | tail -n 40
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$work/gpu.txt" 2>&1
+python3 -c "import jax, numpyro, optax, statseq; print(jax.__version__, jax.devices(), numpyro.__version__, optax.__version__)" >> "$work/gpu.txt" 2>&1
+step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output
+  local name=$1 limit=$2; shift 2
+  echo "== $name"; timeout "$limit" "$@" > "$work/$name.out" 2>&1; echo "rc=$?" >> "$work/$name.out"
+  tail -n 3 "$work/$name.out"
+}
+step f32 150 python3 benchmarks/bench_gpu.py --out "$work" --lengths 1e4,1e6,1e3 --budget-s 110 --max-call-s 2
+step scan 60 python3 benchmarks/bench_gpu.py --out "$work" --tag _scan --families scan --lengths 1e5,1e6 --budget-s 40
+for fam in kalman hmm scan; do
+  step "f64_$fam" 40 python3 benchmarks/bench_gpu.py --out "$work" --precision float64 --tag "_$fam" --families $fam --lengths 1e4 --budget-s 25 --max-call-s 2
+done
+if [ -f benchmarks/bench_deer.py ]; then
+  step deer "${DEER_S:-150}" python3 benchmarks/bench_deer.py ${DEER_ARGS:-} --out "$work/deer.json"
+fi
+tar czf "$out/results.tgz" -C "$work" .
+cp "$work"/*.md "$out"/ 2>/dev/null | true
+ls "$out"
