@@ -59,7 +59,7 @@ METHODS = ("deer", "quasi-deer")
 # quasi-DEER computes each step's Jacobian diagonal from H Jacobian-vector products; the
 # steps are processed in batches of about this many Jacobian entries, so that the
 # (T, H, H) Jacobians are never held at once.
-_DIAG_BATCH_ENTRIES = 2**25
+_DIAG_BATCH_ENTRIES = 2**24
 
 
 class DeerResult(NamedTuple):
@@ -355,20 +355,24 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
         zero = jnp.zeros((), dtype)
         return DeerResult(states, jnp.int32(0), zero, jnp.bool_(True))
 
+    # The Newton iteration runs on stopped gradients; the converged trajectory then
+    # passes through an identity whose vjp is the implicit (adjoint) one.
+    stop = jax.lax.stop_gradient
+    hs, iters, r, ok = _newton(f, stop(params), stop(h0_flat), stop(xs), stop(init_flat),
+                               method, tol, max_iter)
+
     @jax.custom_vjp
-    def solve(p, h0_flat, xs, init_flat):
-        return _newton(f, p, h0_flat, xs, jax.lax.stop_gradient(init_flat), method, tol,
-                       max_iter)
+    def implicit(p, h0_flat, xs, hs):
+        return hs
 
-    def solve_fwd(p, h0_flat, xs, init_flat):
-        out = solve(p, h0_flat, xs, init_flat)
-        return out, (p, h0_flat, xs, out[0], init_flat)
+    def implicit_fwd(p, h0_flat, xs, hs):
+        return hs, (p, h0_flat, xs, hs)
 
-    def solve_bwd(res, cts):
-        p, h0_flat, xs, hs, init_flat = res
-        dp, dh0, dxs = _adjoint(f, p, h0_flat, xs, hs, cts[0], method)
-        return dp, dh0, dxs, jnp.zeros_like(init_flat)
+    def implicit_bwd(res, g):
+        p, h0_flat, xs, hs = res
+        dp, dh0, dxs = _adjoint(f, p, h0_flat, xs, hs, g, method)
+        return dp, dh0, dxs, jnp.zeros_like(hs)
 
-    solve.defvjp(solve_fwd, solve_bwd)
-    hs, iters, r, ok = solve(params, h0_flat, xs, init_flat)
-    return DeerResult(jax.vmap(unravel)(hs), iters, jax.lax.stop_gradient(r), ok)
+    implicit.defvjp(implicit_fwd, implicit_bwd)
+    hs = implicit(params, h0_flat, xs, hs)
+    return DeerResult(jax.vmap(unravel)(hs), iters, r, ok)
