@@ -42,7 +42,8 @@ depth (the cost of backpropagation through time without its forward pass).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
