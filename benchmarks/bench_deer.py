@@ -32,7 +32,8 @@ elapsed time exceeds it (the table lists the skipped ones).
 
 Usage (``--out`` writes the JSON; the table goes to stdout, progress to stderr):
     python benchmarks/bench_deer.py --quick --out deer_cpu.json
-    python benchmarks/bench_deer.py --budget-s 270 --out $OUT/deer_gpu.json   # on a GPU
+    python benchmarks/bench_deer.py --lengths 10000,100000 --budget-s 240 \
+        --out $OUT/deer_gpu.json                                   # on a GPU, ~5 minutes
     python benchmarks/bench_deer.py --hidden 16,64 --lengths 1000,10000 --batch 1 --long
 """
 
@@ -292,7 +293,9 @@ def main(argv=None):
                 mem_limit_bytes=mem_limit, command=" ".join(sys.argv),
                 date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
     print(json.dumps(info, indent=1), file=sys.stderr)
-    cases = [(c, h, t, b) for t in args.lengths for h in args.hidden
+    # small hidden sizes first (DEER's regime), every length for each: a --budget-s cut
+    # then drops the largest (most memory-bound) cases
+    cases = [(c, h, t, b) for h in args.hidden for t in args.lengths
              for b in args.batch for c in args.cells]
     rows, start = [], time.perf_counter()
     for cell, hid, num_t, batch in cases:
