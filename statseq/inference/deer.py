@@ -37,7 +37,10 @@ Jacobians (``O(log T)`` depth, ``O(T H^2)`` memory, as the forward pass). With
 ``method="quasi-deer"`` the adjoint must still be exact (a diagonal approximation would
 give a wrong gradient), and it is a sequential reverse `jax.lax.scan` of vector-Jacobian
 products ``J_{t+1}^T λ_{t+1}``: exact, ``O(T H)`` memory like the forward pass, ``O(T)``
-depth (the cost of backpropagation through time without its forward pass).
+depth (the cost of backpropagation through time without its forward pass). ELK and
+quasi-ELK (``method="elk"``, ``"quasi-elk"``, damped steps by a Kalman smoother: see
+`statseq.inference.elk`) converge to the same trajectory and share DEER's and
+quasi-DEER's adjoints.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ from statseq.inference.linear_recurrence import linear_recurrence
 __all__ = ["DeerResult", "combine_affine_dense", "deer", "dense_linear_recurrence",
            "sequential"]
 
-METHODS = ("deer", "quasi-deer")
+METHODS = ("deer", "quasi-deer", "elk", "quasi-elk")
+_DENSE = ("deer", "elk")
 
 # quasi-DEER computes each step's Jacobian diagonal from H Jacobian-vector products; the
 # steps are processed in batches of about this many Jacobian entries, so that the
@@ -179,7 +183,7 @@ def _default_tol(dtype) -> float:
     return 1e-12 if jnp.finfo(dtype).bits >= 64 else 1e-5
 
 
-def _check(step, params, h0, xs, method, tol, max_iter):
+def _check(step, params, h0, xs, method, tol, max_iter, damping):
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not callable(step):
@@ -197,6 +201,8 @@ def _check(step, params, h0, xs, method, tol, max_iter):
         raise ValueError(f"max_iter must be a non-negative integer, got {max_iter!r}")
     if tol is not None and not (np.isscalar(tol) and float(tol) > 0):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
+    if not (np.isscalar(damping) and float(damping) > 0):
+        raise ValueError(f"damping must be a positive number, got {damping!r}")
     h_leaves = jax.tree_util.tree_leaves(h0)
     if not h_leaves or not all(jnp.issubdtype(jnp.result_type(v), jnp.floating)
                                for v in h_leaves):
@@ -217,7 +223,7 @@ def _check(step, params, h0, xs, method, tol, max_iter):
 def _jacobians(f, params, prev, xs, method):
     """Per-step Jacobians ``∂f/∂h`` at ``(prev_t, x_t)``: ``(T, H, H)`` or diagonals."""
     jac = jax.jacfwd(f, argnums=1)
-    if method == "deer":
+    if method in _DENSE:
         return jax.vmap(jac, (None, 0, 0))(params, prev, xs)
     num_t, hid = prev.shape
     batch = int(max(1, min(num_t, _DIAG_BATCH_ENTRIES // (hid * hid))))
@@ -260,10 +266,50 @@ def _newton(f, params, h0, xs, init, method, tol, max_iter):
     return hs, i, r, ok
 
 
+def _levenberg_marquardt(f, params, h0, xs, init, method, tol, max_iter, damping):
+    """ELK / quasi-ELK: damped Newton steps by a Kalman smoother, adaptive damping."""
+    from statseq.inference.elk import elk_step, lm_update
+
+    fs_all = jax.vmap(f, (None, 0, 0))
+
+    def prev_of(hs):
+        return jnp.concatenate([h0[None], hs[:-1]], axis=0)
+
+    def measure(hs):
+        r = fs_all(params, prev_of(hs), xs) - hs
+        merit = jnp.sum(r * r)
+        rmax = jnp.max(jnp.abs(r))
+        ok = rmax <= tol * jnp.maximum(1.0, jnp.max(jnp.abs(hs)))
+        return merit, rmax, ok
+
+    def cond(carry):
+        i, _, _, r, ok, _ = carry
+        return (i < max_iter) & ~ok & jnp.isfinite(r)
+
+    def body(carry):
+        i, hs, merit, r, ok, lam = carry
+        prev = prev_of(hs)
+        fs = fs_all(params, prev, xs)
+        jacs = _jacobians(f, params, prev, xs, method)
+        cand = elk_step(jacs, fs, prev, hs, lam, diagonal=method == "quasi-elk")
+        merit_c, r_c, ok_c = measure(cand)
+        accept = jnp.isfinite(merit_c) & (merit_c < merit)
+        pick = lambda a, b: jnp.where(accept, a, b)  # noqa: E731
+        return (i + 1, pick(cand, hs), pick(merit_c, merit), pick(r_c, r),
+                pick(ok_c, ok), lm_update(lam, accept))
+
+    merit, r, ok = measure(init)
+    lam = jnp.asarray(damping, h0.dtype)
+    i, hs, _, r, ok, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), init, merit, r, ok,
+                                                         lam))
+    ok = ok & jnp.isfinite(r) & jnp.all(jnp.isfinite(hs))
+    return hs, i, r, ok
+
+
 def _adjoint(f, params, h0, xs, hs, g, method):
     """Cotangents of ``(params, h0, xs)`` from cotangents ``g`` ``(T, H)`` on ``hs``."""
     prev = jnp.concatenate([h0[None], hs[:-1]], axis=0)
-    if method == "deer":
+    if method in _DENSE:
         # λ_t = g_t + J_{t+1}^T λ_{t+1}: a forward recurrence in reversed time.
         jt = jnp.swapaxes(jax.vmap(jax.jacfwd(f, argnums=1), (None, 0, 0))(
             params, prev[1:], jax.tree_util.tree_map(lambda v: v[1:], xs)), 1, 2)
@@ -285,7 +331,8 @@ def _adjoint(f, params, h0, xs, hs, g, method):
 
 
 def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
-         tol: float | None = None, max_iter: int | None = None) -> DeerResult:
+         tol: float | None = None, max_iter: int | None = None,
+         damping: float = 1.0) -> DeerResult:
     """The trajectory of ``h_t = step(params, h_{t-1}, x_t)`` by parallel Newton iterations.
 
         h_t = f(θ, h_{t-1}, x_t),   t = 0, ..., T-1,   h_{-1} = h0;
@@ -304,8 +351,11 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
         h0: initial state ``h_{-1}``.
         xs: inputs: a pytree whose leaves have a common leading time axis ``T``.
         method: ``"deer"`` (dense Jacobians, ``O(T H^2)`` memory, quadratic convergence,
-            at most ``T`` iterations in exact arithmetic) or ``"quasi-deer"`` (diagonal
-            Jacobians, ``O(T H)`` memory, linear convergence).
+            at most ``T`` iterations in exact arithmetic), ``"quasi-deer"`` (diagonal
+            Jacobians, ``O(T H)`` memory, linear convergence), or their damped versions
+            ``"elk"`` / ``"quasi-elk"`` (Levenberg-Marquardt steps by a parallel Kalman
+            smoother, `statseq.inference.elk`: the merit ``Σ_t |r_t|^2`` never increases,
+            so they stay finite where DEER overflows; each iteration costs a smoother).
         init: initial guess for the trajectory (``h0``'s pytree with a leading axis
             ``T``), e.g. the previous solution when parameters change a little during
             training; default zeros. Not differentiated.
@@ -313,14 +363,18 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
             default ``1e-12`` in float64, ``1e-5`` in float32.
         max_iter: maximum number of Newton iterations (default ``T``, DEER's worst case;
             set it lower for quasi-DEER or in float32, where the residual can stall at
-            rounding level above ``tol``).
+            rounding level above ``tol``). For ELK a rejected step counts as an iteration.
+        damping: initial Levenberg-Marquardt damping ``λ`` of ELK / quasi-ELK (divided by
+            10 after each accepted step, multiplied by 10 after a rejected one); unused by
+            DEER.
 
     Returns:
         `DeerResult` ``(states, iterations, residual, converged)``.
 
     Raises:
-        ValueError: for an unknown ``method``, a bad ``tol``/``max_iter``, inputs without
-            a common time axis, or a ``step`` whose output does not match ``h0``.
+        ValueError: for an unknown ``method``, a bad ``tol``/``max_iter``/``damping``,
+            inputs without a common time axis, or a ``step`` whose output does not match
+            ``h0``.
         TypeError: if ``step`` is not callable or ``h0`` is not floating point.
 
     Examples:
@@ -334,7 +388,7 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
         >>> bool(jnp.allclose(res.states, sequential(step, 0.5, jnp.array(0.0), xs)))
         True
     """
-    num_t = _check(step, params, h0, xs, method, tol, max_iter)
+    num_t = _check(step, params, h0, xs, method, tol, max_iter, damping)
     h0_flat, unravel = ravel_pytree(h0)
     dtype = h0_flat.dtype
     tol = _default_tol(dtype) if tol is None else float(tol)
@@ -359,8 +413,12 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
     # The Newton iteration runs on stopped gradients; the converged trajectory then
     # passes through an identity whose vjp is the implicit (adjoint) one.
     stop = jax.lax.stop_gradient
-    hs, iters, r, ok = _newton(f, stop(params), stop(h0_flat), stop(xs), stop(init_flat),
-                               method, tol, max_iter)
+    solver_args = (f, stop(params), stop(h0_flat), stop(xs), stop(init_flat), method, tol,
+                   max_iter)
+    if method in ("elk", "quasi-elk"):
+        hs, iters, r, ok = _levenberg_marquardt(*solver_args, damping)
+    else:
+        hs, iters, r, ok = _newton(*solver_args)
 
     @jax.custom_vjp
     def implicit(p, h0_flat, xs, hs):

@@ -217,6 +217,8 @@ def test_bad_input_errors():
         deer(_elman, jnp.eye(2), jnp.zeros(2), xs, max_iter=-1)
     with pytest.raises(ValueError, match="tol"):
         deer(_elman, jnp.eye(2), jnp.zeros(2), xs, tol=0.0)
+    with pytest.raises(ValueError, match="damping"):
+        deer(_elman, jnp.eye(2), jnp.zeros(2), xs, method="elk", damping=-1.0)
     with pytest.raises(ValueError, match="structure"):
         deer(lambda p, h, x: (h, h), None, jnp.zeros(2), xs)
     with pytest.raises(TypeError, match="floating"):
@@ -226,3 +228,50 @@ def test_bad_input_errors():
     res = deer(_elman, jnp.eye(2), jnp.zeros(2), jnp.ones((0, 2)))
     assert isinstance(res, DeerResult) and res.states.shape == (0, 2)
     assert bool(res.converged) and int(res.iterations) == 0
+
+
+def test_elk_converges_on_contractive_cells_with_the_implicit_gradient():
+    step, params, h0 = _cell("gru", hidden=3)
+    xs = jax.random.normal(jax.random.key(8), (200, 3))
+    ref = sequential(step, params, h0, xs)
+
+    def loss(p, method):
+        if method == "sequential":
+            states = sequential(step, p, h0, xs)
+        else:
+            states = deer(step, p, h0, xs, method=method, max_iter=100).states
+        return jnp.sum(jnp.sin(states[0])), states
+
+    g_ref = jax.grad(loss, has_aux=True)(params, "sequential")[0]
+    for method in ("elk", "quasi-elk"):
+        g, states = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(params, method)
+        assert _max_abs(states, ref) < 1e-10, method
+        for a, b in zip(jax.tree_util.tree_leaves(g_ref), jax.tree_util.tree_leaves(g),
+                        strict=True):
+            if a.size:
+                assert float(jnp.max(jnp.abs(a - b))) <= 1e-8 * float(jnp.max(jnp.abs(a)))
+
+
+def test_elk_converges_where_undamped_newton_overflows():
+    # h_t = x_t + 0.5 tanh(10 M h_{t-1}), |x_t| >= 1: at the solution |h| >= 0.5 and the
+    # cell is strongly contractive (|J| <= 5 sech^2(2.5) ~ 0.2), but at the zero initial
+    # guess J = 5 M: DEER's first linear recurrence grows like 5^t and overflows float64
+    # (T = 1000 > 440), and Newton is lost (NaN). The damped steps never raise the merit.
+    m = jnp.array([[0.8, 0.2], [0.2, 0.8]])
+
+    def cell(a, h, x):
+        return x + 0.5 * jnp.tanh(a * (m @ h))
+
+    k1, k2 = jax.random.split(jax.random.key(0))
+    xs = jnp.sign(jax.random.normal(k1, (1000, 2))) * (1 + jnp.abs(
+        jax.random.normal(k2, (1000, 2))))
+    h0 = jnp.zeros(2)
+    ref = sequential(cell, 10.0, h0, xs)
+    for method in ("deer", "quasi-deer"):
+        res = jax.jit(lambda a, xs, m=method: deer(cell, a, h0, xs, method=m))(10.0, xs)
+        assert not bool(res.converged) and not bool(jnp.all(jnp.isfinite(res.states)))
+    for method in ("elk", "quasi-elk"):
+        res = jax.jit(lambda a, xs, m=method: deer(cell, a, h0, xs, method=m,
+                                                    max_iter=60))(10.0, xs)
+        assert bool(res.converged) and int(res.iterations) < 60, method
+        assert _max_abs(res.states, ref) < 1e-10
