@@ -55,7 +55,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-METHODS = ("sequential", "deer", "quasi-deer")
+METHODS = ("sequential", "deer", "quasi-deer")  # also "elk", "quasi-elk" by --methods
 MODES = ("forward", "value+grad")
 INPUT_DIM = 4
 
@@ -120,6 +120,10 @@ def estimate_bytes(method, cell, hid, num_t, batch, itemsize):
     state = 2 * hid if cell == "lstm" else hid
     if method == "deer":
         return 8 * num_t * batch * state * state * itemsize
+    if method == "elk":  # the parallel Kalman smoother holds about a dozen (T, n, n)
+        return 24 * num_t * batch * state * state * itemsize
+    if method == "quasi-elk":
+        return 400 * num_t * batch * state * itemsize
     return 40 * num_t * batch * state * itemsize
 
 
@@ -180,7 +184,8 @@ def build(cell, hid, num_t, batch, dtype, max_iter):
         return vg
 
     fwds = {"sequential": seq_forward, "deer": deer_forward("deer"),
-            "quasi-deer": deer_forward("quasi-deer")}
+            "quasi-deer": deer_forward("quasi-deer"), "elk": deer_forward("elk"),
+            "quasi-elk": deer_forward("quasi-elk")}
     return params, xs, ys, fwds, loss_of
 
 
