@@ -79,8 +79,9 @@ def test_deer_at_ten_thousand_steps():
 
 
 def test_deer_needs_at_most_T_iterations_on_a_chaotic_cell():
-    # tanh(3 Q h + x), Q orthogonal: largest Lyapunov exponent about log 3 > 0, so Newton
-    # gains little beyond fixing one more step per iteration; it must still finish in T.
+    # tanh(3 Q h + x), Q orthogonal: expansive wherever tanh is not saturated (at the
+    # zero guess J = 3 Q diag(sech^2)), so Newton's linearizations are poor and it gains
+    # little beyond fixing one more step per iteration; it must still finish in T.
     num_t = 30
     w = _orthogonal(4, 3.0)
     xs = 0.5 * jax.random.normal(jax.random.key(0), (num_t, 4))
@@ -277,3 +278,36 @@ def test_elk_converges_where_undamped_newton_overflows():
                                                     max_iter=60))(10.0, xs)
         assert bool(res.converged) and int(res.iterations) < 60, method
         assert _max_abs(res.states, ref) < 1e-10
+
+
+def test_lyapunov_exponent_exact_on_a_linear_cell_and_its_sign_predicts_deer():
+    from statseq.inference.lyapunov import lyapunov_exponent
+
+    # linear diagonal cell: the estimate telescopes to (1/T) log |A^T v0| exactly
+    a = jnp.array([0.5, 0.9, -1.1])
+    num_t = 300
+    lam = lyapunov_exponent(lambda a, h, x: a * h + x, a, jnp.zeros(3),
+                            jnp.ones((num_t, 3)))
+    v0 = np.ones(3) / np.sqrt(3)
+    exact = np.log(np.linalg.norm(np.asarray(a) ** num_t * v0)) / num_t
+    assert float(lam) == pytest.approx(exact, rel=1e-12)
+    assert abs(float(lam) - np.log(1.1)) < 2e-3  # -> log max |a| as T grows
+    # contractive Elman (|J| <= 0.5): exponent <= log 0.5 and a few DEER iterations;
+    # sin(3 h) + x (chaotic, exponent about 0.5 > 0): DEER needs nearly T iterations
+    xs = 0.5 * jax.random.normal(jax.random.key(0), (20, 4))
+    h0 = jnp.full(4, 0.1)
+    lam_c = lyapunov_exponent(_elman, _orthogonal(4, 0.5), h0, xs)
+    assert float(lam_c) < np.log(0.5) + 1e-12
+    res = jax.jit(lambda w, xs: deer(_elman, w, h0, xs))(_orthogonal(4, 0.5), xs)
+    assert bool(res.converged) and int(res.iterations) <= 6
+
+    def chaotic(a, h, x):
+        return jnp.sin(a * h) + x
+
+    xs = 0.3 * jax.random.normal(jax.random.key(0), (20, 2))
+    h0 = jnp.full(2, 0.1)
+    assert float(lyapunov_exponent(chaotic, 3.0, h0, xs)) > 0.3
+    res = jax.jit(lambda a, xs: deer(chaotic, a, h0, xs))(3.0, xs)
+    assert bool(res.converged) and int(res.iterations) >= 18
+    # chaos amplifies rounding like exp(0.5 t): both trajectories are right to ~1e-12
+    assert _max_abs(res.states, sequential(chaotic, 3.0, h0, xs)) < 1e-10
