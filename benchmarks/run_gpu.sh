@@ -19,13 +19,14 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output
   echo "== $name"; timeout "$limit" "$@" > "$work/$name.out" 2>&1; echo "rc=$?" >> "$work/$name.out"
   tail -n 3 "$work/$name.out"
 }
-step f32 150 python3 benchmarks/bench_gpu.py --out "$work" --lengths 1e4,1e6,1e3 --budget-s 110 --max-call-s 2
-step scan 60 python3 benchmarks/bench_gpu.py --out "$work" --tag _scan --families scan --lengths 1e5,1e6 --budget-s 40
-for fam in kalman hmm scan; do
-  step "f64_$fam" 40 python3 benchmarks/bench_gpu.py --out "$work" --precision float64 --tag "_$fam" --families $fam --lengths 1e4 --budget-s 25 --max-call-s 2
+step f32 130 python3 benchmarks/bench_gpu.py --out "$work" --lengths 1e4,1e6,1e3 --budget-s 90 --max-call-s 2
+step scan 50 python3 benchmarks/bench_gpu.py --out "$work" --tag _scan --families scan --lengths 1e5,1e6 --budget-s 30
+for fam in kalman hmm; do
+  step "f64_$fam" 35 python3 benchmarks/bench_gpu.py --out "$work" --precision float64 --tag "_$fam" --families $fam --lengths 1e4 --budget-s 22 --max-call-s 2
 done
 if [ -f benchmarks/bench_deer.py ]; then
-  step deer "${DEER_S:-150}" python3 benchmarks/bench_deer.py ${DEER_ARGS:-} --out "$work/deer.json"
+  step deer 150 python3 benchmarks/bench_deer.py --cells gru,lstm --hidden 16,64 --lengths 10000,100000 --batch 1,16 --methods sequential,deer,quasi-deer --budget-s 110 --out "$work/deer.json"
+  step elk 50 python3 benchmarks/bench_deer.py --cells gru --hidden 16 --lengths 10000 --batch 1 --methods sequential,elk,quasi-elk --budget-s 20 --out "$work/elk.json"
 fi
 tar czf "$out/results.tgz" -C "$work" .
 cp "$work"/*.md "$out"/ 2>/dev/null | true
