@@ -25,8 +25,8 @@ for fam in kalman hmm; do
   step "f64_$fam" 35 python3 benchmarks/bench_gpu.py --out "$work" --precision float64 --tag "_$fam" --families $fam --lengths 1e4 --budget-s 22 --max-call-s 2
 done
 if [ -f benchmarks/bench_deer.py ]; then
-  step deer 150 python3 benchmarks/bench_deer.py --cells gru,lstm --hidden 16,64 --lengths 10000,100000 --batch 1,16 --methods sequential,deer,quasi-deer --budget-s 110 --out "$work/deer.json"
-  step elk 50 python3 benchmarks/bench_deer.py --cells gru --hidden 16 --lengths 10000 --batch 1 --methods sequential,elk,quasi-elk --budget-s 20 --out "$work/elk.json"
+  step deer 130 python3 benchmarks/bench_deer.py --cells gru,lstm --hidden 16,64 --lengths 10000,100000 --batch 1,16 --methods sequential,deer,quasi-deer --budget-s 95 --out "$work/deer.json"
+  step elk 40 python3 benchmarks/bench_deer.py --cells gru --hidden 16 --lengths 10000 --batch 1 --methods sequential,elk,quasi-elk --budget-s 15 --out "$work/elk.json"
 fi
 tar czf "$out/results.tgz" -C "$work" .
 cp "$work"/*.md "$out"/ 2>/dev/null | true
