@@ -313,7 +313,7 @@ def _adjoint(f, params, h0, xs, hs, g, method):
         # λ_t = g_t + J_{t+1}^T λ_{t+1}: a forward recurrence in reversed time.
         jt = jnp.swapaxes(jax.vmap(jax.jacfwd(f, argnums=1), (None, 0, 0))(
             params, prev[1:], jax.tree_util.tree_map(lambda v: v[1:], xs)), 1, 2)
-        a = jnp.concatenate([jnp.zeros_like(jt[:1]), jt[::-1]], axis=0)
+        a = jnp.concatenate([jnp.zeros((1,) + jt.shape[1:], jt.dtype), jt[::-1]], axis=0)
         lam = dense_linear_recurrence(a, g[::-1])[::-1]
     else:
         def body(lam_next, inp):

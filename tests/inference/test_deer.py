@@ -157,6 +157,23 @@ def test_implicit_gradient_matches_backprop_through_the_scan(cell, method):
             assert float(jnp.max(jnp.abs(a - b))) <= 1e-8 * float(jnp.max(jnp.abs(a)))
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_implicit_gradient_of_the_shortest_sequences(method):
+    w, h0 = _orthogonal(2, 0.9), jnp.array([1.0, -0.5])
+
+    def loss(traj):
+        return lambda w, h0, xs: jnp.sum(jnp.cos(traj(w, h0, xs)))
+
+    for num_t in (1, 2):
+        xs = jnp.linspace(-1.0, 1.0, 2 * num_t).reshape(num_t, 2)
+        g_ref = jax.grad(loss(lambda w, h0, xs: sequential(_elman, w, h0, xs)),
+                         argnums=(0, 1, 2))(w, h0, xs)
+        g = jax.grad(loss(lambda w, h0, xs: deer(_elman, w, h0, xs, method=method).states),
+                     argnums=(0, 1, 2))(w, h0, xs)
+        for a, b in zip(g_ref, g, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
+
+
 def test_float32_converges_with_a_looser_tolerance():
     # float32: the default residual tolerance is 1e-5 (about 80 ulps; Newton's residual
     # stalls at rounding level, a few ulps times the scan's depth). With the cell's
