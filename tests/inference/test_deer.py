@@ -273,10 +273,11 @@ def test_elk_converges_on_contractive_cells_with_the_implicit_gradient():
 
 
 def test_elk_converges_where_undamped_newton_overflows():
-    # h_t = x_t + 0.5 tanh(10 M h_{t-1}), |x_t| >= 1: at the solution |h| >= 0.5 and the
-    # cell is strongly contractive (|J| <= 5 sech^2(2.5) ~ 0.2), but at the zero initial
-    # guess J = 5 M: DEER's first linear recurrence grows like 5^t and overflows float64
-    # (T = 1000 > 440), and Newton is lost (NaN). The damped steps never raise the merit.
+    # h_t = x_t + 0.5 tanh(10 M h_{t-1}), |x_t| >= 1: at the solution |h| >= 0.5, the tanh
+    # is saturated almost everywhere and the cell contracts, but at the zero initial guess
+    # J = 5 M: DEER's first linear recurrence grows like 5^t and overflows float64
+    # (T = 1000 > 440), and Newton is lost (NaN). The damped steps never raise the merit
+    # (8 iterations seen for both ELK variants).
     m = jnp.array([[0.8, 0.2], [0.2, 0.8]])
 
     def cell(a, h, x):
@@ -293,7 +294,7 @@ def test_elk_converges_where_undamped_newton_overflows():
     for method in ("elk", "quasi-elk"):
         res = jax.jit(lambda a, xs, m=method: deer(cell, a, h0, xs, method=m,
                                                     max_iter=60))(10.0, xs)
-        assert bool(res.converged) and int(res.iterations) < 60, method
+        assert bool(res.converged) and int(res.iterations) < 20, method
         assert _max_abs(res.states, ref) < 1e-10
 
 
