@@ -363,7 +363,10 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
             default ``1e-12`` in float64, ``1e-5`` in float32.
         max_iter: maximum number of Newton iterations (default ``T``, DEER's worst case;
             set it lower for quasi-DEER or in float32, where the residual can stall at
-            rounding level above ``tol``). For ELK a rejected step counts as an iteration.
+            rounding level above ``tol``; on GPUs float32 matmuls default to TF32, whose
+            ``1e-3`` relative error stalls it far above ``1e-5``: run under
+            ``jax.default_matmul_precision("highest")`` or loosen ``tol``). For ELK a
+            rejected step counts as an iteration.
         damping: initial Levenberg-Marquardt damping ``λ`` of ELK / quasi-ELK (divided by
             10 after each accepted step, multiplied by 10 after a rejected one); unused by
             DEER.
