@@ -313,7 +313,7 @@ def _adjoint(f, params, h0, xs, hs, g, method):
         # λ_t = g_t + J_{t+1}^T λ_{t+1}: a forward recurrence in reversed time.
         jt = jnp.swapaxes(jax.vmap(jax.jacfwd(f, argnums=1), (None, 0, 0))(
             params, prev[1:], jax.tree_util.tree_map(lambda v: v[1:], xs)), 1, 2)
-        a = jnp.concatenate([jnp.zeros_like(jt[:1]), jt[::-1]], axis=0)
+        a = jnp.concatenate([jnp.zeros((1,) + jt.shape[1:], jt.dtype), jt[::-1]], axis=0)
         lam = dense_linear_recurrence(a, g[::-1])[::-1]
     else:
         def body(lam_next, inp):
@@ -363,7 +363,10 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
             default ``1e-12`` in float64, ``1e-5`` in float32.
         max_iter: maximum number of Newton iterations (default ``T``, DEER's worst case;
             set it lower for quasi-DEER or in float32, where the residual can stall at
-            rounding level above ``tol``). For ELK a rejected step counts as an iteration.
+            rounding level above ``tol``; on GPUs float32 matmuls default to TF32, whose
+            ``1e-3`` relative error stalls it far above ``1e-5``: run under
+            ``jax.default_matmul_precision("highest")`` or loosen ``tol``). For ELK a
+            rejected step counts as an iteration.
         damping: initial Levenberg-Marquardt damping ``λ`` of ELK / quasi-ELK (divided by
             10 after each accepted step, multiplied by 10 after a rejected one); unused by
             DEER.
