@@ -37,6 +37,7 @@ from statseq.core.validation import (
     require_observed,
 )
 from statseq.fit import _progress
+from statseq.fit._tied_simplex import tied_simplex_m_step
 
 
 def dirichlet_map(counts, prior, old):
@@ -197,6 +198,8 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
             new = restriction.expand(model, generalized_m_step(
                 lambda z: q_of(restriction.expand(model, z)),
                 restriction.contract(model, new)))
+            # tied simplex entries: the exact constrained maximizer (Newton on the ties)
+            new = tied_simplex_m_step(restriction, q_of, new)
         last = trace[jnp.maximum(i - 1, 0)]
         scale = jnp.maximum(1.0, jnp.abs(value))
         converged = (i > 0) & (jnp.abs(value - last) <= tol * scale)
