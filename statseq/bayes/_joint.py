@@ -14,6 +14,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
+from statseq.bayes._pieces import TiedSimplexRows
 from statseq.bayes.distribution import SequenceDistribution
 from statseq.bayes.priors import leaf_priors
 from statseq.core.params import (
@@ -60,9 +61,15 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
     leaves = params_treedef(model).flatten_up_to(init_params)
     entry_masks = _entry_masks(model, init_params, trainable, names)
     flags = tuple(m is not False for m in entry_masks)
-    entry_masks, groups = _tie_groups(model, init_params, entry_masks, ties, names)
+    entry_masks, groups, simplex_labels = _tie_groups(model, init_params, entry_masks, ties,
+                                                      names)
     entry_masks = [m if isinstance(m, np.ndarray) else None for m in entry_masks]
-    entry_masks, site_sups = _simplex_sites(model, leaves, entry_masks, names)
+    entry_masks, site_sups = _simplex_sites(model, leaves, entry_masks, names,
+                                            simplex_labels)
+    leaves = list(leaves)
+    for i, sup in enumerate(site_sups):
+        if isinstance(sup, TiedSimplexRows):  # tied entries start at their common value
+            leaves[i] = sup.full(sup.feasible_like(jnp.zeros(int(entry_masks[i].sum()))))
     shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
     leaf_p = leaf_priors(model, priors, y, mask, flags)
     index = None
@@ -130,10 +137,11 @@ def con_of(model, i):
                            is_leaf=lambda c: isinstance(c, constraints.Constraint))[i]
 
 
-def _simplex_sites(model, leaves, entry_masks, names):
+def _simplex_sites(model, leaves, entry_masks, names, simplex_labels=None):
     """Partial simplex and covariance leaves: the sampled entries (rows with two or more
-    free entries; the free lower triangle) and their `statseq.bayes._pieces` support
-    (`RowSimplices`, `BlockCovariance`), checked eagerly."""
+    free entries; the free lower triangle; every free entry of a simplex leaf with ties)
+    and their `statseq.bayes._pieces` support (`RowSimplices`, `BlockCovariance`,
+    `TiedSimplexRows`), checked eagerly."""
     from statseq.bayes._pieces import covariance_site, simplex_rows_site
     from statseq.core.restrict import simplex_rest
 
@@ -141,7 +149,11 @@ def _simplex_sites(model, leaves, entry_masks, names):
     for i, m in enumerate(entry_masks):
         if m is None:
             continue
-        if con_of(model, i) is constraints.simplex:
+        if simplex_labels and simplex_labels.get(i) is not None:
+            sup = TiedSimplexRows(names[i], leaves[i], m, simplex_labels[i])
+            sup.block()  # validates (rows whose free entries are all tied, ...)
+            masks[i], supports[i] = m, sup
+        elif con_of(model, i) is constraints.simplex:
             rest = simplex_rest(names[i], leaves[i], m)
             masks[i], supports[i] = simplex_rows_site(m, rest)
         elif con_of(model, i) is constraints.positive_definite:
@@ -151,40 +163,54 @@ def _simplex_sites(model, leaves, entry_masks, names):
 
 def _tie_groups(model, params, entry_masks, ties, names):
     """Split tied entries out of the sampled entries: per leaf the mask of the untied free
-    entries (``None`` for a whole leaf) and the tie groups ``(label, ((leaf, index), ...))``
-    (members in parameter order, row-major; the first member's prior is the group's)."""
+    entries (``None`` for a whole leaf), the tie groups ``(label, ((leaf, index), ...))``
+    of elementwise leaves (members in parameter order, row-major; the first member's prior
+    is the group's) and ``{leaf: labels}`` of simplex leaves with ties (their free entries,
+    tied ones included, form one `TiedSimplexRows` site)."""
     from statseq.core.restrict import _leaf_labels
 
     if ties is None:
-        return entry_masks, []
+        return entry_masks, [], {}
     leaves, tree = jax.tree.flatten(params)
     labels = _leaf_labels(tree, leaves, ties, names)
     cons = jax.tree.leaves(model.param_constraints(),
                            is_leaf=lambda c: isinstance(c, constraints.Constraint))
-    out, groups = [], {}
+    out, groups, simplex = [], {}, {}
+    owner = {}
     for i, (name, m, lab, con) in enumerate(zip(names, entry_masks, labels, cons,
                                                 strict=True)):
         if lab is None:
             out.append(m)
             continue
-        if con.event_dim != 0:
+        if con.event_dim != 0 and con is not constraints.simplex:
             raise ValueError(
                 f"ties.{name}: fit_nuts and fit_svi tie entries only of elementwise leaves "
-                f"(real, positive, ...); params.{name} has constraint {con}")
+                f"(real, positive, ...) and simplex rows; params.{name} has constraint {con}")
         free = (np.full(lab.shape, bool(m)) if isinstance(m, bool | np.bool_)
                 else np.asarray(m))
         if (~free & (lab >= 0)).any():
             raise ValueError(f"ties.{name} ties entries that trainable fixes; tie only free "
                              "entries")
+        for label in {int(v) for v in lab[lab >= 0]}:
+            kind = "simplex" if con is constraints.simplex else "entry"
+            if owner.setdefault(label, (i, kind)) != (i, kind) and "simplex" in (
+                    kind, owner[label][1]):
+                raise ValueError(
+                    f"ties.{name}: label {label} joins entries of a simplex leaf and of "
+                    "another leaf; simplex ties stay within one leaf")
+        if con is constraints.simplex:
+            simplex[i] = lab
+            out.append(free)
+            continue
         for pos in zip(*np.nonzero(lab >= 0), strict=True):
             groups.setdefault(int(lab[pos]), []).append((i, tuple(int(p) for p in pos)))
         out.append(free & (lab < 0))
-    return out, [(label, tuple(groups[label])) for label in sorted(groups)]
+    return out, [(label, tuple(groups[label])) for label in sorted(groups)], simplex
 
 
 def _entry_masks(model, params, trainable, names):
-    """Per leaf ``True``, ``False`` or a boolean array (free entries of an elementwise
-    leaf); ties are not supported by the samplers."""
+    """Per leaf ``True``, ``False`` or a boolean array of the free entries (of an
+    elementwise, simplex or covariance leaf)."""
     from statseq.core.restrict import _leaf_masks
 
     leaves, tree = jax.tree.flatten(params)

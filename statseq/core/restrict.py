@@ -499,7 +499,8 @@ def simplex_block(name, value, mask, lab=None):
         frac = t / bound if t < 0.99 * bound else 0.5
         zt[k] = math.log(frac) - math.log1p(-frac)
         used = used + counts[..., k] * bound * frac
-    last = np.asarray(_last_free(jnp.asarray(free)))
+    after = np.flip(np.cumsum(np.flip(free, -1), -1), -1)  # `_last_free` in NumPy
+    last = free & (after == 1)
     idx = np.full(arr.shape, -1, np.int32)
     zf = []
     for pos in zip(*np.nonzero(free & ~last), strict=True):
