@@ -19,7 +19,7 @@ from numpyro.distributions import constraints
 from statseq.bayes import _joint
 from statseq.core.params import param_names, params_treedef
 from statseq.core.recurrence import run_filter
-from statseq.core.validation import check_positive_int
+from statseq.core.validation import check_key, check_positive_int
 
 
 @partial(jax.jit, static_argnames=("model", "complete"))
@@ -106,6 +106,7 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
         >>> idata.posterior["obs_var"].shape
         (2, 10)
     """
+    check_key(key)
     from numpyro.infer import MCMC, NUTS
 
     num_warmup = check_positive_int(num_warmup, "num_warmup")

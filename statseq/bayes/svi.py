@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from statseq.bayes import _joint
-from statseq.core.validation import check_positive_int
+from statseq.core.validation import check_key, check_positive_int
 
 
 class SVIResult(NamedTuple):
@@ -96,6 +96,7 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
         >>> res.draws.obs_var.shape, res.losses.shape
         ((50,), (200,))
     """
+    check_key(key)
     from numpyro.infer import SVI, Trace_ELBO
     from numpyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
     from numpyro.infer.initialization import init_to_value
