@@ -286,8 +286,10 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
         ``restriction.z0`` in float64.
 
     Raises:
-        ValueError: a restriction the leaf's constraint cannot represent, a tied entry that
-            is fixed, or a free covariance block that does not start positive definite.
+        ValueError: a restriction the leaf's constraint cannot represent (e.g. a simplex row
+            whose free entries are all tied, or a simplex tie label shared with another
+            leaf), a tied entry that is fixed, or a free covariance block that does not
+            start positive definite.
 
     Examples:
         >>> import jax, jax.numpy as jnp, numpy as np, statseq as ss
@@ -454,7 +456,7 @@ def _simplex(build, name, value, mask, lab):
             *arrs[2:5], jnp.asarray((tcoord + offset).astype(np.int32)), arrs[6])
 
 
-def simplex_block(name, value, mask, lab=None):
+def simplex_block(name, value, mask, lab=None) -> tuple:
     """The free coordinates of one simplex leaf with fixed and tied entries.
 
     Returns ``(arrays, z0)``: ``arrays`` for `simplex_expand` (coordinates numbered from 0)
@@ -536,7 +538,7 @@ def _tie_values(z, arrays):
     return t, rest - used[..., None], log_b
 
 
-def simplex_expand(z, arrays):
+def simplex_expand(z, arrays) -> jax.Array:
     """The simplex leaf at coordinates ``z`` (fixed entries as in ``value``, bit for bit)."""
     value, idx, free, _, slot, tcoord, _ = arrays
     t, rest, _ = _tie_values(z, arrays)
@@ -551,7 +553,7 @@ def simplex_expand(z, arrays):
     return out.astype(value.dtype)
 
 
-def simplex_log_jacobian(z, arrays):
+def simplex_log_jacobian(z, arrays) -> jax.Array:
     """``log |det d(free values) / dz|``: the free values are the tie values and every free
     untied entry but each row's last. The map is block triangular (the ties do not depend
     on the logits), so this is ``sum_k [log b_k + log sigmoid'(z_k)] + sum_rows [sum_j
@@ -569,7 +571,7 @@ def simplex_log_jacobian(z, arrays):
     return out + jnp.sum(per_row)
 
 
-def simplex_contract(value, arrays):
+def simplex_contract(value, arrays) -> tuple:
     """``(logits, tie_coordinates)`` of a simplex leaf ``value`` that satisfies the
     restriction (the inverse of `simplex_expand`; logits where ``idx >= 0``)."""
     _, _, free, rest, slot, tcoord, counts = arrays

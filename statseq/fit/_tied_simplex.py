@@ -37,7 +37,7 @@ def _profile(t, nc, mr, n, r):
     return jnp.where(inside, val, -jnp.inf)
 
 
-def tied_simplex_mle(counts, value, arrays):
+def tied_simplex_mle(counts, value, arrays) -> jax.Array:
     """The maximizer of ``sum N log A`` over a tied simplex leaf (see the module).
 
     Args:

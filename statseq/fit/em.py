@@ -270,11 +270,14 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         ties: ``None`` or integer labels like ``params`` (`statseq.core.restrict`; equal
             labels ``>= 0`` share one value), for models with ``expected_log_joint``
             (HMMs, `LinearGaussianSSM`, `MarkovSwitchingAR`); others raise a
-            ``ValueError``, and entries of simplex rows cannot be tied. Tied entries start
-            at their common value; each iteration runs the closed-form M-step with them
-            held, keeps it only if it raised ``Q = expected_log_joint + log prior``, then
-            takes `generalized_m_step` (accepted gradient steps) on ``Q`` over the
-            restricted free vector: an ECM iteration, still monotone.
+            ``ValueError``. Tied entries start at their common value; each iteration runs
+            the closed-form M-step with them held, keeps it only if it raised
+            ``Q = expected_log_joint + log prior``, then takes `generalized_m_step`
+            (accepted gradient steps) on ``Q`` over the restricted free vector: an ECM
+            iteration, still monotone. Simplex leaves with tied entries (e.g. a symmetric
+            transition matrix) then get the exact constrained maximizer of their
+            ``sum N log A`` term (Newton on the tie values, `statseq.fit._tied_simplex`),
+            kept only if ``Q`` did not decrease.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters

@@ -248,7 +248,7 @@ def test_bad_keys_in_the_bayesian_entry_points():
                 pytest.fail(f"{entry}: {label}: no error")  # pragma: no cover
     # where the key is optional (the randomized PIT), None is fine and a bad key is not
     params = model.initialize(y, key=jax.random.key(0))
-    for label, key, error, pattern in BAD_KEYS[1:]:
+    for _label, key, error, pattern in BAD_KEYS[1:]:
         with pytest.raises(error, match=pattern):
             ss.pit(model, params, y, key=key)
 
