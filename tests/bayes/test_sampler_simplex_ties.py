@@ -45,9 +45,9 @@ def _log_post(model, p, y, q):
 def test_nuts_with_a_tied_switching_probability_matches_quadrature():
     model, p, y, tr, ties, priors = _problem()
     idata = ss.fit_nuts(model, y, key=jax.random.key(1), init_params=p, trainable=tr,
-                        ties=ties, priors=priors, num_warmup=200, num_samples=400,
+                        ties=ties, priors=priors, num_warmup=150, num_samples=300,
                         num_chains=2, progress=False)
-    draws = np.asarray(ss.posterior_params(model, idata).transitions)  # (2, 400, 2, 2)
+    draws = np.asarray(ss.posterior_params(model, idata).transitions)  # (2, 300, 2, 2)
     assert np.all(draws[..., 0, 1] == draws[..., 1, 0])  # tied: equal in every draw
     np.testing.assert_allclose(draws.sum(-1), 1.0, atol=1e-14)
     x, w = roots_legendre(200)
