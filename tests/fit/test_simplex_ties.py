@@ -91,6 +91,34 @@ def test_em_and_lbfgs_reach_the_brute_force_restricted_mle(brute_force):
     assert np.array_equal(em.params.initial_probs, start.initial_probs)
 
 
+def test_standard_errors_of_a_tied_switching_probability_match_finite_differences():
+    """The observed-information standard error of ``p`` (restricted to the tie) against a
+    central finite-difference Hessian of the NumPy forward algorithm in the natural
+    parameters ``(p, mu_0, mu_1, var_0, var_1)``."""
+    model, start, y, trainable, ties = _symmetric_hmm()
+    lb = ss.fit_lbfgs(model, start, y, trainable=trainable, ties=ties, progress=False)
+    se = ss.standard_errors(model, lb.params, y, trainable=trainable, ties=ties)
+    a, em = np.asarray(lb.params.transitions), lb.params.emissions
+    theta = np.array([a[0, 1], *np.ravel(em.means), *np.ravel(em.covs)])
+
+    def loglik(th):
+        return _forward_loglik(np.array([special.logit(th[0]), th[1], th[2],
+                                         np.log(th[3]), np.log(th[4])]), y)
+
+    h = 1e-4 * np.maximum(np.abs(theta), 0.1)
+    hess = np.zeros((5, 5))
+    for i in range(5):
+        for j in range(5):
+            ei, ej = np.eye(5)[i] * h[i], np.eye(5)[j] * h[j]
+            hess[i, j] = (loglik(theta + ei + ej) - loglik(theta + ei - ej)
+                          - loglik(theta - ei + ej) + loglik(theta - ei - ej)) / (4 * h[i] * h[j])
+    ref = np.sqrt(np.diag(np.linalg.inv(-hess)))
+    s = np.asarray(se.transitions)
+    assert s[0, 1] == s[1, 0] == s[0, 0] == s[1, 1]  # one free scalar sets the whole matrix
+    np.testing.assert_allclose(s[0, 1], ref[0], rtol=1e-3)
+    np.testing.assert_allclose(np.ravel(se.emissions.means), ref[1:3], rtol=1e-3)
+
+
 def test_sgd_keeps_tied_simplex_entries_equal():
     model, start, y, trainable, ties = _symmetric_hmm()
     fit = ss.fit_sgd(model, start, y, trainable=trainable, ties=ties, num_steps=30,
@@ -120,6 +148,13 @@ def test_tied_simplex_mle_closed_forms_on_complete_data_counts():
     t = counts[~np.eye(3, dtype=bool)].sum() / (2 * counts.sum())
     np.testing.assert_allclose(out, np.where(np.eye(3, dtype=bool), 1 - 2 * t, t),
                                rtol=1e-12)
+    # an initial law (one row) with two equal entries: t = N_t / (2 (N_t + N_rest))
+    counts = np.array([7.0, 3.0, 11.0])
+    a0 = np.array([0.2, 0.2, 0.6])
+    arrs, _ = simplex_block("initial_probs", a0, np.ones(3, bool), np.array([0, 0, -1]))
+    out = np.asarray(tied_simplex_mle(jnp.asarray(counts), jnp.asarray(a0), arrs))
+    t = 10.0 / (2 * 21.0)
+    np.testing.assert_allclose(out, [t, t, 1 - 2 * t], rtol=1e-12)
     # equal stay probabilities, a structural zero and a free untied pair: against scipy
     # (SLSQP on the probabilities with the constraints written out)
     counts = rng.integers(1, 50, (3, 3)).astype(float)
