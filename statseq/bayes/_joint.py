@@ -112,12 +112,25 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
             raise ValueError(f"ties: label {label} joins entries whose priors have different "
                              f"supports ({', '.join(sorted(supports))})")
         # tied entries start at the mean of their starting values (unconstrained)
-        bij = biject_to(leaf_p[members[0][0]].support)
+        bij = biject_to(_tie_support(model, leaf_p, members))
         u = jnp.mean(jnp.stack([bij.inv(leaves[i][pos]) for i, pos in members]))
         for i, pos in members:
             leaves[i] = leaves[i].at[pos].set(bij(u).astype(leaves[i].dtype))
     return JointSpec(model, names, shapes, leaf_p, leaves, index, data, entry_masks,
                      tuple(groups), site_sups)
+
+
+def _tie_support(model, priors, members):
+    """The support of a tie group's site: its first member's prior's, or ``positive`` for
+    tied variances (their prior is the density of the whole covariance)."""
+    first = members[0][0]
+    if con_of(model, first) is constraints.positive_definite:
+        return constraints.positive
+    return priors[first].support
+
+
+def tie_support(spec, members):
+    return _tie_support(spec.model, spec.priors, members)
 
 
 def dirichlet_concentration(prior):
@@ -156,7 +169,7 @@ def _simplex_sites(model, leaves, entry_masks, names, simplex_labels=None):
         elif con_of(model, i) is constraints.simplex:
             rest = simplex_rest(names[i], leaves[i], m)
             masks[i], supports[i] = simplex_rows_site(m, rest)
-        elif con_of(model, i) is constraints.positive_definite:
+        elif con_of(model, i) is constraints.positive_definite and m.any():
             masks[i], supports[i] = covariance_site(names[i], leaves[i], m)
     return masks, supports
 
@@ -182,22 +195,34 @@ def _tie_groups(model, params, entry_masks, ties, names):
         if lab is None:
             out.append(m)
             continue
-        if con.event_dim != 0 and con is not constraints.simplex:
+        cov = con is constraints.positive_definite and lab.ndim == 2
+        if con.event_dim != 0 and con is not constraints.simplex and not cov:
             raise ValueError(
                 f"ties.{name}: fit_nuts and fit_svi tie entries only of elementwise leaves "
-                f"(real, positive, ...) and simplex rows; params.{name} has constraint {con}")
+                f"(real, positive, ...), simplex rows and (n, n) covariances; params.{name} "
+                f"has constraint {con}")
         free = (np.full(lab.shape, bool(m)) if isinstance(m, bool | np.bool_)
                 else np.asarray(m))
+        if cov:
+            from statseq.core.restrict import _Builder, _covariance
+
+            _covariance(_Builder(), name, np.asarray(leaves[i]), free, lab)  # the patterns
         if (~free & (lab >= 0)).any():
             raise ValueError(f"ties.{name} ties entries that trainable fixes; tie only free "
                              "entries")
         for label in {int(v) for v in lab[lab >= 0]}:
-            kind = "simplex" if con is constraints.simplex else "entry"
-            if owner.setdefault(label, (i, kind)) != (i, kind) and "simplex" in (
-                    kind, owner[label][1]):
+            kind = ("simplex" if con is constraints.simplex else "variance" if cov
+                    else "entry")
+            prev = owner.setdefault(label, (i, kind))
+            if prev != (i, kind) and "simplex" in (kind, prev[1]):
                 raise ValueError(
                     f"ties.{name}: label {label} joins entries of a simplex leaf and of "
                     "another leaf; simplex ties stay within one leaf")
+            if prev[1] != kind:
+                raise ValueError(
+                    f"ties: label {label} joins entries of different kinds ({name} and an "
+                    "earlier leaf); tied entries must have the same constraint (and, for "
+                    "covariances, be variances)")
         if con is constraints.simplex:
             simplex[i] = lab
             out.append(free)
@@ -302,11 +327,12 @@ def sample_params(spec):
                     conc = jnp.broadcast_to(conc, full.shape)
                     lp = jnp.where(spec.entry_masks[i], (conc - 1.0) * jnp.log(
                         jnp.where(spec.entry_masks[i], full, 1.0)), 0.0)
-                elif prior.event_shape != ():  # a covariance: the whole matrix's density
-                    lp = prior.log_prob(full)  # (its conditional on the fixed entries)
+                elif prior.event_shape != ():  # a covariance: its density is added below,
+                    lp = 0.0                   # once the tied variances are set
                 else:
                     lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
-                numpyro.factor(f"{name}.prior", jnp.sum(lp))
+                if prior.event_shape == () or conc is not None:
+                    numpyro.factor(f"{name}.prior", jnp.sum(lp))
             else:
                 full = spec.fixed[i]
             values.append(full)
@@ -320,9 +346,18 @@ def sample_params(spec):
     for label, members in spec.ties:
         first, pos = members[0]
         prior = spec.priors[first]
-        v = numpyro.sample(tie_site(label), dist.ImproperUniform(prior.support, (), ()))
+        v = numpyro.sample(tie_site(label), dist.ImproperUniform(tie_support(spec, members),
+                                                                 (), ()))
         values = _set_tied(values, members, v)
-        numpyro.factor(f"{tie_site(label)}.prior", prior.log_prob(values[first])[pos])
+        if prior.event_shape == ():
+            numpyro.factor(f"{tie_site(label)}.prior", prior.log_prob(values[first])[pos])
+    for i, name in enumerate(spec.names):
+        # a partly fixed (or tied) covariance: the whole matrix's density (its conditional
+        # on the fixed entries, in the free entries and the tie values), tied variances set
+        if (is_partial(spec, i) and spec.priors[i] is not None
+                and spec.priors[i].event_shape != ()
+                and dirichlet_concentration(spec.priors[i]) is None):
+            numpyro.factor(f"{name}.prior", jnp.sum(spec.priors[i].log_prob(values[i])))
     return jax.tree.unflatten(params_treedef(spec.model), values)
 
 
@@ -371,7 +406,7 @@ def unconstrained_init(spec, key, num_chains, jitter):
     for label, members in spec.ties:
         key, sub = jax.random.split(key)
         first, pos = members[0]
-        u = biject_to(spec.priors[first].support).inv(spec.fixed[first][pos])
+        u = biject_to(tie_support(spec, members)).inv(spec.fixed[first][pos])
         noise = jax.random.uniform(sub, (num_chains,), u.dtype, -jitter, jitter)
         out[tie_site(label)] = u[None] + noise
     return out

@@ -111,10 +111,10 @@ def test_sampler_simplex_entries_bad_input():
     g = ss.LinearGaussianSSM(state_dim=1, emission_dim=3)
     pg = g.default_params()
     yg = np.random.default_rng(0).normal(size=(20, 3))
-    # ties of covariance entries are not supported by the samplers
+    # tied variances need their covariances fixed (as in restrict)
     ties = jax.tree.map(lambda _: None, pg)._replace(
         emission_cov=np.where(np.eye(3, dtype=bool), 0, -1))
-    with pytest.raises(ValueError, match="elementwise"):
+    with pytest.raises(ValueError, match="covariances fixed"):
         ss.fit_nuts(g, yg, key=jax.random.key(0), init_params=pg, ties=ties,
                     num_warmup=2, num_samples=2)
     chain = np.array([[True, True, False], [True, True, True], [False, True, True]])
