@@ -111,8 +111,8 @@ def test_tied_covariance_variances_nuts_matches_quadrature():
     model, p, y, tr, ties = _cov_problem()
     priors = ss.bayes.default_priors(model, y)
     idata = ss.fit_nuts(model, y, key=jax.random.key(3), init_params=p, trainable=tr,
-                        ties=ties, priors=priors, num_warmup=100, num_samples=200,
-                        num_chains=2, progress=False)
+                        ties=ties, priors=priors, num_warmup=100, num_samples=400,
+                        num_chains=1, progress=False)
     cov = np.asarray(ss.posterior_params(model, idata).emission_cov)
     assert np.all(cov[..., 0, 0] == cov[..., 1, 1]) and np.all(cov[..., 0, 1] == 0.0)
     prior = priors.emission_cov
