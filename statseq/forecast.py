@@ -11,6 +11,7 @@ import numpy as np
 from statseq.core.params import validate_params
 from statseq.core.recurrence import _future_inputs, _sample_from, run_prepared
 from statseq.core.validation import (
+    check_key,
     check_positive_int,
     check_time_index,
     pandas_values,
@@ -232,6 +233,7 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
         >>> fc.samples.shape
         (500, 10)
     """
+    check_key(key)
     validate_params(model, params)
     num_steps = check_positive_int(num_steps, "num_steps")
     values, history_index, columns = pandas_values(y, len(model.event_shape))

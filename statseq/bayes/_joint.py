@@ -14,6 +14,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
+from statseq.bayes._pieces import TiedSimplexRows
 from statseq.bayes.distribution import SequenceDistribution
 from statseq.bayes.priors import leaf_priors
 from statseq.core.params import (
@@ -60,9 +61,15 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
     leaves = params_treedef(model).flatten_up_to(init_params)
     entry_masks = _entry_masks(model, init_params, trainable, names)
     flags = tuple(m is not False for m in entry_masks)
-    entry_masks, groups = _tie_groups(model, init_params, entry_masks, ties, names)
+    entry_masks, groups, simplex_labels = _tie_groups(model, init_params, entry_masks, ties,
+                                                      names)
     entry_masks = [m if isinstance(m, np.ndarray) else None for m in entry_masks]
-    entry_masks, site_sups = _simplex_sites(model, leaves, entry_masks, names)
+    entry_masks, site_sups = _simplex_sites(model, leaves, entry_masks, names,
+                                            simplex_labels)
+    leaves = list(leaves)
+    for i, sup in enumerate(site_sups):
+        if isinstance(sup, TiedSimplexRows):  # tied entries start at their common value
+            leaves[i] = sup.full(sup.feasible_like(jnp.zeros(int(entry_masks[i].sum()))))
     shapes = [tuple(s) for s in jax.tree.leaves(model.param_shapes(), is_leaf=is_shape)]
     leaf_p = leaf_priors(model, priors, y, mask, flags)
     index = None
@@ -105,12 +112,25 @@ def prepare_joint(model, y, *, priors, mask, inputs, init_params, trainable, ord
             raise ValueError(f"ties: label {label} joins entries whose priors have different "
                              f"supports ({', '.join(sorted(supports))})")
         # tied entries start at the mean of their starting values (unconstrained)
-        bij = biject_to(leaf_p[members[0][0]].support)
+        bij = biject_to(_tie_support(model, leaf_p, members))
         u = jnp.mean(jnp.stack([bij.inv(leaves[i][pos]) for i, pos in members]))
         for i, pos in members:
             leaves[i] = leaves[i].at[pos].set(bij(u).astype(leaves[i].dtype))
     return JointSpec(model, names, shapes, leaf_p, leaves, index, data, entry_masks,
                      tuple(groups), site_sups)
+
+
+def _tie_support(model, priors, members):
+    """The support of a tie group's site: its first member's prior's, or ``positive`` for
+    tied variances (their prior is the density of the whole covariance)."""
+    first = members[0][0]
+    if con_of(model, first) is constraints.positive_definite:
+        return constraints.positive
+    return priors[first].support
+
+
+def tie_support(spec, members):
+    return _tie_support(spec.model, spec.priors, members)
 
 
 def dirichlet_concentration(prior):
@@ -130,10 +150,11 @@ def con_of(model, i):
                            is_leaf=lambda c: isinstance(c, constraints.Constraint))[i]
 
 
-def _simplex_sites(model, leaves, entry_masks, names):
+def _simplex_sites(model, leaves, entry_masks, names, simplex_labels=None):
     """Partial simplex and covariance leaves: the sampled entries (rows with two or more
-    free entries; the free lower triangle) and their `statseq.bayes._pieces` support
-    (`RowSimplices`, `BlockCovariance`), checked eagerly."""
+    free entries; the free lower triangle; every free entry of a simplex leaf with ties)
+    and their `statseq.bayes._pieces` support (`RowSimplices`, `BlockCovariance`,
+    `TiedSimplexRows`), checked eagerly."""
     from statseq.bayes._pieces import covariance_site, simplex_rows_site
     from statseq.core.restrict import simplex_rest
 
@@ -141,50 +162,80 @@ def _simplex_sites(model, leaves, entry_masks, names):
     for i, m in enumerate(entry_masks):
         if m is None:
             continue
-        if con_of(model, i) is constraints.simplex:
+        if simplex_labels and simplex_labels.get(i) is not None:
+            sup = TiedSimplexRows(names[i], leaves[i], m, simplex_labels[i])
+            sup.block()  # validates (rows whose free entries are all tied, ...)
+            masks[i], supports[i] = m, sup
+        elif con_of(model, i) is constraints.simplex:
             rest = simplex_rest(names[i], leaves[i], m)
             masks[i], supports[i] = simplex_rows_site(m, rest)
-        elif con_of(model, i) is constraints.positive_definite:
+        elif con_of(model, i) is constraints.positive_definite and m.any():
             masks[i], supports[i] = covariance_site(names[i], leaves[i], m)
     return masks, supports
 
 
 def _tie_groups(model, params, entry_masks, ties, names):
     """Split tied entries out of the sampled entries: per leaf the mask of the untied free
-    entries (``None`` for a whole leaf) and the tie groups ``(label, ((leaf, index), ...))``
-    (members in parameter order, row-major; the first member's prior is the group's)."""
+    entries (``None`` for a whole leaf), the tie groups ``(label, ((leaf, index), ...))``
+    of elementwise leaves (members in parameter order, row-major; the first member's prior
+    is the group's) and ``{leaf: labels}`` of simplex leaves with ties (their free entries,
+    tied ones included, form one `TiedSimplexRows` site)."""
     from statseq.core.restrict import _leaf_labels
 
     if ties is None:
-        return entry_masks, []
+        return entry_masks, [], {}
     leaves, tree = jax.tree.flatten(params)
     labels = _leaf_labels(tree, leaves, ties, names)
     cons = jax.tree.leaves(model.param_constraints(),
                            is_leaf=lambda c: isinstance(c, constraints.Constraint))
-    out, groups = [], {}
+    out, groups, simplex = [], {}, {}
+    owner = {}
     for i, (name, m, lab, con) in enumerate(zip(names, entry_masks, labels, cons,
                                                 strict=True)):
         if lab is None:
             out.append(m)
             continue
-        if con.event_dim != 0:
+        cov = con is constraints.positive_definite and lab.ndim == 2
+        if con.event_dim != 0 and con is not constraints.simplex and not cov:
             raise ValueError(
                 f"ties.{name}: fit_nuts and fit_svi tie entries only of elementwise leaves "
-                f"(real, positive, ...); params.{name} has constraint {con}")
+                f"(real, positive, ...), simplex rows and (n, n) covariances; params.{name} "
+                f"has constraint {con}")
         free = (np.full(lab.shape, bool(m)) if isinstance(m, bool | np.bool_)
                 else np.asarray(m))
+        if cov:
+            from statseq.core.restrict import _Builder, _covariance
+
+            _covariance(_Builder(), name, np.asarray(leaves[i]), free, lab)  # the patterns
         if (~free & (lab >= 0)).any():
             raise ValueError(f"ties.{name} ties entries that trainable fixes; tie only free "
                              "entries")
+        for label in {int(v) for v in lab[lab >= 0]}:
+            kind = ("simplex" if con is constraints.simplex else "variance" if cov
+                    else "entry")
+            prev = owner.setdefault(label, (i, kind))
+            if prev != (i, kind) and "simplex" in (kind, prev[1]):
+                raise ValueError(
+                    f"ties.{name}: label {label} joins entries of a simplex leaf and of "
+                    "another leaf; simplex ties stay within one leaf")
+            if prev[1] != kind:
+                raise ValueError(
+                    f"ties: label {label} joins entries of different kinds ({name} and an "
+                    "earlier leaf); tied entries must have the same constraint (and, for "
+                    "covariances, be variances)")
+        if con is constraints.simplex:
+            simplex[i] = lab
+            out.append(free)
+            continue
         for pos in zip(*np.nonzero(lab >= 0), strict=True):
             groups.setdefault(int(lab[pos]), []).append((i, tuple(int(p) for p in pos)))
         out.append(free & (lab < 0))
-    return out, [(label, tuple(groups[label])) for label in sorted(groups)]
+    return out, [(label, tuple(groups[label])) for label in sorted(groups)], simplex
 
 
 def _entry_masks(model, params, trainable, names):
-    """Per leaf ``True``, ``False`` or a boolean array (free entries of an elementwise
-    leaf); ties are not supported by the samplers."""
+    """Per leaf ``True``, ``False`` or a boolean array of the free entries (of an
+    elementwise, simplex or covariance leaf)."""
     from statseq.core.restrict import _leaf_masks
 
     leaves, tree = jax.tree.flatten(params)
@@ -276,11 +327,12 @@ def sample_params(spec):
                     conc = jnp.broadcast_to(conc, full.shape)
                     lp = jnp.where(spec.entry_masks[i], (conc - 1.0) * jnp.log(
                         jnp.where(spec.entry_masks[i], full, 1.0)), 0.0)
-                elif prior.event_shape != ():  # a covariance: the whole matrix's density
-                    lp = prior.log_prob(full)  # (its conditional on the fixed entries)
+                elif prior.event_shape != ():  # a covariance: its density is added below,
+                    lp = 0.0                   # once the tied variances are set
                 else:
                     lp = jnp.where(spec.entry_masks[i], prior.log_prob(full), 0.0)
-                numpyro.factor(f"{name}.prior", jnp.sum(lp))
+                if prior.event_shape == () or conc is not None:
+                    numpyro.factor(f"{name}.prior", jnp.sum(lp))
             else:
                 full = spec.fixed[i]
             values.append(full)
@@ -294,9 +346,18 @@ def sample_params(spec):
     for label, members in spec.ties:
         first, pos = members[0]
         prior = spec.priors[first]
-        v = numpyro.sample(tie_site(label), dist.ImproperUniform(prior.support, (), ()))
+        v = numpyro.sample(tie_site(label), dist.ImproperUniform(tie_support(spec, members),
+                                                                 (), ()))
         values = _set_tied(values, members, v)
-        numpyro.factor(f"{tie_site(label)}.prior", prior.log_prob(values[first])[pos])
+        if prior.event_shape == ():
+            numpyro.factor(f"{tie_site(label)}.prior", prior.log_prob(values[first])[pos])
+    for i, name in enumerate(spec.names):
+        # a partly fixed (or tied) covariance: the whole matrix's density (its conditional
+        # on the fixed entries, in the free entries and the tie values), tied variances set
+        if (is_partial(spec, i) and spec.priors[i] is not None
+                and spec.priors[i].event_shape != ()
+                and dirichlet_concentration(spec.priors[i]) is None):
+            numpyro.factor(f"{name}.prior", jnp.sum(spec.priors[i].log_prob(values[i])))
     return jax.tree.unflatten(params_treedef(spec.model), values)
 
 
@@ -345,7 +406,7 @@ def unconstrained_init(spec, key, num_chains, jitter):
     for label, members in spec.ties:
         key, sub = jax.random.split(key)
         first, pos = members[0]
-        u = biject_to(spec.priors[first].support).inv(spec.fixed[first][pos])
+        u = biject_to(tie_support(spec, members)).inv(spec.fixed[first][pos])
         noise = jax.random.uniform(sub, (num_chains,), u.dtype, -jitter, jitter)
         out[tie_site(label)] = u[None] + noise
     return out

@@ -262,3 +262,139 @@ def covariance_site(name, value, mask):
     off = mask & ~np.eye(mask.shape[0], dtype=bool)
     blocks = [tuple(int(idx[i]) for i in comp) for comp in _components(off[np.ix_(idx, idx)])]
     return site, BlockCovariance(mask.shape[0], rows, cols, blocks)
+
+
+class TiedSimplexRows(constraints.Constraint):
+    """The free entries (row-major) of a simplex leaf with fixed and tied entries (see
+    `statseq.core.restrict.simplex_block`): non-negative, tied entries equal, each row
+    summing to 1 with its fixed entries. Hashable: the leaf, its free mask and labels are
+    kept as tuples."""
+
+    event_dim = 1
+
+    def __init__(self, name, value, mask, labels):
+        self.name = str(name)
+        self.shape = tuple(int(s) for s in np.shape(value))
+        self.value = tuple(float(v) for v in np.ravel(value))
+        self.mask = tuple(bool(v) for v in np.ravel(mask))
+        self.labels = tuple(int(v) for v in np.ravel(labels))
+
+    def block(self):
+        """``(arrays, z0)`` of `simplex_block` (float64 arrays)."""
+        from statseq.core.restrict import simplex_block
+
+        return simplex_block(self.name, np.reshape(self.value, self.shape),
+                             np.reshape(self.mask, self.shape),
+                             np.reshape(self.labels, self.shape))
+
+    def full(self, x):
+        """The leaf with its free entries ``x`` (``(..., k)``) set."""
+        mask = np.reshape(self.mask, self.shape)
+        base = jnp.broadcast_to(jnp.reshape(jnp.asarray(self.value, x.dtype), self.shape),
+                                x.shape[:-1] + self.shape)
+        return base.at[(Ellipsis, *np.nonzero(mask))].set(x)
+
+    def tree_flatten(self):
+        return (), ((), {"name": self.name, "shape": self.shape, "value": self.value,
+                         "mask": self.mask, "labels": self.labels})
+
+    def __call__(self, x):
+        full = self.full(x)
+        lab = np.reshape(self.labels, self.shape)
+        ok = jnp.all(x >= 0, axis=-1) & jnp.all(
+            jnp.abs(jnp.sum(full, -1) - 1.0) < 1e-6, axis=tuple(range(-len(self.shape) + 1, 0)))
+        for label in set(self.labels) - {-1}:
+            vals = full[(Ellipsis, *np.nonzero(lab == label))]
+            ok = ok & jnp.all(jnp.abs(vals - vals[..., :1]) < 1e-9, axis=-1)
+        return ok
+
+    def feasible_like(self, prototype):
+        arrays, z0 = self.block()
+        from statseq.core.restrict import simplex_expand
+
+        full = simplex_expand(jnp.asarray(z0), arrays)
+        x = full[np.nonzero(np.reshape(self.mask, self.shape))]
+        return jnp.broadcast_to(x.astype(prototype.dtype), prototype.shape)
+
+    def eq(self, other, static=False):
+        return isinstance(other, TiedSimplexRows) and other.tree_flatten() == self.tree_flatten()
+
+    def __repr__(self):
+        return f"TiedSimplexRows({self.name}, shape={self.shape})"
+
+
+class TiedSimplexTransform(Transform):
+    """The free coordinates ``z`` of `simplex_block` -> the free entries of the leaf
+    (`simplex_expand`), with ``log |det|`` = `simplex_log_jacobian` (the density is put on
+    the tie values and every free untied entry but each row's last)."""
+
+    domain = constraints.real_vector
+
+    def __init__(self, codomain: TiedSimplexRows):
+        self._codomain = codomain
+        arrays, z0 = codomain.block()
+        self._arrays = arrays
+        self._size = len(z0)
+        self._where = np.nonzero(np.reshape(codomain.mask, codomain.shape))
+
+    @property
+    def codomain(self):
+        return self._codomain
+
+    def tree_flatten(self):
+        return (), ((), {"_codomain": self._codomain})
+
+    @classmethod
+    def tree_unflatten(cls, aux_data, params):
+        return cls(aux_data[1]["_codomain"])
+
+    def _batched(self, fn, x):
+        flat = jnp.reshape(x, (-1, x.shape[-1]))
+        out = jax.vmap(fn)(flat)
+        return jnp.reshape(out, x.shape[:-1] + out.shape[1:])
+
+    def _arrays_as(self, dtype):
+        return tuple(a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+                     for a in self._arrays)
+
+    def __call__(self, x):
+        from statseq.core.restrict import simplex_expand
+
+        arrays = self._arrays_as(x.dtype)
+        return self._batched(lambda z: simplex_expand(z, arrays)[self._where], x)
+
+    def _inverse(self, y):
+        from statseq.core.restrict import simplex_contract
+
+        arrays = self._arrays_as(y.dtype)
+        idx, tcoord = np.asarray(arrays[1]), np.asarray(arrays[5])
+
+        def one(v):
+            logits, zt = simplex_contract(self._codomain.full(v), arrays)
+            z = jnp.zeros(self._size, v.dtype).at[idx[idx >= 0]].set(logits[idx >= 0])
+            return z.at[tcoord].set(zt)
+
+        return self._batched(one, y)
+
+    def log_abs_det_jacobian(self, x, y, intermediates=None):
+        from statseq.core.restrict import simplex_log_jacobian
+
+        arrays = self._arrays_as(x.dtype)
+        flat = jnp.reshape(x, (-1, x.shape[-1]))
+        return jnp.reshape(jax.vmap(lambda z: simplex_log_jacobian(z, arrays))(flat),
+                           x.shape[:-1])
+
+    def forward_shape(self, shape):
+        return shape[:-1] + (len(self._where[0]),)
+
+    def inverse_shape(self, shape):
+        return shape[:-1] + (self._size,)
+
+    def eq(self, other, static=False):
+        return (isinstance(other, TiedSimplexTransform)
+                and self._codomain.eq(other._codomain))
+
+
+@biject_to.register(TiedSimplexRows)
+def _transform_to_tied_simplex(constraint):
+    return TiedSimplexTransform(constraint)

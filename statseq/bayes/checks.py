@@ -22,7 +22,7 @@ import numpy as np
 from statseq.bayes.distribution import SequenceDistribution, flatten_draws
 from statseq.bayes.priors import default_priors
 from statseq.core.params import _is_prior_leaf, is_shape
-from statseq.core.validation import check_positive_int, prepare_data
+from statseq.core.validation import check_key, check_positive_int, prepare_data
 
 
 def sample_prior(model, priors=None, *, num_samples, key, scale=1.0):
@@ -47,6 +47,7 @@ def sample_prior(model, priors=None, *, num_samples, key, scale=1.0):
         >>> draws.emissions.rates.shape, draws.transitions.shape
         ((5, 2), (5, 2, 2))
     """
+    check_key(key)
     n = check_positive_int(num_samples, "num_samples")
     defaults = default_priors(model, scale=scale)
     tree = jax.tree.structure(model.param_shapes(), is_leaf=is_shape)
@@ -202,6 +203,7 @@ def predictive_check(model, draws, y, *, key, statistics=None, inputs=None):
         >>> check.replicas.shape, sorted(check.p_values)[0]
         ((50, 107), 'lag-1 autocorrelation')
     """
+    check_key(key)
     yv = np.asarray(y, float)
     if yv.ndim == 2 and yv.shape[1] == 1:
         yv = yv[:, 0]

@@ -24,7 +24,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from statseq.bayes.nuts import _pointwise_log_lik, fit_nuts, posterior_params
-from statseq.core.validation import check_positive_int, prepare_data
+from statseq.core.validation import check_key, check_positive_int, prepare_data
 
 
 def _gpd_fit(x):
@@ -182,6 +182,7 @@ def lfo_cv(model, y, *, first_origin, key, pareto_k_threshold=0.7, priors=None,
         >>> res.pointwise.shape, res.refits[0]
         ((5,), 35)
     """
+    check_key(key)
     yv = np.asarray(y)
     if yv.ndim != 1 + len(model.event_shape):
         raise ValueError(f"y must be one series of shape (num_timesteps,) + "

@@ -19,7 +19,7 @@ from numpyro.distributions import constraints
 from statseq.bayes import _joint
 from statseq.core.params import param_names, params_treedef
 from statseq.core.recurrence import run_filter
-from statseq.core.validation import check_positive_int
+from statseq.core.validation import check_key, check_positive_int
 
 
 @partial(jax.jit, static_argnames=("model", "complete"))
@@ -76,7 +76,15 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
             with the same label ``L >= 0`` share one value, sampled once as the posterior
             variable ``"tied.L"`` (a scalar) with the prior of the group's first entry
             (parameter order, row-major); the tied leaf's other free entries are its own
-            variable and ``constant_data`` holds its labels as ``"<name>.ties"``.
+            variable and ``constant_data`` holds its labels as ``"<name>.ties"``. Tied
+            variances of an ``(n, n)`` covariance (rows whose covariances are fixed, as in
+            `statseq.core.restrict`) are such a group too, a positive scalar whose density
+            is the whole covariance prior at the matrix with the variances tied. Entries of
+            a simplex leaf may be tied within the leaf (e.g. a symmetric transition matrix;
+            a row holding tied entries needs a free untied entry): the leaf's free entries
+            are then one variable, sampled through the chart of `statseq.core.restrict`,
+            with density the Dirichlet kernel ``prod A_ij^(alpha_ij - 1)`` of its rows in
+            the tie values and the free untied entries but each row's last.
         ordered: dotted name of a per-state vector leaf (e.g. ``"emissions.rates"``) to
             sample under an ordering constraint ``x_1 < ... < x_K``: identifies HMM
             states (no label switching). See also `relabel_states`.
@@ -106,6 +114,7 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
         >>> idata.posterior["obs_var"].shape
         (2, 10)
     """
+    check_key(key)
     from numpyro.infer import MCMC, NUTS
 
     num_warmup = check_positive_int(num_warmup, "num_warmup")

@@ -12,7 +12,7 @@ import numpy as np
 from statseq.bayes.distribution import flatten_draws
 from statseq.core.params import validate_params
 from statseq.core.recurrence import _future_inputs, _sample_from, run_filter
-from statseq.core.validation import check_positive_int, prepare_data
+from statseq.core.validation import check_key, check_positive_int, prepare_data
 from statseq.forecast import Forecast
 
 
@@ -65,6 +65,7 @@ def posterior_predictive_forecast(model, draws, y, *, num_steps, key, samples_pe
         >>> fc.samples.shape
         (20, 5)
     """
+    check_key(key)
     num_steps = check_positive_int(num_steps, "num_steps")
     per_draw = check_positive_int(samples_per_draw, "samples_per_draw")
     flat, lead = flatten_draws(model, draws)

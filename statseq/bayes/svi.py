@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from statseq.bayes import _joint
-from statseq.core.validation import check_positive_int
+from statseq.core.validation import check_key, check_positive_int
 
 
 class SVIResult(NamedTuple):
@@ -80,9 +80,11 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
             simplex row share the mass its fixed entries leave, a scaled Dirichlet a priori;
             see `fit_nuts`); fixed entries keep their value in every draw.
         ordered: dotted name of a per-state leaf to keep ordered (see `fit_nuts`).
-        ties: integer labels tying free entries of elementwise leaves (see `fit_nuts`):
-            each tie group is one site ``"tied.L"`` of the guide; ``draws`` holds the
-            full leaves with tied entries equal.
+        ties: integer labels tying free entries of elementwise leaves, variances of
+            covariances and entries of a simplex leaf (see `fit_nuts`): each elementwise
+            or variance tie group is one site ``"tied.L"`` of the guide, a tied simplex leaf
+            one site of its free entries; ``draws`` holds the full leaves with tied entries
+            equal.
         progress: show NumPyro's progress bar.
 
     Returns:
@@ -96,6 +98,7 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
         >>> res.draws.obs_var.shape, res.losses.shape
         ((50,), (200,))
     """
+    check_key(key)
     from numpyro.infer import SVI, Trace_ELBO
     from numpyro.infer.autoguide import AutoDelta, AutoMultivariateNormal, AutoNormal
     from numpyro.infer.initialization import init_to_value

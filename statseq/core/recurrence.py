@@ -16,7 +16,7 @@ import numpy as np
 from statseq.core.buckets import cut_time
 from statseq.core.params import validate_params
 from statseq.core.results import FilterResult
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 
 
 def pairwise_sum(x, axis: int = -1):
@@ -282,6 +282,7 @@ def sample(model, params, *, num_timesteps, key, inputs=None, num_samples=None):
         ...           key=jax.random.key(0)).shape
         (50,)
     """
+    check_key(key)
     validate_params(model, params)
     num_timesteps = check_positive_int(num_timesteps, "num_timesteps")
     n = 1 if num_samples is None else check_positive_int(num_samples, "num_samples")

@@ -26,14 +26,22 @@ say depends on the leaf's constraint:
   entries of rows whose off-diagonal entries are all fixed (equal variances);
 * ``simplex`` leaves (rows of probabilities, e.g. transition matrices): any entries of a
   row may be fixed (e.g. a structural zero); the free entries share the remaining mass
-  ``1 - sum(fixed)`` of their row, as ``(1 - sum(fixed)) softmax`` of one coordinate per
-  free entry but the row's last (whose logit is 0). A row with one free entry has it
-  determined; a row with every entry fixed must sum to 1; free entries need a positive
-  remaining mass. Simplex entries cannot be tied (a tie across rows of a simplex is a
-  polytope, not a product of simplices);
+  ``R = 1 - sum(fixed)`` of their row, as ``R softmax`` of one coordinate per free entry but
+  the row's last (whose logit is 0). A row with one free entry has it determined; a row
+  with every entry fixed must sum to 1; free entries need a positive remaining mass.
+  Entries of one simplex leaf may be tied (a symmetric chain, one switching probability,
+  equal stay probabilities), see `simplex_block`: the tie values ``t_1, ..., t_m`` (one
+  per label, in label order) are mapped one after the other, ``t_k = b_k sigmoid(z_k)``
+  with ``b_k = min_r (R_r - sum_{c<k} n_rc t_c) / n_rk`` over the rows ``r`` holding label
+  ``k`` (``n_rc`` entries of label ``c`` in row ``r``), and each row's free untied entries
+  share ``R_r - sum_c n_rc t_c`` by softmax as above. This is a bijection from the free
+  coordinates onto the interior of the restricted set (a row holding tied entries needs a
+  free untied entry; a simplex tie label may not join another leaf). For one label the map
+  is smooth; with several, ``b_k`` is a minimum over rows (continuous, piecewise smooth);
 * any other constraint (correlation matrices, ...): the whole leaf only.
 
-Tied entries start at the mean of their unconstrained starting values.
+Tied entries start at the mean of their unconstrained starting values (simplex entries:
+of their probabilities, halved when that leaves no mass to the row's untied entries).
 """
 
 from __future__ import annotations
@@ -109,8 +117,7 @@ class Restriction:
                 u = z[jnp.maximum(idx, 0)]
                 out.append(jnp.where(idx >= 0, biject_to(con)(u), value).astype(value.dtype))
             elif kind[0] == "simplex":
-                value, idx, free, rest = arrs
-                out.append(_simplex_rows(z, value, idx, free, rest))
+                out.append(simplex_expand(z, arrs))
             else:  # "cov"
                 value, idx, free_diag = arrs
                 raw = jnp.where(idx >= 0, z[jnp.maximum(idx, 0)], 0.0)
@@ -139,13 +146,12 @@ class Restriction:
                 idx = arrs[1]
                 u = biject_to(con).inv(value).astype(z.dtype)
                 z = z.at[jnp.where(idx >= 0, idx, size)].set(u, mode="drop")
-            elif kind[0] == "simplex":  # log-ratios to the row's last free entry
-                idx, free = arrs[1], arrs[2]
-                last = _last_free(free)
-                logv = jnp.log(jnp.where(free, value, 1.0))
-                ref = jnp.sum(jnp.where(last, logv, 0.0), axis=-1, keepdims=True)
-                z = z.at[jnp.where(idx >= 0, idx, size)].set((logv - ref).astype(z.dtype),
+            elif kind[0] == "simplex":
+                idx, tcoord = arrs[1], arrs[5]
+                logits, zt = simplex_contract(value, arrs)
+                z = z.at[jnp.where(idx >= 0, idx, size)].set(logits.astype(z.dtype),
                                                              mode="drop")
+                z = z.at[tcoord].set(zt.astype(z.dtype))
             else:  # "cov": the Cholesky factor of the free block (the fixed rows set to I)
                 idx, free_diag = arrs[1], arrs[2]
                 both = free_diag[:, None] & free_diag[None, :]
@@ -164,7 +170,7 @@ class Restriction:
             elif kind[0] == "entry":
                 masks.append(np.asarray(arrs[1]) >= 0)
             elif kind[0] == "simplex":
-                masks.append(np.asarray(arrs[2]))
+                masks.append(np.asarray(arrs[2]) | (np.asarray(arrs[4]) >= 0))
             else:
                 idx = np.asarray(arrs[1]) >= 0
                 masks.append(idx | idx.T)
@@ -280,8 +286,10 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
         ``restriction.z0`` in float64.
 
     Raises:
-        ValueError: a restriction the leaf's constraint cannot represent, a tied entry that
-            is fixed, or a free covariance block that does not start positive definite.
+        ValueError: a restriction the leaf's constraint cannot represent (e.g. a simplex row
+            whose free entries are all tied, or a simplex tie label shared with another
+            leaf), a tied entry that is fixed, or a free covariance block that does not
+            start positive definite.
 
     Examples:
         >>> import jax, jax.numpy as jnp, numpy as np, statseq as ss
@@ -396,19 +404,6 @@ def _last_free(free):
     return free & (after == 1)
 
 
-def _simplex_rows(z, value, idx, free, rest):
-    """Rows with the free entries ``rest * softmax(logits)`` (the last free entry's logit 0)
-    and the fixed entries as in ``value`` (bit for bit)."""
-    logits = jnp.where(idx >= 0, z[jnp.maximum(idx, 0)], 0.0)
-    logits = logits - jax.lax.stop_gradient(
-        jnp.max(jnp.where(free, logits, -jnp.inf), axis=-1, keepdims=True,
-                initial=0.0))
-    e = jnp.where(free, jnp.exp(jnp.where(free, logits, 0.0)), 0.0)
-    total = jnp.sum(e, axis=-1, keepdims=True)
-    probs = rest * e / jnp.where(total > 0, total, 1.0)
-    return jnp.where(free, probs.astype(value.dtype), value)
-
-
 def simplex_rest(name, value, mask) -> np.ndarray:
     """Check a per-entry mask of the simplex leaf ``params.<name>`` and return the mass
     ``1 - sum(fixed)`` left to each row's free entries (shape ``value.shape[:-1] + (1,)``).
@@ -444,19 +439,156 @@ def simplex_rest(name, value, mask) -> np.ndarray:
 
 
 def _simplex(build, name, value, mask, lab):
-    if lab is not None and (lab >= 0).any():
-        raise ValueError(
-            f"ties.{name}: entries of simplex rows (params.{name}) cannot be tied (the tied "
-            "rows would no longer be independent simplices); fix entries instead, or fit a "
-            "reparameterized model with fit_lbfgs")
+    labels = [] if lab is None else sorted({int(v) for v in np.asarray(lab)[lab >= 0]})
+    for label in labels:
+        if label in build.tie_index:
+            raise ValueError(
+                f"ties.{name}: label {label} joins entries of the simplex leaf params.{name} "
+                "and of another leaf; simplex ties stay within one leaf")
+    arrs, z = simplex_block(name, value, mask, lab)
+    offset = len(build.z)
+    build.z.extend([float(v)] for v in z)
+    idx, tcoord = np.asarray(arrs[1]), np.asarray(arrs[5])
+    for k, label in enumerate(labels):
+        build.tie_index[label] = offset + int(tcoord[k])
+        build.tie_kind[label] = ("simplex", name)
+    return (arrs[0], jnp.asarray(np.where(idx >= 0, idx + offset, -1).astype(np.int32)),
+            *arrs[2:5], jnp.asarray((tcoord + offset).astype(np.int32)), arrs[6])
+
+
+def simplex_block(name, value, mask, lab=None) -> tuple:
+    """The free coordinates of one simplex leaf with fixed and tied entries.
+
+    Returns ``(arrays, z0)``: ``arrays`` for `simplex_expand` (coordinates numbered from 0)
+    and the starting coordinates ``z0`` (float64). The coordinates are one logit per free
+    untied entry but each row's last (in row-major order), then one per tie label (label
+    order); see the module for the map.
+
+    Raises:
+        ValueError: what `simplex_rest` raises, or a row with tied entries but no free
+            untied entry (its tie values would be determined by the others: tie fewer
+            entries, e.g. only the off-diagonal ones of a symmetric chain).
+    """
     arr = np.asarray(value, np.float64)
+    mask = np.asarray(mask, bool)
+    lab = np.full(arr.shape, -1, np.int64) if lab is None else np.asarray(lab, np.int64)
+    tied = mask & (lab >= 0)
+    free = mask & ~tied
     rest = simplex_rest(name, value, mask)
-    last = np.asarray(_last_free(jnp.asarray(mask)))
-    idx = np.full(mask.shape, -1, np.int32)
-    for pos in zip(*np.nonzero(mask & ~last), strict=True):
+    labels = sorted({int(v) for v in lab[tied]})
+    m = len(labels)
+    slot = np.full(arr.shape, -1, np.int32)
+    for k, label in enumerate(labels):
+        slot[tied & (lab == label)] = k
+    counts = np.stack([(slot == k).sum(-1) for k in range(m)], -1) if m else np.zeros(
+        arr.shape[:-1] + (0,))
+    rows_t, rows_f = tied.reshape(-1, arr.shape[-1]), free.reshape(-1, arr.shape[-1])
+    for r in range(rows_t.shape[0]):
+        if rows_t[r].any() and not rows_f[r].any():
+            where = [int(i) for i in np.unravel_index(r, arr.shape[:-1])] if arr.ndim > 1 else []
+            raise ValueError(
+                f"ties.{name}{where}: every free entry of this simplex row is tied, so its "
+                "tie values are determined by the others (the row must sum to 1); leave at "
+                "least one free entry of each row untied (e.g. tie only the off-diagonal "
+                "entries of a symmetric chain)")
+    # starting tie values: the mean probability of their entries, taken in label order and
+    # halved into the remaining range when the mean does not fit
+    used = np.zeros(arr.shape[:-1])
+    zt = np.zeros(m)
+    for k in range(m):
+        t = float(arr[slot == k].mean())
+        bound = _bound(rest[..., 0] - used, counts[..., k], np)
+        frac = t / bound if t < 0.99 * bound else 0.5
+        zt[k] = math.log(frac) - math.log1p(-frac)
+        used = used + counts[..., k] * bound * frac
+    after = np.flip(np.cumsum(np.flip(free, -1), -1), -1)  # `_last_free` in NumPy
+    last = free & (after == 1)
+    idx = np.full(arr.shape, -1, np.int32)
+    zf = []
+    for pos in zip(*np.nonzero(free & ~last), strict=True):
         ref = float(np.log(arr[pos[:-1]][last[pos[:-1]]][0]))
-        idx[pos] = build.coordinate(float(np.log(arr[pos])) - ref, None, None, name)
-    return (value, jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(rest, value.dtype))
+        idx[pos] = len(zf)
+        zf.append(float(np.log(arr[pos])) - ref)
+    tcoord = np.arange(len(zf), len(zf) + m, dtype=np.int32)
+    dtype = jnp.asarray(value).dtype
+    arrays = (jnp.asarray(value), jnp.asarray(idx), jnp.asarray(free),
+              jnp.asarray(rest, dtype), jnp.asarray(slot), jnp.asarray(tcoord),
+              jnp.asarray(counts, dtype))
+    return arrays, np.concatenate([np.asarray(zf, np.float64), zt])
+
+
+def _bound(avail, count, xp):
+    """``min_r avail_r / count_r`` over the rows with ``count_r > 0``."""
+    pos = count > 0
+    return xp.min(xp.where(pos, avail / xp.where(pos, count, 1), xp.inf))
+
+
+def _tie_values(z, arrays):
+    """The tie values ``t`` (one per label) and each row's mass ``R - sum_c n_c t_c`` left to
+    its untied entries, with the log of the bounds ``b_k`` (for the Jacobian)."""
+    _, _, _, rest, _, tcoord, counts = arrays
+    used = jnp.zeros(rest.shape[:-1], z.dtype)
+    t, log_b = [], []
+    for k in range(tcoord.shape[0]):
+        bound = _bound(rest[..., 0] - used, counts[..., k], jnp)
+        t.append(bound * jax.nn.sigmoid(z[tcoord[k]]))
+        log_b.append(jnp.log(bound))
+        used = used + counts[..., k] * t[-1]
+    t = jnp.stack(t) if t else jnp.zeros((0,), z.dtype)
+    return t, rest - used[..., None], log_b
+
+
+def simplex_expand(z, arrays) -> jax.Array:
+    """The simplex leaf at coordinates ``z`` (fixed entries as in ``value``, bit for bit)."""
+    value, idx, free, _, slot, tcoord, _ = arrays
+    t, rest, _ = _tie_values(z, arrays)
+    logits = jnp.where(idx >= 0, z[jnp.maximum(idx, 0)], 0.0)
+    logits = logits - jax.lax.stop_gradient(
+        jnp.max(jnp.where(free, logits, -jnp.inf), axis=-1, keepdims=True, initial=0.0))
+    e = jnp.where(free, jnp.exp(jnp.where(free, logits, 0.0)), 0.0)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = rest * e / jnp.where(total > 0, total, 1.0)
+    tied = t[jnp.maximum(slot, 0)] if tcoord.shape[0] else jnp.zeros_like(probs)
+    out = jnp.where(free, probs, jnp.where(slot >= 0, tied, value))
+    return out.astype(value.dtype)
+
+
+def simplex_log_jacobian(z, arrays) -> jax.Array:
+    """``log |det d(free values) / dz|``: the free values are the tie values and every free
+    untied entry but each row's last. The map is block triangular (the ties do not depend
+    on the logits), so this is ``sum_k [log b_k + log sigmoid'(z_k)] + sum_rows [sum_j
+    log p_j - log R'_r]`` over the rows' untied entries ``p_j`` and their mass ``R'_r``."""
+    _, _, free, _, _, tcoord, _ = arrays
+    _, rest, log_b = _tie_values(z, arrays)
+    out = jnp.zeros((), z.dtype)
+    for k in range(tcoord.shape[0]):
+        out = out + log_b[k] + jax.nn.log_sigmoid(z[tcoord[k]]) + jax.nn.log_sigmoid(
+            -z[tcoord[k]])
+    full = simplex_expand(z, arrays)
+    has = jnp.any(free, axis=-1)
+    per_row = jnp.sum(jnp.where(free, jnp.log(jnp.where(free, full, 1.0)), 0.0), -1) - \
+        jnp.where(has, jnp.log(jnp.where(has, rest[..., 0], 1.0)), 0.0)
+    return out + jnp.sum(per_row)
+
+
+def simplex_contract(value, arrays) -> tuple:
+    """``(logits, tie_coordinates)`` of a simplex leaf ``value`` that satisfies the
+    restriction (the inverse of `simplex_expand`; logits where ``idx >= 0``)."""
+    _, _, free, rest, slot, tcoord, counts = arrays
+    last = _last_free(free)
+    logv = jnp.log(jnp.where(free, value, 1.0))
+    ref = jnp.sum(jnp.where(last, logv, 0.0), axis=-1, keepdims=True)
+    used = jnp.zeros(rest.shape[:-1], value.dtype)
+    zt = []
+    for k in range(tcoord.shape[0]):
+        members = slot == k
+        t = jnp.sum(jnp.where(members, value, 0.0)) / jnp.sum(members)
+        bound = _bound(rest[..., 0] - used, counts[..., k], jnp)
+        frac = t / bound
+        zt.append(jnp.log(frac) - jnp.log1p(-frac))
+        used = used + counts[..., k] * t
+    zt = jnp.stack(zt) if zt else jnp.zeros((0,), value.dtype)
+    return logv - ref, zt
 
 
 def _covariance(build, name, value, mask, lab):

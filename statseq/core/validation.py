@@ -486,3 +486,49 @@ def require_observed(data: Prepared, method: str) -> None:
     if not _is_tracer(mask) and not np.any(np.asarray(mask)):
         raise ValueError(f"{method}: y has no observed values (every entry is masked or "
                          "missing): there is nothing to fit")
+
+
+def check_key(key, name: str = "key"):
+    """``key`` if it is one JAX random key, else a clear error naming ``name``.
+
+    Accepts a new-style typed key (``jax.random.key(0)``, shape ``()``) and a raw ``uint32``
+    key (``jax.random.PRNGKey(0)``, shape ``(2,)``, or ``(4,)`` under the ``rbg``
+    implementation), concrete or traced.
+
+    Raises:
+        TypeError: ``None``, a Python or NumPy number (``use jax.random.key(0)``), an array
+            of another dtype (floats, signed integers, booleans) or a non-array.
+        ValueError: a key array of the wrong shape (e.g. a batch of keys).
+
+    Examples:
+        >>> import jax
+        >>> check_key(jax.random.key(0)).shape
+        ()
+        >>> check_key(0)
+        Traceback (most recent call last):
+        ...
+        TypeError: key must be a JAX random key, got the int 0: use jax.random.key(0)
+    """
+    hint = "use jax.random.key(0)"
+    if key is None:
+        raise TypeError(f"{name} must be a JAX random key, got None: {hint}")
+    if isinstance(key, bool | int | float | complex | np.number | np.bool_):
+        if isinstance(key, int | np.integer) and not isinstance(key, bool | np.bool_):
+            hint = f"use jax.random.key({int(key)})"
+        raise TypeError(f"{name} must be a JAX random key, got the {type(key).__name__} "
+                        f"{key!r}: {hint}")
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    if dtype is None or shape is None:
+        raise TypeError(f"{name} must be a JAX random key, got {type(key).__name__}: {hint}")
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if tuple(shape) != ():
+            raise ValueError(f"{name} must be one random key (shape ()), got a key array of "
+                             f"shape {tuple(shape)}; split it and pass one key")
+        return key
+    if np.dtype(dtype) != np.uint32:
+        raise TypeError(f"{name} must be a JAX random key, got an array of dtype {dtype}: "
+                        f"{hint} (or a raw uint32 key from jax.random.PRNGKey)")
+    if tuple(shape) not in ((2,), (4,)):
+        raise ValueError(f"{name} must be one random key: a raw uint32 key has shape (2,), "
+                         f"got shape {tuple(shape)}; {hint}")
+    return key

@@ -11,6 +11,7 @@ import numpy as np
 
 from statseq.core.params import validate_params
 from statseq.core.validation import (
+    check_key,
     check_positive_int,
     pandas_values,
     prepare_data,
@@ -277,6 +278,7 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         >>> res.table.shape[0], list(res.summary.index)
         (9, [1, 2, 3])
     """
+    check_key(key)
     horizon = check_positive_int(horizon, "horizon")
     num_samples = check_positive_int(num_samples, "num_samples", 2)
     levels = _check_levels(levels)

@@ -35,7 +35,7 @@ from jax.scipy.special import ndtri
 from statseq.core.distributions import _is_discrete, marginal_cdf, scalar_cdf
 from statseq.core.params import validate_params
 from statseq.core.recurrence import run_filter
-from statseq.core.validation import prepare_data
+from statseq.core.validation import check_key, prepare_data
 from statseq.evaluation import stattests
 
 
@@ -172,6 +172,8 @@ def pit(model, params, y, *, mask=None, inputs=None, key=None):
         >>> bool(((u > 0) & (u < 1)).all())
         True
     """
+    if key is not None:
+        check_key(key)
     out, _ = _compute(model, params, y, mask, inputs)
     return _randomize(out, key)
 
@@ -206,6 +208,8 @@ def quantile_residuals(model, params, y, *, mask=None, inputs=None, key=None):
         >>> r.shape, bool(np.nanmax(abs(r - e)) < 1e-3)     # Gaussian predictive: r = e
         ((100,), True)
     """
+    if key is not None:
+        check_key(key)
     out, _ = _compute(model, params, y, mask, inputs)
     if "z" in out:
         return out["z"]
@@ -323,6 +327,8 @@ def diagnose(model, params, y, *, mask=None, inputs=None, key=None, lags=None):
         >>> d.tests.index.tolist()
         ['ljung_box', 'heteroskedasticity', 'jarque_bera']
     """
+    if key is not None:
+        check_key(key)
     import pandas as pd
 
     out, batch_shape = _compute(model, params, y, mask, inputs)

@@ -37,6 +37,7 @@ from statseq.core.validation import (
     require_observed,
 )
 from statseq.fit import _progress
+from statseq.fit._tied_simplex import tied_simplex_m_step
 
 
 def dirichlet_map(counts, prior, old):
@@ -197,6 +198,8 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
             new = restriction.expand(model, generalized_m_step(
                 lambda z: q_of(restriction.expand(model, z)),
                 restriction.contract(model, new)))
+            # tied simplex entries: the exact constrained maximizer (Newton on the ties)
+            new = tied_simplex_m_step(restriction, q_of, new)
         last = trace[jnp.maximum(i - 1, 0)]
         scale = jnp.maximum(1.0, jnp.abs(value))
         converged = (i > 0) & (jnp.abs(value - last) <= tol * scale)
@@ -267,11 +270,14 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         ties: ``None`` or integer labels like ``params`` (`statseq.core.restrict`; equal
             labels ``>= 0`` share one value), for models with ``expected_log_joint``
             (HMMs, `LinearGaussianSSM`, `MarkovSwitchingAR`); others raise a
-            ``ValueError``, and entries of simplex rows cannot be tied. Tied entries start
-            at their common value; each iteration runs the closed-form M-step with them
-            held, keeps it only if it raised ``Q = expected_log_joint + log prior``, then
-            takes `generalized_m_step` (accepted gradient steps) on ``Q`` over the
-            restricted free vector: an ECM iteration, still monotone.
+            ``ValueError``. Tied entries start at their common value; each iteration runs
+            the closed-form M-step with them held, keeps it only if it raised
+            ``Q = expected_log_joint + log prior``, then takes `generalized_m_step`
+            (accepted gradient steps) on ``Q`` over the restricted free vector: an ECM
+            iteration, still monotone. Simplex leaves with tied entries (e.g. a symmetric
+            transition matrix) then get the exact constrained maximizer of their
+            ``sum N log A`` term (Newton on the tie values, `statseq.fit._tied_simplex`),
+            kept only if ``Q`` did not decrease.
 
     Returns:
         A `~statseq.FitResult`; ``log_joint[n]`` is the objective at the parameters

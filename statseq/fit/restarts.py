@@ -10,7 +10,7 @@ import numpy as np
 
 from statseq.core.params import degenerate_fit_warning
 from statseq.core.results import FitResult
-from statseq.core.validation import check_positive_int
+from statseq.core.validation import check_key, check_positive_int
 from statseq.fit.degeneracy import MIN_VARIANCE_RATIO, spurious_states
 
 
@@ -134,6 +134,7 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int | None
         >>> res.best.method
         'lbfgs'
     """
+    check_key(key)
     from statseq.fit.em import fit_em
     from statseq.fit.lbfgs import fit_lbfgs
     from statseq.fit.sgd import fit_sgd

@@ -31,6 +31,7 @@ from statseq.core.recurrence import run_filter
 from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import (
+    check_key,
     check_positive_int,
     float_dtype,
     prepare_data,
@@ -258,6 +259,7 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         >>> fit.log_joint.shape
         (500,)
     """
+    check_key(key)
     start = time.perf_counter()
     validate_params(model, params)
     validate_priors(model, priors)

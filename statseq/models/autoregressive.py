@@ -29,7 +29,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from statseq.core.model import SequenceModel, register_model
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference.gaussian import (
     condition_on_leading,
     solve_discrete_lyapunov,
@@ -309,6 +309,7 @@ class AR(SequenceModel):
     def initialize(self, y, *, key, inputs=None, mask=None, method="data") -> ARParams:
         """Least-squares estimates (``"data"``), or those with coefficients shrunk by a random
         factor in (0, 1) (``"random"``, for restarts of an exact-likelihood fit)."""
+        check_key(key)
         if method == "random":
             est = self.fit_least_squares(y, inputs=inputs, mask=mask)
             factor = jax.random.uniform(key, (), minval=0.0, maxval=1.0)

@@ -107,15 +107,16 @@ def test_sampler_simplex_entries_bad_input():
     with pytest.raises(ValueError, match="leaving no probability"):
         ss.fit_nuts(model, y, key=jax.random.key(0), init_params=full, trainable=bad,
                     num_warmup=2, num_samples=2)
-    ties = jax.tree.map(lambda _: None, p)._replace(
-        transitions=np.array([[0, -1, 0], [-1] * 3, [-1] * 3]))
-    with pytest.raises(ValueError, match="elementwise"):
-        ss.fit_nuts(model, y, key=jax.random.key(0), init_params=p, ties=ties,
-                    num_warmup=2, num_samples=2)
     # a covariance pattern L L^T cannot reach, and a fixed zero variance
     g = ss.LinearGaussianSSM(state_dim=1, emission_dim=3)
     pg = g.default_params()
     yg = np.random.default_rng(0).normal(size=(20, 3))
+    # tied variances need their covariances fixed (as in restrict)
+    ties = jax.tree.map(lambda _: None, pg)._replace(
+        emission_cov=np.where(np.eye(3, dtype=bool), 0, -1))
+    with pytest.raises(ValueError, match="covariances fixed"):
+        ss.fit_nuts(g, yg, key=jax.random.key(0), init_params=pg, ties=ties,
+                    num_warmup=2, num_samples=2)
     chain = np.array([[True, True, False], [True, True, True], [False, True, True]])
     with pytest.raises(ValueError, match="block-diagonal"):
         ss.fit_nuts(g, yg, key=jax.random.key(0), init_params=pg,

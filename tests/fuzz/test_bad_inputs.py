@@ -12,6 +12,8 @@ the whole matrix runs in seconds.
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import numpy as np
 import optax
@@ -176,3 +178,86 @@ def test_malformed_params_raise_a_clear_error(spec):
             with pytest.raises(error, match=pattern):
                 ss.log_prob(spec.model, new, spec.y)
                 pytest.fail(f"leaf {k}: {label}: no error")  # pragma: no cover
+
+
+# ---- random keys ------------------------------------------------------------------------
+BAD_KEYS = [
+    ("None", None, TypeError, r"got None: use jax\.random\.key\(0\)"),
+    ("int", 0, TypeError, r"got the int 0: use jax\.random\.key\(0\)"),
+    ("numpy int", np.int64(7), TypeError, r"use jax\.random\.key\(7\)"),
+    ("float", 1.5, TypeError, "got the float"),
+    ("float array", np.zeros(2), TypeError, "dtype float64"),
+    ("int32 array", np.zeros(2, np.int32), TypeError, "dtype int32"),
+    ("string", "seed", TypeError, "got str"),
+    ("raw key of shape (3,)", np.zeros(3, np.uint32), ValueError, r"shape \(2,\)"),
+    ("batch of typed keys", jax.random.split(jax.random.key(0)), ValueError,
+     "one random key"),
+    ("batch of raw keys", jax.random.split(jax.random.PRNGKey(0)), ValueError,
+     "one random key"),
+]
+
+
+def _key_entry_points(spec):
+    """``{name: call(key)}``: every public entry point taking a key that applies."""
+    m, p, y = spec.model, spec.params, spec.y
+    out = {
+        "sample": lambda k: ss.sample(m, p, num_timesteps=3, key=k),
+        "forecast": lambda k: ss.forecast(m, p, y, num_steps=2, num_samples=2, key=k),
+        "initialize": lambda k: m.initialize(y, key=k),
+        "fit_sgd": lambda k: ss.fit_sgd(m, p, y, optimizer=optax.adam(1e-2), num_steps=2,
+                                        key=k, progress=False),
+        "fit_restarts": lambda k: ss.fit_restarts(m, y, key=k, num_restarts=1,
+                                                  method="lbfgs", num_iters=2),
+        "backtest": lambda k: ss.backtest(m, p, y, horizon=1, key=k, num_samples=2),
+    }
+    if hasattr(m, "sample_states_posterior"):
+        out["sample_states_posterior"] = lambda k: m.sample_states_posterior(p, y, key=k)
+    return out
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
+def test_bad_keys_raise_a_clear_error(spec):
+    optional = inspect.signature(spec.model.initialize).parameters["key"].default is None
+    for entry, call in _key_entry_points(spec).items():
+        for label, key, error, pattern in BAD_KEYS:
+            if key is None and entry == "initialize" and optional:
+                continue  # a deterministic initializer (structural models) takes no key
+            with pytest.raises(error, match=pattern):
+                call(key)
+                pytest.fail(f"{entry}: {label}: no error")  # pragma: no cover
+
+
+def test_bad_keys_in_the_bayesian_entry_points():
+    from statseq.bayes import lfo_cv, predictive_check, sample_prior
+
+    model, y = ss.PoissonHMM(num_states=2), np.array([3, 5, 4, 6, 2, 1, 0, 4])
+    draws = sample_prior(model, num_samples=4, key=jax.random.key(0), scale=20.0)
+    calls = {
+        "fit_nuts": lambda k: ss.fit_nuts(model, y, key=k, num_warmup=2, num_samples=2),
+        "fit_svi": lambda k: ss.fit_svi(model, y, key=k, num_steps=2),
+        "lfo_cv": lambda k: lfo_cv(model, y, first_origin=5, key=k),
+        "sample_prior": lambda k: sample_prior(model, num_samples=2, key=k),
+        "predictive_check": lambda k: predictive_check(model, draws, y, key=k),
+        "posterior_predictive_forecast": lambda k: ss.posterior_predictive_forecast(
+            model, draws, y, num_steps=2, key=k),
+    }
+    for entry, call in calls.items():
+        for label, key, error, pattern in BAD_KEYS:
+            with pytest.raises(error, match=pattern):
+                call(key)
+                pytest.fail(f"{entry}: {label}: no error")  # pragma: no cover
+    # where the key is optional (the randomized PIT), None is fine and a bad key is not
+    params = model.initialize(y, key=jax.random.key(0))
+    for _label, key, error, pattern in BAD_KEYS[1:]:
+        with pytest.raises(error, match=pattern):
+            ss.pit(model, params, y, key=key)
+
+
+def test_raw_and_typed_keys_are_both_accepted():
+    """A raw ``uint32`` key (``jax.random.PRNGKey``) and the typed key wrapping the same
+    data draw the same sample."""
+    spec = SPECS[0]
+    raw = jax.random.PRNGKey(3)
+    a = ss.sample(spec.model, spec.params, num_timesteps=4, key=raw)
+    b = ss.sample(spec.model, spec.params, num_timesteps=4, key=jax.random.wrap_key_data(raw))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -146,9 +146,9 @@ def test_entry_restrictions_bad_input():
     with pytest.raises(ValueError, match="transitions"):
         ss.fit_em(model, off, y, trainable=_all(p, True)._replace(
             transitions=np.array([[False, False], [True, True]])), progress=False)
-    # simplex entries cannot be tied
-    ties = _all(p, None)._replace(transitions=np.array([[0, -1], [-1, 0]]))
-    with pytest.raises(ValueError, match="cannot be tied"):
+    # a simplex row whose free entries are all tied
+    ties = _all(p, None)._replace(transitions=np.array([[0, 1], [-1, -1]]))
+    with pytest.raises(ValueError, match="every free entry of this simplex row is tied"):
         ss.fit_em(model, p, y, ties=ties, progress=False)
     # ties across different constraints (a mean and a variance)
     g = ss.GaussianHMM(num_states=2, emission_dim=1, covariance="diagonal")

@@ -102,7 +102,8 @@ def test_sampler_ties_bad_input():
     with pytest.raises(ValueError, match="ties entries that trainable fixes"):
         ss.fit_nuts(model, y, trainable=trainable._replace(emission_bias=False), ties=ties,
                     **kw)
-    with pytest.raises(ValueError, match="elementwise leaves"):
+    # tied variances need their covariances fixed (the samplers tie variances as restrict)
+    with pytest.raises(ValueError, match="covariances fixed"):
         ss.fit_nuts(model, y, trainable=trainable._replace(dynamics_cov=True),
                     ties=ties._replace(dynamics_cov=np.array([[0, -1], [-1, 0]])), **kw)
     with pytest.raises(TypeError, match="integer array"):

@@ -30,7 +30,7 @@ from numpyro.distributions import constraints
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import SequenceModel
 from statseq.core.recurrence import pairwise_sum
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import hmm_parallel
 from statseq.inference._backend import use_parallel  # noqa: F401 - re-exported
@@ -382,6 +382,7 @@ class HMMBase(SequenceModel):
                                 inputs=None):
         """Draws of whole state paths from ``p(z_{1:T} | y_{1:T})`` (forward filter,
         backward sample): ``(num_samples,) + batch_shape + (T,)`` ints."""
+        check_key(key)
         from statseq.core.params import validate_params
 
         validate_params(self, params)
@@ -662,6 +663,7 @@ class HMMBase(SequenceModel):
             >>> bool(jax.numpy.all(jax.numpy.diag(p.transitions) < 1 / 3))
             True
         """
+        check_key(key)
         if method not in ("data", "random"):
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         if transitions is not None and transitions not in _TRANSITION_FAMILIES:

@@ -35,7 +35,7 @@ import numpyro.distributions as dist
 
 from statseq.core.distributions import masked_log_prob
 from statseq.core.model import SequenceModel
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.models.neural.heads import EMISSIONS, Head, make_head
 
 
@@ -245,6 +245,7 @@ class NeuralSequenceModel(SequenceModel):
         Returns:
             `NeuralParams`.
         """
+        check_key(key)
         data = prepare_data(self, y, mask, inputs)
         k_backbone, k_head = jax.random.split(key)
         return NeuralParams(

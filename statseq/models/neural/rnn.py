@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.model import register_model
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.models.neural.base import NeuralParams, NeuralSequenceModel
 from statseq.models.neural.cells import RNNBackbone
 
@@ -92,6 +92,7 @@ class _RNNModel(NeuralSequenceModel):
         Returns:
             `NeuralParams`.
         """
+        check_key(key)
         params = super().initialize(y, key=key, inputs=inputs, mask=mask)
         if self.head.observation_dtype != "real":
             return params
@@ -173,6 +174,7 @@ class ElmanRNN(_RNNModel):
         Returns:
             `NeuralParams`.
         """
+        check_key(key)
         params = super().initialize(y, key=key, inputs=inputs, mask=mask)
         if not self.echo_state:
             return params

@@ -29,6 +29,7 @@ from statseq.core.buckets import cut_steps
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
 from statseq.core.validation import (
+    check_key,
     check_positive_int,
     float_dtype,
     pandas_values,
@@ -323,6 +324,7 @@ class GaussianSSMBase(SequenceModel):
                                 inputs=None):
         """Draws of whole state paths from ``p(x_{0:T-1} | y)`` (forward filtering,
         backward sampling): ``(num_samples,) + batch_shape + (T, n)``."""
+        check_key(key)
         validate_params(self, params)
         num_samples = check_positive_int(num_samples, "num_samples")
         data = prepare_data(self, y, mask, inputs)

@@ -16,7 +16,7 @@ import numpy as np
 from numpyro.distributions import constraints
 
 from statseq.core.model import register_model
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import kalman
 from statseq.inference.gaussian import solve_discrete_lyapunov, symmetrize
 from statseq.models.ssm.base import GaussianSSMBase
@@ -186,6 +186,7 @@ class LinearGaussianSSM(GaussianSSMBase):
         Returns:
             `LGSSMParams`.
         """
+        check_key(key)
         if self._leading() != ((), ()):
             raise NotImplementedError("initialize the time-varying model's params yourself")
         data = prepare_data(self, y, mask, inputs)

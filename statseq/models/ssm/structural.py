@@ -40,7 +40,7 @@ from numpyro.distributions import constraints
 
 from statseq.core.model import register_model
 from statseq.core.params import param_names
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import kalman
 from statseq.inference.gaussian import solve_discrete_lyapunov
 from statseq.models.ssm.base import GaussianSSMBase
@@ -736,6 +736,8 @@ class _StructuralBase(GaussianSSMBase):
         Returns:
             The model's params.
         """
+        if key is not None:
+            check_key(key)
         data = prepare_data(self, y, mask, inputs)
         yy = np.where(np.asarray(data.mask), np.asarray(data.y, float), np.nan)
         diffs = np.diff(yy, axis=1)

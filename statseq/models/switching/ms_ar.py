@@ -34,7 +34,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from statseq.core.model import SequenceModel, register_model
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.models.hmm.base import stationary_distribution
 from statseq.models.switching import _ms_ar_em
@@ -355,6 +355,8 @@ class MarkovSwitchingAR(SequenceModel):
             >>> bool(p.transitions[0, 0] < 0.5 or p.transitions[1, 1] < 0.5)
             True
         """
+        if key is not None:
+            check_key(key)
         if method not in ("data", "random"):
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         if method == "random" and key is None:
