@@ -379,11 +379,11 @@ assert len(covers_zero) >= 2  # "several" in the text below
 # A few hundred values are too few for a network; the monthly sunspot numbers
 # (`ss.datasets.load_sunspots_monthly()`, R's `sunspot.month`) are 3,177 values, January
 # 1749 to September 2013, about 24 solar cycles. They are also the classic nonlinear
-# series: each cycle rises in about four years and declines over about seven. A stationary
-# Gaussian AR process is time-reversible, so a linear AR cannot produce that asymmetry;
-# threshold and other nonlinear autoregressions fit the sunspot numbers better than linear
-# ones (Tong, 1990, *Non-linear Time Series*, ch. 7). Does a small GRU find that
-# nonlinearity, and does it pay off in one-step forecasts?
+# series: each cycle rises faster than it declines. A stationary Gaussian AR process is
+# time-reversible (Weiss, 1975), so a linear AR cannot produce that asymmetry; threshold
+# and other nonlinear autoregressions fit the sunspot numbers better than linear ones
+# (Tong, 1990, *Non-linear Time Series: A Dynamical System Approach*). Does a small GRU
+# find that nonlinearity, and does it pay off in one-step forecasts?
 #
 # We model Tong's transform $x = 2(\sqrt{1 + y} - 1)$ of the monthly numbers $y$ (Ghaddar
 # and Tong, 1981: a square root, shifted so that months with no sunspots map to 0),
