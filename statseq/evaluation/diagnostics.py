@@ -279,13 +279,15 @@ class Diagnostics(NamedTuple):
     acf: Any
     kind: str
 
-    def plot(self, series: int = 0, fig=None):
+    def plot(self, series: int = 0, fig=None, residual_name: str | None = None):
         """`plot_diagnostics` of the residuals (of column ``series`` for a vector series);
-        returns the matplotlib ``Figure``."""
+        returns the matplotlib ``Figure``. ``residual_name`` (e.g. ``"pseudo-residual"``)
+        names the residuals on the axes, as in `plot_diagnostics`."""
         resid = np.asarray(self.residuals)
         if resid.ndim == 2:
             resid = resid[:, series]
-        return plot_diagnostics(resid, lags=self.acf.shape[-1] - 1, fig=fig)
+        return plot_diagnostics(resid, lags=self.acf.shape[-1] - 1, fig=fig,
+                                residual_name=residual_name)
 
 
 def _trim(series):
@@ -364,7 +366,8 @@ def diagnose(model, params, y, *, mask=None, inputs=None, key=None, lags=None):
     return Diagnostics(resid, u, table, acf, kind)
 
 
-def plot_diagnostics(residuals, *, lags: int = 10, fig=None):
+def plot_diagnostics(residuals, *, lags: int = 10, fig=None,
+                     residual_name: str | None = None):
     """Four panels like statsmodels' ``plot_diagnostics``: residuals over time, histogram
     with a kernel density and the ``N(0, 1)`` density, normal Q-Q plot, correlogram.
 
@@ -373,19 +376,45 @@ def plot_diagnostics(residuals, *, lags: int = 10, fig=None):
             a vector series: pass one column).
         lags: the correlogram's largest lag.
         fig: an existing matplotlib ``Figure`` to draw on (a new one by default).
+        residual_name: what to call the residuals on the axes, e.g. ``"pseudo-residual"``
+            or ``"quantile residual"``. If given, it is the first panel's title (capitalized)
+            and y label and the histogram's x label, and the Q-Q plot's axes read
+            ``"N(0, 1) quantile"`` and ``"<residual_name> quantile"``. ``None`` (default)
+            keeps the generic labels ``"residual"``, ``"theoretical quantile"`` and
+            ``"sample quantile"`` under the title ``"Standardized residual"``.
 
     Returns:
         The matplotlib ``Figure``.
+
+    Raises:
+        ValueError: If ``residuals`` is not 1-D, has fewer than 3 finite values, or
+            ``residual_name`` is an empty string.
+        TypeError: If ``residual_name`` is neither a string nor ``None``.
 
     Examples:
         >>> import numpy as np
         >>> fig = plot_diagnostics(np.random.default_rng(0).normal(size=80))
         >>> len(fig.axes)
         4
+        >>> fig = plot_diagnostics(np.random.default_rng(0).normal(size=80),
+        ...                        residual_name="pseudo-residual")
+        >>> fig.axes[2].get_xlabel(), fig.axes[2].get_ylabel()
+        ('N(0, 1) quantile', 'pseudo-residual quantile')
     """
     import matplotlib.pyplot as plt
     from scipy import stats
 
+    if residual_name is not None and not isinstance(residual_name, str):
+        raise TypeError("residual_name must be a string or None; got "
+                        f"{type(residual_name).__name__}")
+    if residual_name is not None and not residual_name.strip():
+        raise ValueError("residual_name must be a non-empty string (or None)")
+    if residual_name is None:
+        name, title = "residual", "Standardized residual"
+        qq_x, qq_y = "theoretical quantile", "sample quantile"
+    else:
+        name, title = residual_name, residual_name[:1].upper() + residual_name[1:]
+        qq_x, qq_y = "N(0, 1) quantile", f"{residual_name} quantile"
     resid = np.asarray(residuals, float)
     if resid.ndim != 1:
         raise ValueError(f"residuals must be one series (1-D); got shape {resid.shape}")
@@ -398,9 +427,9 @@ def plot_diagnostics(residuals, *, lags: int = 10, fig=None):
     ax = axes[0, 0]
     ax.plot(np.arange(resid.size), resid, lw=1)
     ax.axhline(0.0, color="k", lw=0.5)
-    ax.set_title("Standardized residual")
+    ax.set_title(title)
     ax.set_xlabel("time step")
-    ax.set_ylabel("residual")
+    ax.set_ylabel(name)
     ax = axes[0, 1]
     ax.hist(clean, bins="auto", density=True, alpha=0.6, label="Hist")
     grid = np.linspace(min(clean.min(), -3), max(clean.max(), 3), 200)
@@ -409,15 +438,15 @@ def plot_diagnostics(residuals, *, lags: int = 10, fig=None):
     ax.plot(grid, stats.norm.pdf(grid), label="N(0,1)")
     ax.legend(fontsize="small", framealpha=0.6)
     ax.set_title("Histogram plus estimated density")
-    ax.set_xlabel("residual")
+    ax.set_xlabel(name)
     ax.set_ylabel("density")
     ax = axes[1, 0]
     theo = stats.norm.ppf((np.arange(1, clean.size + 1) - 0.5) / clean.size)
     ax.plot(theo, np.sort(clean), "o", ms=3)
     ax.plot(theo, theo, "k-", lw=0.8)
     ax.set_title("Normal Q-Q")
-    ax.set_xlabel("theoretical quantile")
-    ax.set_ylabel("sample quantile")
+    ax.set_xlabel(qq_x)
+    ax.set_ylabel(qq_y)
     ax = axes[1, 1]
     r = stattests.acf(clean, lags)[1:]
     ax.vlines(np.arange(1, lags + 1), 0.0, r)

@@ -237,6 +237,31 @@ def test_plot_diagnostics_draws_four_panels(nile):
     matplotlib.pyplot.close("all")
 
 
+def test_plot_diagnostics_residual_name_sets_axis_labels(nile):
+    y, _ = nile
+    d = ss.diagnose(ss.LocalLevel(), NILE_PARAMS, y)
+    labels = lambda fig: [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes]  # noqa: E731
+    # the default keeps the generic labels
+    assert labels(d.plot()) == [("time step", "residual"), ("residual", "density"),
+                                ("theoretical quantile", "sample quantile"),
+                                ("lag", "autocorrelation")]
+    named = [("time step", "pseudo-residual"), ("pseudo-residual", "density"),
+             ("N(0, 1) quantile", "pseudo-residual quantile"), ("lag", "autocorrelation")]
+    fig = d.plot(residual_name="pseudo-residual")
+    assert labels(fig) == named
+    assert [ax.get_title() for ax in fig.axes][0] == "Pseudo-residual"
+    fig = ss.plot_diagnostics(d.residuals, residual_name="pseudo-residual")
+    assert labels(fig) == named
+    # the data drawn do not depend on the labels
+    np.testing.assert_array_equal(fig.axes[0].lines[0].get_ydata(),
+                                  d.plot().axes[0].lines[0].get_ydata())
+    with pytest.raises(TypeError, match="residual_name"):
+        ss.plot_diagnostics(d.residuals, residual_name=1)
+    with pytest.raises(ValueError, match="residual_name"):
+        d.plot(residual_name=" ")
+    matplotlib.pyplot.close("all")
+
+
 def test_bad_input_is_rejected(nile):
     y, _ = nile
     with pytest.raises(ValueError, match="one series"):
