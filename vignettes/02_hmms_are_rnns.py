@@ -638,12 +638,8 @@ for ax in axes:
     ax.legend(fontsize=8)
 plt.show()
 
-fig = checks[k_best].plot()
-labels = [("year index", "pseudo-residual"), ("pseudo-residual", "density"),
-          ("N(0, 1) quantile", "pseudo-residual quantile"), ("lag", "autocorrelation")]
-for ax, (xlabel, ylabel) in zip(fig.axes, labels, strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
-fig.axes[0].set_title("Pseudo-residual")
+fig = checks[k_best].plot(residual_name="pseudo-residual")
+fig.axes[0].set_xlabel("year index")
 fig.suptitle(f"{k_best}-state Poisson HMM: pseudo-residual diagnostics")
 fig.tight_layout()
 plt.show()

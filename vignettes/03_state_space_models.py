@@ -266,12 +266,8 @@ plt.show()
 # %%
 diag_ll = ss.diagnose(model, params, y)
 print(diag_ll.tests.round(3))
-fig = diag_ll.plot()
-DIAGNOSTIC_LABELS = [("residual", "density"), ("N(0, 1) quantile", "residual quantile"),
-                     ("lag", "autocorrelation")]  # panels 2-4 of `Diagnostics.plot`
-for ax, (xlabel, ylabel) in zip(fig.axes, [("year - 1871", "residual")] + DIAGNOSTIC_LABELS,
-                                strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig = diag_ll.plot(residual_name="residual")
+fig.axes[0].set_xlabel("year - 1871")
 fig.suptitle("Local level model: standardized prediction errors")
 fig.tight_layout()
 plt.show()
@@ -418,10 +414,8 @@ obs_iv = np.asarray(aux_iv.observation_std)[:, 0]
 top = np.argsort(-np.abs(obs_iv))[:3]
 print("largest |observation residual|: "
       + ", ".join(f"{years[i]}: {obs_iv[i]:+.2f}" for i in top))
-fig = diag_iv.plot()
-for ax, (xlabel, ylabel) in zip(fig.axes, [("year - 1871", "residual")] + DIAGNOSTIC_LABELS,
-                                strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig = diag_iv.plot(residual_name="residual")
+fig.axes[0].set_xlabel("year - 1871")
 fig.suptitle("Level + 1899 shift: standardized prediction errors")
 fig.tight_layout()
 plt.show()
@@ -694,10 +688,8 @@ print(f"VAR(2) log-lik {crit_var2['log_lik']:.4f}, two AR(2) {ll_sep:.4f}; LR = 
       f"on 5 df, p-value {stats.chi2.sf(lr_var, 5):.3f}")
 diag_var = ss.diagnose(var2, var2_params, Y)
 print(diag_var.tests.round(3))
-fig = diag_var.plot(series=0)
-for ax, (xlabel, ylabel) in zip(fig.axes, [("year - 1821", "residual")] + DIAGNOSTIC_LABELS,
-                                strict=True):
-    ax.set(xlabel=xlabel, ylabel=ylabel)
+fig = diag_var.plot(series=0, residual_name="residual")
+fig.axes[0].set_xlabel("year - 1821")
 fig.suptitle("VAR(2), lynx equation: standardized prediction errors")
 fig.tight_layout()
 plt.show()
