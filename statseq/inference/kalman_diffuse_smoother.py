@@ -45,8 +45,10 @@ from statseq.inference.kalman import (
     KalmanSmootherResult,
     _check,
     arrays_at,
+    dynamics_weights,
     initial_carry,
     kalman_step,
+    smoothed_from_filtered,
 )
 from statseq.inference.kalman_diffuse import diffuse_update
 
@@ -137,7 +139,11 @@ def diffuse_smoothed(arrays: GaussianSSMArrays, total, mean, cov, factor, filt: 
     sm_cov = symmetrize(cov - cov @ n0 @ cov - pn1p - jnp.swapaxes(pn1p, 1, 2)
                         - pinf @ n2 @ pinf)
     num_t = mean.shape[0]
-    f = jax.vmap(lambda t: arrays_at(arrays, t).dynamics_weights)(jnp.arange(num_t - 1))
+    f = dynamics_weights(arrays, num_t)
+    # steps that start identified (P_inf = 0): the cancellation-free form from the filtered
+    # covariance (`statseq.inference.kalman.smoothed_from_filtered`)
+    plain = jnp.all(factor == 0.0, axis=(1, 2))[:, None, None]
+    sm_cov = jnp.where(plain, smoothed_from_filtered(f, filt.cov, n0), sm_cov)
     fps = f @ filt.cov[:-1]
     fpi = f @ (filt.diffuse[:-1] @ jnp.swapaxes(filt.diffuse[:-1], 1, 2))
     ps1, pi1 = cov[1:], pinf[1:]

@@ -100,6 +100,8 @@ from statseq.inference.kalman import (
     _masked_innovation_cov,
     _masked_rows,
     arrays_at,
+    dynamics_weights,
+    smoothed_from_filtered,
 )
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -642,7 +644,9 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
     cov = fwd.pred_c
     sm_b = fwd.pred_b + cov @ r_prev  # (T, n, 1 + q): smoothed mean and regression on delta
     sm_mean = sm_b[:, :, 0]
-    sm_cov = symmetrize(cov - cov @ n_prev @ cov)
+    # P_{t|t} - (F P_{t|t})^T N_t (F P_{t|t}): no cancellation where R << Q (the sequential
+    # smoother's form, `statseq.inference.kalman.smoothed_from_filtered`)
+    sm_cov = smoothed_from_filtered(dynamics_weights(arrays, y.shape[0]), fwd.filt_c, n_prev)
     eye = jnp.eye(cov.shape[-1], dtype=cov.dtype)
     cross = (eye - cov[1:] @ n_prev[1:]) @ l_mat[:-1] @ cov[:-1]
     if dif is not None:
