@@ -140,9 +140,10 @@ def diffuse_smoothed(arrays: GaussianSSMArrays, total, mean, cov, factor, filt: 
                         - pinf @ n2 @ pinf)
     num_t = mean.shape[0]
     f = dynamics_weights(arrays, num_t)
-    # steps that start identified (P_inf = 0): the cancellation-free form from the filtered
-    # covariance (`statseq.inference.kalman.smoothed_from_filtered`)
-    plain = jnp.all(factor == 0.0, axis=(1, 2))[:, None, None]
+    # steps after which every diffuse direction is identified (filtered P_inf = 0, the
+    # factor is zeroed then): the cancellation-free form from the (proper) filtered
+    # covariance, `statseq.inference.kalman.smoothed_from_filtered`
+    plain = jnp.all(filt.diffuse == 0.0, axis=(1, 2))[:, None, None]
     sm_cov = jnp.where(plain, smoothed_from_filtered(f, filt.cov, n0), sm_cov)
     fps = f @ filt.cov[:-1]
     fpi = f @ (filt.diffuse[:-1] @ jnp.swapaxes(filt.diffuse[:-1], 1, 2))
