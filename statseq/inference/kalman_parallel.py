@@ -554,6 +554,10 @@ def parallel_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalman
         >>> bool(jnp.allclose(res.marginal_log_lik, kalman_filter(*args).marginal_log_lik))
         True
     """
+    if arrays.initial_diffuse.shape[-1]:
+        from statseq.inference.kalman_parallel_diffuse import diffuse_parallel_filter
+
+        return diffuse_parallel_filter(arrays, y, mask, inputs)
     fwd = _forward(arrays, y, mask, inputs)
     dif = _diffuse_terms(fwd) if fwd.xw.shape[-1] else None
     log_probs, pred_mean, pred_c, filt_mean, filt_c = _log_probs(arrays, fwd, dif, y, mask,
@@ -635,6 +639,17 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
         >>> bool(jnp.allclose(res.smoothed_means, kalman_smoother(*args).smoothed_means))
         True
     """
+    if arrays.initial_diffuse.shape[-1]:
+        from statseq.inference.kalman_parallel_diffuse import diffuse_parallel_smoother
+
+        return diffuse_parallel_smoother(arrays, y, mask, inputs)
+    return _parallel_smoother(arrays, y, mask, inputs)[0]
+
+
+def _parallel_smoother(arrays: GaussianSSMArrays, y, mask, inputs):
+    """`parallel_kalman_smoother`'s result, with ``r_{-1}`` ``(n, 1 + q)`` and ``N_{-1}``
+    ``(n, n)`` (the backward recursion's values at the start of step 0) and the per-step
+    log-densities."""
     fwd = _forward(arrays, y, mask, inputs)
     dif = _diffuse_terms(fwd) if fwd.xw.shape[-1] else None
     log_probs, _, _, filt_mean, filt_cov = _log_probs(arrays, fwd, dif, y, mask, inputs)
@@ -665,5 +680,5 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
         pinv_cov = symmetrize(fwd.filt_c + diffuse_f @ dif.pinv @ _mT(diffuse_f))
         filt_mean = jnp.where(dif.full[:, None], filt_mean, pinv_mean)
         filt_cov = jnp.where(dif.full[:, None, None], filt_cov, pinv_cov)
-    return KalmanSmootherResult(pairwise_sum(log_probs), filt_mean, filt_cov, sm_mean, sm_cov,
-                                cross)
+    return (KalmanSmootherResult(pairwise_sum(log_probs), filt_mean, filt_cov, sm_mean, sm_cov,
+                                 cross), r_prev[0], n_prev[0], log_probs)
