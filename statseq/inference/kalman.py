@@ -32,8 +32,8 @@ with ``kappa = 0`` and propagates ``A_t`` (how the predicted state depends on th
 
 the diffuse log-likelihood of Durbin and Koopman (2012, sec. 5.7 and 7.2), which is what
 statsmodels and KFAS report; smoothed moments follow by integrating ``delta`` over its
-posterior ``N(S^{-1} s, S^{-1})`` (`sample_posterior` does this; `kalman_smoother` now
-runs the exact initial smoother instead). The per-step log-densities are the increments of the
+posterior ``N(S^{-1} s, S^{-1})`` (`kalman_smoother` and `sample_posterior` run the exact
+initial smoother instead, which stays accurate as ``R -> 0``). The per-step log-densities are the increments of the
 running diffuse log-likelihood, computed with pseudo-determinants while ``S`` is
 singular; once ``S`` has full rank the filter *collapses* ``delta`` into the state and
 continues as a plain Kalman filter.
@@ -581,63 +581,67 @@ def _filtered_from_uncollapsed(filt: KalmanCarry, q: int):
 
 
 def sample_posterior(arrays: GaussianSSMArrays, y, mask, inputs, key, num_samples: int = 1):
-    """Draw state paths ``x_{0:T-1} ~ p(x | y)`` (forward filtering, backward sampling).
+    """Draw state paths ``x_{0:T-1} ~ p(x | y)`` (the simulation smoother of Durbin and
+    Koopman 2002, mean corrections).
 
-    Backward from ``x_{T-1} ~ N(m_{T-1|T-1}, P_{T-1|T-1})``, each ``x_t | x_{t+1}, y_{<=t}``
-    is Gaussian with mean ``m_{t|t} + J_t (x_{t+1} - a_{t+1})`` and covariance
-    ``P_{t|t} - J_t F_t P_{t|t}``, ``J_t = P_{t|t} F_t^T P_{t+1|t}^{-1}`` (a Cholesky solve,
-    with a rounding-level jitter for the singular predicted covariances of structural
-    models). With diffuse directions, ``delta`` is first drawn from its posterior
-    ``N(S^{-1} s, S^{-1})`` and the path from the model started at ``m + A delta``.
+    Each draw simulates ``(x+, y+)`` from the model (diffuse directions at ``delta = 0``,
+    ``y+`` masked as ``y``) and returns
+
+        x~ = E[x | y] + x+ - E[x+ | y+],
+
+    with both smoothed means from `kalman_smoother`. ``x+ - E[x+ | y+]`` is independent of
+    ``y+`` with covariance ``Cov[x | y]`` (and does not depend on ``delta``, since the exact
+    initial smoother reproduces the diffuse directions), so ``x~`` has the posterior law and
+    inherits the smoother's exactness: down to zero observation variance, with the exact
+    diffuse initialization, and where ``R = 0`` pins ``H x_t`` the draws reproduce the
+    observed ``y_t`` to rounding. Nothing is inverted but innovation covariances (singular
+    ``Q`` and predicted covariances need no jitter).
+
+    Args:
+        arrays: the model's matrices.
+        y: ``(T, D)`` observations.
+        mask: ``(T, D)`` booleans.
+        inputs: ``(T, m)`` inputs.
+        key: a JAX PRNG key.
+        num_samples: the number of paths.
 
     Returns:
         ``(num_samples, T, n)`` paths.
     """
-    q = arrays.initial_diffuse.shape[1]
-    n = arrays.initial_mean.shape[-1]
-    num_t = y.shape[0]
     inputs = jnp.asarray(inputs)
-    if q:
-        _, (_, _, _, _, filt, _) = _scan_filter(arrays, y, mask, inputs, collapse=False)
-        chol_s = jnp.linalg.cholesky(symmetrize(filt.info[-1]))
-        delta_hat = jsl.cho_solve((chol_s, True), filt.score[-1])
+    num_t = y.shape[0]
+    x_hat = kalman_smoother(arrays, y, mask, inputs).smoothed_means
+
+    def simulate(k):
+        k0, kw, kv = jax.random.split(k, 3)
+        x0 = _mvn_draw(k0, arrays.initial_mean, arrays.initial_cov)
+
+        def forward(x, xs):
+            t, kk = xs
+            arr_t = arrays_at(arrays, t)
+            mean = (arr_t.dynamics_weights @ x + arr_t.dynamics_input_weights @ inputs[t + 1]
+                    + arr_t.dynamics_bias)
+            x_next = _mvn_draw(kk, mean, arr_t.dynamics_cov)
+            return x_next, x_next
+
+        _, rest = jax.lax.scan(forward, x0, (jnp.arange(num_t - 1),
+                                            jax.random.split(kw, num_t - 1)))
+        xs = jnp.concatenate([x0[None], rest], axis=0)
+
+        def emit(t, x, kk):
+            arr_t = arrays_at(arrays, t)
+            mean = (arr_t.emission_weights @ x + arr_t.emission_input_weights @ inputs[t]
+                    + arr_t.emission_bias)
+            return _mvn_draw(kk, mean, arr_t.emission_cov)
+
+        ys = jax.vmap(emit)(jnp.arange(num_t), xs, jax.random.split(kv, num_t))
+        return xs, jnp.where(mask, ys, 0.0)
 
     def one(k):
-        k_delta, k_last, k_rest = jax.random.split(k, 3)
-        arr = arrays
-        if q:
-            eps = jax.random.normal(k_delta, (q,), delta_hat.dtype)
-            delta = delta_hat + jsl.solve_triangular(chol_s.T, eps, lower=False)
-            arr = arrays._replace(
-                initial_mean=arrays.initial_mean + arrays.initial_diffuse @ delta,
-                initial_diffuse=jnp.zeros((n, 0), delta.dtype),
-            )
-        filt = kalman_filter(arr, y, mask, inputs)
-        f_mean, f_cov = filt.filtered_means, filt.filtered_covs
-        x_last = _mvn_draw(k_last, f_mean[-1], f_cov[-1])
-
-        def back(x_next, xs):
-            t, m, p, kk = xs
-            arr_t = arrays_at(arr, t)
-            f = arr_t.dynamics_weights
-            pred_m = f @ m + arr_t.dynamics_input_weights @ inputs[t + 1] + arr_t.dynamics_bias
-            pred_p = symmetrize(f @ p @ f.T + arr_t.dynamics_cov)
-            gain = jsl.cho_solve((_robust_cholesky(pred_p), True), f @ p).T
-            x = _mvn_draw(kk, m + gain @ (x_next - pred_m), symmetrize(p - gain @ f @ p))
-            return x, x
-
-        keys = jax.random.split(k_rest, num_t - 1)
-        ts = jnp.arange(num_t - 1)
-        _, xs = jax.lax.scan(back, x_last, (ts, f_mean[:-1], f_cov[:-1], keys), reverse=True)
-        return jnp.concatenate([xs, x_last[None]], axis=0)
+        x_plus, y_plus = simulate(k)
+        return x_hat + (x_plus - kalman_smoother(arrays, y_plus, mask, inputs).smoothed_means)
 
     return jax.vmap(one)(jax.random.split(key, num_samples))
-
-
-def _robust_cholesky(p):
-    scale = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(p))), jnp.finfo(p.dtype).tiny)
-    eps = 1e-12 if p.dtype == jnp.float64 else 1e-6
-    return jnp.linalg.cholesky(p + eps * scale * jnp.eye(p.shape[0], dtype=p.dtype))
 
 
 def _mvn_draw(key, mean, cov):
