@@ -33,10 +33,10 @@ with ``kappa = 0`` and propagates ``A_t`` (how the predicted state depends on th
 the diffuse log-likelihood of Durbin and Koopman (2012, sec. 5.7 and 7.2), which is what
 statsmodels and KFAS report; smoothed moments follow by integrating ``delta`` over its
 posterior ``N(S^{-1} s, S^{-1})`` (`kalman_smoother` and `sample_posterior` run the exact
-initial smoother instead, which stays accurate as ``R -> 0``). The per-step log-densities are the increments of the
-running diffuse log-likelihood, computed with pseudo-determinants while ``S`` is
-singular; once ``S`` has full rank the filter *collapses* ``delta`` into the state and
-continues as a plain Kalman filter.
+initial smoother instead, which stays accurate as ``R -> 0``). The per-step log-densities
+are the increments of the running diffuse log-likelihood, computed with
+pseudo-determinants while ``S`` is singular; once ``S`` has full rank the filter
+*collapses* ``delta`` into the state and continues as a plain Kalman filter.
 
 The functions are not jitted themselves: wrap them, or the code that calls them, in
 ``jax.jit``.
