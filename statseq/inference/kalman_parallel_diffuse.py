@@ -12,9 +12,12 @@ diffuse direction (the sequential filter *collapses* there):
 
 1. **Head** (steps ``0 .. t_0 - 1``, usually ``q`` steps or a few more with missing
    values): the exact initial filter of Koopman and Durbin
-   (`statseq.inference.kalman_diffuse_smoother.diffuse_step`), sequentially, in a
-   ``while_loop`` that stops as soon as the carry collapses, so that its cost does not
-   grow with ``T``.
+   (`statseq.inference.kalman_diffuse_smoother.diffuse_step`), sequentially, in a scan
+   over a static ``min(T, 2 q + 16)`` steps that passes the steps after the collapse
+   through (a scan, unlike a while loop, has reverse-mode derivatives), so that its cost
+   does not grow with ``T``. Where the data have not identified every direction by then
+   (long runs of missing values at the start) and the sequence goes on, the sequential
+   filter or smoother runs instead (`jax.lax.cond`).
 2. **Tail** (steps ``t_0 .. T-1``): a proper-prior problem, ``x_{t_0} | y_{<t_0} ~ N(a,
    P)`` from the collapsed carry, solved by the parallel (associative-scan) filter and
    smoother. To keep shapes static the tail is the whole sequence shifted left by
@@ -22,7 +25,7 @@ diffuse direction (the sequential filter *collapses* there):
    end fully masked: missing steps after the last observation change no earlier moment.
 3. **Head smoother**: the exact initial smoother's backward recursion
    (`statseq.inference.kalman_diffuse_smoother.diffuse_backward_step`) from the tail's
-   ``r_{t_0 - 1}``, ``N_{t_0 - 1}``, again in a loop of ``t_0`` steps.
+   ``r_{t_0 - 1}``, ``N_{t_0 - 1}``, in a reverse scan over the same static length.
 
 Every result is then the sequential one: log-densities, predicted and filtered moments
 (the exact initial filter's ``a_t``, ``P_star`` in the head), smoothed means, covariances
@@ -30,6 +33,8 @@ and cross-covariances.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +49,8 @@ from statseq.inference.kalman import (
     KalmanSmootherResult,
     _check,
     initial_carry,
+    kalman_filter,
+    kalman_smoother,
     predicted_moments,
 )
 from statseq.inference.kalman_diffuse_smoother import (
@@ -53,29 +60,34 @@ from statseq.inference.kalman_diffuse_smoother import (
 )
 
 
+def head_length(num_t: int, q: int) -> int:
+    """The static number of steps the head may take: ``min(T, 2 q + 16)``."""
+    return min(num_t, 2 * q + 16)
+
+
+def _pad(x, num_t):
+    return jnp.concatenate([x, jnp.zeros((num_t - x.shape[0],) + x.shape[1:], x.dtype)])
+
+
 def _head(arrays: GaussianSSMArrays, y, mask, inputs):
     """The exact initial filter until the carry collapses: ``(t_0, final carry, buffers)``,
     the buffers ``(T, ...)`` holding `diffuse_step`'s outputs at steps ``< t_0`` (0 after).
-    """
+    A scan over `head_length` steps that skips the steps after the collapse (a scan, not a
+    while loop, so that reverse-mode derivatives exist)."""
     num_t = y.shape[0]
+    steps = head_length(num_t, arrays.initial_diffuse.shape[1])
     carry = initial_carry(arrays)
-    xs0 = (y[0], mask[0], inputs[0])
-    shapes = jax.eval_shape(lambda c: diffuse_step(arrays, c, xs0)[1], carry)
-    bufs = jax.tree.map(lambda s: jnp.zeros((num_t,) + s.shape, s.dtype), shapes)
+    shapes = jax.eval_shape(lambda c: diffuse_step(arrays, c, (y[0], mask[0], inputs[0]))[1],
+                            carry)
 
-    def cond(state):
-        c, _ = state
-        return (c.t < num_t) & ~c.collapsed
+    def skip(c, xs):
+        return c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-    def body(state):
-        c, bufs = state
-        t = c.t
-        new, out = diffuse_step(arrays, c, (y[t], mask[t], inputs[t]))
-        bufs = jax.tree.map(lambda b, o: b.at[t].set(o), bufs, out)
-        return new, bufs
+    def step(c, xs):
+        return jax.lax.cond(c.collapsed, skip, partial(diffuse_step, arrays), c, xs)
 
-    carry, bufs = jax.lax.while_loop(cond, body, (carry, bufs))
-    return carry.t, carry, bufs
+    carry, bufs = jax.lax.scan(step, carry, (y[:steps], mask[:steps], inputs[:steps]))
+    return carry.t, carry, jax.tree.map(lambda b: _pad(b, num_t), bufs)
 
 
 def _shifted(arrays: GaussianSSMArrays, carry: KalmanCarry, t0, y, mask, inputs):
@@ -113,47 +125,75 @@ def diffuse_parallel_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalma
 
     _check(arrays, y, mask, inputs)
     t0, carry, bufs = _head(arrays, y, mask, inputs)
-    lp, mean, cov, _, filt, _, _, _ = bufs
-    tail = parallel_kalman_filter(*_shifted(arrays, carry, t0, y, mask, inputs))
-    log_probs = _unshift(t0, lp, tail.log_probs)
-    return KalmanFilterResult(
-        pairwise_sum(log_probs), log_probs, _unshift(t0, mean, tail.predicted_means),
-        _unshift(t0, cov, tail.predicted_covs), _unshift(t0, filt.mean, tail.filtered_means),
-        _unshift(t0, filt.cov, tail.filtered_covs))
+
+    def split(_):
+        lp, mean, cov, _, filt, _, _, _ = bufs
+        tail = parallel_kalman_filter(*_shifted(arrays, carry, t0, y, mask, inputs))
+        log_probs = _unshift(t0, lp, tail.log_probs)
+        return KalmanFilterResult(
+            pairwise_sum(log_probs), log_probs, _unshift(t0, mean, tail.predicted_means),
+            _unshift(t0, cov, tail.predicted_covs),
+            _unshift(t0, filt.mean, tail.filtered_means),
+            _unshift(t0, filt.cov, tail.filtered_covs))
+
+    def sequential(_):
+        return kalman_filter(arrays, y, mask, inputs)
+
+    return jax.lax.cond(_identified(carry, y.shape[0]), split, sequential, None)
+
+
+def _identified(carry: KalmanCarry, num_t: int):
+    """Whether the head identified every diffuse direction (or covered the sequence); where
+    not (long runs of missing values at the start), the sequential filter runs instead."""
+    return carry.collapsed | (carry.t >= num_t)
 
 
 def diffuse_parallel_smoother(arrays: GaussianSSMArrays, y, mask, inputs
                               ) -> KalmanSmootherResult:
     """`statseq.inference.kalman_parallel.parallel_kalman_smoother` with diffuse directions
     (module docstring); the same result as the sequential `kalman_smoother`."""
-    from statseq.inference.kalman_parallel import _parallel_smoother
 
     _check(arrays, y, mask, inputs)
-    num_t = y.shape[0]
-    n = arrays.initial_mean.shape[-1]
-    dtype = arrays.initial_cov.dtype
     t0, carry, bufs = _head(arrays, y, mask, inputs)
+
+    def sequential(_):
+        return kalman_smoother(arrays, y, mask, inputs)
+
+    return jax.lax.cond(_identified(carry, y.shape[0]), partial(_split_smoother, arrays, y,
+                                                                mask, inputs, t0, carry, bufs),
+                        sequential, None)
+
+
+def _split_smoother(arrays, y, mask, inputs, t0, carry, bufs, _):
+    from statseq.inference.kalman_parallel import _parallel_smoother
+
+    num_t = y.shape[0]
+    n, q = arrays.initial_diffuse.shape
+    dtype = arrays.initial_cov.dtype
     lp, mean, cov, factor, filt, inn, diffuse, ents = bufs
     shifted = _shifted(arrays, carry, t0, y, mask, inputs)
     tail, r_tail, n_tail, tail_lp = _parallel_smoother(*shifted)
-    # the head's backward recursion from the tail's r_{t0-1}, N_{t0-1}
+    # the head's backward recursion from the tail's r_{t0-1}, N_{t0-1} (a reverse scan over
+    # the head's static length that passes the steps >= t0 through: their entries, and the
+    # entries after the head, hold the initial values, which step t0 - 1 reads at t0)
     zero_v, zero_m = jnp.zeros((n,), dtype), jnp.zeros((n, n), dtype)
     init = (r_tail[:, 0], zero_v, n_tail, zero_m, zero_m)
-    back = tuple(jnp.zeros((num_t,) + a.shape, dtype) for a in init)
+
+    def back_step(c, t):
+        def run(c):
+            x = jax.tree.map(lambda b: b[t], (inn.w, inn.z, inn.chol, inn.h, ents))
+            return diffuse_backward_step(arrays, c, (t, diffuse[t]) + x)
+
+        c = jax.lax.cond(t < t0, run, lambda c: c, c)
+        return c, c
+
+    steps = head_length(num_t, q)
+    _, back = jax.lax.scan(back_step, init, jnp.arange(steps), reverse=True)
+    back = tuple(jnp.concatenate([b, jnp.broadcast_to(a, (num_t - steps,) + a.shape)])
+                 for b, a in zip(back, init, strict=True))
+    # the moments at t0 (the first tail step) enter the head's cross-covariance
     at_t0 = jnp.minimum(t0, num_t - 1)
     in_range = t0 < num_t
-    back = tuple(jnp.where(in_range, b.at[at_t0].set(a), b)
-                 for b, a in zip(back, init, strict=True))
-
-    def step(i, state):
-        c, back = state
-        t = t0 - 1 - i
-        x = jax.tree.map(lambda b: b[t], (inn.w, inn.z, inn.chol, inn.h, ents))
-        c = diffuse_backward_step(arrays, c, (t, diffuse[t]) + x)
-        return c, tuple(b.at[t].set(v) for b, v in zip(back, c, strict=True))
-
-    _, back = jax.lax.fori_loop(0, t0, step, (init, back))
-    # the moments at t0 (the first tail step) enter the head's cross-covariance
     shifted_arr = shifted[0]
     mean = jnp.where(in_range, mean.at[at_t0].set(shifted_arr.initial_mean), mean)
     cov = jnp.where(in_range, cov.at[at_t0].set(shifted_arr.initial_cov), cov)
@@ -167,4 +207,3 @@ def diffuse_parallel_smoother(arrays: GaussianSSMArrays, y, mask, inputs
         _unshift(t0, filt.cov, tail.filtered_covs),
         _unshift(t0, head.smoothed_means, tail.smoothed_means),
         _unshift(t0, head.smoothed_covs, tail.smoothed_covs), cross)
-

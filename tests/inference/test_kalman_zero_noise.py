@@ -15,6 +15,7 @@ trend with a fixed slope (singular ``Q = diag(q, 0)``), at ``Q / R`` in ``{1e8, 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,31 @@ def test_parallel_filter_and_smoother_equal_sequential_with_diffuse_start(name):
             a, b = np.asarray(a), np.asarray(b)
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14 * np.max(np.abs(b)),
                                        err_msg=f"{name} {field}")
+
+
+def test_parallel_diffuse_fallback_and_gradient():
+    """The head scans ``min(T, 2 q + 16) = 20`` steps: with the first 19 steps of the trend
+    missing the data identify both directions only at step 20, and the parallel filter
+    and smoother fall back to the sequential ones (same results). The log-likelihood's
+    gradient in ``(Q, R)`` through the parallel filter equals the sequential one."""
+    (arrays, y, mask, u), _ = _get(("trend", True, 1e-12))
+    late = mask.at[:19].set(False)
+    for seq, par in ((FILTER, PARALLEL_FILTER), (SMOOTHERS["sequential"],
+                                                 SMOOTHERS["parallel"])):
+        want, got = seq(arrays, y, late, u), par(arrays, y, late, u)
+        for field, a, b in zip(want._fields, got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, err_msg=field)
+
+    def log_lik(fn, scales):
+        arr = arrays._replace(dynamics_cov=arrays.dynamics_cov * scales[0],
+                              emission_cov=arrays.emission_cov * scales[1])
+        return fn(arr, y, mask, u).marginal_log_lik
+
+    ones = jnp.ones(2)
+    want = jax.jit(jax.grad(partial(log_lik, kalman.kalman_filter)))(ones)
+    got = jax.jit(jax.grad(partial(log_lik, kalman_parallel.parallel_kalman_filter)))(ones)
+    assert np.all(np.isfinite(np.asarray(want)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-8)
 
 
 def test_the_old_form_cancels_where_the_new_one_does_not():
