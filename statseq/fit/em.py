@@ -381,7 +381,7 @@ def _spurious(model, fitted, y, mask, inputs) -> tuple[int, ...]:
         f"state {k}: expected occupancy {check.occupancy[k]:.3g}, variance ratio "
         f"{check.variance_ratio[k]:.3g}" for k in states)
     warnings.warn(
-        f"fit_em converged to a spurious maximizer: {details} (thresholds: occupancy "
+        f"fit_em ended at a spurious maximizer: {details} (thresholds: occupancy "
         f"{check.min_occupancy:g}, variance ratio {check.min_variance_ratio:g}); "
         "the likelihood is unbounded as a state's variance collapses onto a few points. "
         "Use statseq.fit_restarts (exclude_spurious=True), fewer states or priors; "
