@@ -120,7 +120,17 @@ def _unshift(t0, head, tail):
 
 def diffuse_parallel_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
     """`statseq.inference.kalman_parallel.parallel_kalman_filter` with diffuse directions
-    (module docstring); the same result as the sequential `kalman_filter`."""
+    (module docstring); the same result as the sequential `kalman_filter`.
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` ``(n, q)``, ``q > 0``).
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `~statseq.inference.kalman.KalmanFilterResult`.
+    """
     from statseq.inference.kalman_parallel import parallel_kalman_filter
 
     _check(arrays, y, mask, inputs)
@@ -151,7 +161,17 @@ def _identified(carry: KalmanCarry, num_t: int):
 def diffuse_parallel_smoother(arrays: GaussianSSMArrays, y, mask, inputs
                               ) -> KalmanSmootherResult:
     """`statseq.inference.kalman_parallel.parallel_kalman_smoother` with diffuse directions
-    (module docstring); the same result as the sequential `kalman_smoother`."""
+    (module docstring); the same result as the sequential `kalman_smoother`.
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` ``(n, q)``, ``q > 0``).
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans, ``True`` where observed.
+        inputs: ``(T, m)`` inputs (``m`` may be 0).
+
+    Returns:
+        A `~statseq.inference.kalman.KalmanSmootherResult`.
+    """
 
     _check(arrays, y, mask, inputs)
     t0, carry, bufs = _head(arrays, y, mask, inputs)
