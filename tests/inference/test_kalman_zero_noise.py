@@ -7,15 +7,15 @@ is the mean-correction simulation smoother on `kalman_smoother`. References: the
 filter and RTS smoother in exact rational arithmetic of `test_kalman_extreme` (reused), for
 diffuse starts with the initial variance ``kappa = 2^200`` (an exact float; the diffuse limit
 differs from it by ``O(Q / kappa) ~ 1e-60`` relative, far below the tolerance). Models: a
-local level, the correlated two-state model of `test_kalman_extreme`, and a local linear
-trend with a fixed slope (singular ``Q = diag(q, 0)``), at ``Q / R`` in ``{1e8, 1e12,
-1e16}`` and ``R = 0``, with missing steps.
+local level and the correlated two-state model of `test_kalman_extreme` with proper priors,
+and a local level and a local linear trend with a fixed slope (singular ``Q = diag(q,
+0)``) with diffuse starts, at ``Q / R`` in ``{1e8, 1e12, 1e16}`` and ``R = 0``, with
+missing steps.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -71,8 +71,7 @@ def _cases():
         yield f"level-R{r:g}", ("extreme", 1, r)
         yield f"two-state-R{r:g}", ("extreme", 2, r)
         yield f"level-diffuse-R{r:g}", ("level", True, r)
-        for diffuse in (False, True):
-            yield f"trend-{'diffuse' if diffuse else 'proper'}-R{r:g}", ("trend", diffuse, r)
+        yield f"trend-diffuse-R{r:g}", ("trend", True, r)
 
 
 CASES = dict(_cases())
@@ -140,7 +139,8 @@ def test_parallel_diffuse_fallback_and_gradient():
     """The head scans ``min(T, 2 q + 16) = 20`` steps: with the first 19 steps of the trend
     missing the data identify both directions only at step 20, and the parallel filter
     and smoother fall back to the sequential ones (same results). The log-likelihood's
-    gradient in ``(Q, R)`` through the parallel filter equals the sequential one."""
+    gradient in the scales of ``(Q, R)`` through the parallel filter (reverse mode: the
+    head is a scan, not a while loop) equals central differences of the sequential one."""
     (arrays, y, mask, u), _ = _get(("trend", True, 1e-12))
     late = mask.at[:19].set(False)
     for seq, par in ((FILTER, PARALLEL_FILTER), (SMOOTHERS["sequential"],
@@ -149,16 +149,27 @@ def test_parallel_diffuse_fallback_and_gradient():
         for field, a, b in zip(want._fields, got, want, strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, err_msg=field)
 
-    def log_lik(fn, scales):
+    def log_lik(scales):
         arr = arrays._replace(dynamics_cov=arrays.dynamics_cov * scales[0],
                               emission_cov=arrays.emission_cov * scales[1])
-        return fn(arr, y, mask, u).marginal_log_lik
+        return kalman_parallel.parallel_kalman_filter(arr, y, mask, u).marginal_log_lik
 
-    ones = jnp.ones(2)
-    want = jax.jit(jax.grad(partial(log_lik, kalman.kalman_filter)))(ones)
-    got = jax.jit(jax.grad(partial(log_lik, kalman_parallel.parallel_kalman_filter)))(ones)
-    assert np.all(np.isfinite(np.asarray(want)))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-8)
+    got = np.asarray(jax.jit(jax.grad(log_lik))(jnp.ones(2)))
+    # central differences of the (compiled) sequential filter: truncation ~h^2, rounding
+    # ~eps |log L| / h, both below 1e-8 of the derivatives here
+    # (at R = 1e-12 the log-likelihood hardly depends on R's scale: compared absolutely)
+    step = 1e-5
+    fd = np.array([(float(log_lik_seq(arrays, y, mask, u, 1 + e))
+                    - float(log_lik_seq(arrays, y, mask, u, 1 - e))) / (2 * step)
+                   for e in np.eye(2) * step])
+    assert abs(fd[0]) > 1.0
+    np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-6 * abs(fd[0]))
+
+
+def log_lik_seq(arrays, y, mask, u, scales):
+    arr = arrays._replace(dynamics_cov=arrays.dynamics_cov * scales[0],
+                          emission_cov=arrays.emission_cov * scales[1])
+    return FILTER(arr, y, mask, u).marginal_log_lik
 
 
 def test_the_old_form_cancels_where_the_new_one_does_not():
