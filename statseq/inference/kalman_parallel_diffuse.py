@@ -17,7 +17,10 @@ diffuse direction (the sequential filter *collapses* there):
    through (a scan, unlike a while loop, has reverse-mode derivatives), so that its cost
    does not grow with ``T``. Where the data have not identified every direction by then
    (long runs of missing values at the start) and the sequence goes on, the sequential
-   filter or smoother runs instead (`jax.lax.cond`).
+   filter or smoother runs instead (`jax.lax.cond`; under `jax.vmap` a batched predicate
+   turns the `cond` into a select, so both branches run and the cost is that of the
+   sequential filter as well: batch the parallel diffuse filter by a loop, not `vmap`,
+   where depth matters).
 2. **Tail** (steps ``t_0 .. T-1``): a proper-prior problem, ``x_{t_0} | y_{<t_0} ~ N(a,
    P)`` from the collapsed carry, solved by the parallel (associative-scan) filter and
    smoother. To keep shapes static the tail is the whole sequence shifted left by
