@@ -227,3 +227,19 @@ def test_sample_moments_match_the_exact_smoother(r):
     both = free[:, 0] & free[:, 1]
     corr_err = np.abs(emp[:, 0, 1] - cov[:, 0, 1])[both] / (sd[both, 0] * sd[both, 1])
     assert np.max(corr_err) < tol
+
+
+def test_model_smoother_parallel_with_diffuse_start_equals_sequential():
+    """`LocalLevel.smoother(parallel=True)` (two sequences, looped over with `lax.map`) at
+    ``R / Q = 1e-12`` with a missing value equals ``parallel=False``."""
+    import statseq as ss
+
+    model, params = ss.LocalLevel(), ss.LocalLevelParams(1e-12, 1.0)
+    y = np.cumsum(np.random.default_rng(2).normal(size=(2, NUM_T)), axis=1)
+    mask = np.ones_like(y, bool)
+    mask[1, 3] = False
+    want = model.smoother(params, y, mask=mask, parallel=False)
+    got = model.smoother(params, y, mask=mask, parallel=True)
+    for field in ("smoothed_means", "smoothed_covs"):
+        a, b = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14 * np.max(np.abs(b)), err_msg=field)
