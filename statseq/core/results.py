@@ -60,6 +60,13 @@ class FitResult(NamedTuple):
             eigenvalue, a Poisson rate) below ``1e-6`` times the data's variance, a
             probability within ``1e-6`` of 0 or 1. There the usual asymptotics (standard
             errors, likelihood-ratio tests) do not hold; fits warn when this is not empty.
+        spurious_states: indices of the states of an HMM or Markov-switching AR fitted by
+            `statseq.fit_em` that `statseq.spurious_states` judges degenerate at the fitted
+            parameters (expected occupancy below ``max(D + 1, 5)`` or a covariance below
+            ``1e-3`` of the data's): EM converged to a spurious maximizer of an unbounded
+            likelihood, and `fit_em` warns. Empty for regular fits and for models and
+            fitting functions that do not judge it (`statseq.fit_restarts` compares starts
+            by it).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -82,6 +89,7 @@ class FitResult(NamedTuple):
     wall_time: float
     method: str
     on_boundary: tuple[str, ...] = ()
+    spurious_states: tuple[int, ...] = ()
 
     @property
     def final_log_joint(self) -> float:

@@ -359,6 +359,7 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         model, [fitted, restore_frozen(other), params], "fit_em", data.y, data.mask,
         _FreeMasks(params, mask_tree))
     converged = status == _CONVERGED and not replaced
+    spurious = _spurious(model, fitted, y, mask, inputs)
     return FitResult(
         params=fitted,
         log_joint=trace,
@@ -369,4 +370,26 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         wall_time=time.perf_counter() - start,
         method="em",
         on_boundary=boundary,
+        spurious_states=spurious,
     )
+
+
+def _spurious(model, fitted, y, mask, inputs) -> tuple[int, ...]:
+    """The states `statseq.spurious_states` flags at the fitted parameters (``()`` for
+    models it does not judge), with one warning when there are any."""
+    from statseq.fit.degeneracy import spurious_states
+
+    check = spurious_states(model, fitted, y, mask=mask, inputs=inputs)
+    if check is None or not check.any:
+        return ()
+    states = tuple(int(k) for k in np.flatnonzero(check.spurious))
+    details = ", ".join(
+        f"state {k}: expected occupancy {check.occupancy[k]:.3g}, variance ratio "
+        f"{check.variance_ratio[k]:.3g}" for k in states)
+    warnings.warn(
+        f"fit_em ended at a spurious maximizer: {details} (thresholds: occupancy "
+        f"{check.min_occupancy:g}, variance ratio {check.min_variance_ratio:g}); "
+        "the likelihood is unbounded as a state's variance collapses onto a few points. "
+        "Use statseq.fit_restarts (exclude_spurious=True), fewer states or priors; "
+        "FitResult.spurious_states lists them.", RuntimeWarning, stacklevel=3)
+    return states

@@ -32,11 +32,11 @@ with ``kappa = 0`` and propagates ``A_t`` (how the predicted state depends on th
 
 the diffuse log-likelihood of Durbin and Koopman (2012, sec. 5.7 and 7.2), which is what
 statsmodels and KFAS report; smoothed moments follow by integrating ``delta`` over its
-posterior ``N(S^{-1} s, S^{-1})`` (`sample_posterior` does this; `kalman_smoother` now
-runs the exact initial smoother instead). The per-step log-densities are the increments of the
-running diffuse log-likelihood, computed with pseudo-determinants while ``S`` is
-singular; once ``S`` has full rank the filter *collapses* ``delta`` into the state and
-continues as a plain Kalman filter.
+posterior ``N(S^{-1} s, S^{-1})`` (`kalman_smoother` and `sample_posterior` run the exact
+initial smoother instead, which stays accurate as ``R -> 0``). The per-step log-densities
+are the increments of the running diffuse log-likelihood, computed with
+pseudo-determinants while ``S`` is singular; once ``S`` has full rank the filter
+*collapses* ``delta`` into the state and continues as a plain Kalman filter.
 
 The functions are not jitted themselves: wrap them, or the code that calls them, in
 ``jax.jit``.
@@ -487,7 +487,8 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
     # the augmented filter's increments cancel terms of order 1 / R: the total comes from
     # the exact initial filter (the same number where both are accurate)
     total = kalman_log_prob(arrays, y, mask, inputs) if q else pairwise_sum(lp)
-    return _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev)
+    return _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev,
+                     dynamics_weights(arrays, num_t))
 
 
 def _backward_pass(arrays, num_t, init, xs):
@@ -512,11 +513,11 @@ def _backward_pass(arrays, num_t, init, xs):
     return jax.lax.scan(back, init, xs, reverse=True)[1]
 
 
-def _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev):
+def _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev, dyn):
     """Smoothed moments from the predicted moments and the backward pass's outputs."""
     eye = jnp.eye(mean.shape[-1], dtype=mean.dtype)
     sm_mean = mean + jnp.einsum("tij,tj->ti", cov, r_prev)
-    sm_cov = symmetrize(cov - cov @ n_prev @ cov)
+    sm_cov = smoothed_from_filtered(dyn, filt.cov, n_prev)
     # Cov[x_{t+1}, x_t] = (I - P_{t+1} N_t) L_t P_t, with N_t = n_prev[t + 1]
     cross = jnp.einsum(
         "tij,tjk,tkl->til", eye - cov[1:] @ n_prev[1:], l_mat[:-1], cov[:-1]
@@ -536,6 +537,36 @@ def _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev
     return KalmanSmootherResult(total, filt_mean, filt_cov, sm_mean, sm_cov, cross)
 
 
+def smoothed_from_filtered(dyn, filt_cov, n_prev):
+    """``Cov[x_t | y] = P_{t|t} - (F_t P_{t|t})^T N_t (F_t P_{t|t})`` for every ``t``.
+
+    The Durbin-Koopman ``P_t - P_t N_{t-1} P_t`` with ``N_{t-1} = H~^T S~^{-1} H~ + L_t^T
+    N_t L_t``, ``L_t = F_t (I - K_t H~_t)`` and ``(I - K_t H~_t) P_t = P_{t|t}``, regrouped
+    so that the subtraction starts from the (Joseph-form) filtered covariance instead of the
+    predicted one. Where an observation nearly pins the state (``R << Q``), ``P_t - P_t
+    N_{t-1} P_t`` cancels to rounding noise of ``P_t ~ Q`` while the result is ``~ R``;
+    here the subtracted term is ``~ R^2 / Q``, so the relative error stays at rounding level
+    down to ``R / Q = 10^{-16}`` and ``R = 0`` (tested against exact rational arithmetic),
+    at the same cost.
+
+    Args:
+        dyn: ``(T-1, n, n)`` ``F_t`` of the steps ``t -> t + 1``.
+        filt_cov: ``(T, n, n)`` ``P_{t|t}``.
+        n_prev: ``(T, n, n)`` ``N_{t-1}`` (entry ``t + 1`` is ``N_t``; ``N_{T-1} = 0``).
+
+    Returns:
+        ``(T, n, n)`` smoothed covariances.
+    """
+    fp = dyn @ filt_cov[:-1]
+    inner = jnp.swapaxes(fp, 1, 2) @ n_prev[1:] @ fp
+    return symmetrize(filt_cov - jnp.concatenate([inner, jnp.zeros_like(filt_cov[:1])]))
+
+
+def dynamics_weights(arrays: GaussianSSMArrays, num_t: int):
+    """``(T-1, n, n)`` ``F_t`` of every step ``t -> t + 1``."""
+    return jax.vmap(lambda t: arrays_at(arrays, t).dynamics_weights)(jnp.arange(num_t - 1))
+
+
 def _filtered_from_uncollapsed(filt: KalmanCarry, q: int):
     """Filtered moments given ``y_{<=t}`` from an uncollapsed run (``delta`` integrated
     where the data identify it; pseudo-inverse while they do not)."""
@@ -550,63 +581,67 @@ def _filtered_from_uncollapsed(filt: KalmanCarry, q: int):
 
 
 def sample_posterior(arrays: GaussianSSMArrays, y, mask, inputs, key, num_samples: int = 1):
-    """Draw state paths ``x_{0:T-1} ~ p(x | y)`` (forward filtering, backward sampling).
+    """Draw state paths ``x_{0:T-1} ~ p(x | y)`` (the simulation smoother of Durbin and
+    Koopman 2002, mean corrections).
 
-    Backward from ``x_{T-1} ~ N(m_{T-1|T-1}, P_{T-1|T-1})``, each ``x_t | x_{t+1}, y_{<=t}``
-    is Gaussian with mean ``m_{t|t} + J_t (x_{t+1} - a_{t+1})`` and covariance
-    ``P_{t|t} - J_t F_t P_{t|t}``, ``J_t = P_{t|t} F_t^T P_{t+1|t}^{-1}`` (a Cholesky solve,
-    with a rounding-level jitter for the singular predicted covariances of structural
-    models). With diffuse directions, ``delta`` is first drawn from its posterior
-    ``N(S^{-1} s, S^{-1})`` and the path from the model started at ``m + A delta``.
+    Each draw simulates ``(x+, y+)`` from the model (diffuse directions at ``delta = 0``,
+    ``y+`` masked as ``y``) and returns
+
+        x~ = E[x | y] + x+ - E[x+ | y+],
+
+    with both smoothed means from `kalman_smoother`. ``x+ - E[x+ | y+]`` is independent of
+    ``y+`` with covariance ``Cov[x | y]`` (and does not depend on ``delta``, since the exact
+    initial smoother reproduces the diffuse directions), so ``x~`` has the posterior law and
+    inherits the smoother's exactness: down to zero observation variance, with the exact
+    diffuse initialization, and where ``R = 0`` pins ``H x_t`` the draws reproduce the
+    observed ``y_t`` to rounding. Nothing is inverted but innovation covariances (singular
+    ``Q`` and predicted covariances need no jitter).
+
+    Args:
+        arrays: the model's matrices.
+        y: ``(T, D)`` observations.
+        mask: ``(T, D)`` booleans.
+        inputs: ``(T, m)`` inputs.
+        key: a JAX PRNG key.
+        num_samples: the number of paths.
 
     Returns:
         ``(num_samples, T, n)`` paths.
     """
-    q = arrays.initial_diffuse.shape[1]
-    n = arrays.initial_mean.shape[-1]
-    num_t = y.shape[0]
     inputs = jnp.asarray(inputs)
-    if q:
-        _, (_, _, _, _, filt, _) = _scan_filter(arrays, y, mask, inputs, collapse=False)
-        chol_s = jnp.linalg.cholesky(symmetrize(filt.info[-1]))
-        delta_hat = jsl.cho_solve((chol_s, True), filt.score[-1])
+    num_t = y.shape[0]
+    x_hat = kalman_smoother(arrays, y, mask, inputs).smoothed_means
+
+    def simulate(k):
+        k0, kw, kv = jax.random.split(k, 3)
+        x0 = _mvn_draw(k0, arrays.initial_mean, arrays.initial_cov)
+
+        def forward(x, xs):
+            t, kk = xs
+            arr_t = arrays_at(arrays, t)
+            mean = (arr_t.dynamics_weights @ x + arr_t.dynamics_input_weights @ inputs[t + 1]
+                    + arr_t.dynamics_bias)
+            x_next = _mvn_draw(kk, mean, arr_t.dynamics_cov)
+            return x_next, x_next
+
+        _, rest = jax.lax.scan(forward, x0, (jnp.arange(num_t - 1),
+                                            jax.random.split(kw, num_t - 1)))
+        xs = jnp.concatenate([x0[None], rest], axis=0)
+
+        def emit(t, x, kk):
+            arr_t = arrays_at(arrays, t)
+            mean = (arr_t.emission_weights @ x + arr_t.emission_input_weights @ inputs[t]
+                    + arr_t.emission_bias)
+            return _mvn_draw(kk, mean, arr_t.emission_cov)
+
+        ys = jax.vmap(emit)(jnp.arange(num_t), xs, jax.random.split(kv, num_t))
+        return xs, jnp.where(mask, ys, 0.0)
 
     def one(k):
-        k_delta, k_last, k_rest = jax.random.split(k, 3)
-        arr = arrays
-        if q:
-            eps = jax.random.normal(k_delta, (q,), delta_hat.dtype)
-            delta = delta_hat + jsl.solve_triangular(chol_s.T, eps, lower=False)
-            arr = arrays._replace(
-                initial_mean=arrays.initial_mean + arrays.initial_diffuse @ delta,
-                initial_diffuse=jnp.zeros((n, 0), delta.dtype),
-            )
-        filt = kalman_filter(arr, y, mask, inputs)
-        f_mean, f_cov = filt.filtered_means, filt.filtered_covs
-        x_last = _mvn_draw(k_last, f_mean[-1], f_cov[-1])
-
-        def back(x_next, xs):
-            t, m, p, kk = xs
-            arr_t = arrays_at(arr, t)
-            f = arr_t.dynamics_weights
-            pred_m = f @ m + arr_t.dynamics_input_weights @ inputs[t + 1] + arr_t.dynamics_bias
-            pred_p = symmetrize(f @ p @ f.T + arr_t.dynamics_cov)
-            gain = jsl.cho_solve((_robust_cholesky(pred_p), True), f @ p).T
-            x = _mvn_draw(kk, m + gain @ (x_next - pred_m), symmetrize(p - gain @ f @ p))
-            return x, x
-
-        keys = jax.random.split(k_rest, num_t - 1)
-        ts = jnp.arange(num_t - 1)
-        _, xs = jax.lax.scan(back, x_last, (ts, f_mean[:-1], f_cov[:-1], keys), reverse=True)
-        return jnp.concatenate([xs, x_last[None]], axis=0)
+        x_plus, y_plus = simulate(k)
+        return x_hat + (x_plus - kalman_smoother(arrays, y_plus, mask, inputs).smoothed_means)
 
     return jax.vmap(one)(jax.random.split(key, num_samples))
-
-
-def _robust_cholesky(p):
-    scale = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(p))), jnp.finfo(p.dtype).tiny)
-    eps = 1e-12 if p.dtype == jnp.float64 else 1e-6
-    return jnp.linalg.cholesky(p + eps * scale * jnp.eye(p.shape[0], dtype=p.dtype))
 
 
 def _mvn_draw(key, mean, cov):

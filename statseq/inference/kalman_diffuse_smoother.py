@@ -45,10 +45,33 @@ from statseq.inference.kalman import (
     KalmanSmootherResult,
     _check,
     arrays_at,
+    dynamics_weights,
     initial_carry,
     kalman_step,
+    smoothed_from_filtered,
 )
 from statseq.inference.kalman_diffuse import diffuse_update
+
+
+def _entries(arrays, c, mean, cov, diffuse, y_t, m_t, u_t):
+    arr_t = arrays_at(arrays, c.t)
+    y_off = y_t - arr_t.emission_input_weights @ u_t - arr_t.emission_bias
+    return diffuse_update(mean, cov, diffuse, c.identified, arr_t.emission_weights,
+                          arr_t.emission_cov, y_off, m_t, entries=True)[5]
+
+
+def diffuse_step(arrays: GaussianSSMArrays, c: KalmanCarry, xs):
+    """One step of `diffuse_forward`: ``(new carry, (log_prob, predicted mean, P_star, B,
+    filtered carry, innovation, diffuse-before-step flag, `DiffuseEntries`))`` for
+    ``xs = (y_t, mask_t, u_t)``."""
+    y_t, m_t, u_t = xs
+    lp, new, (mean, cov, diffuse, inn) = kalman_step(arrays, c, y_t, m_t, u_t)
+    args = (arrays, c, mean, cov, diffuse, y_t, m_t, u_t)
+    shape = jax.eval_shape(_entries, *args)
+    ent = jax.lax.cond(
+        c.collapsed, lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape),
+        lambda _: _entries(*args), None)
+    return new, (lp, mean, cov, diffuse, new, inn, ~c.collapsed, ent)
 
 
 def diffuse_forward(arrays: GaussianSSMArrays, y, mask, inputs, carry: KalmanCarry | None = None):
@@ -57,32 +80,15 @@ def diffuse_forward(arrays: GaussianSSMArrays, y, mask, inputs, carry: KalmanCar
     innovations, diffuse-before-step flags, per-entry `DiffuseEntries`))``; entries are 0
     at steps that start identified. ``carry`` defaults to the initial one."""
     carry = initial_carry(arrays) if carry is None else carry
-
-    def entries(c, mean, cov, diffuse, y_t, m_t, u_t):
-        arr_t = arrays_at(arrays, c.t)
-        y_off = y_t - arr_t.emission_input_weights @ u_t - arr_t.emission_bias
-        return diffuse_update(mean, cov, diffuse, c.identified, arr_t.emission_weights,
-                              arr_t.emission_cov, y_off, m_t, entries=True)[5]
-
-    def step(c, xs):
-        y_t, m_t, u_t = xs
-        lp, new, (mean, cov, diffuse, inn) = kalman_step(arrays, c, y_t, m_t, u_t)
-        args = (c, mean, cov, diffuse, y_t, m_t, u_t)
-        shape = jax.eval_shape(entries, *args)
-        ent = jax.lax.cond(
-            c.collapsed, lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape),
-            lambda _: entries(*args), None)
-        return new, (lp, mean, cov, diffuse, new, inn, ~c.collapsed, ent)
-
-    return jax.lax.scan(step, carry, (y, mask, inputs))
+    return jax.lax.scan(lambda c, xs: diffuse_step(arrays, c, xs), carry, (y, mask, inputs))
 
 
-def diffuse_backward(arrays: GaussianSSMArrays, init, xs):
-    """Backward over steps ``xs = (t, diffuse flag, whitened gain w, z, Cholesky factor,
-    H~, entries)`` from ``init = (r0, r1, N0, N1, N2)`` at the start of the step after the
-    last; returns the stacked ``(r0, r1, N0, N1, N2)`` at the start of each step."""
-    n = init[0].shape[0]
-    eye = jnp.eye(n, dtype=init[0].dtype)
+def diffuse_backward_step(arrays: GaussianSSMArrays, c, x):
+    """One step of `diffuse_backward`: ``(r0, r1, N0, N1, N2)`` at the start of step ``t``
+    from those at the start of step ``t + 1`` and ``x = (t, diffuse flag, w, z, Cholesky
+    factor, H~, entries)``."""
+    n = c[0].shape[0]
+    eye = jnp.eye(n, dtype=c[0].dtype)
 
     def entry(c, e):
         r0, r1, n0, n1, n2 = c
@@ -104,23 +110,31 @@ def diffuse_backward(arrays: GaussianSSMArrays, init, xs):
         new = new[:2] + tuple(map(symmetrize, new[2:]))
         return new, None
 
-    def back(c, x):
-        t, diffuse, w, z, chol, h, ents = x
-        f = arrays_at(arrays, t).dynamics_weights
+    t, diffuse, w, z, chol, h, ents = x
+    f = arrays_at(arrays, t).dynamics_weights
+    r0, r1, n0, n1, n2 = c
+    c = (f.T @ r0, f.T @ r1, f.T @ n0 @ f, f.T @ n1 @ f, f.T @ n2 @ f)
+
+    def plain(c):
         r0, r1, n0, n1, n2 = c
-        c = (f.T @ r0, f.T @ r1, f.T @ n0 @ f, f.T @ n1 @ f, f.T @ n2 @ f)
+        lh = jsl.solve_triangular(chol, h, lower=True)  # L^{-1} H~
+        ikh = eye - w.T @ lh
+        return (lh.T @ z + ikh.T @ r0, ikh.T @ r1, symmetrize(lh.T @ lh + ikh.T @ n0 @ ikh),
+                symmetrize(ikh.T @ n1 @ ikh), symmetrize(ikh.T @ n2 @ ikh))
 
-        def plain(c):
-            r0, r1, n0, n1, n2 = c
-            lh = jsl.solve_triangular(chol, h, lower=True)  # L^{-1} H~
-            ikh = eye - w.T @ lh
-            return (lh.T @ z + ikh.T @ r0, ikh.T @ r1, symmetrize(lh.T @ lh + ikh.T @ n0 @ ikh),
-                    symmetrize(ikh.T @ n1 @ ikh), symmetrize(ikh.T @ n2 @ ikh))
+    def exact(c):
+        return jax.lax.scan(entry, c, ents, reverse=True)[0]
 
-        def exact(c):
-            return jax.lax.scan(entry, c, ents, reverse=True)[0]
+    return jax.lax.cond(diffuse, exact, plain, c)
 
-        new = jax.lax.cond(diffuse, exact, plain, c)
+
+def diffuse_backward(arrays: GaussianSSMArrays, init, xs):
+    """Backward over steps ``xs = (t, diffuse flag, whitened gain w, z, Cholesky factor,
+    H~, entries)`` from ``init = (r0, r1, N0, N1, N2)`` at the start of the step after the
+    last; returns the stacked ``(r0, r1, N0, N1, N2)`` at the start of each step."""
+
+    def back(c, x):
+        new = diffuse_backward_step(arrays, c, x)
         return new, new
 
     return jax.lax.scan(back, init, xs, reverse=True)[1]
@@ -137,7 +151,12 @@ def diffuse_smoothed(arrays: GaussianSSMArrays, total, mean, cov, factor, filt: 
     sm_cov = symmetrize(cov - cov @ n0 @ cov - pn1p - jnp.swapaxes(pn1p, 1, 2)
                         - pinf @ n2 @ pinf)
     num_t = mean.shape[0]
-    f = jax.vmap(lambda t: arrays_at(arrays, t).dynamics_weights)(jnp.arange(num_t - 1))
+    f = dynamics_weights(arrays, num_t)
+    # steps after which every diffuse direction is identified (filtered P_inf = 0, the
+    # factor is zeroed then): the cancellation-free form from the (proper) filtered
+    # covariance, `statseq.inference.kalman.smoothed_from_filtered`
+    plain = jnp.all(filt.diffuse == 0.0, axis=(1, 2))[:, None, None]
+    sm_cov = jnp.where(plain, smoothed_from_filtered(f, filt.cov, n0), sm_cov)
     fps = f @ filt.cov[:-1]
     fpi = f @ (filt.diffuse[:-1] @ jnp.swapaxes(filt.diffuse[:-1], 1, 2))
     ps1, pi1 = cov[1:], pinf[1:]

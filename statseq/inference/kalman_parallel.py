@@ -54,21 +54,14 @@ the ``kappa = 0`` part of a diffuse state), and when it is merely near-singular 
 pseudo-inverse loses accuracy (``1e-9`` against a 40-digit reference, where this form
 keeps ``1e-13``). Nothing but innovation covariances is inverted.
 
-**Exact diffuse initialization.** By linearity, as in the sequential module: the means and
-``r`` are linear in the data, the offsets and the initial mean, and the gains do not depend
-on them, so they carry ``1 + q`` columns: the data (``kappa = 0``), and the regression
-columns (zero data, zero offsets, initial mean the columns of ``A``). ``S = sum_t X_t^T
-F_t^{-1} X_t`` and ``s = sum_t X_t^T F_t^{-1} v_t`` are cumulative sums; up to the step at
-which ``S`` first has full rank (where the sequential filter collapses ``delta`` into the
-state) the per-step log-densities are the increments of the running diffuse
-log-likelihood and the filtered moments are those given ``delta = 0``; from then on
-``delta`` is integrated over ``N(S_t^{-1} s_t, S_t^{-1})`` and the log-densities are those of
-the collapsed predictive. Every log-density agrees with the sequential filter at every
-step, and the moments from the step at which the data identify ``delta`` on (before it the
-sequential `kalman_filter` reports the exact initial filter's ``a_t`` and ``P_star``, the
-limits as the diffuse variance grows, and is accurate as ``R -> 0``, where the augmented
-increments here cancel terms of order ``1 / R``). The smoother integrates ``delta`` over
-its final posterior, as the sequential one.
+**Exact diffuse initialization** (`statseq.inference.kalman_parallel_diffuse`). With
+diffuse directions the exact initial filter of the sequential module runs over the head of
+the sequence, until the data identify every diffuse direction (usually ``q`` steps), and the
+scans here over the rest, a proper-prior problem; the exact initial smoother then runs back
+over the head. Everything equals the sequential filter and smoother, down to zero
+observation variance (de Jong's augmented recursion, run by these scans before, cancels
+terms of order ``1 / R``). The scans below still carry ``1 + q`` columns for the means
+(the data and regression columns ``X_t = H~ A_t``), with ``q = 0`` in every call.
 
 **Scan schedule.** `jax.lax.associative_scan` traces the operator twice per level of its
 recursion: with the matrix solves above, a filter took 8 s to compile at ``T = 50`` and
@@ -100,6 +93,8 @@ from statseq.inference.kalman import (
     _masked_innovation_cov,
     _masked_rows,
     arrays_at,
+    dynamics_weights,
+    smoothed_from_filtered,
 )
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -182,36 +177,6 @@ def _solve(a, b):
     return jax.lax.fori_loop(0, k, back, jnp.zeros_like(b))
 
 
-def _eigh(a, sweeps: int = 10):
-    """Eigenvalues and eigenvectors of ``(..., k, k)`` symmetric matrices (cyclic Jacobi)."""
-    k = a.shape[-1]
-    eye = jnp.eye(k, dtype=a.dtype)
-    vecs = jnp.broadcast_to(eye, a.shape)
-    pairs = [(p, r) for p in range(k) for r in range(p + 1, k)]
-    if not pairs:
-        return a[..., 0, :], vecs
-    first = jnp.array([p for p, _ in pairs])
-    second = jnp.array([r for _, r in pairs])
-
-    def rotate(i, carry):
-        mat, vecs = carry
-        ep, er = eye[first[i % len(pairs)]], eye[second[i % len(pairs)]]
-        app = jnp.einsum("...ij,i,j->...", mat, ep, ep)
-        arr = jnp.einsum("...ij,i,j->...", mat, er, er)
-        apr = jnp.einsum("...ij,i,j->...", mat, ep, er)
-        off = apr != 0.0
-        tau = (arr - app) / (2.0 * jnp.where(off, apr, 1.0))
-        t = jnp.where(tau >= 0.0, 1.0, -1.0) / (jnp.abs(tau) + jnp.sqrt(1.0 + tau**2))
-        t = jnp.where(off, t, 0.0)[..., None, None]
-        c = 1.0 / jnp.sqrt(1.0 + t**2)
-        g = (eye + (c - 1.0) * (jnp.outer(ep, ep) + jnp.outer(er, er))
-             + t * c * (jnp.outer(ep, er) - jnp.outer(er, ep)))
-        return symmetrize(_mT(g) @ mat @ g), vecs @ g
-
-    mat, vecs = jax.lax.fori_loop(0, sweeps * len(pairs), rotate, (symmetrize(a), vecs))
-    return jnp.diagonal(mat, axis1=-2, axis2=-1), vecs
-
-
 class _Factor(NamedTuple):
     """Cholesky factor of a step's masked innovation covariance, with what is whitened by it."""
 
@@ -244,20 +209,6 @@ def _factor(arrays_t: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t, columns) -
     solved = _solve_lower(chol, jnp.concatenate([v[:, None], hp, columns], axis=1))
     return _Factor(chol, h, solved[:, 0], solved[:, 1:], _log_density(solved[:, 0], chol,
                                                                          mask_t))
-
-
-def _pdet_terms(info, score):
-    """`statseq.inference.kalman._pdet_terms` with the Jacobi eigensolver: ``-1/2 log pdet S +
-    1/2 s^T S^+ s``, the rank of ``S`` and the pseudo-inverse used (same threshold)."""
-    evals, evecs = _eigh(info)
-    eps = 1e-9 if info.dtype == jnp.float64 else 1e-4
-    top = jnp.maximum(jnp.max(evals, initial=0.0), jnp.finfo(info.dtype).tiny)
-    keep = evals > eps * top
-    proj = evecs.T @ score
-    safe = jnp.where(keep, evals, 1.0)
-    value = jnp.sum(jnp.where(keep, -0.5 * jnp.log(safe) + 0.5 * proj**2 / safe, 0.0))
-    pinv = (evecs * jnp.where(keep, 1.0 / safe, 0.0)) @ evecs.T
-    return value, jnp.sum(keep), pinv
 
 
 # ---- the scan -------------------------------------------------------------------------------
@@ -455,64 +406,9 @@ def _forward(arrays, y, mask, inputs) -> _Forward:
     return _Forward(filt_b, filt_c, pred_b, pred_c, log_prob, z, xw, w, lh)
 
 
-class _Diffuse(NamedTuple):
-    info: Any  # (T, q, q) S after step t
-    score: Any  # (T, q) s after step t
-    increments: Any  # (T,) increments of the running diffuse log-likelihood
-    full: Any  # (T,) whether S has had full rank by step t (the sequential filter collapses)
-    pinv: Any  # (T, q, q) pseudo-inverse of S (eigenvalues below 1e-9 of the largest dropped)
-
-
-def _diffuse_terms(fwd: _Forward) -> _Diffuse:
-    q = fwd.xw.shape[-1]
-    info = jnp.cumsum(_mT(fwd.xw) @ fwd.xw, axis=0)
-    score = jnp.cumsum(jnp.einsum("tdq,td->tq", fwd.xw, fwd.z), axis=0)
-    dll, rank, pinv = jax.vmap(_pdet_terms)(info, score)
-    full = jnp.cumsum(rank == q) > 0
-    return _Diffuse(info, score, jnp.diff(dll, prepend=0.0), full, pinv)
-
-
-def _shift(x, fill):
-    """``x`` delayed by one step (entry ``t`` holds ``x[t - 1]``, entry 0 is ``fill``)."""
-    return jnp.concatenate([jnp.full_like(x[:1], fill), x[:-1]])
-
-
-def _log_probs(arrays, fwd: _Forward, dif: _Diffuse | None, y, mask, inputs):
-    """Per-step log-densities and the moments as the sequential filter reports them.
-
-    Returns ``(log_probs, predicted means, predicted covs, filtered means, filtered covs)``.
-    With diffuse directions, ``delta ~ N(S_t^{-1} s_t, S_t^{-1})`` is integrated into the
-    filtered moments from the first step at which ``S_t`` has full rank, and into the
-    predicted moments of ``x_{t+1}`` from then on (the sequential filter collapses there).
-    """
-    pred_mean, pred_c = fwd.pred_b[:, :, 0], fwd.pred_c
-    filt_mean, filt_c = fwd.filt_b[:, :, 0], fwd.filt_c
-    if dif is None:
-        return fwd.log_prob, pred_mean, pred_c, filt_mean, filt_c
-    # delta ~ N(S_t^{-1} s_t, S_t^{-1}): S_t^{-1} is the pseudo-inverse once S_t has full rank
-    filt_x, pred_x = fwd.filt_b[:, :, 1:], fwd.pred_b[:, :, 1:]
-    delta = jnp.einsum("tqr,tr->tq", dif.pinv, dif.score)
-    full = dif.full[:, None, None]
-    filt_mean = jnp.where(full[..., 0], filt_mean + jnp.einsum("tnq,tq->tn", filt_x, delta),
-                          filt_mean)
-    filt_c = jnp.where(full, symmetrize(filt_c + filt_x @ dif.pinv @ _mT(filt_x)), filt_c)
-    # x_t | y_{<t} integrates delta once S_{t-1} had full rank; from then on the log-density
-    # is that of a plain filter (no cancellation of the large kappa = 0 terms)
-    collapsed = _shift(dif.full, False)
-    cond = collapsed[:, None, None]
-    pinv_prev = _shift(dif.pinv, 0.0)
-    pred_mean = jnp.where(cond[..., 0], pred_mean + jnp.einsum(
-        "tnq,tq->tn", pred_x, _shift(delta, 0.0)), pred_mean)
-    pred_c = jnp.where(cond, symmetrize(pred_c + pred_x @ pinv_prev @ _mT(pred_x)), pred_c)
-
-    def proper(t, mean, cov, y_t, m_t, u_t):
-        no_columns = jnp.zeros((y_t.shape[0], 0), cov.dtype)
-        return _factor(arrays_at(arrays, t), mean, cov, y_t, m_t, u_t, no_columns).log_prob
-
-    steps = jnp.arange(y.shape[0])
-    log_prob = jax.vmap(proper)(steps, pred_mean, pred_c, y, mask, inputs)
-    log_prob = jnp.where(collapsed, log_prob, fwd.log_prob + dif.increments)
-    return log_prob, pred_mean, pred_c, filt_mean, filt_c
+def _log_probs(fwd: _Forward):
+    """``(log_probs, predicted means, predicted covs, filtered means, filtered covs)``."""
+    return (fwd.log_prob, fwd.pred_b[:, :, 0], fwd.pred_c, fwd.filt_b[:, :, 0], fwd.filt_c)
 
 
 def parallel_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
@@ -524,10 +420,9 @@ def parallel_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalman
 
         log p(y_t | y_{<t}) = log N(y_t; H_t a_t + D_t u_t + d_t, H_t P_t H_t^T + R_t)
 
-    (observed entries only). With diffuse directions the log-densities are the increments
-    of the running diffuse log-likelihood, and the filtered and predicted moments integrate
-    ``delta`` from the step at which the data identify it (before it they are those given
-    ``delta = 0``), as in the sequential filter.
+    (observed entries only). With diffuse directions the exact initial filter runs over the
+    head (`statseq.inference.kalman_parallel_diffuse`): every output equals the sequential
+    filter's, the exact initial filter's ``a_t`` and ``P_star`` included.
 
     Args:
         arrays: the model's matrices (a `~statseq.inference.kalman.GaussianSSMArrays`).
@@ -552,10 +447,12 @@ def parallel_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalman
         >>> bool(jnp.allclose(res.marginal_log_lik, kalman_filter(*args).marginal_log_lik))
         True
     """
+    if arrays.initial_diffuse.shape[-1]:
+        from statseq.inference.kalman_parallel_diffuse import diffuse_parallel_filter
+
+        return diffuse_parallel_filter(arrays, y, mask, inputs)
     fwd = _forward(arrays, y, mask, inputs)
-    dif = _diffuse_terms(fwd) if fwd.xw.shape[-1] else None
-    log_probs, pred_mean, pred_c, filt_mean, filt_c = _log_probs(arrays, fwd, dif, y, mask,
-                                                                 inputs)
+    log_probs, pred_mean, pred_c, filt_mean, filt_c = _log_probs(fwd)
     return KalmanFilterResult(pairwise_sum(log_probs), log_probs, pred_mean, pred_c, filt_mean,
                               filt_c)
 
@@ -601,13 +498,13 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
 
     from ``r_{T-1} = 0, N_{T-1} = 0`` (``L_t = F_t (I - K_t H~_t)``), then gives
 
-        E[x_t | y] = a_t + P_t r_{t-1},   Cov[x_t | y] = P_t - P_t N_{t-1} P_t,
+        E[x_t | y] = a_t + P_t r_{t-1},
+        Cov[x_t | y] = P_{t|t} - (F_t P_{t|t})^T N_t (F_t P_{t|t}),
         Cov[x_{t+1}, x_t | y] = (I - P_{t+1} N_t) L_t P_t,
 
-    the formulas of the sequential smoother, so no state covariance is inverted.
-
-    With diffuse directions the same scan runs on the regression columns and ``delta`` is
-    integrated over its posterior ``N(S^{-1} s, S^{-1})``, exactly.
+    the formulas of the sequential smoother (the covariance is ``P_t - P_t N_{t-1} P_t``
+    regrouped so that it does not cancel where ``R << Q``), so no state covariance is
+    inverted. With diffuse directions, `statseq.inference.kalman_parallel_diffuse`.
 
     Args:
         arrays: the model's matrices (a `~statseq.inference.kalman.GaussianSSMArrays`).
@@ -633,33 +530,29 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
         >>> bool(jnp.allclose(res.smoothed_means, kalman_smoother(*args).smoothed_means))
         True
     """
+    if arrays.initial_diffuse.shape[-1]:
+        from statseq.inference.kalman_parallel_diffuse import diffuse_parallel_smoother
+
+        return diffuse_parallel_smoother(arrays, y, mask, inputs)
+    return _parallel_smoother(arrays, y, mask, inputs)[0]
+
+
+def _parallel_smoother(arrays: GaussianSSMArrays, y, mask, inputs):
+    """`parallel_kalman_smoother`'s result, with ``r_{-1}`` ``(n, 1 + q)`` and ``N_{-1}``
+    ``(n, n)`` (the backward recursion's values at the start of step 0) and the per-step
+    log-densities."""
     fwd = _forward(arrays, y, mask, inputs)
-    dif = _diffuse_terms(fwd) if fwd.xw.shape[-1] else None
-    log_probs, _, _, filt_mean, filt_cov = _log_probs(arrays, fwd, dif, y, mask, inputs)
+    log_probs, _, _, filt_mean, filt_cov = _log_probs(fwd)
     elements = _smoother_elements(arrays, fwd)
     _, r_prev, n_prev = _scan(_smoother_combine, elements, reverse=True)
     l_mat = elements[0]
     cov = fwd.pred_c
     sm_b = fwd.pred_b + cov @ r_prev  # (T, n, 1 + q): smoothed mean and regression on delta
     sm_mean = sm_b[:, :, 0]
-    sm_cov = symmetrize(cov - cov @ n_prev @ cov)
+    # P_{t|t} - (F P_{t|t})^T N_t (F P_{t|t}): no cancellation where R << Q (the sequential
+    # smoother's form, `statseq.inference.kalman.smoothed_from_filtered`)
+    sm_cov = smoothed_from_filtered(dynamics_weights(arrays, y.shape[0]), fwd.filt_c, n_prev)
     eye = jnp.eye(cov.shape[-1], dtype=cov.dtype)
     cross = (eye - cov[1:] @ n_prev[1:]) @ l_mat[:-1] @ cov[:-1]
-    if dif is not None:
-        # delta ~ N(S^{-1} s, S^{-1}) given all the data (S has full rank: the pseudo-inverse
-        # is the inverse)
-        s_inv = dif.pinv[-1]
-        gmat = sm_b[:, :, 1:]  # (T, n, q): smoothed state's regression on delta
-        sm_mean = sm_mean + gmat @ (s_inv @ dif.score[-1])
-        sm_cov = symmetrize(sm_cov + gmat @ s_inv @ _mT(gmat))
-        cross = cross + gmat[1:] @ s_inv @ _mT(gmat[:-1])
-        # filtered moments as the sequential smoother reports them: delta integrated over
-        # N(S_t^+ s_t, S_t^+) given y_{<=t} (as in the filter once S_t has full rank)
-        diffuse_f = fwd.filt_b[:, :, 1:]
-        pinv_mean = fwd.filt_b[:, :, 0] + jnp.einsum("tnq,tqr,tr->tn", diffuse_f, dif.pinv,
-                                                    dif.score)
-        pinv_cov = symmetrize(fwd.filt_c + diffuse_f @ dif.pinv @ _mT(diffuse_f))
-        filt_mean = jnp.where(dif.full[:, None], filt_mean, pinv_mean)
-        filt_cov = jnp.where(dif.full[:, None, None], filt_cov, pinv_cov)
-    return KalmanSmootherResult(pairwise_sum(log_probs), filt_mean, filt_cov, sm_mean, sm_cov,
-                                cross)
+    return (KalmanSmootherResult(pairwise_sum(log_probs), filt_mean, filt_cov, sm_mean, sm_cov,
+                                 cross), r_prev[0], n_prev[0], log_probs)

@@ -31,6 +31,7 @@ from statseq.inference.kalman import (
     _check,
     _scan_filter,
     _smoothed,
+    dynamics_weights,
     initial_carry,
     is_time_varying,
     kalman_filter,
@@ -429,7 +430,7 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
         return _smoothed(
             total, cat([mean_h, p_means]), cat([cov_h, jnp.broadcast_to(pred_cov, (num_k, n, n))]),
             cat([dif_h, p_dif]), filt, q, cat([r_h, back[:, :, 0]]), cat([n_h, n_tail]),
-            cat([l_h, l_tail]), cat([rx_h, back[:, :, 1:]]))
+            cat([l_h, l_tail]), cat([rx_h, back[:, :, 1:]]), dynamics_weights(arrays, num_t))
 
     def exact(_):
         return kalman_smoother(arrays, y, mask, inputs)

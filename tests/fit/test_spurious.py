@@ -112,7 +112,40 @@ def _brute_force(model, y, key, num_restarts, **kw):
         fit = ss.fit_em(model, params, y, progress=False, **kw)
         finals.append(fit.final_log_joint)
         flags.append(ss.spurious_states(model, fit.params, y).any)
+        assert bool(fit.spurious_states) == flags[-1]  # the single fit says the same
     return np.asarray(finals), np.asarray(flags)
+
+
+def _em_with_warnings(model, params, y):
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        fit = ss.fit_em(model, params, y, num_iters=20, progress=False)
+    return fit, [str(w.message) for w in rec if "spurious maximizer" in str(w.message)]
+
+
+def test_a_single_fit_em_flags_a_collapsed_state_and_warns_once():
+    """Started with state 1 on the two identical outliers (variance 1e-4), EM keeps it there
+    and its variance collapses (the unbounded likelihood of McLachlan and Peel 2000, sec.
+    3.10): the fit lists state 1 in ``spurious_states`` and warns once, with its expected
+    occupancy, which is exactly 2 (the other 60 points are > 3 from 6: density exp(-4.5e4)
+    or less under a variance 1e-4). A regular fit (two clusters 6 apart, 50 points each,
+    every variance near 1) is not flagged and does not warn."""
+    model = ss.GaussianHMM(num_states=2, emission_dim=1)
+    y = _data()
+    fit, messages = _em_with_warnings(model, _params([0.0, OUTLIER], [1.0, 1e-4]), y)
+    assert fit.spurious_states == (1,)
+    assert len(messages) == 1 and "state 1: expected occupancy 2," in messages[0]
+    check = ss.spurious_states(model, fit.params, y)
+    np.testing.assert_allclose(check.occupancy, [60.0, 2.0], atol=1e-9)
+    assert check.variance_ratio[1] < 1e-3
+
+    rng = np.random.default_rng(1)
+    y = np.r_[rng.normal(-3.0, 1.0, 50), rng.normal(3.0, 1.0, 50)][:, None]
+    fit, messages = _em_with_warnings(model, _params([-1.0, 1.0], [2.0, 2.0], stay=0.9), y)
+    assert fit.spurious_states == () and messages == []
+    check = ss.spurious_states(model, fit.params, y)
+    np.testing.assert_allclose(np.sort(check.occupancy), [50.0, 50.0], atol=0.5)
+    assert np.all(check.variance_ratio > 0.05)
 
 
 def test_fit_restarts_sets_planted_spurious_fits_aside(monkeypatch):

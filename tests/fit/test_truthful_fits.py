@@ -112,4 +112,4 @@ def test_valid_iterate_returns_the_first_valid_candidate_and_warns():
 def test_fit_result_stays_backward_compatible():
     """Positional construction with the original eight fields still works."""
     res = ss.FitResult(None, np.zeros(1), 1, True, np.zeros(0), np.zeros(0, int), 0.0, "x")
-    assert res.on_boundary == ()
+    assert res.on_boundary == () and res.spurious_states == ()

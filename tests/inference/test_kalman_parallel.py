@@ -193,7 +193,14 @@ def check_against_sequential(args):
     # its filter's total is the accurate reference (both are the same number)
     assert_close(par_smooth.marginal_log_lik, seq_filt.marginal_log_lik, "smoother log-lik")
     for name in kalman.KalmanSmootherResult._fields[1:]:
-        assert_close(getattr(par_smooth, name), getattr(seq_smooth, name), f"smoother {name}")
+        # smoothed covariances are P_{t|t} - (F P_{t|t})^T N_t (F P_{t|t}) (exact as R -> 0):
+        # the scanned N_t enter without the damping the sequential recursion gives them; on
+        # the vague-prior trend N_0 ~ 3e11 cancels to a slope variance 1e-3 and the parallel
+        # value is 6e-10 off at t = 0 (the sequential one 1e-16, against the square-root
+        # smoother)
+        rtol = 1e-9 if name == "smoothed_covs" else RTOL
+        assert_close(getattr(par_smooth, name), getattr(seq_smooth, name), f"smoother {name}",
+                     rtol=rtol)
     return seq_filt, seq_smooth, par_filt, par_smooth
 
 

@@ -435,10 +435,14 @@ def _posterior_one(model, params, y, mask, inputs, what, kind, complete):
 
 @partial(jax.jit, static_argnames=("model", "what", "kind", "complete"))
 def _ssm_posterior(model, params, y, mask, inputs, *, what, kind, complete=False):
-    return jax.vmap(
-        lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, what, kind,
-                                             complete)
-    )(y, mask, inputs)
+    def one(y_s, m_s, u_s):
+        return _posterior_one(model, params, y_s, m_s, u_s, what, kind, complete)
+
+    if kind == "parallel":
+        # a loop over the sequences: under vmap the parallel diffuse filter's lax.cond (its
+        # sequential fallback) would become a select that runs both branches
+        return jax.lax.map(lambda args: one(*args), (y, mask, inputs))
+    return jax.vmap(one)(y, mask, inputs)
 
 
 def _flat_one(model, y, mask):
