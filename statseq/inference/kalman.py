@@ -483,11 +483,8 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
     init = (jnp.zeros((n,), mean.dtype), jnp.zeros((n, n), mean.dtype),
             jnp.zeros((n, q), mean.dtype))
     xs = (jnp.arange(num_t), cov, inn.w, inn.z, inn.chol, inn.h, diffuse)
-    r_prev, n_prev, l_mat, rx_prev = _backward_pass(arrays, num_t, init, xs)
-    # the augmented filter's increments cancel terms of order 1 / R: the total comes from
-    # the exact initial filter (the same number where both are accurate)
-    total = kalman_log_prob(arrays, y, mask, inputs) if q else pairwise_sum(lp)
-    return _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev,
+    r_prev, n_prev, l_mat, _ = _backward_pass(arrays, num_t, init, xs)
+    return _smoothed(pairwise_sum(lp), mean, cov, filt, r_prev, n_prev, l_mat,
                      dynamics_weights(arrays, num_t))
 
 
@@ -513,8 +510,9 @@ def _backward_pass(arrays, num_t, init, xs):
     return jax.lax.scan(back, init, xs, reverse=True)[1]
 
 
-def _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev, dyn):
-    """Smoothed moments from the predicted moments and the backward pass's outputs."""
+def _smoothed(total, mean, cov, filt, r_prev, n_prev, l_mat, dyn):
+    """Smoothed moments from the predicted moments and the backward pass's outputs (proper
+    initial distributions; diffuse ones go through `kalman_diffuse_smoother`)."""
     eye = jnp.eye(mean.shape[-1], dtype=mean.dtype)
     sm_mean = mean + jnp.einsum("tij,tj->ti", cov, r_prev)
     sm_cov = smoothed_from_filtered(dyn, filt.cov, n_prev)
@@ -522,19 +520,7 @@ def _smoothed(total, mean, cov, diffuse, filt, q, r_prev, n_prev, l_mat, rx_prev
     cross = jnp.einsum(
         "tij,tjk,tkl->til", eye - cov[1:] @ n_prev[1:], l_mat[:-1], cov[:-1]
     )
-    if q:
-        info = filt.info[-1]
-        score = filt.score[-1]
-        chol_s = jnp.linalg.cholesky(symmetrize(info))
-        delta = jsl.cho_solve((chol_s, True), score)
-        g = diffuse - cov @ rx_prev  # (T, n, q): smoothed state's regression on delta
-        gw = jnp.swapaxes(jsl.solve_triangular(chol_s, jnp.swapaxes(g, 1, 2), lower=True),
-                          1, 2)  # G L_S^{-T}
-        sm_mean = sm_mean + g @ delta
-        sm_cov = symmetrize(sm_cov + gw @ jnp.swapaxes(gw, 1, 2))
-        cross = cross + gw[1:] @ jnp.swapaxes(gw[:-1], 1, 2)
-    filt_mean, filt_cov = _filtered_from_uncollapsed(filt, q)
-    return KalmanSmootherResult(total, filt_mean, filt_cov, sm_mean, sm_cov, cross)
+    return KalmanSmootherResult(total, filt.mean, filt.cov, sm_mean, sm_cov, cross)
 
 
 def smoothed_from_filtered(dyn, filt_cov, n_prev):
@@ -565,19 +551,6 @@ def smoothed_from_filtered(dyn, filt_cov, n_prev):
 def dynamics_weights(arrays: GaussianSSMArrays, num_t: int):
     """``(T-1, n, n)`` ``F_t`` of every step ``t -> t + 1``."""
     return jax.vmap(lambda t: arrays_at(arrays, t).dynamics_weights)(jnp.arange(num_t - 1))
-
-
-def _filtered_from_uncollapsed(filt: KalmanCarry, q: int):
-    """Filtered moments given ``y_{<=t}`` from an uncollapsed run (``delta`` integrated
-    where the data identify it; pseudo-inverse while they do not)."""
-    if not q:
-        return filt.mean, filt.cov
-
-    def one(mean, cov, a, info, score):
-        pinv = jnp.linalg.pinv(symmetrize(info), hermitian=True)
-        return mean + a @ (pinv @ score), symmetrize(cov + a @ pinv @ a.T)
-
-    return jax.vmap(one)(filt.mean, filt.cov, filt.diffuse, filt.info, filt.score)
 
 
 def sample_posterior(arrays: GaussianSSMArrays, y, mask, inputs, key, num_samples: int = 1):

@@ -419,18 +419,17 @@ def steady_state_smoother(arrays: GaussianSSMArrays, y, inputs, *, head: int, to
                            cat([filt_h.cov, jnp.broadcast_to(filt_cov, (num_k, n, n))]),
                            None, None, None, None, None, None)
         total = pairwise_sum(cat([lp_h, inn_lp]))
-        p_dif = jnp.zeros((num_k, n, q), dtype)
         back = _affine_scan(l_bar.T, offs[::-1], jnp.zeros_like(offs[0]))[::-1]  # r_{t-1}, r_X
         n_tail = cat([jnp.broadcast_to(n_far, (num_k - head - 1, n, n)), n_rev[::-1],
                       info_mat[None]])
         l_tail = cat([jnp.broadcast_to(l_bar, (num_k - 1, n, n)), eye[None]])
         init = (back[0, :, 0], n_tail[0], back[0, :, 1:])
         xs = (jnp.arange(head), cov_h, inn_h.w, inn_h.z, inn_h.chol, inn_h.h, dif_h)
-        r_h, n_h, l_h, rx_h = _backward_pass(arrays, num_t, init, xs)
+        r_h, n_h, l_h, _ = _backward_pass(arrays, num_t, init, xs)
         return _smoothed(
             total, cat([mean_h, p_means]), cat([cov_h, jnp.broadcast_to(pred_cov, (num_k, n, n))]),
-            cat([dif_h, p_dif]), filt, q, cat([r_h, back[:, :, 0]]), cat([n_h, n_tail]),
-            cat([l_h, l_tail]), cat([rx_h, back[:, :, 1:]]), dynamics_weights(arrays, num_t))
+            filt, cat([r_h, back[:, :, 0]]), cat([n_h, n_tail]), cat([l_h, l_tail]),
+            dynamics_weights(arrays, num_t))
 
     def exact(_):
         return kalman_smoother(arrays, y, mask, inputs)
