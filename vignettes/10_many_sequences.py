@@ -57,6 +57,7 @@ from numpyro.infer.autoguide import AutoNormal  # noqa: E402
 from numpyro.infer.initialization import init_to_median  # noqa: E402
 from numpyro.optim import optax_to_numpyro  # noqa: E402
 from scipy import stats  # noqa: E402
+from scipy.integrate import quad  # noqa: E402
 
 import statseq as ss  # noqa: E402
 from statseq.evaluation.stattests import jarque_bera  # noqa: E402
@@ -527,6 +528,24 @@ def crps_normal_abs(m, s):
     return m * (2 * stats.norm.cdf(m / s) - 1) + 2 * s * stats.norm.pdf(m / s)
 
 
+def crps_mixture(means, sds, obs):
+    """Exact CRPS of the equal-weight Gaussian mixture of ``N(means[i], sds[i]^2)``."""
+    first = crps_normal_abs(means - obs, sds).mean()
+    pair = crps_normal_abs(means[:, None] - means[None], np.hypot(sds[:, None], sds[None]))
+    return first - 0.5 * pair.mean()
+
+
+# checks of the formula: a one-component mixture against the Gaussian CRPS, and a
+# two-component one against the definition, the integral of (F(x) - 1{x >= y})^2
+assert np.isclose(crps_mixture(np.array([0.3]), np.array([1.7]), 1.1),
+                  float(ss.evaluation.crps_gaussian(0.3, 1.7, 1.1)))
+_m, _s, _y = np.array([-1.0, 2.0]), np.array([0.5, 1.5]), 0.4
+_cdf = lambda x: stats.norm.cdf(x, _m, _s).mean()  # noqa: E731
+assert np.isclose(crps_mixture(_m, _s, _y),
+                  quad(lambda x: _cdf(x) ** 2, -np.inf, _y)[0]
+                  + quad(lambda x: (1 - _cdf(x)) ** 2, _y, np.inf)[0])
+
+
 gru_scores, gru_crps, gru_stops = {}, {}, {}
 for seed in GRU_SEEDS:
     fit = ss.fit_sgd(gru, gru.initialize(z_train, key=jax.random.key(seed)), z_train,
@@ -550,14 +569,10 @@ def ar_crps(draws, num=250):
     predictive mixture of the first ``num`` draws."""
     mu, phi, ls = (np.asarray(per_series(draws[k]))[:num] for k in ("mu", "phi",
                                                                     "log_sigma"))
-    total = np.zeros(J)
-    for t in range(T - H, T):
-        m = mu + phi * (y[:, t - 1] - mu)  # (draws, J) one-step means
-        s = np.exp(ls)
-        first = crps_normal_abs(m - y[:, t], s).mean(axis=0)
-        pair = crps_normal_abs(m[:, None] - m[None], np.sqrt(s[:, None]**2 + s[None]**2))
-        total += first - 0.5 * pair.mean(axis=(0, 1))
-    return total
+    s = np.exp(ls)
+    return np.array([sum(crps_mixture(mu[:, j] + phi[:, j] * (y[j, t - 1] - mu[:, j]),
+                                      s[:, j], y[j, t]) for t in range(T - H, T))
+                     for j in range(J)])
 
 
 crps = {p: ar_crps(draws) for p, (_, draws) in fits.items()}
