@@ -37,7 +37,15 @@ PARALLEL_MIN_TIMESTEPS = 1000
 
 
 def check_evaluation(evaluation, max_iter=None) -> None:
-    """Raise a ValueError for an unknown ``evaluation`` or a bad ``max_iter``."""
+    """Raise a ValueError for an unknown ``evaluation`` or a bad ``max_iter``.
+
+    Args:
+        evaluation: ``None`` or one of `EVALUATIONS`.
+        max_iter: ``None`` or a positive integer.
+
+    Raises:
+        ValueError: naming the allowed values.
+    """
     if evaluation is not None and evaluation not in EVALUATIONS:
         raise ValueError(f"evaluation must be None or one of {EVALUATIONS}, got "
                          f"{evaluation!r}")
@@ -51,6 +59,13 @@ def check_evaluation(evaluation, max_iter=None) -> None:
 def resolve_evaluation(evaluation: str | None, num_timesteps: int) -> str:
     """The method used: ``evaluation`` itself, or for ``None`` ``"deer"`` on GPU/TPU when
     ``num_timesteps >= PARALLEL_MIN_TIMESTEPS``, else ``"sequential"``.
+
+    Args:
+        evaluation: ``None`` or one of `EVALUATIONS`.
+        num_timesteps: the sequence length ``T``.
+
+    Returns:
+        One of `EVALUATIONS`.
 
     Examples:
         >>> resolve_evaluation("elk", 10)
