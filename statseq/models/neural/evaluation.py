@@ -25,6 +25,8 @@ recurrence at the converged trajectory), equal to backpropagation through the sc
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +38,7 @@ EVALUATIONS = ("sequential",) + METHODS
 PARALLEL_MIN_TIMESTEPS = 1000
 
 
-def check_evaluation(evaluation, max_iter=None) -> None:
+def check_evaluation(evaluation: str | None, max_iter: int | None = None) -> None:
     """Raise a ValueError for an unknown ``evaluation`` or a bad ``max_iter``.
 
     Args:
@@ -89,8 +91,9 @@ def _warn(method, residual, iterations):
         "evaluation='sequential' or 'elk'.", UserWarning, stacklevel=2)
 
 
-def evaluate_layer(step, params, state, xs, *, method: str, max_iter: int | None = None,
-                   sequential_scan=None):
+def evaluate_layer(step: Callable, params: Any, state: Any, xs: jax.Array, *, method: str,
+                   max_iter: int | None = None,
+                   sequential_scan: Callable | None = None) -> Any:
     """The trajectory of ``state_t = step(params, state_{t-1}, x_t)`` for one layer.
 
     Args:
