@@ -122,7 +122,10 @@ def evaluate_layer(step: Callable, params: Any, state: Any, xs: jax.Array, *, me
         return sequential_scan(params, state, xs)
 
     def solve(s, x, init=None, iters=max_iter, p=params):
-        return deer(step, p, s, x, method=method, max_iter=iters, init=init)
+        # float32 matmuls on GPUs default to TF32, whose 1e-3 error stalls the residual
+        # far above the float32 tolerance: the solver's products run at full precision
+        with jax.default_matmul_precision("highest"):
+            return deer(step, p, s, x, method=method, max_iter=iters, init=init)
 
     def over_batch(fn, *args):
         return jax.vmap(fn, (0, 1) + (0,) * (len(args) - 2), 0)(*args) if batched \

@@ -53,7 +53,10 @@ def _assert_close(got, want, rtol):
 @pytest.mark.parametrize("cell", sorted(CELLS))
 def test_log_prob_and_gradient_equal_the_sequential_scan(cell):
     y, mask, u = _data()
-    seq = CELLS[cell](hidden_dim=3, evaluation="sequential")
+    # the LSTM has two layers: solved layer after layer, the second reading the first's
+    # (solved) trajectory
+    layers = 2 if cell == "lstm" else 1
+    seq = CELLS[cell](hidden_dim=3, num_layers=layers, evaluation="sequential")
     params = seq.initialize(y, key=jax.random.key(1))
     v_ref, g_ref = _value_and_grad(seq, params, y, mask, u)
     # the parallel solvers: ELK on the GRU only (its compile is the slowest; its adjoint
@@ -66,20 +69,10 @@ def test_log_prob_and_gradient_equal_the_sequential_scan(cell):
         _assert_close(g, g_ref, 1e-8)
 
 
-def test_stacked_layers_are_solved_layer_after_layer():
-    y, mask, u = _data(num_t=60, num_seq=1)
-    seq = ss.GRU(hidden_dim=3, num_layers=2, evaluation="sequential")
-    params = seq.initialize(y, key=jax.random.key(2))
-    v_ref, g_ref = _value_and_grad(seq, params, y, mask, u)
-    v, g = _value_and_grad(dataclasses.replace(seq, evaluation="deer"), params, y, mask, u)
-    _assert_close(v, v_ref, 1e-8)
-    _assert_close(g, g_ref, 1e-8)
-
-
 def test_fit_sgd_gives_the_same_parameters():
     """Through the public entry point (``fit_sgd`` scores with the batch path)."""
     y, _, _ = _data(num_t=120, num_seq=2)
-    seq = ss.GRU(hidden_dim=3, evaluation="sequential")
+    seq = ss.ElmanRNN(hidden_dim=3, evaluation="sequential")
     params = seq.initialize(y, key=jax.random.key(3))
     opt = optax.adam(1e-2)
     fits = {}
@@ -89,8 +82,9 @@ def test_fit_sgd_gives_the_same_parameters():
                                   key=jax.random.key(0), progress=False).params
     _assert_close(fits["deer"], fits["sequential"], 1e-6)
     # the fit moved the parameters (the comparison is not of the starting point)
-    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-                zip(jax.tree.leaves(fits["deer"]), jax.tree.leaves(params), strict=True))
+    moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
+                zip(jax.tree.leaves(fits["deer"]), jax.tree.leaves(params), strict=True)
+                if np.size(a))
     assert moved > 1e-3
 
 
