@@ -2,11 +2,10 @@
 
 The reference is the same model with ``evaluation="sequential"`` (`jax.lax.scan`, itself
 checked against the step-by-step filter and its autodiff in test_rnn_batch.py): the
-log-likelihoods
-and their gradients (implicit through the solver's trajectory, Lim et al. 2023; Gonzalez
-et al. 2024) must agree to 1e-8 relative in float64, a short fit_sgd must give the same
-parameters, and a solver that does not converge must fall back to the sequential answer
-with a warning.
+log-likelihoods and their gradients (implicit through the solver's trajectory, Lim et al.
+2023; Gonzalez et al. 2024) must agree to 1e-8 relative in float64, a short fit_sgd must
+give the same parameters, and a solver that does not converge must fall back to the
+sequential answer with a warning.
 """
 
 from __future__ import annotations
