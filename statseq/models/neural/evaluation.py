@@ -12,7 +12,8 @@ al. 2024) evaluates it by associative scans in ``O(log T)`` depth per iteration
   batch: if any sequence did not), the sequential trajectory is computed instead, by
   `jax.lax.cond` on the solver's ``converged`` flag (so only when needed), and a
   `UserWarning` naming the method and the final residual is emitted (by
-  `jax.debug.callback`, so also under ``jit``);
+  `jax.debug.callback`, so also under ``jit``; once per method and process, so that a
+  training loop does not repeat it at every step);
 * ``None`` (the default): ``"deer"`` on GPU/TPU for sequences of at least
   `PARALLEL_MIN_TIMESTEPS` steps, else ``"sequential"`` (on CPU the sequential scan is
   faster; measured on an H100 in float32, DEER is 50-80 times faster than the scan for a
@@ -83,7 +84,13 @@ def resolve_evaluation(evaluation: str | None, num_timesteps: int) -> str:
     return "sequential"
 
 
+_WARNED: set[str] = set()  # methods already warned about (once per method and process)
+
+
 def _warn(method, residual, iterations):
+    if method in _WARNED:
+        return
+    _WARNED.add(method)
     warnings.warn(
         f"statseq: whole-sequence evaluation by {method!r} did not converge (residual "
         f"{float(residual):.3g} after {int(iterations)} iterations); fell back to the "
