@@ -34,8 +34,24 @@ def _cell(cell, hidden=5, inputs=3, seed=0):
 
 
 def _max_abs(a, b):
-    return max(float(jnp.max(jnp.abs(x - y))) for x, y in
+    # in NumPy: eager jnp operations would compile one small program per shape
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
                zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))
+
+
+_SEQ = jax.jit(sequential, static_argnums=0)  # one program per step function and shape
+
+
+def _normal(seed, shape):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape))
+
+
+def _assert_grads_close(g_ref, g, rtol=1e-8):
+    for a, b in zip(jax.tree_util.tree_leaves(g_ref), jax.tree_util.tree_leaves(g),
+                    strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.size:
+            assert np.max(np.abs(a - b)) <= rtol * np.max(np.abs(a))
 
 
 def _elman(w, h, x):
@@ -47,35 +63,52 @@ def _orthogonal(n, gain, seed=0):
     return jnp.asarray(gain * q)
 
 
-@pytest.mark.parametrize("cell", ["elman", "gru", "lstm"])
-def test_converges_to_sequential_trajectory(cell):
-    step, params, h0 = _cell(cell)
+def _loss_of(traj, ys):
+    """A Gaussian-like log-likelihood of the trajectory (plus the LSTM's cell state)."""
+    def fn(p, h0, xs):
+        states = traj(p, h0, xs)
+        layer = states[0]  # the states of statseq's cells are tuples over layers
+        lstm = isinstance(layer, tuple)
+        h = layer[0] if lstm else layer
+        c = layer[1] if lstm else 0.0
+        return -0.5 * jnp.sum((h - ys) ** 2) + jnp.sum(jnp.log1p(c ** 2)), states
+    return fn
+
+
+# Compiling is nearly all of this file's cost, so each (cell, method) is one compiled
+# program that gives the trajectory, the solver's statistics and the implicit gradient at
+# once, on one long sequence (T = 10^4 for the GRU, 10^3 else); the shortest lengths (1,
+# 2) are in test_implicit_gradient_of_the_shortest_sequences.
+@pytest.mark.parametrize("cell, num_t", [("elman", 1000), ("gru", 10_000), ("lstm", 1000)])
+def test_converges_to_sequential_trajectory_with_the_implicit_gradient(cell, num_t):
+    step, params, h0 = _cell(cell, hidden=4)
+    xs, ys = _normal(num_t, (num_t, 3)), _normal(4, (num_t, 4))
+    grad = jax.grad(_loss_of(lambda p, h0, xs: sequential(step, p, h0, xs), ys),
+                    argnums=(0, 1, 2), has_aux=True)
+    g_ref, ref = jax.jit(grad)(params, h0, xs)
     its = {}
     for method in METHODS:
-        solve = jax.jit(lambda p, xs, m=method: deer(step, p, h0, xs, method=m))
-        for num_t in (1, 2, 17, 1000):
-            xs = jax.random.normal(jax.random.key(num_t), (num_t, 3))
-            res = solve(params, xs)
-            ref = sequential(step, params, h0, xs)
-            assert (jax.tree_util.tree_structure(res.states)
-                    == jax.tree_util.tree_structure(ref))
-            assert bool(res.converged), (method, num_t)
-            assert _max_abs(res.states, ref) < 1e-10, (method, num_t)
-            assert 1 <= int(res.iterations) <= num_t
-            assert float(res.residual) < 1e-11
-            its[method, num_t] = int(res.iterations)
-    # contractive random cells: DEER needs a handful of Newton iterations at T = 1000 (4-5
-    # seen); quasi-DEER converges only linearly and needs more (20-50 seen)
-    assert its["deer", 1000] < 20
-    assert its["deer", 1000] < its["quasi-deer", 1000] < 200
+        def solve(p, h0, xs, m=method):
+            res = deer(step, p, h0, xs, method=m)
+            return res.states, res
 
+        def loss(p, h0, xs, solve=solve):
+            states, res = solve(p, h0, xs)
+            return _loss_of(lambda *_: states, ys)(p, h0, xs)[0], res
 
-def test_deer_at_ten_thousand_steps():
-    step, params, h0 = _cell("gru", hidden=4)
-    xs = jax.random.normal(jax.random.key(7), (10_000, 3))
-    res = jax.jit(lambda p, xs: deer(step, p, h0, xs))(params, xs)
-    assert bool(res.converged) and int(res.iterations) < 20
-    assert _max_abs(res.states, sequential(step, params, h0, xs)) < 1e-10
+        g, res = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(params, h0, xs)
+        assert (jax.tree_util.tree_structure(res.states)
+                == jax.tree_util.tree_structure(ref))
+        assert bool(res.converged), method
+        assert _max_abs(res.states, ref) < 1e-10, method
+        assert 1 <= int(res.iterations) <= num_t
+        assert float(res.residual) < 1e-11
+        its[method] = int(res.iterations)
+        _assert_grads_close(g_ref, g)
+    # contractive random cells: DEER needs a handful of Newton iterations (4-5 seen, also
+    # at T = 10^4); quasi-DEER converges only linearly and needs more (20-50 seen)
+    assert its["deer"] < 20
+    assert its["deer"] < its["quasi-deer"] < 200
 
 
 def test_deer_needs_at_most_T_iterations_on_a_chaotic_cell():
@@ -86,7 +119,7 @@ def test_deer_needs_at_most_T_iterations_on_a_chaotic_cell():
     w = _orthogonal(4, 3.0)
     xs = 0.5 * jax.random.normal(jax.random.key(0), (num_t, 4))
     h0 = jnp.full(4, 0.1)
-    ref = sequential(_elman, w, h0, xs)
+    ref = jax.jit(sequential, static_argnums=0)(_elman, w, h0, xs)
     res = jax.jit(lambda w, xs: deer(_elman, w, h0, xs))(w, xs)
     assert bool(res.converged)
     assert num_t // 2 <= int(res.iterations) <= num_t  # it does need many (28 seen)
@@ -125,51 +158,29 @@ def test_overflow_is_never_reported_as_converged(method):
     assert not bool(jnp.all(jnp.isfinite(res.states)))
 
 
-# quasi-DEER's (sequential, exact) adjoint on the LSTM's pytree state here, and on the GRU
-# through quasi-ELK (same adjoint) in test_elk_converges_on_contractive_cells...
-@pytest.mark.parametrize("cell, method", [("elman", "deer"), ("gru", "deer"),
-                                          ("lstm", "deer"), ("lstm", "quasi-deer")])
-def test_implicit_gradient_matches_backprop_through_the_scan(cell, method):
-    step, params, h0 = _cell(cell, hidden=4)
-    xs = jax.random.normal(jax.random.key(3), (40, 3))
-    ys = jax.random.normal(jax.random.key(4), (40, 4))
-
-    def loss(traj):
-        def fn(p, h0, xs):
-            states = traj(p, h0, xs)
-            h = states[0] if cell == "lstm" else states
-            c = states[1] if cell == "lstm" else 0.0
-            # a Gaussian-like log-likelihood of the trajectory (plus the LSTM's cell)
-            return -0.5 * jnp.sum((h - ys) ** 2) + jnp.sum(jnp.log1p(c ** 2))
-        return fn
-
-    def seq(p, h0, xs):
-        return sequential(step, p, (h0,), xs)[0]
-
-    def par(p, h0, xs):
-        return deer(step, p, (h0,), xs, method=method).states[0]
-
-    g_ref = jax.grad(loss(seq), argnums=(0, 1, 2))(params, h0[0], xs)
-    g = jax.jit(jax.grad(loss(par), argnums=(0, 1, 2)))(params, h0[0], xs)
-    for a, b in zip(jax.tree_util.tree_leaves(g_ref), jax.tree_util.tree_leaves(g),
-                    strict=True):
-        if a.size:
-            assert float(jnp.max(jnp.abs(a - b))) <= 1e-8 * float(jnp.max(jnp.abs(a)))
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_implicit_gradient_of_the_shortest_sequences(method):
     w, h0 = _orthogonal(2, 0.9), jnp.array([1.0, -0.5])
 
     def loss(traj):
-        return lambda w, h0, xs: jnp.sum(jnp.cos(traj(w, h0, xs)))
+        def fn(w, h0, xs):
+            states, res = traj(w, h0, xs)
+            return jnp.sum(jnp.cos(states)), (states, res)
+        return fn
 
-    for num_t in (1, 2):
+    def solve(w, h0, xs):
+        res = deer(_elman, w, h0, xs, method=method)
+        return res.states, res.converged
+
+    for num_t in (1, 2):  # the edge cases of the solver and of its adjoint
         xs = jnp.linspace(-1.0, 1.0, 2 * num_t).reshape(num_t, 2)
-        g_ref = jax.grad(loss(lambda w, h0, xs: sequential(_elman, w, h0, xs)),
-                         argnums=(0, 1, 2))(w, h0, xs)
-        g = jax.grad(loss(lambda w, h0, xs: deer(_elman, w, h0, xs, method=method).states),
-                     argnums=(0, 1, 2))(w, h0, xs)
+        g_ref, (ref, _) = jax.jit(jax.grad(
+            loss(lambda w, h0, xs: (sequential(_elman, w, h0, xs), None)),
+            argnums=(0, 1, 2), has_aux=True))(w, h0, xs)
+        g, (states, converged) = jax.jit(jax.grad(loss(solve), argnums=(0, 1, 2),
+                                                  has_aux=True))(w, h0, xs)
+        assert bool(converged) and states.shape == (num_t, 2)
+        np.testing.assert_allclose(states, ref, rtol=1e-12, atol=1e-14)
         for a, b in zip(g_ref, g, strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
 
@@ -179,13 +190,13 @@ def test_float32_converges_with_a_looser_tolerance():
     # stalls at rounding level, a few ulps times the scan's depth). With the cell's
     # contraction the trajectory error is then within about 10 times that.
     step, params, h0 = _cell("gru", hidden=8)
-    xs = jax.random.normal(jax.random.key(5), (1000, 3))
-    ref = sequential(step, params, h0, xs)  # float64
-    p32 = jax.tree_util.tree_map(lambda v: v.astype(jnp.float32), params)
-    h32 = jax.tree_util.tree_map(lambda v: v.astype(jnp.float32), h0)
+    xs = _normal(5, (1000, 3))
+    ref = _SEQ(step, params, h0, xs)  # float64
+    p32, h32, xs32 = jax.tree_util.tree_map(lambda v: np.asarray(v, np.float32),
+                                            (params, h0, xs))
     for method in METHODS:
         res = jax.jit(lambda p, xs, m=method: deer(step, p, h32, xs, method=m,
-                                                    max_iter=200))(p32, xs.astype(jnp.float32))
+                                                    max_iter=200))(p32, xs32)
         assert res.states[0].dtype == jnp.float32
         assert bool(res.converged) and float(res.residual) <= 1e-5
         assert _max_abs(res.states, ref) < 1e-4
@@ -193,9 +204,9 @@ def test_float32_converges_with_a_looser_tolerance():
 
 def test_warm_start_and_batching():
     step, params, h0 = _cell("lstm", hidden=4)
-    xs = jax.random.normal(jax.random.key(6), (3, 300, 3))
+    xs = np.asarray(_normal(6, (3, 300, 3)))
     solve = jax.jit(lambda p, xs, init: deer(step, p, h0, xs, init=init))
-    exact = sequential(step, params, h0, xs[0])
+    exact = _SEQ(step, params, h0, xs[0])
     assert int(solve(params, xs[0], exact).iterations) == 0
     cold = solve(params, xs[0], jax.tree_util.tree_map(jnp.zeros_like, exact))
     near = jax.tree_util.tree_map(lambda v: v + 1e-4, exact)
@@ -206,7 +217,7 @@ def test_warm_start_and_batching():
     assert batched.iterations.shape == (3,) and bool(batched.converged.all())
     for i in range(3):
         one = jax.tree_util.tree_map(lambda v, i=i: v[i], batched.states)
-        assert _max_abs(one, sequential(step, params, h0, xs[i])) < 1e-10
+        assert _max_abs(one, _SEQ(step, params, h0, xs[i])) < 1e-10
 
 
 def test_dense_linear_recurrence_and_combine():
@@ -216,7 +227,7 @@ def test_dense_linear_recurrence_and_combine():
     for t in range(9):
         h = a[t] @ h + b[t]
         want.append(h)
-    np.testing.assert_allclose(dense_linear_recurrence(a, b, h0), np.array(want),
+    np.testing.assert_allclose(jax.jit(dense_linear_recurrence)(a, b, h0), np.array(want),
                                rtol=1e-12, atol=1e-12)
     e1, e2, e3 = ((a[i], b[i]) for i in range(3))
     left = combine_affine_dense(combine_affine_dense(e1, e2), e3)
@@ -252,8 +263,7 @@ def test_bad_input_errors():
 
 def test_elk_converges_on_contractive_cells_with_the_implicit_gradient():
     step, params, h0 = _cell("gru", hidden=3)
-    xs = jax.random.normal(jax.random.key(8), (200, 3))
-    ref = sequential(step, params, h0, xs)
+    xs = _normal(8, (200, 3))
 
     def loss(p, method):
         if method == "sequential":
@@ -262,14 +272,12 @@ def test_elk_converges_on_contractive_cells_with_the_implicit_gradient():
             states = deer(step, p, h0, xs, method=method, max_iter=100).states
         return jnp.sum(jnp.sin(states[0])), states
 
-    g_ref = jax.grad(loss, has_aux=True)(params, "sequential")[0]
+    grad = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)
+    g_ref, ref = grad(params, "sequential")
     for method in ("elk", "quasi-elk"):
-        g, states = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(params, method)
+        g, states = grad(params, method)
         assert _max_abs(states, ref) < 1e-10, method
-        for a, b in zip(jax.tree_util.tree_leaves(g_ref), jax.tree_util.tree_leaves(g),
-                        strict=True):
-            if a.size:
-                assert float(jnp.max(jnp.abs(a - b))) <= 1e-8 * float(jnp.max(jnp.abs(a)))
+        _assert_grads_close(g_ref, g)
 
 
 def test_elk_converges_where_undamped_newton_overflows():
@@ -288,9 +296,9 @@ def test_elk_converges_where_undamped_newton_overflows():
         jax.random.normal(k2, (1000, 2))))
     h0 = jnp.zeros(2)
     ref = sequential(cell, 10.0, h0, xs)
-    for method in ("deer", "quasi-deer"):
-        res = jax.jit(lambda a, xs, m=method: deer(cell, a, h0, xs, method=m))(10.0, xs)
-        assert not bool(res.converged) and not bool(jnp.all(jnp.isfinite(res.states)))
+    # (quasi-DEER's overflow is checked in test_overflow_is_never_reported_as_converged)
+    res = jax.jit(lambda a, xs: deer(cell, a, h0, xs))(10.0, xs)
+    assert not bool(res.converged) and not bool(jnp.all(jnp.isfinite(res.states)))
     for method in ("elk", "quasi-elk"):
         res = jax.jit(lambda a, xs, m=method: deer(cell, a, h0, xs, method=m,
                                                     max_iter=60))(10.0, xs)

@@ -32,6 +32,11 @@ from numpyro.distributions import constraints
 
 from statseq.core.validation import check_positive_int, float_dtype
 from statseq.models.neural.base import Backbone
+from statseq.models.neural.evaluation import (
+    check_evaluation,
+    evaluate_layer,
+    resolve_evaluation,
+)
 
 CELLS = ("elman", "gru", "lstm")
 _GATES = {"elman": 1, "gru": 3, "lstm": 4}
@@ -214,6 +219,14 @@ class RNNBackbone(Backbone):
         input_dim: size ``I`` of ``x_t``.
         hidden_dim: size ``H`` of each layer's ``h_t`` (and of the features).
         num_layers: number of stacked layers.
+        evaluation: how `scan` evaluates whole sequences, layer after layer:
+            ``"sequential"`` (`jax.lax.scan`), or by parallel Newton iterations on the
+            trajectory's residual ``h_t - cell(h_{t-1}, x_t) = 0`` (`statseq.inference.deer`;
+            Lim et al. 2023, Gonzalez et al. 2024): ``"deer"``, ``"quasi-deer"``,
+            ``"elk"``, ``"quasi-elk"``, with a sequential fallback (and a warning) when the
+            solver does not converge; ``None``: DEER on GPU/TPU for ``T >= 1000``, else
+            sequential (`statseq.models.neural.evaluation`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
 
     Examples:
         >>> import jax
@@ -227,10 +240,13 @@ class RNNBackbone(Backbone):
     input_dim: int
     hidden_dim: int
     num_layers: int = 1
+    evaluation: str | None = None
+    evaluation_max_iter: int | None = None
 
     def __post_init__(self):
         if self.cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {self.cell!r}")
+        check_evaluation(self.evaluation, self.evaluation_max_iter)
         check_positive_int(self.input_dim, "input_dim")
         check_positive_int(self.hidden_dim, "hidden_dim")
         check_positive_int(self.num_layers, "num_layers")
@@ -293,6 +309,9 @@ class RNNBackbone(Backbone):
         ``(T, N, I)`` with leaves ``(N, H)`` (then the recurrent products are
         matrix-matrix products over the batch).
         """
+        method = resolve_evaluation(self.evaluation, xs.shape[0])
+        if method != "sequential":
+            return self._scan_parallel(params, state, xs, method)
         finals, hs = [], xs
         for p, s in zip(params, state, strict=True):
             if self.cell == "lstm":
@@ -304,6 +323,23 @@ class RNNBackbone(Backbone):
                     lambda carry, gi, p=p: _recur(self.cell, p, carry, gi), s, gis
                 )
             finals.append(s)
+        return tuple(finals), hs
+
+    def _scan_parallel(self, params, state, xs, method):
+        """`scan` by a parallel solver, layer after layer (`evaluate_layer`: the
+        sequential scan is the fallback when the solver does not converge)."""
+        cell = self.cell
+
+        def step(p, s, gi):
+            return _recur(cell, p, s, gi)[0]
+
+        finals, hs = [], xs
+        for p, s in zip(params, state, strict=True):
+            gis = hs @ p.w_in.T + p.bias
+            states = evaluate_layer(step, p, s, gis, method=method,
+                                    max_iter=self.evaluation_max_iter)
+            finals.append(jax.tree.map(lambda v: v[-1], states))
+            hs = states[0] if cell == "lstm" else states
         return tuple(finals), hs
 
     def scan_time_major(self, params, state, xs):

@@ -25,6 +25,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.models.neural.base import NeuralParams, NeuralSequenceModel
 from statseq.models.neural.cells import RNNBackbone
+from statseq.models.neural.evaluation import check_evaluation
 
 
 def readout_only(params: NeuralParams) -> NeuralParams:
@@ -56,12 +57,15 @@ class _RNNModel(NeuralSequenceModel):
 
     hidden_dim: int = 16
     num_layers: int = 1
+    evaluation: str | None = None
+    evaluation_max_iter: int | None = None
 
     _cell = "elman"
 
     def __post_init__(self):
         check_positive_int(self.hidden_dim, "hidden_dim")
         check_positive_int(self.num_layers, "num_layers")
+        check_evaluation(self.evaluation, self.evaluation_max_iter)
         super().__post_init__()
 
     @property
@@ -71,7 +75,8 @@ class _RNNModel(NeuralSequenceModel):
     @property
     def backbone(self) -> RNNBackbone:
         return RNNBackbone(self._cell, self.backbone_input_dim, self.hidden_dim,
-                           self.num_layers)
+                           self.num_layers, evaluation=self.evaluation,
+                           evaluation_max_iter=self.evaluation_max_iter)
 
     def trainable(self, params) -> NeuralParams:
         """The ``trainable`` mask for `statseq.fit_sgd`: everything (all ``True``)."""
@@ -127,6 +132,16 @@ class ElmanRNN(_RNNModel):
         input_dim: number of covariates ``u_t`` (0 for none).
         hidden_dim: size ``H`` of each layer's hidden state.
         num_layers: number of stacked layers (the head reads the last one).
+        evaluation: how whole, fully observed sequences (``log_prob``, ``fit_sgd``) are
+            evaluated, layer after layer: ``"sequential"`` (`jax.lax.scan`), or as the
+            root of the trajectory's residual ``h_t - cell(h_{t-1}, x_t) = 0`` by parallel
+            Newton iterations (``"deer"``, ``"quasi-deer"``; Lim et al. 2023) or their
+            damped Kalman-smoother form (``"elk"``, ``"quasi-elk"``; Gonzalez et al.
+            2024), each an associative scan (`statseq.inference.deer.deer`); the same
+            answer and (implicit) gradient, with a sequential fallback and a warning if
+            the solver does not converge. ``None``: DEER on GPU/TPU for ``T >= 1000``,
+            else sequential (`statseq.models.neural.evaluation`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
         echo_state: draw ``W_x`` and ``W_h`` once at `initialize` and keep them fixed
             (fit with ``trainable=model.trainable(params)``).
         spectral_radius: spectral radius of ``W_h`` for an echo state network.
@@ -204,6 +219,16 @@ class GRU(_RNNModel):
         input_dim: number of covariates ``u_t`` (0 for none).
         hidden_dim: size ``H`` of each layer's hidden state.
         num_layers: number of stacked layers (the head reads the last one).
+        evaluation: how whole, fully observed sequences (``log_prob``, ``fit_sgd``) are
+            evaluated, layer after layer: ``"sequential"`` (`jax.lax.scan`), or as the
+            root of the trajectory's residual ``h_t - cell(h_{t-1}, x_t) = 0`` by parallel
+            Newton iterations (``"deer"``, ``"quasi-deer"``; Lim et al. 2023) or their
+            damped Kalman-smoother form (``"elk"``, ``"quasi-elk"``; Gonzalez et al.
+            2024), each an associative scan (`statseq.inference.deer.deer`); the same
+            answer and (implicit) gradient, with a sequential fallback and a warning if
+            the solver does not converge. ``None``: DEER on GPU/TPU for ``T >= 1000``,
+            else sequential (`statseq.models.neural.evaluation`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -230,6 +255,16 @@ class LSTM(_RNNModel):
         input_dim: number of covariates ``u_t`` (0 for none).
         hidden_dim: size ``H`` of each layer's hidden state.
         num_layers: number of stacked layers (the head reads the last one).
+        evaluation: how whole, fully observed sequences (``log_prob``, ``fit_sgd``) are
+            evaluated, layer after layer: ``"sequential"`` (`jax.lax.scan`), or as the
+            root of the trajectory's residual ``h_t - cell(h_{t-1}, x_t) = 0`` by parallel
+            Newton iterations (``"deer"``, ``"quasi-deer"``; Lim et al. 2023) or their
+            damped Kalman-smoother form (``"elk"``, ``"quasi-elk"``; Gonzalez et al.
+            2024), each an associative scan (`statseq.inference.deer.deer`); the same
+            answer and (implicit) gradient, with a sequential fallback and a warning if
+            the solver does not converge. ``None``: DEER on GPU/TPU for ``T >= 1000``,
+            else sequential (`statseq.models.neural.evaluation`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
