@@ -399,10 +399,17 @@ def _check_fitted_semidefinite(model, params, semidefinite, restriction) -> None
             if not mask.any():
                 continue
             if con is constraints.positive_definite:
-                free = np.diag(mask)
-                arr = arr[np.ix_(free, free)]
-            else:
-                arr = arr[mask]
+                # the free block of each matrix (time-varying leaves are stacks of them)
+                n = arr.shape[-1]
+                mats = arr.reshape(-1, n, n)
+                frees = np.broadcast_to(mask, arr.shape).reshape(-1, n, n)
+                for a, m in zip(mats, frees, strict=True):
+                    free = np.diagonal(m)
+                    sub = a[np.ix_(free, free)]
+                    if sub.size and not _satisfies(con, sub):
+                        raise ValueError(f"params.{name} violates its constraint ({con})")
+                continue
+            arr = arr[mask]
         if arr.size and not _satisfies(con, arr):
             raise ValueError(f"params.{name} violates its constraint ({con})")
 

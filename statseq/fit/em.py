@@ -383,13 +383,21 @@ def _spurious(model, fitted, y, mask, inputs) -> tuple[int, ...]:
     if check is None or not check.any:
         return ()
     states = tuple(int(k) for k in np.flatnonzero(check.spurious))
-    details = ", ".join(
-        f"state {k}: expected occupancy {check.occupancy[k]:.3g}, variance ratio "
-        f"{check.variance_ratio[k]:.3g}" for k in states)
+
+    def reason(k):
+        low_occ = check.occupancy[k] < check.min_occupancy
+        low_var = check.variance_ratio[k] < check.min_variance_ratio
+        why = " and ".join(w for w, on in (("almost no data", low_occ),
+                                            ("a collapsed variance", low_var)) if on)
+        return (f"state {k} ({why}: expected occupancy {check.occupancy[k]:.3g} steps, "
+                f"variance ratio {check.variance_ratio[k]:.3g})")
+
     warnings.warn(
-        f"fit_em ended at a spurious maximizer: {details} (thresholds: occupancy "
-        f"{check.min_occupancy:g}, variance ratio {check.min_variance_ratio:g}); "
-        "the likelihood is unbounded as a state's variance collapses onto a few points. "
-        "Use statseq.fit_restarts (exclude_spurious=True), fewer states or priors; "
-        "FitResult.spurious_states lists them.", RuntimeWarning, stacklevel=3)
+        f"fit_em ended with spurious states: {', '.join(reason(k) for k in states)} "
+        f"(thresholds: occupancy {check.min_occupancy:g} steps, variance ratio "
+        f"{check.min_variance_ratio:g}). A state that explains almost no data is not a "
+        "regime the data support, and where a variance collapses onto a few points the "
+        "likelihood is unbounded. Use statseq.fit_restarts (exclude_spurious=True), fewer "
+        "states or priors; FitResult.spurious_states lists them.",
+        RuntimeWarning, stacklevel=3)
     return states
