@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.inference._backend import use_parallel
 from statseq.inference.deer import METHODS, deer
 
 EVALUATIONS = ("sequential",) + METHODS
@@ -79,7 +80,7 @@ def resolve_evaluation(evaluation: str | None, num_timesteps: int) -> str:
     check_evaluation(evaluation)
     if evaluation is not None:
         return evaluation
-    if jax.default_backend() != "cpu" and num_timesteps >= PARALLEL_MIN_TIMESTEPS:
+    if use_parallel(None) and num_timesteps >= PARALLEL_MIN_TIMESTEPS:
         return "deer"
     return "sequential"
 
