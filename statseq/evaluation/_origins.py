@@ -10,6 +10,17 @@ law), and from the carry at ``o`` it
   marginalization (predict without update);
 * draws sample paths by ancestral sampling, as `statseq.forecast` does.
 
+For a model whose masked steps are *not* exact marginalization
+(``model.marginalizes_masked_steps`` False, e.g. every neural network, which reads a masked
+step as 0 plus an indicator) the marginal is estimated instead (`_rb_marginals`): the
+Rao-Blackwellised ancestral Monte Carlo average
+
+    p(y_{o+k} | y_{0:o-1}) ~= (1/S) sum_s p(y_{o+k} | y_{0:o-1}, Y^s_{o:o+k-1}),
+    Y^s ~ the model's own ancestral sampler from the carry at ``o``,
+
+returned with its standard error on the log scale (delta method,
+``sd(w) / (sqrt(S) mean(w))`` with ``w`` the path densities); ``k = 0`` is exact (SE 0).
+
 Origins are a traced argument, so every set of origins of one count (and one set of array
 shapes) reuses one compiled program; parameters may be one set for all origins or stacked
 along a leading origin axis (refitting at each origin).
@@ -25,10 +36,76 @@ import jax.numpy as jnp
 from statseq.core.distributions import masked_log_prob
 from statseq.core.recurrence import _simulate
 
+#: Default number of Monte Carlo paths per origin for the estimated h-step marginals.
+DEFAULT_NUM_PATHS = 4096
+#: Seed of the fixed key used by `statseq.log_predictive_density` when none is passed.
+DEFAULT_MC_SEED = 0
 
-@partial(jax.jit, static_argnames=("model", "horizon", "stacked", "per_dim", "sample"))
-def origin_forecasts(model, params, y, mask, inputs, origins, keys, *, horizon, stacked,
-                     per_dim, sample):
+
+def mc_settings(model, key, num_paths, *, name="num_paths"):
+    """``(key, num_paths)`` checked: None unless the model's marginals are estimates."""
+    from statseq.core.validation import check_key, check_positive_int
+
+    if num_paths is not None:
+        num_paths = check_positive_int(num_paths, name, 2)
+    if key is not None:
+        check_key(key)
+    if model.marginalizes_masked_steps or hasattr(model, "h_step_marginals"):
+        return None, None
+    key = jax.random.key(DEFAULT_MC_SEED) if key is None else key
+    return key, DEFAULT_NUM_PATHS if num_paths is None else num_paths
+
+
+def _log_mean(lp, axis=0):
+    """``(log mean exp(lp), its delta-method standard error)`` along ``axis``."""
+    n = lp.shape[axis]
+    top = jnp.max(lp, axis=axis, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    w = jnp.exp(lp - top)
+    mean = jnp.mean(w, axis=axis)
+    est = jnp.log(mean) + jnp.squeeze(top, axis)
+    se = jnp.std(w, axis=axis, ddof=1) / jnp.sqrt(n) / mean
+    return est, se
+
+
+def _rb_marginals(model, p, carry, ys, ms, us, key, num_paths, dims):
+    """Rao-Blackwellised Monte Carlo h-step marginals from ``carry`` (see the module doc).
+
+    Returns ``(log_probs (h,), se (h,), per-dim (h, D) or None, per-dim se or None)``;
+    masked targets score ``NaN``.
+    """
+    full = jnp.ones(tuple(model.event_shape), bool)
+
+    def path(k):
+        def body(c, xs):
+            y_t, m_t, u_t, kk = xs
+            d = model.predict(p, c, u_t)
+            lp = masked_log_prob(d, y_t, m_t)
+            lp_d = None if dims is None else jax.vmap(lambda e: masked_log_prob(d, y_t, e))(
+                dims)
+            return model.update(p, c, d.sample(kk), full, u_t), (lp, lp_d)
+
+        return jax.lax.scan(body, carry, (ys, ms, us, jax.random.split(k, ys.shape[0])))[1]
+
+    lp, lp_d = jax.vmap(path)(jax.random.split(key, num_paths))  # (S, h), (S, h, D)
+    first = jnp.arange(ys.shape[0]) == 0  # k = 0: every path shares the carry (exact)
+    seen = jnp.any(ms.reshape(ms.shape[0], -1), axis=1)
+    est, se = _log_mean(lp)
+    est = jnp.where(seen, jnp.where(first, lp[0], est), jnp.nan)
+    se = jnp.where(seen, jnp.where(first, 0.0, se), jnp.nan)
+    est_d = se_d = None
+    if dims is not None:
+        est_d, se_d = _log_mean(lp_d)
+        ok = ms.reshape(est_d.shape)
+        est_d = jnp.where(ok, jnp.where(first[:, None], lp_d[0], est_d), jnp.nan)
+        se_d = jnp.where(ok, jnp.where(first[:, None], 0.0, se_d), jnp.nan)
+    return est, se, est_d, se_d
+
+
+@partial(jax.jit, static_argnames=("model", "horizon", "stacked", "per_dim", "sample",
+                                   "num_paths"))
+def origin_forecasts(model, params, y, mask, inputs, origins, keys, mc_keys=None, *, horizon,
+                     stacked, per_dim, sample, num_paths=None):
     """Marginal log-densities and sample paths from each origin.
 
     Args:
@@ -43,15 +120,24 @@ def origin_forecasts(model, params, y, mask, inputs, origins, keys, *, horizon, 
         stacked: whether ``params`` has a leading origin axis.
         per_dim: also score each emission dimension alone (its marginal density).
         sample: draw sample paths.
+        mc_keys: ``(m,)`` keys of the Monte Carlo marginals (models with
+            ``marginalizes_masked_steps`` False; ignored otherwise).
+        num_paths: the number of Monte Carlo paths per origin (those models only).
 
     Returns:
         ``(log_probs (m, h), per-dim log_probs (m, h, D) or None, samples (m, S, h, *event)
-        or None)``; masked targets score ``NaN``.
+        or None, (se (m, h), per-dim se (m, h, D) or None))``; masked targets score
+        ``NaN``; the standard errors are 0 where the log density is exact.
     """
     event_shape = tuple(model.event_shape)
     dims = jnp.eye(int(y.shape[-1]), dtype=bool) if per_dim else None
 
-    def one(p, o, k):
+    mc = not model.marginalizes_masked_steps and not hasattr(model, "h_step_marginals")
+    if mc and (mc_keys is None or num_paths is None):
+        raise ValueError(f"{type(model).__name__}'s h-step marginals are Monte Carlo "
+                         "estimates: pass mc_keys and num_paths")
+
+    def one(p, o, k, mk):
         def body(t, c):
             return model.update(p, c, y[t], mask[t], inputs[t])
 
@@ -73,12 +159,17 @@ def origin_forecasts(model, params, y, mask, inputs, origins, keys, *, horizon, 
             unseen = jnp.zeros(event_shape, bool)
             return model.update(p, c, y_t, unseen, u_t), (lp, lp_d)
 
-        _, (lps, lps_d) = jax.lax.scan(ahead, carry, (ys, ms, us))
+        if mc:
+            lps, se, lps_d, se_d = _rb_marginals(model, p, carry, ys, ms, us, mk, num_paths,
+                                                 dims)
+        else:
+            _, (lps, lps_d) = jax.lax.scan(ahead, carry, (ys, ms, us))
+            se = jnp.where(jnp.isnan(lps), jnp.nan, 0.0)
+            se_d = None if lps_d is None else jnp.where(jnp.isnan(lps_d), jnp.nan, 0.0)
         paths = None
         if sample:
             paths = jax.vmap(lambda kk: _simulate(model, p, carry, kk, us)[0])(k)
-        return lps, lps_d, paths
+        return lps, lps_d, paths, (se, se_d)
 
-    return jax.vmap(one, in_axes=(0 if stacked else None, 0, 0 if sample else None))(
-        params, origins, keys
-    )
+    return jax.vmap(one, in_axes=(0 if stacked else None, 0, 0 if sample else None,
+                                  0 if mc else None))(params, origins, keys, mc_keys)

@@ -17,7 +17,7 @@ from statseq.core.validation import (
     prepare_data,
     require_observed,
 )
-from statseq.evaluation._origins import origin_forecasts
+from statseq.evaluation._origins import mc_settings, origin_forecasts
 from statseq.evaluation.scores import (
     _check_levels,
     _is_gaussian,
@@ -232,7 +232,7 @@ def _origins(num_timesteps, initial, horizon, step, origins, min_origin):
 
 def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, origins=None,
              num_samples=1000, levels=(0.5, 0.8, 0.9), mask=None, inputs=None,
-             estimator: str = "fair") -> BacktestResult:
+             estimator: str = "fair", num_paths: int | None = None) -> BacktestResult:
     """Rolling-origin evaluation: forecast ``horizon`` steps from many origins and score.
 
     For each origin ``o`` (``initial, initial + step, ...``, while ``o + horizon <=
@@ -247,6 +247,15 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     ``log_score`` is the exact h-step marginal log-density (intermediate steps marginalized
     by the filter), per dimension for vector series of models with partial masks (else
     ``NaN``); ``crps`` and the intervals come from the samples.
+
+    For a neural network (``model.marginalizes_masked_steps`` False: it reads a masked
+    step as 0 plus an indicator) ``log_score`` at horizons ``k >= 2`` is a
+    Rao-Blackwellised Monte Carlo estimate over ``num_paths`` ancestral paths (see
+    `statseq.log_predictive_density`; keys ``jax.random.fold_in(jax.random.fold_in(key,
+    i), 1)``, independent of the sample paths); ``log_score_se`` is its standard error
+    (0 where the score is exact) and ``log_score_is_estimate`` says which scores are
+    estimates. The summary's ``log_score_se`` is the standard error of the mean over
+    origins (independent paths per origin).
 
     Args:
         model: a statseq model.
@@ -263,11 +272,15 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         mask: optional mask of ``y`` (missing values are neither conditioned on nor scored).
         inputs: ``(T, input_dim)`` covariates, when the model takes inputs.
         estimator: sample CRPS estimator, ``"fair"`` or ``"energy"``.
+        num_paths: Monte Carlo paths per origin for estimated log scores (default 4096;
+            neural models only).
 
     Returns:
         A `BacktestResult`: ``table`` with columns ``origin``, ``horizon``, ``time``,
         [``series``,] ``y``, ``mean``, ``median``, ``lower_<p>``, ``upper_<p>``,
-        ``covered_<p>``, ``crps``, ``log_score``; ``summary`` with their means by horizon.
+        ``covered_<p>``, ``crps``, ``log_score``, ``log_score_se``,
+        ``log_score_is_estimate``; ``summary`` with their means by horizon (and the
+        standard error of the mean log score).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -279,6 +292,7 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         (9, [1, 2, 3])
     """
     check_key(key)
+    _, num_paths = mc_settings(model, key, num_paths)
     horizon = check_positive_int(horizon, "horizon")
     num_samples = check_positive_int(num_samples, "num_samples", 2)
     levels = _check_levels(levels)
@@ -308,9 +322,14 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     per_dim = event_ndim > 0 and model.supports_partial_mask
     keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(key, i), (num_samples, 1))[
         :, 0])(jnp.arange(origins.size))
-    lps, lps_d, samples = origin_forecasts(
+    mc_keys = None
+    if num_paths is not None:
+        mc_keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, i), 1))(
+            jnp.arange(origins.size))
+    lps, lps_d, samples, (se, se_d) = origin_forecasts(
         model, params, data.y[0], data.mask[0], data.inputs[0], jnp.asarray(origins), keys,
-        horizon=horizon, stacked=stacked, per_dim=per_dim, sample=True,
+        mc_keys, horizon=horizon, stacked=stacked, per_dim=per_dim, sample=True,
+        num_paths=num_paths,
     )
     samples = np.asarray(samples, float)  # (m, S, h, *event)
     bad = ~np.all(np.isfinite(samples.reshape(origins.size, -1)), axis=1)
@@ -324,11 +343,14 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     targets = origins[:, None] + np.arange(horizon)  # (m, h)
     y_future = truth[targets]
     if event_ndim == 0:
-        log_scores = np.asarray(lps, float)
+        log_scores, log_se = np.asarray(lps, float), np.asarray(se, float)
     elif per_dim:
-        log_scores = np.asarray(lps_d, float)
+        log_scores, log_se = np.asarray(lps_d, float), np.asarray(se_d, float)
     else:
-        log_scores = np.full(y_future.shape, np.nan)
+        log_scores = log_se = np.full(y_future.shape, np.nan)
+    est_k = (num_paths is not None) & (np.arange(horizon) > 0)  # k = 1 is exact
+    estimated = np.broadcast_to(est_k.reshape((1, horizon) + (1,) * event_ndim),
+                                y_future.shape)
     draws = np.moveaxis(samples, 1, 0)  # (S, m, h, *event)
     bounds = {level: prediction_interval(draws, level) for level in levels}
     cols = _stats_columns(y_future, draws.mean(axis=0), np.median(draws, axis=0), bounds,
@@ -337,6 +359,8 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     if event_ndim:
         lead["series"] = np.arange(y_future.shape[-1]) if columns is None else np.asarray(
             columns)
+    cols["log_score_se"] = log_se
+    cols["log_score_is_estimate"] = estimated
     table = _long_frame(lead, cols, y_future.shape)
     labels = np.asarray(index) if index is not None else np.arange(t_len)
     times = np.broadcast_to(labels[targets].reshape(targets.shape + (1,) * event_ndim),
@@ -347,5 +371,9 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     summary = table.groupby(group)[scores].mean()
     summary = summary.rename(columns={c: "coverage_" + c[len("covered_"):]
                                       for c in scores if c.startswith("covered_")})
+    scored = table["log_score"].notna()
+    summary["log_score_se"] = (table["log_score_se"].where(scored) ** 2).groupby(
+        [table[g] for g in group]).sum(min_count=1) ** 0.5 / scored.groupby(
+        [table[g] for g in group]).sum()
     summary["num_origins"] = table.groupby(group)["y"].count()
     return BacktestResult(table=table, summary=summary, origins=origins, samples=samples)

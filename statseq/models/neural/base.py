@@ -177,6 +177,9 @@ class NeuralSequenceModel(SequenceModel):
     input_dim: int = 0
 
     supports_partial_mask = True
+    # a masked step is read as 0 plus an indicator (a model of data with gaps), not
+    # marginalized: h-step marginals and gap likelihoods are Monte Carlo estimates
+    marginalizes_masked_steps = False
 
     def __post_init__(self):
         if self.emission not in EMISSIONS:
