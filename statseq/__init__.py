@@ -62,6 +62,7 @@ from statseq.evaluation.diagnostics import (  # noqa: E402
     quantile_residuals,
     standardized_residuals,
 )
+from statseq.evaluation.gaps import estimate_log_prob  # noqa: E402
 from statseq.fit.degeneracy import SpuriousCheck, spurious_states  # noqa: E402
 from statseq.fit.em import fit_em  # noqa: E402
 from statseq.fit.inference_stats import Summary, standard_errors, summary  # noqa: E402
@@ -177,6 +178,7 @@ __all__ = [
     "interval_coverage",
     "interval_score",
     "log_predictive_density",
+    "estimate_log_prob",
     "BacktestResult",
     "backtest",
     "compare_forecasts",

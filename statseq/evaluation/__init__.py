@@ -34,6 +34,7 @@ from statseq.evaluation.diagnostics import (
     quantile_residuals,
     standardized_residuals,
 )
+from statseq.evaluation.gaps import estimate_log_prob
 from statseq.evaluation.scores import (
     crps,
     crps_from_samples,
@@ -61,6 +62,7 @@ __all__ = [
     "crps_from_samples",
     "crps_gaussian",
     "evaluate_forecast",
+    "estimate_log_prob",
     "gaussian_log_density",
     "information_criteria",
     "interval_coverage",
