@@ -36,14 +36,21 @@ import jax.numpy as jnp
 from statseq.core.distributions import masked_log_prob
 from statseq.core.recurrence import _simulate
 
-#: Default number of Monte Carlo paths per origin for the estimated h-step marginals.
-DEFAULT_NUM_PATHS = 4096
+#: Paths per origin of the pilot run when ``num_paths`` is left to its default.
+PILOT_PATHS = 4096
+#: Target standard error (nats) of every estimated log density under the default.
+TARGET_SE = 0.01
+#: Most paths per origin the default uses (a warning says when the target is not met).
+MAX_PATHS = 1 << 20
+#: Paths evaluated at once (vmapped); more paths loop over chunks of this size.
+PATH_CHUNK = 1024
 #: Seed of the fixed key used by `statseq.log_predictive_density` when none is passed.
 DEFAULT_MC_SEED = 0
 
 
 def mc_settings(model, key, num_paths, *, name="num_paths"):
-    """``(key, num_paths)`` checked: None unless the model's marginals are estimates."""
+    """``(key, num_paths)`` checked: ``(None, None)`` unless the model's h-step marginals
+    are estimates; ``num_paths`` None means "choose it" (`paths_for_target`)."""
     from statseq.core.validation import check_key, check_positive_int
 
     if num_paths is not None:
@@ -53,7 +60,21 @@ def mc_settings(model, key, num_paths, *, name="num_paths"):
     if model.marginalizes_masked_steps or hasattr(model, "h_step_marginals"):
         return None, None
     key = jax.random.key(DEFAULT_MC_SEED) if key is None else key
-    return key, DEFAULT_NUM_PATHS if num_paths is None else num_paths
+    return key, num_paths
+
+
+def paths_for_target(se, num_paths) -> int:
+    """Paths so that the largest standard error ``se`` (from ``num_paths`` paths) drops to
+    `TARGET_SE` (SE falls as ``1/sqrt(S)``), with a 10 % margin, at most `MAX_PATHS`."""
+    import math
+
+    import numpy as np
+
+    worst = float(np.nanmax(np.asarray(se, float), initial=0.0))
+    if not worst > TARGET_SE:
+        return int(num_paths)
+    need = math.ceil(1.1 * num_paths * (worst / TARGET_SE) ** 2)
+    return int(min(MAX_PATHS, -(-need // PATH_CHUNK) * PATH_CHUNK))
 
 
 def _log_mean(lp, axis=0):
@@ -71,39 +92,62 @@ def _log_mean(lp, axis=0):
 def _rb_marginals(model, p, carry, ys, ms, us, key, num_paths, dims):
     """Rao-Blackwellised Monte Carlo h-step marginals from ``carry`` (see the module doc).
 
+    ``num_paths`` (traced) paths run in chunks of `PATH_CHUNK` (path ``j`` of chunk ``c``
+    uses ``fold_in(fold_in(key, c), j)``, so a run with more paths extends one with fewer);
+    only ``logsumexp`` of ``log w`` and of ``2 log w`` are kept, so memory does not grow
+    with the number of paths. With ``m_r = sum w^r / S`` the estimate is ``log m_1`` and
+    its delta-method standard error ``sqrt((m_2 / m_1^2 - 1) / (S - 1))`` (that is,
+    ``sd(w) / (sqrt(S) mean(w))`` with the ``S - 1`` variance).
+
     Returns ``(log_probs (h,), se (h,), per-dim (h, D) or None, per-dim se or None)``;
-    masked targets score ``NaN``.
+    masked targets score ``NaN``; ``k = 0`` is exact (every path shares the carry; SE 0).
     """
     full = jnp.ones(tuple(model.event_shape), bool)
+    h = ys.shape[0]
 
     def path(k):
         def body(c, xs):
             y_t, m_t, u_t, kk = xs
             d = model.predict(p, c, u_t)
             lp = masked_log_prob(d, y_t, m_t)
-            lp_d = None if dims is None else jax.vmap(lambda e: masked_log_prob(d, y_t, e))(
-                dims)
+            lp_d = jnp.zeros((0,), lp.dtype) if dims is None else jax.vmap(
+                lambda e: masked_log_prob(d, y_t, e))(dims)
             return model.update(p, c, d.sample(kk), full, u_t), (lp, lp_d)
 
-        return jax.lax.scan(body, carry, (ys, ms, us, jax.random.split(k, ys.shape[0])))[1]
+        return jax.lax.scan(body, carry, (ys, ms, us, jax.random.split(k, h)))[1]
 
-    lp, lp_d = jax.vmap(path)(jax.random.split(key, num_paths))  # (S, h), (S, h, D)
-    first = jnp.arange(ys.shape[0]) == 0  # k = 0: every path shares the carry (exact)
-    seen = jnp.any(ms.reshape(ms.shape[0], -1), axis=1)
-    est, se = _log_mean(lp)
-    est = jnp.where(seen, jnp.where(first, lp[0], est), jnp.nan)
-    se = jnp.where(seen, jnp.where(first, 0.0, se), jnp.nan)
-    est_d = se_d = None
-    if dims is not None:
-        est_d, se_d = _log_mean(lp_d)
-        ok = ms.reshape(est_d.shape)
-        est_d = jnp.where(ok, jnp.where(first[:, None], lp_d[0], est_d), jnp.nan)
-        se_d = jnp.where(ok, jnp.where(first[:, None], 0.0, se_d), jnp.nan)
-    return est, se, est_d, se_d
+    lse = jax.scipy.special.logsumexp
+    num_d = 0 if dims is None else dims.shape[0]
+
+    def chunk(c, acc):
+        idx = c * PATH_CHUNK + jnp.arange(PATH_CHUNK)
+        ck = jax.random.fold_in(key, c)
+        lp, lp_d = jax.vmap(lambda j: path(jax.random.fold_in(ck, j)))(idx - c * PATH_CHUNK)
+        lp_all = jnp.concatenate([lp[:, :, None], lp_d.reshape(PATH_CHUNK, h, num_d)], -1)
+        lp_all = jnp.where((idx < num_paths)[:, None, None], lp_all, -jnp.inf)
+        a1, a2, first = acc
+        first = jnp.where(c == 0, lp_all[0], first)
+        return (jnp.logaddexp(a1, lse(lp_all, axis=0)),
+                jnp.logaddexp(a2, lse(2 * lp_all, axis=0)), first)
+
+    dtype = jnp.result_type(float)
+    init = jnp.full((h, 1 + num_d), -jnp.inf, dtype)
+    num_chunks = (num_paths + PATH_CHUNK - 1) // PATH_CHUNK
+    a1, a2, first = jax.lax.fori_loop(0, num_chunks, chunk, (init, init, jnp.zeros_like(init)))
+    s = jnp.asarray(num_paths, dtype)
+    est = a1 - jnp.log(s)
+    se = jnp.sqrt(jnp.maximum(s * jnp.exp(a2 - 2 * a1) - 1.0, 0.0) / (s - 1))
+    k0 = (jnp.arange(h) == 0)[:, None]
+    ok = jnp.concatenate([jnp.any(ms.reshape(h, -1), axis=1)[:, None],
+                          ms.reshape(h, -1)[:, :num_d]], axis=1)
+    est = jnp.where(ok, jnp.where(k0, first, est), jnp.nan)
+    se = jnp.where(ok, jnp.where(k0, 0.0, se), jnp.nan)
+    if dims is None:
+        return est[:, 0], se[:, 0], None, None
+    return est[:, 0], se[:, 0], est[:, 1:], se[:, 1:]
 
 
-@partial(jax.jit, static_argnames=("model", "horizon", "stacked", "per_dim", "sample",
-                                   "num_paths"))
+@partial(jax.jit, static_argnames=("model", "horizon", "stacked", "per_dim", "sample"))
 def origin_forecasts(model, params, y, mask, inputs, origins, keys, mc_keys=None, *, horizon,
                      stacked, per_dim, sample, num_paths=None):
     """Marginal log-densities and sample paths from each origin.
@@ -122,7 +166,8 @@ def origin_forecasts(model, params, y, mask, inputs, origins, keys, mc_keys=None
         sample: draw sample paths.
         mc_keys: ``(m,)`` keys of the Monte Carlo marginals (models with
             ``marginalizes_masked_steps`` False; ignored otherwise).
-        num_paths: the number of Monte Carlo paths per origin (those models only).
+        num_paths: the number of Monte Carlo paths per origin (those models only; traced,
+            so a different number reuses the compiled program).
 
     Returns:
         ``(log_probs (m, h), per-dim log_probs (m, h, D) or None, samples (m, S, h, *event)

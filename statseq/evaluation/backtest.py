@@ -17,10 +17,11 @@ from statseq.core.validation import (
     prepare_data,
     require_observed,
 )
-from statseq.evaluation._origins import mc_settings, origin_forecasts
+from statseq.evaluation._origins import PILOT_PATHS, mc_settings, origin_forecasts
 from statseq.evaluation.scores import (
     _check_levels,
     _is_gaussian,
+    _more_paths,
     _samples,
     _truth,
     crps,
@@ -292,7 +293,7 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         (9, [1, 2, 3])
     """
     check_key(key)
-    _, num_paths = mc_settings(model, key, num_paths)
+    mc_key, num_paths = mc_settings(model, key, num_paths)
     horizon = check_positive_int(horizon, "horizon")
     num_samples = check_positive_int(num_samples, "num_samples", 2)
     levels = _check_levels(levels)
@@ -323,14 +324,24 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(key, i), (num_samples, 1))[
         :, 0])(jnp.arange(origins.size))
     mc_keys = None
-    if num_paths is not None:
+    estimated = mc_key is not None
+    if estimated:
         mc_keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, i), 1))(
             jnp.arange(origins.size))
-    lps, lps_d, samples, (se, se_d) = origin_forecasts(
-        model, params, data.y[0], data.mask[0], data.inputs[0], jnp.asarray(origins), keys,
-        mc_keys, horizon=horizon, stacked=stacked, per_dim=per_dim, sample=True,
-        num_paths=num_paths,
-    )
+
+    def run(paths):
+        return origin_forecasts(
+            model, params, data.y[0], data.mask[0], data.inputs[0], jnp.asarray(origins),
+            keys, mc_keys, horizon=horizon, stacked=stacked, per_dim=per_dim, sample=True,
+            num_paths=paths,
+        )
+
+    auto = estimated and num_paths is None
+    out = run(PILOT_PATHS if auto else num_paths)
+    if auto:
+        out = _more_paths(run, out[3][0] if out[3][1] is None else out[3][1],
+                          PILOT_PATHS) or out
+    lps, lps_d, samples, (se, se_d) = out
     samples = np.asarray(samples, float)  # (m, S, h, *event)
     bad = ~np.all(np.isfinite(samples.reshape(origins.size, -1)), axis=1)
     if bad.any():
@@ -348,7 +359,7 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         log_scores, log_se = np.asarray(lps_d, float), np.asarray(se_d, float)
     else:
         log_scores = log_se = np.full(y_future.shape, np.nan)
-    est_k = (num_paths is not None) & (np.arange(horizon) > 0)  # k = 1 is exact
+    est_k = estimated & (np.arange(horizon) > 0)  # k = 1 is exact
     estimated = np.broadcast_to(est_k.reshape((1, horizon) + (1,) * event_ndim),
                                 y_future.shape)
     draws = np.moveaxis(samples, 1, 0)  # (S, m, h, *event)

@@ -26,7 +26,12 @@ from statseq.core.validation import (
     pandas_values,
     prepare_data,
 )
-from statseq.evaluation._origins import mc_settings, origin_forecasts
+from statseq.evaluation._origins import (
+    PILOT_PATHS,
+    mc_settings,
+    origin_forecasts,
+    paths_for_target,
+)
 from statseq.evaluation.criteria import log_score
 
 
@@ -278,6 +283,27 @@ def gaussian_log_density(forecast, y_true):
     return -0.5 * z * z - np.log(std) - 0.5 * math.log(2 * math.pi)
 
 
+def _more_paths(run, se, pilot):
+    """The output of ``run(paths)`` with enough paths for the target standard error given
+    the pilot's ``se`` (the pilot's paths are the first ones), or None if it meets it."""
+    import warnings
+
+    from statseq.evaluation._origins import MAX_PATHS, TARGET_SE
+
+    paths = paths_for_target(se, pilot)
+    if paths == pilot:
+        return None
+    out = run(paths)
+    se = out[3][0] if out[3][1] is None else out[3][1]
+    worst = float(np.nanmax(np.asarray(se, float), initial=0.0))
+    if worst > TARGET_SE:
+        warnings.warn(f"the Monte Carlo standard error of the h-step log densities is "
+                      f"{worst:.3g} nats with {paths} paths (at most {MAX_PATHS} by "
+                      f"default; target {TARGET_SE}): pass num_paths for more",
+                      stacklevel=3)
+    return out
+
+
 def log_predictive_density(model, params, y_train, y_test, *, marginal: bool = False,
                            mask_train=None, mask_test=None, inputs_train=None,
                            inputs_test=None, key=None, num_paths: int | None = None,
@@ -385,11 +411,19 @@ def log_predictive_density(model, params, y_train, y_test, *, marginal: bool = F
                         inputs)
     origin = check_positive_int(y_tr.shape[0], "len(y_train)",
                                 max(1, model.num_conditioned_steps))
-    lps, _, _, (se, _) = origin_forecasts(
-        model, params, data.y[0], data.mask[0], data.inputs[0], jnp.array([origin]), None,
-        None if key is None else key[None], horizon=int(y_te.shape[0]), stacked=False,
-        per_dim=False, sample=False, num_paths=num_paths,
-    )
+
+    def run(paths):
+        return origin_forecasts(
+            model, params, data.y[0], data.mask[0], data.inputs[0], jnp.array([origin]),
+            None, None if key is None else key[None], horizon=int(y_te.shape[0]),
+            stacked=False, per_dim=False, sample=False, num_paths=paths,
+        )
+
+    auto = key is not None and num_paths is None
+    out = run(PILOT_PATHS if auto else num_paths)
+    if auto:
+        out = _more_paths(run, out[3][0], PILOT_PATHS) or out
+    lps, _, _, (se, _) = out
     values = np.asarray(lps[0], float)
     return (values, np.asarray(se[0], float)) if return_se else values
 
