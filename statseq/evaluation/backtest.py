@@ -245,9 +245,10 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
     on unseen (trailing-origin masking), so all origins run in one compiled program, and
     each equals `statseq.forecast` on the truncated series ``y[:o]`` with key
     ``jax.random.fold_in(key, i)`` for the ``i``-th origin (a test checks this).
-    ``log_score`` is the exact h-step marginal log-density (intermediate steps marginalized
-    by the filter), per dimension for vector series of models with partial masks (else
-    ``NaN``); ``crps`` and the intervals come from the samples.
+    ``log_score`` is the h-step marginal log-density (exact where the filter marginalizes
+    the intermediate steps: ``model.marginalizes_masked_steps``), per dimension for vector
+    series of models with partial masks (else ``NaN``); ``crps`` and the intervals come
+    from the samples.
 
     For a neural network (``model.marginalizes_masked_steps`` False: it reads a masked
     step as 0 plus an indicator) ``log_score`` at horizons ``k >= 2`` is a

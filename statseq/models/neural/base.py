@@ -15,7 +15,12 @@ The filter's carry is ``(s_{t-1}, enc(y_{t-1}) * m_{t-1}, m_{t-1})``.
 left out, or, for a vector, only its observed entries are scored) and the network is fed
 the value 0 with observed-indicator 0 in its place: the model conditions on *which* values
 were seen, not on imputed values. This is a modelling choice (the network learns what a
-gap means), not exact marginalization as in an HMM or a Kalman filter.
+gap means), not exact marginalization as in an HMM or a Kalman filter: ``log_prob`` with
+a mask is the likelihood of a *model of data with gaps*, not the marginal likelihood of the
+observed values (``marginalizes_masked_steps`` is False). `statseq.estimate_log_prob`
+estimates that marginal (a particle filter drawing the missing values from the network's
+own predictive), and h-step-ahead marginal densities (`statseq.log_predictive_density`
+with ``marginal=True``, `statseq.backtest`) are Monte Carlo estimates with standard errors.
 
 A `Backbone` is a recurrent feature extractor (frozen dataclass of static configuration,
 parameters kept outside); concrete models (`statseq.models.neural.rnn`) pair one with a
@@ -152,6 +157,11 @@ class NeuralSequenceModel(SequenceModel):
     Subclasses add their architecture's fields and a `backbone` property built from them
     (with ``input_dim=self.backbone_input_dim``).
 
+    A missing value is read as 0 plus an observed-indicator of 0 (a model of data with
+    gaps), so ``marginalizes_masked_steps`` is False: the marginal likelihood of data with
+    gaps is estimated by `statseq.estimate_log_prob` and h-step marginal densities by
+    Monte Carlo, each with its standard error.
+
     Args:
         emission: the head: ``"gaussian"``, ``"student_t"``, ``"poisson"``,
             ``"negative_binomial"``, ``"bernoulli"`` or ``"categorical"``.
@@ -169,6 +179,8 @@ class NeuralSequenceModel(SequenceModel):
         >>> params = model.initialize(y, key=jax.random.key(0))
         >>> ss.filter(model, params, y).log_probs.shape
         (20,)
+        >>> model.marginalizes_masked_steps          # a gap is an indicator, not integrated
+        False
     """
 
     emission: str = "gaussian"

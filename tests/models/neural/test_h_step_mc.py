@@ -118,7 +118,7 @@ def test_backtest_of_a_gru_carries_standard_errors():
     # the summary's SE is that of the mean over origins
     per_h = table.groupby("horizon")["log_score_se"]
     np.testing.assert_allclose(res.summary["log_score_se"],
-                               np.sqrt((per_h.apply(lambda s: (s**2).sum()))) / 2)
+                               np.sqrt(per_h.apply(lambda s: (s**2).sum())) / 2)
 
 
 def test_exact_models_report_zero_standard_errors():
