@@ -363,7 +363,7 @@ def backtest(model, params_or_fit_fn, y, *, horizon, key, initial=None, step=1, 
         log_scores = log_se = np.full(y_future.shape, np.nan)
     est_k = estimated & (np.arange(horizon) > 0)  # k = 1 is exact
     estimated = np.broadcast_to(est_k.reshape((1, horizon) + (1,) * event_ndim),
-                                y_future.shape)
+                                y_future.shape) & np.isfinite(log_scores)
     draws = np.moveaxis(samples, 1, 0)  # (S, m, h, *event)
     bounds = {level: prediction_interval(draws, level) for level in levels}
     cols = _stats_columns(y_future, draws.mean(axis=0), np.median(draws, axis=0), bounds,

@@ -121,6 +121,30 @@ def test_backtest_of_a_gru_carries_standard_errors():
                                np.sqrt(per_h.apply(lambda s: (s**2).sum())) / 2)
 
 
+def test_vector_gru_marginals_and_per_dimension_backtest_scores():
+    rng = np.random.default_rng(1)
+    y = rng.normal(size=(30, 2)).cumsum(0) * 0.3
+    model = ss.GRU(hidden_dim=3, emission_dim=2)
+    params = model.initialize(y, key=jax.random.key(0))
+    params = params._replace(head=params.head._replace(weight=params.head.weight * 5))
+    values, se = ss.log_predictive_density(model, params, y[:24], y[24:28], marginal=True,
+                                           return_se=True, num_paths=4000)
+    check_marginal_predictive(model, params, y[:24], y[24:28], statseq_values=values,
+                              statseq_se=se, num_paths=20_000, quadrature=False)
+    mask = np.ones((30, 2), bool)
+    mask[26, 1] = False
+    res = ss.backtest(model, params, y, horizon=3, origins=[24], num_samples=10,
+                      key=jax.random.key(0), num_paths=2000, mask=mask)
+    t = res.table.sort_values(["horizon", "series"])
+    d1 = model.predict(params, filtered_carry(model, params, y[:24]), jnp.zeros((0,)))
+    np.testing.assert_allclose(t["log_score"].to_numpy()[:2],
+                               np.asarray(d1.base_dist.log_prob(y[24])), atol=1e-10)
+    np.testing.assert_array_equal(t["log_score_se"].to_numpy()[:2], 0.0)
+    assert np.all(t["log_score_se"].to_numpy()[2:5] > 0)
+    assert np.isnan(t["log_score"].to_numpy()[5]) and np.isnan(t["log_score_se"].to_numpy()[5])
+    np.testing.assert_array_equal(t["log_score_is_estimate"], [0, 0, 1, 1, 1, 0])
+
+
 def test_exact_models_report_zero_standard_errors():
     model = ss.AR(order=1)
     params = model.default_params()
