@@ -70,14 +70,15 @@ def evaluate_forecast(forecast, y_true, *, levels=(0.5, 0.8, 0.9), log_scores=No
     ``lower_<p>``/``upper_<p>`` (central ``p``% interval), ``covered_<p>`` (1.0/0.0),
     ``crps`` and ``log_score``. A `GaussianForecast` is scored exactly (closed-form CRPS,
     exact marginal log-densities); a sample `Forecast` by Monte Carlo, and its
-    ``log_score`` is ``NaN`` unless exact values are passed (`log_predictive_density` with
-    ``marginal=True`` gives them; densities are never estimated from samples).
+    ``log_score`` is ``NaN`` unless log densities are passed (`log_predictive_density`
+    with ``marginal=True`` gives them: exact, or for a neural network a Monte Carlo
+    estimate with its standard error; densities are never estimated from the samples).
 
     Args:
         forecast: a `Forecast` or `GaussianForecast` of one series (no batch axes).
         y_true: realized values ``(num_steps,) + event_shape`` (``NaN`` = missing).
         levels: interval coverages.
-        log_scores: optional exact log-densities per step (or per step and dimension).
+        log_scores: optional log-densities per step (or per step and dimension).
         estimator: sample CRPS estimator, ``"fair"`` or ``"energy"``.
         index: future time labels (default: ``y_true``'s pandas index, else the
             forecast's own ``index``).
