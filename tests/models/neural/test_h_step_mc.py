@@ -92,6 +92,29 @@ def test_gru_issue_example():
     assert other[0] == values[0] and other[1] != values[1]
 
 
+def test_default_paths_reach_the_target_standard_error(monkeypatch):
+    """The default extends a 4096-path pilot until every SE meets the target (here made
+    stricter than 0.01 so that this small model needs more paths), and warns at the cap."""
+    from statseq.evaluation import _origins
+
+    model = ss.GRU(hidden_dim=4)
+    params = model.initialize(HIST, key=jax.random.key(1))
+    params = params._replace(head=params.head._replace(weight=params.head.weight * 20))
+    _, pilot = ss.log_predictive_density(model, params, HIST, FUT, marginal=True,
+                                         return_se=True, num_paths=4096)
+    target = 0.6 * pilot.max()
+    monkeypatch.setattr(_origins, "TARGET_SE", target)
+    _, se = ss.log_predictive_density(model, params, HIST, FUT, marginal=True,
+                                      return_se=True)
+    assert se.max() <= target < pilot.max()
+    monkeypatch.setattr(_origins, "TARGET_SE", target / 10)
+    monkeypatch.setattr(_origins, "MAX_PATHS", 5120)
+    with pytest.warns(UserWarning, match="5120 paths"):
+        _, se = ss.log_predictive_density(model, params, HIST, FUT, marginal=True,
+                                          return_se=True)
+    assert se.max() > target / 10
+
+
 def test_backtest_of_a_gru_carries_standard_errors():
     model = ss.GRU(hidden_dim=4)
     params = model.initialize(Y, key=jax.random.key(1))
