@@ -265,6 +265,12 @@ def test_gap_likelihood_of_a_gaussian_gru_matches_independent_monte_carlo():
     again = ss.estimate_log_prob(model, params, Y, mask, key=jax.random.key(4),
                                  num_particles=512, num_replicates=16)
     assert again == (lp, se)
+    # a batch of series: one estimate each (independent keys per series)
+    lps, ses = ss.estimate_log_prob(model, params, np.stack([Y, Y]), np.stack([mask, mask]),
+                                    key=jax.random.key(4), num_particles=512,
+                                    num_replicates=16)
+    assert lps.shape == ses.shape == (2,) and lps[0] != lps[1]
+    assert np.all(np.abs(lps - ref) <= 4 * np.hypot(ses, ref_se))
 
 
 def test_every_registered_model_declares_whether_masked_steps_marginalize():
