@@ -520,6 +520,25 @@ class LinearAutoregressiveHMM(HMMBase):
             )
 
     # ---- initialization -----------------------------------------------------------------
+    def initialize(self, y, *, key, inputs=None, mask=None, method="data", transitions=None):
+        """`statseq.models.hmm.base.HMMBase.initialize`; data with missing lags are
+        accepted (the least-squares start uses the rows whose lags are observed).
+
+        Args:
+            y: ``batch_shape + (num_timesteps, emission_dim)``.
+            key: a ``jax.random`` key.
+            inputs: covariates, when the model has input-driven transitions.
+            mask: optional observation mask.
+            method: ``"data"`` or ``"random"``.
+            transitions: ``None`` or one of ``"sticky"``, ``"uniform"``, ``"dirichlet"``,
+                ``"anti_persistent"``.
+
+        Returns:
+            `HMMParams`.
+        """
+        return HMMBase.initialize(self.for_mask(None), y, key=key, inputs=inputs, mask=mask,
+                                  method=method, transitions=transitions)
+
     def initialize_emissions(self, y, mask, *, key, method):
         """Least squares on the fully observed (target, lags) rows. ``"data"``: k-means
         (k-means++ seeding from ``key``) on the rows ``[y_t, y_{t-1}, ...]``, then a ridge
