@@ -241,10 +241,11 @@ def required_components(mask, num_lags: int, num_states: int, branching: int, *,
             if t >= num_lags and a[t] and window.any() and best.conditioned is None:
                 best = best._replace(conditioned=(n, t))
             tainted[t] = not f[t] and (t < num_lags or window.any())
-        live, run, gap = num_states, 0, 0
+        live, gap = num_states, 0
         for t in range(last):
-            run = 0 if f[t] else run + 1
-            gap = run or gap
+            if not f[t] and (t == 0 or f[t - 1]):  # a gap begins: its full length
+                rest = np.flatnonzero(f[t:])
+                gap = int(rest[0]) if rest.size else num_steps - t
             if f[max(0, t - num_lags + 1): t + 1].all():
                 live = num_states
                 continue
