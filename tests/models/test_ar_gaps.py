@@ -393,23 +393,24 @@ def test_fit_lbfgs_with_gaps_recovers_parameters_and_the_exact_likelihood():
         jnp.array([0.5, 0.5]), jnp.array([[0.95, 0.05], [0.1, 0.9]]),
         ARHMMEmissions(jnp.array([[[-0.5]], [[0.8]]]), jnp.array([[-1.0], [1.0]]),
                        jnp.array([[[0.5]], [[0.25]]])))
-    y = np.asarray(ss.sample(model, truth, num_timesteps=500, key=jax.random.key(3)))
+    y = np.asarray(ss.sample(model, truth, num_timesteps=300, key=jax.random.key(3)))
     mask = np.ones(y.shape, bool)
-    for start, length in [(40, 2), (130, 1), (210, 3), (333, 1), (420, 2)]:
+    for start, length in [(40, 2), (130, 1), (210, 2), (260, 1)]:
         mask[start: start + length] = False
     y = np.where(mask, y, 0.0)
     start = model.initialize(y, key=jax.random.key(0), mask=mask)
-    fit = ss.fit_lbfgs(model, start, y, mask=mask, num_iters=200, progress=False)
+    fit = ss.fit_lbfgs(model, start, y, mask=mask, num_iters=200, tol=1e-7, progress=False)
     assert fit.converged
     em = fit.params.emissions
     order = np.argsort(np.asarray(em.biases[:, 0]))
-    # about 150 and 350 scored steps per state: the standard errors of the coefficients and
-    # intercepts are below 0.07, of the variances below 15 %; 4 standard errors allowed
-    np.testing.assert_allclose(np.asarray(em.weights)[order, 0, 0], [-0.5, 0.8], atol=0.25)
-    np.testing.assert_allclose(np.asarray(em.biases)[order, 0], [-1.0, 1.0], atol=0.3)
-    np.testing.assert_allclose(np.asarray(em.covs)[order, 0, 0], [0.5, 0.25], rtol=0.5)
+    # about 100 and 200 scored steps per state: the standard errors of the coefficients and
+    # intercepts are below 0.1, of the variances below 15 %, of the stay probabilities
+    # below 0.03; about 4 standard errors allowed
+    np.testing.assert_allclose(np.asarray(em.weights)[order, 0, 0], [-0.5, 0.8], atol=0.3)
+    np.testing.assert_allclose(np.asarray(em.biases)[order, 0], [-1.0, 1.0], atol=0.4)
+    np.testing.assert_allclose(np.asarray(em.covs)[order, 0, 0], [0.5, 0.25], rtol=0.6)
     np.testing.assert_allclose(np.diag(np.asarray(fit.params.transitions))[order],
-                               [0.95, 0.9], atol=0.08)
+                               [0.95, 0.9], atol=0.12)
     # the maximized objective is the exact likelihood (an independent forward recursion
     # that enumerates the state sub-paths across each gap)
     pi0, trans, reg = arhmm_reference(model, fit.params)
