@@ -94,7 +94,8 @@ def initial_gaussian_sum(initial_probs, capacity: int, window_dim: int) -> Gauss
         jnp.zeros((), bool), jnp.zeros((), jnp.int32))
 
 
-def predictive_components(carry: GaussianSumCarry, transitions, weights, biases, noise):
+def predictive_components(carry: GaussianSumCarry, transitions: jax.Array, weights: jax.Array,
+                          biases: jax.Array, noise: jax.Array) -> tuple[jax.Array, ...]:
     """The one-step predictive of ``y_t`` as ``C S`` Gaussian candidates.
 
     Args:
@@ -106,9 +107,9 @@ def predictive_components(carry: GaussianSumCarry, transitions, weights, biases,
         noise: ``(S, D, D)`` noise covariances.
 
     Returns:
-        ``(log_weights (C, S), means (C, S, D), covs (C, S, D, D), cross (C, S, D, n))``
-        with ``cross = W_s P_c`` the covariance of ``y_t`` with the window; candidate
-        ``(c, s)`` continues component ``c`` in regime ``s``.
+        The tuple ``(log_weights (C, S), means (C, S, D), covs (C, S, D, D), cross (C, S,
+        D, n))`` with ``cross = W_s P_c`` the covariance of ``y_t`` with the window;
+        candidate ``(c, s)`` continues component ``c`` in regime ``s``.
     """
     num_states = transitions.shape[0]
     moved = safe_log(transitions)
@@ -203,7 +204,7 @@ class GapSize(NamedTuple):
     conditioned: tuple[int, int] | None
 
 
-def required_components(mask, num_lags: int, num_states: int, branching: int, *,
+def required_components(mask: np.ndarray, num_lags: int, num_states: int, branching: int, *,
                         trailing: bool = False, limit: int | None = None) -> GapSize:
     """The capacity the Gaussian-sum filter needs to be exact on ``mask``.
 

@@ -8,7 +8,7 @@ with ``Sigma_k`` full, tied (one ``Sigma`` for all states) or spherical (``sigma
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
 from statseq.inference import gaussian_sum as gsum
 from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
-from statseq.models.hmm.base import HMMBase, HMMCarry, _e_step
+from statseq.models.hmm.base import HMMBase, HMMCarry, HMMParams, _e_step
 from statseq.models.hmm.gaussian import (
     _check_min_variance,
     _cluster_covs,
@@ -520,7 +520,8 @@ class LinearAutoregressiveHMM(HMMBase):
             )
 
     # ---- initialization -----------------------------------------------------------------
-    def initialize(self, y, *, key, inputs=None, mask=None, method="data", transitions=None):
+    def initialize(self, y: Any, *, key: jax.Array, inputs: Any = None, mask: Any = None,
+                   method: str = "data", transitions: str | None = None) -> HMMParams:
         """`statseq.models.hmm.base.HMMBase.initialize`; data with missing lags are
         accepted (the least-squares start uses the rows whose lags are observed).
 
