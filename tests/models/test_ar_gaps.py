@@ -435,3 +435,28 @@ def test_fit_sgd_with_gaps_climbs_the_exact_likelihood():
     want = segment_forward_loglik(pi0, trans, reg, y, mask, 2)
     assert float(fit.log_joint[0]) == pytest.approx(want, rel=1e-10)
     assert float(fit.log_joint[-1]) > float(fit.log_joint[0])
+
+
+@pytest.mark.parametrize("covariance", ["tied", "spherical"])
+def test_arhmm_tied_and_spherical_noise_with_gaps_equal_enumeration(covariance):
+    from statseq.models.hmm.autoregressive import (
+        SphericalARHMMEmissions,
+        TiedARHMMEmissions,
+    )
+
+    _, full = random_arhmm(2, 2, 1, seed=31)
+    model = ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=1,
+                                       initial="free", covariance=covariance)
+    em = full.emissions
+    noise = (TiedARHMMEmissions(em.weights, em.biases, em.covs[0]) if covariance == "tied"
+             else SphericalARHMMEmissions(em.weights, em.biases, jnp.array([0.4, 0.9])))
+    params = full._replace(emissions=noise)
+    y = np.random.default_rng(6).normal(size=(9, 2))
+    mask = np.ones((9, 2), bool)
+    mask[3, 1] = False
+    mask[4] = False
+    mask[7, 0] = False
+    y = np.where(mask, y, 0.0)
+    pi0, trans, reg = arhmm_reference(model, params)
+    want = enumerate_loglik(pi0, trans, reg, y, mask, 1)
+    assert float(ss.log_prob(model, params, y, mask=mask)) == pytest.approx(want, rel=1e-10)
