@@ -15,7 +15,7 @@ from statseq.core.validation import (
     check_positive_int,
     check_time_index,
     pandas_values,
-    prepare_data,
+    prepare_sized,
 )
 
 
@@ -238,7 +238,8 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
     num_steps = check_positive_int(num_steps, "num_steps")
     values, history_index, columns = pandas_values(y, len(model.event_shape))
     num_samples = check_positive_int(num_samples, "num_samples")
-    data = prepare_data(model, y, mask, inputs, bucket=True)  # statseq.core.buckets
+    # statseq.core.buckets; a model sized from the mask gets the gaps at the end exact too
+    model, data = prepare_sized(model, y, mask, inputs, bucket=True, trailing=True)
     if data.num_timesteps < model.num_conditioned_steps:
         raise ValueError(
             f"{type(model).__name__} conditions on its first {model.num_conditioned_steps} "

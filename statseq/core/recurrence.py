@@ -16,7 +16,12 @@ import numpy as np
 from statseq.core.buckets import cut_time
 from statseq.core.params import validate_params
 from statseq.core.results import FilterResult
-from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_key,
+    check_positive_int,
+    float_dtype,
+    prepare_sized,
+)
 
 
 def pairwise_sum(x, axis: int = -1):
@@ -141,7 +146,7 @@ def _unflatten(tree, batch_shape):
 
 def _run(model, params, y, mask, inputs, return_carries, need_final=True):
     validate_params(model, params)
-    data = prepare_data(model, y, mask, inputs, bucket=True)
+    model, data = prepare_sized(model, y, mask, inputs, bucket=True)
     out = run_prepared(model, params, data, return_carries=return_carries,
                        need_final=need_final)
     return data, out

@@ -207,6 +207,29 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y",
 _PREPARED = IdentityMemo(maxsize=8)
 
 
+def prepare_sized(model, y, mask=None, inputs=None, *, trailing: bool = False,
+                  **kwargs) -> tuple[Any, Prepared]:
+    """`prepare_data` for a caller that runs the model's filter: ``(model, data)``.
+
+    A model whose filter state is sized from the data's mask (it has ``for_mask``, e.g.
+    the exact Gaussian-sum filter of an autoregressive HMM over missing lags) is
+    validated in its permissive form (``model.for_mask(None)``) and comes back sized for
+    the mask (``model.for_mask(mask, trailing=trailing)``; ``trailing`` also sizes for
+    missing values at the end, whose state a forecast starts from). Other models come
+    back unchanged. Inside a trace (a traced mask) the model is returned as given.
+    """
+    sizer = getattr(model, "for_mask", None)
+    if sizer is None:
+        return model, prepare_data(model, y, mask, inputs, **kwargs)
+    data = prepare_data(sizer(None), y, mask, inputs, **kwargs)
+    if _is_tracer(data.mask):
+        return model, prepare_data(model, y, mask, inputs, **kwargs)
+    real = np.asarray(data.mask)
+    if data.num_valid is not None:
+        real = real[:, : data.num_valid]
+    return sizer(real, trailing=trailing), data
+
+
 def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
     event_shape = tuple(model.event_shape)
     event_ndim = len(event_shape)

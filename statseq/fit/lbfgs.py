@@ -34,7 +34,7 @@ from statseq.core.results import FitResult
 from statseq.core.validation import (
     check_positive_int,
     float_dtype,
-    prepare_data,
+    prepare_sized,
     require_observed,
 )
 from statseq.fit import _progress
@@ -183,7 +183,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
         raise TypeError(f"tol must be a number, got {type(tol).__name__}") from err
     if not tol >= 0:
         raise ValueError(f"tol must be non-negative, got {tol}")
-    data = prepare_data(model, y, mask, inputs)
+    model, data = prepare_sized(model, y, mask, inputs)  # sized for missing lags, if any
     require_observed(data, "fit_lbfgs")
     restriction, z0 = restrict(model, params, trainable, ties)
     if restriction.num_free == 0:

@@ -34,7 +34,7 @@ from statseq.core.validation import (
     check_key,
     check_positive_int,
     float_dtype,
-    prepare_data,
+    prepare_sized,
     require_observed,
 )
 from statseq.fit import _progress
@@ -266,7 +266,7 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     num_steps = check_positive_int(num_steps, "num_steps")
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise TypeError("optimizer must be an optax GradientTransformation, e.g. optax.adam(1e-2)")
-    data = prepare_data(model, y, mask, inputs)
+    model, data = prepare_sized(model, y, mask, inputs)  # sized for missing lags, if any
     require_observed(data, "fit_sgd")
     scored = _check_scored(scored, data)
     split_key, batch_key = jax.random.split(key)

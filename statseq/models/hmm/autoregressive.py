@@ -8,7 +8,7 @@ with ``Sigma_k`` full, tied (one ``Sigma`` for all states) or spherical (``sigma
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,9 @@ from numpyro.distributions import constraints
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
+from statseq.inference import gaussian_sum as gsum
 from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
-from statseq.models.hmm.base import HMMBase, HMMCarry, _e_step
+from statseq.models.hmm.base import HMMBase, HMMCarry, HMMParams, _e_step
 from statseq.models.hmm.gaussian import (
     _check_min_variance,
     _cluster_covs,
@@ -129,11 +130,20 @@ class LinearAutoregressiveHMM(HMMBase):
     ``prev_emissions=y[:L]`` and initial law ``pi A^L``.
 
     Missing data: entries of ``y_t`` may be missing (per-entry masks are marginalized
-    exactly, and EM uses the conditional expectations of the missing entries) as long as
-    ``y_t`` is not a lag of a later step with observed entries: a missing lag makes the
-    emission depend on an unobserved Gaussian whose law mixes over past states (a
-    switching linear dynamical system), which has no exact finite-state recursion. Such
-    data are rejected eagerly (trailing padding of ragged batches is fine).
+    exactly). When a missing ``y_t`` is a lag of a later step with observed entries, the
+    emission depends on an unobserved Gaussian whose law mixes over the state path since
+    the gap began: `statseq.log_prob`, `statseq.filter`, `statseq.forecast`,
+    `statseq.fit_lbfgs` and `statseq.fit_sgd` then run an exact Gaussian-sum filter
+    (`statseq.inference.gaussian_sum`) whose components are (state, weight, mean and
+    covariance of the lag window); they merge exactly once ``num_lags`` observed steps
+    follow the gap, so a gap of ``g`` steps needs at most ``K^(g + L)`` components. The
+    capacity is sized eagerly from the mask (`for_mask`); data needing more than
+    ``max_gap_components`` are refused, as are missing values among the first
+    ``num_lags`` (conditioned) steps that an observed step depends on. Fully observed data
+    (and trailing padding of ragged batches) keep the finite-state filter. `statseq.fit_em`
+    and the posterior methods (`filter_states`, `smoother`, ...) need observed lags (use
+    `statseq.fit_lbfgs` with such gaps); EM uses the conditional expectations of missing
+    entries that are not lags of observed steps.
 
     Args:
         num_states: number of hidden states ``K``.
@@ -143,6 +153,10 @@ class LinearAutoregressiveHMM(HMMBase):
         input_dim: covariates driving the transitions (0 for a fixed matrix).
         min_variance: added to covariance diagonals in each M-step (collapse guard).
         covariance: ``"full"`` (default), ``"tied"`` or ``"spherical"``.
+        max_gap_components: the most Gaussian components the exact filter over missing
+            lags may use (data needing more are refused; raise it for longer gaps).
+        gap_capacity: the filter's static number of components (0: the finite-state
+            filter, no missing lags). Set by `for_mask`; not meant to be set by hand.
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -162,11 +176,18 @@ class LinearAutoregressiveHMM(HMMBase):
     input_dim: int = 0
     min_variance: float = 1e-6
     covariance: str = "full"
+    max_gap_components: int = 1024
+    gap_capacity: int = dataclasses.field(default=0, repr=False)
+
+    #: a masked step is not simply skipped: later emissions read it as a lag
+    marginalizes_masked_steps: ClassVar[bool] = False
 
     def __post_init__(self):
         self._check_hmm_config()
         check_positive_int(self.emission_dim, "emission_dim")
         check_positive_int(self.num_lags, "num_lags")
+        check_positive_int(self.max_gap_components, "max_gap_components")
+        check_positive_int(self.gap_capacity, "gap_capacity", minimum=-1)
         _check_min_variance(self)
         if self.covariance not in _AR_EMISSIONS:
             raise ValueError("covariance must be 'full', 'tied' or 'spherical', got "
@@ -228,6 +249,9 @@ class LinearAutoregressiveHMM(HMMBase):
 
     # ---- the filter -----------------------------------------------------------------------
     def initial_carry(self, params) -> ARHMMCarry:
+        if self.gap_capacity:
+            return gsum.initial_gaussian_sum(self.initial_probs(params), self._capacity(),
+                                             self.num_lags * self.emission_dim)
         base = super().initial_carry(params)
         dtype = params.emissions.biases.dtype
         return ARHMMCarry(base.probs, base.started,
@@ -238,6 +262,8 @@ class LinearAutoregressiveHMM(HMMBase):
         return HMMCarry(carry.probs, carry.started)
 
     def predict(self, params, carry, inputs_t):
+        if self.gap_capacity:
+            return self._gap_predict(params, carry, inputs_t)
         probs = self._predicted(params, self._state(carry), inputs_t)
         comp = self.emission_distribution(params.emissions, carry.lags.reshape(-1))
         return FiniteMixture(dist.Categorical(probs=probs), comp)
@@ -245,6 +271,8 @@ class LinearAutoregressiveHMM(HMMBase):
     def step(self, params, carry, y_t, mask_t, inputs_t):
         """Score ``y_t`` under the predictive and update; during the first ``num_lags``
         steps the state is not conditioned (the engine also drops their scores)."""
+        if self.gap_capacity:
+            return self._gap_step(params, carry, y_t, mask_t, inputs_t)
         predicted = self._predicted(params, self._state(carry), inputs_t)
         ll = self.emission_log_likelihoods(params.emissions, y_t, mask_t,
                                            carry.lags.reshape(-1))
@@ -288,30 +316,101 @@ class LinearAutoregressiveHMM(HMMBase):
             "state paths of Gaussians through the lags); use statseq.forecast"
         )
 
+    # ---- missing lags: the exact Gaussian-sum filter ----------------------------------------
+    def _capacity(self):
+        if self.gap_capacity < 0:
+            raise ValueError("gap_capacity=-1 only validates data; size the model with "
+                             "for_mask(mask)")
+        return max(self.gap_capacity, self.num_states)
+
+    def _gap_predict(self, params, carry, inputs_t):
+        em = params.emissions
+        lw, means, covs, _ = gsum.predictive_components(
+            carry, self.transition_matrix(params, inputs_t), em.weights, em.biases,
+            self.state_covariances(em))
+        d = self.emission_dim
+        return FiniteMixture(dist.Categorical(logits=lw.reshape(-1)),
+                             dist.MultivariateNormal(means.reshape(-1, d),
+                                                     covariance_matrix=covs.reshape(-1, d, d)))
+
+    def _gap_step(self, params, carry, y_t, mask_t, inputs_t):
+        em = params.emissions
+        mask_t = jnp.broadcast_to(jnp.asarray(mask_t, bool), y_t.shape)
+        return gsum.gaussian_sum_step(
+            carry, self.transition_matrix(params, inputs_t), em.weights, em.biases,
+            self.state_covariances(em), y_t.astype(em.biases.dtype), mask_t, self.num_lags)
+
+    def gap_size(self, mask, *, trailing=False) -> gsum.GapSize:
+        """Components the exact filter needs on ``mask`` (``(N, T, D)`` bools); see
+        `statseq.inference.gaussian_sum.required_components`."""
+        mask = np.asarray(mask, bool)
+        mask = mask.reshape((-1,) + mask.shape[-2:])
+        return gsum.required_components(mask, self.num_lags, self.num_states, self.num_states,
+                                        trailing=trailing, limit=self.max_gap_components)
+
+    def for_mask(self, mask, *, trailing=False):
+        """This model with its filter sized for the data's mask (``(N, T, D)`` bools).
+
+        Without missing lags (or ``mask=None``: a model that only validates) it is the
+        finite-state filter; otherwise ``gap_capacity`` is the number of components the
+        longest gap needs. ``trailing=True`` also sizes for gaps at the end of the data
+        (a forecast starts from that state). Called by `statseq.log_prob`,
+        `statseq.filter`, `statseq.forecast`, `statseq.fit_lbfgs` and `statseq.fit_sgd`.
+        """
+        if mask is None:
+            return dataclasses.replace(self, gap_capacity=-1)
+        size = self.gap_size(mask, trailing=trailing)
+        self._check_gap_size(size)
+        need = size.components if size.gap else 0
+        return self if need == self.gap_capacity else dataclasses.replace(
+            self, gap_capacity=need)
+
+    def _check_gap_size(self, size):
+        name, k, lag = type(self).__name__, self.num_states, self.num_lags
+        if size.conditioned is not None:
+            n, step = size.conditioned
+            raise ValueError(
+                f"{name}: observed step {step} (sequence {n}) depends on a missing value "
+                f"among the first num_lags = {lag} steps, which the likelihood conditions "
+                "on (they have no law in the model): drop the leading steps so that the "
+                "series starts with num_lags observed values")
+        if size.components > self.max_gap_components:
+            raise ValueError(
+                f"{name}: a gap of {size.gap} step(s) (sequence {size.sequence}) before "
+                f"observed steps needs more than max_gap_components = "
+                f"{self.max_gap_components} Gaussian components (K^(g + L) = {k}^"
+                f"({size.gap} + {lag}) for the exact filter over missing lags): raise "
+                "max_gap_components, or split the series at the gap")
+
     # ---- data checks ------------------------------------------------------------------------
     def validate_data(self, y, mask):
+        """Missing lags within ``max_gap_components`` are accepted when the filter is sized
+        for them (`for_mask`, which the entry points that support them call); otherwise
+        refused with the reason."""
         mask = np.broadcast_to(np.asarray(mask, bool), np.shape(y))
-        full = mask.all(axis=-1)
-        anyobs = mask.any(axis=-1)
-        lag, num_steps = self.num_lags, full.shape[-1]
-        if num_steps <= lag:
-            return
-        bad = np.zeros(anyobs[..., lag:].shape, bool)
-        for i in range(1, lag + 1):
-            bad |= anyobs[..., lag:] & ~full[..., lag - i: num_steps - i]
-        if np.any(bad):
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            step = where[-1] + lag
+        size = self.gap_size(mask)
+        self._check_gap_size(size)
+        if size.gap and self.gap_capacity >= 0 and size.components > self.gap_capacity:
             raise ValueError(
-                f"LinearAutoregressiveHMM: step {step} (index {where[:-1] + (step,)}) has "
-                f"observed entries but one of its {lag} lag(s) has missing entries; exact "
-                "likelihoods need fully observed lags (missing values are allowed only where "
-                "no later observed step uses them as lags, e.g. trailing padding)"
-            )
+                f"{type(self).__name__}: sequence {size.sequence} has a gap of {size.gap} "
+                "step(s) whose values are lags of later observed steps; the exact "
+                f"Gaussian-sum filter ({size.components} components) runs in "
+                "statseq.log_prob, filter, forecast, fit_lbfgs and fit_sgd, but not here: "
+                "fit_em and the state posteriors need observed lags (use fit_lbfgs to fit "
+                "such data)")
+
+    def _posterior_inputs(self, params, y, mask, inputs):
+        if self.gap_capacity:
+            raise ValueError("the state posteriors need observed lags; this model is sized for "
+                             "missing lags (for_mask): use the model it came from")
+        return super()._posterior_inputs(params, y, mask, inputs)
 
     # ---- EM -------------------------------------------------------------------------------
     def e_step(self, params, y, mask, inputs):
         """The base E-step with regression statistics that use the current emissions."""
+        if self.gap_capacity:
+            raise ValueError("fit_em has no exact E-step for missing lags (the lag window mixes "
+                             "over state paths): use fit_lbfgs")
         stats, log_prob = super().e_step(params, y, mask, inputs)
         stats["emissions"] = self.emission_suff_stats(y, mask, stats["weights"],
                                                       emissions=params.emissions)
@@ -421,6 +520,26 @@ class LinearAutoregressiveHMM(HMMBase):
             )
 
     # ---- initialization -----------------------------------------------------------------
+    def initialize(self, y: Any, *, key: jax.Array, inputs: Any = None, mask: Any = None,
+                   method: str = "data", transitions: str | None = None) -> HMMParams:
+        """`statseq.models.hmm.base.HMMBase.initialize`; data with missing lags are
+        accepted (the least-squares start uses the rows whose lags are observed).
+
+        Args:
+            y: ``batch_shape + (num_timesteps, emission_dim)``.
+            key: a ``jax.random`` key.
+            inputs: covariates, when the model has input-driven transitions.
+            mask: optional observation mask.
+            method: ``"data"`` or ``"random"``.
+            transitions: ``None`` or one of ``"sticky"``, ``"uniform"``, ``"dirichlet"``,
+                ``"anti_persistent"``.
+
+        Returns:
+            `HMMParams`.
+        """
+        return HMMBase.initialize(self.for_mask(None), y, key=key, inputs=inputs, mask=mask,
+                                  method=method, transitions=transitions)
+
     def initialize_emissions(self, y, mask, *, key, method):
         """Least squares on the fully observed (target, lags) rows. ``"data"``: k-means
         (k-means++ seeding from ``key``) on the rows ``[y_t, y_{t-1}, ...]``, then a ridge

@@ -35,6 +35,7 @@ from numpyro.distributions import constraints
 
 from statseq.core.model import SequenceModel, register_model
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
+from statseq.inference import gaussian_sum as gsum
 from statseq.inference import hmm as hmm_seq
 from statseq.models.hmm.base import stationary_distribution
 from statseq.models.switching import _ms_ar_em
@@ -187,8 +188,17 @@ class MarkovSwitchingAR(SequenceModel):
     (``predict``/``update``); `forecast_means` gives exact h-step means when ``phi`` does
     not switch.
 
-    Missing values: steps may be masked (their regime still moves) as long as no later
-    observed step uses them as lags (checked eagerly).
+    Missing values: steps may be masked (their regime still moves). When a masked step is
+    a lag of a later observed step, its value is, given the regime path since the gap
+    began, Gaussian: `statseq.log_prob`, `statseq.filter`, `statseq.forecast`,
+    `statseq.fit_lbfgs` and `statseq.fit_sgd` then run an exact Gaussian-sum filter
+    (`statseq.inference.gaussian_sum`) on the (expanded) chain, whose components merge
+    exactly once ``p`` observed steps follow the gap: a gap of ``g`` steps needs at most
+    ``M K^(g + p - 1)`` components (``M = num_expanded_states``). The capacity is sized
+    eagerly from the mask (`for_mask`); data needing more than ``max_gap_components``
+    are refused, as are masked steps among the first ``p`` (conditioned) steps that an
+    observed step depends on. `statseq.fit_em`, `filter_states`, `smoother` and
+    `most_likely_regimes` need observed lags (use `statseq.fit_lbfgs` with such gaps).
 
     Args:
         num_regimes: ``K >= 1``.
@@ -198,6 +208,10 @@ class MarkovSwitchingAR(SequenceModel):
         switching_ar: whether ``phi`` depends on the regime.
         switching_variance: whether ``sigma^2`` depends on the regime.
         initial: ``"stationary"`` (default) or ``"free"``.
+        max_gap_components: the most Gaussian components the exact filter over masked
+            lags may use (data needing more are refused; raise it for longer gaps).
+        gap_capacity: the filter's static number of components (0: the finite-state
+            filter, no masked lags). Set by `for_mask`; not meant to be set by hand.
 
     Examples:
         >>> import jax.numpy as jnp, statseq as ss
@@ -220,10 +234,17 @@ class MarkovSwitchingAR(SequenceModel):
     switching_ar: bool = False
     switching_variance: bool = False
     initial: str = "stationary"
+    max_gap_components: int = 1024
+    gap_capacity: int = dataclasses.field(default=0, repr=False)
+
+    #: a masked step is not simply skipped: later steps read it as a lag
+    marginalizes_masked_steps: ClassVar[bool] = False
 
     def __post_init__(self):
         check_positive_int(self.num_regimes, "num_regimes")
         check_positive_int(self.order, "order")
+        check_positive_int(self.max_gap_components, "max_gap_components")
+        check_positive_int(self.gap_capacity, "gap_capacity", minimum=-1)
         if self.form not in ("mean", "intercept"):
             raise ValueError(f"form must be 'mean' or 'intercept', got {self.form!r}")
         if self.initial not in ("free", "stationary"):
@@ -361,7 +382,8 @@ class MarkovSwitchingAR(SequenceModel):
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
         if method == "random" and key is None:
             raise ValueError("initialize(method='random') needs a key")
-        data = prepare_data(self, y, mask, inputs)  # (runs validate_data)
+        # (runs validate_data; masked lags are fine here: only rows with observed lags count)
+        data = prepare_data(self.for_mask(None), y, mask, inputs)
         p, k, dtype = self.order, self.num_regimes, float_dtype()
         rows, targets = [], []
         for y_s, m_s in zip(np.asarray(data.y, float), np.asarray(data.mask, bool),
@@ -406,6 +428,8 @@ class MarkovSwitchingAR(SequenceModel):
     # ---- the filter (the SequenceModel protocol) ------------------------------------------
     def initial_carry(self, params) -> MSARCarry:
         pi_m = self.expanded_chain(params)[0]
+        if self.gap_capacity:
+            return gsum.initial_gaussian_sum(pi_m, self._capacity(), self.order)
         return MSARCarry(pi_m, jnp.zeros((), bool), jnp.zeros((self.order,), pi_m.dtype),
                          jnp.zeros((), jnp.int32))
 
@@ -416,12 +440,23 @@ class MarkovSwitchingAR(SequenceModel):
         """The mixture ``sum_j p(x_t = j | y_{<t}) N(a_j + phi_j . lags, var_j)`` (during
         the first ``p`` steps the lags are zeros: only meaningful for sampling)."""
         _, a_m, a, phi, var = self.expanded_chain(params)
+        if self.gap_capacity:
+            lw, means, covs, _ = gsum.predictive_components(carry, a_m, phi[:, None, :],
+                                                            a[:, None], var[:, None, None])
+            return dist.MixtureSameFamily(
+                dist.Categorical(logits=lw.reshape(-1)),
+                dist.Normal(means.reshape(-1), jnp.sqrt(covs.reshape(-1))))
         probs = self._predicted(a_m, carry)
         comp = dist.Normal(a + phi @ carry.lags, jnp.sqrt(var))
         return dist.MixtureSameFamily(dist.Categorical(probs=probs), comp)
 
     def step(self, params, carry, y_t, mask_t, inputs_t):
         _, a_m, a, phi, var = self.expanded_chain(params)
+        if self.gap_capacity:
+            y_t = jnp.reshape(jnp.asarray(y_t, a.dtype), (1,))
+            mask_t = jnp.reshape(jnp.asarray(mask_t, bool), (1,))
+            return gsum.gaussian_sum_step(carry, a_m, phi[:, None, :], a[:, None],
+                                          var[:, None, None], y_t, mask_t, self.order)
         predicted = self._predicted(a_m, carry)
         mean = a + phi @ carry.lags
         ll = -0.5 * (_LOG_2PI + jnp.log(var) + (y_t - mean) ** 2 / var)
@@ -443,22 +478,72 @@ class MarkovSwitchingAR(SequenceModel):
     def update(self, params, carry, y_t, mask_t, inputs_t) -> MSARCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
 
-    def validate_data(self, y, mask):
-        """Reject observed steps whose lags are missing (no exact finite-state recursion)."""
-        obs = np.broadcast_to(np.asarray(mask, bool), np.shape(y))
-        p, num_steps = self.order, obs.shape[-1]
-        if num_steps <= p:
-            return
-        bad = np.zeros(obs[..., p:].shape, bool)
-        for i in range(1, p + 1):
-            bad |= obs[..., p:] & ~obs[..., p - i: num_steps - i]
-        if np.any(bad):
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            step = where[-1] + p
+    # ---- masked lags: the exact Gaussian-sum filter ----------------------------------------
+    def _capacity(self):
+        if self.gap_capacity < 0:
+            raise ValueError("gap_capacity=-1 only validates data; size the model with "
+                             "for_mask(mask)")
+        return max(self.gap_capacity, self.num_expanded_states)
+
+    def gap_size(self, mask, *, trailing=False) -> gsum.GapSize:
+        """Components the exact filter needs on ``mask`` (``(N, T)`` bools); see
+        `statseq.inference.gaussian_sum.required_components`."""
+        mask = np.asarray(mask, bool)
+        mask = mask.reshape((-1, mask.shape[-1], 1))
+        return gsum.required_components(mask, self.order, self.num_expanded_states,
+                                        self.num_regimes, trailing=trailing,
+                                        limit=self.max_gap_components)
+
+    def for_mask(self, mask, *, trailing=False):
+        """This model with its filter sized for the data's mask (``(N, T)`` bools).
+
+        Without masked lags (or ``mask=None``: a model that only validates) it is the
+        finite-state filter; otherwise ``gap_capacity`` is the number of components the
+        longest gap needs. ``trailing=True`` also sizes for masked steps at the end (a
+        forecast starts from that state). Called by `statseq.log_prob`, `statseq.filter`,
+        `statseq.forecast`, `statseq.fit_lbfgs` and `statseq.fit_sgd`.
+        """
+        if mask is None:
+            return dataclasses.replace(self, gap_capacity=-1)
+        size = self.gap_size(mask, trailing=trailing)
+        self._check_gap_size(size)
+        need = size.components if size.gap else 0
+        return self if need == self.gap_capacity else dataclasses.replace(
+            self, gap_capacity=need)
+
+    def _check_gap_size(self, size):
+        p = self.order
+        if size.conditioned is not None:
+            n, step = size.conditioned
             raise ValueError(
-                f"MarkovSwitchingAR: step {step} (index {where[:-1] + (step,)}) is observed but "
-                f"one of its {p} lag(s) is missing; the likelihood needs observed lags "
-                "(missing values are allowed only where no later observed step uses them)")
+                f"MarkovSwitchingAR: observed step {step} (sequence {n}) depends on a "
+                f"masked value among the first order = {p} steps, which the likelihood "
+                "conditions on (they have no law in the model): drop the leading steps so "
+                "that the series starts with order observed values")
+        if size.components > self.max_gap_components:
+            raise ValueError(
+                f"MarkovSwitchingAR: a gap of {size.gap} step(s) (sequence {size.sequence}) "
+                "before observed steps needs more than max_gap_components = "
+                f"{self.max_gap_components} Gaussian components (M K^(g + p - 1) = "
+                f"{self.num_expanded_states} * {self.num_regimes}^({size.gap} + {p} - 1) for "
+                "the exact filter over masked lags): raise max_gap_components, or split the "
+                "series at the gap")
+
+    def validate_data(self, y, mask):
+        """Masked lags within ``max_gap_components`` are accepted when the filter is sized
+        for them (`for_mask`, which the entry points that support them call); otherwise
+        refused with the reason."""
+        obs = np.broadcast_to(np.asarray(mask, bool), np.shape(y))
+        size = self.gap_size(obs)
+        self._check_gap_size(size)
+        if size.gap and self.gap_capacity >= 0 and size.components > self.gap_capacity:
+            raise ValueError(
+                f"MarkovSwitchingAR: sequence {size.sequence} has a gap of {size.gap} "
+                "masked step(s) that are lags of later observed steps; the exact "
+                f"Gaussian-sum filter ({size.components} components) runs in "
+                "statseq.log_prob, filter, forecast, fit_lbfgs and fit_sgd, but not here: "
+                "fit_em and the regime posteriors need observed lags (use fit_lbfgs to fit "
+                "such data)")
 
     # ---- posterior inference on the expanded chain ---------------------------------------
     def log_likelihoods(self, params, y, mask):
@@ -478,6 +563,9 @@ class MarkovSwitchingAR(SequenceModel):
         from statseq.core.params import validate_params
 
         validate_params(self, params)
+        if self.gap_capacity:
+            raise ValueError("the regime posteriors need observed lags; this model is sized "
+                             "for masked lags (for_mask): use the model it came from")
         return prepare_data(self, y, mask, None)  # (runs validate_data)
 
     def filter_states(self, params, y, *, mask=None) -> RegimeFilterResult:
@@ -505,6 +593,9 @@ class MarkovSwitchingAR(SequenceModel):
     def e_step(self, params, y, mask, inputs):
         """Weighted moments per expanded state and regime transition counts over a flat
         batch ``(N, T)`` (see `statseq.models.switching._ms_ar_em`)."""
+        if self.gap_capacity:
+            raise ValueError("fit_em has no exact E-step for masked lags (the lag window mixes "
+                             "over regime paths): use fit_lbfgs")
         return _ms_ar_em.e_step(self, params, y, mask, inputs)
 
     def m_step(self, params, stats, priors, inputs, trainable=None):
