@@ -153,6 +153,8 @@ def _gaussian_components(d):
     if isinstance(d, dist.MixtureSameFamily):
         comp = d.component_distribution
         w = d.mixing_distribution.probs
+        if isinstance(comp, dist.Independent) and comp.event_shape == (1,):
+            comp = comp.base_dist
         if isinstance(comp, dist.Normal):
             return w, comp.loc.reshape(-1), comp.scale.reshape(-1)
         if isinstance(comp, dist.MultivariateNormal) and comp.event_shape == (1,):
@@ -167,39 +169,194 @@ def _gaussian_components(d):
     return None
 
 
+class _NotGaussian(Exception):
+    pass
+
+
+@partial(jax.jit, static_argnums=(0, 5, 6))
+def _gh_nested(model, params, carry, y, u, k, order):
+    nodes, weights = np.polynomial.hermite.hermgauss(order)
+    nodes = jnp.asarray(nodes, y.dtype)
+    weights = jnp.asarray(weights / np.sqrt(np.pi), y.dtype)
+    full = jnp.ones(tuple(model.event_shape), bool)
+
+    def expand(c, j):
+        # one carry -> (carries at the nodes of every component, their weights)
+        d = model.predict(params, c, u[j])
+        comps = _gaussian_components(d)
+        if comps is None:
+            raise _NotGaussian
+        w, m, sd = (jnp.asarray(a, y.dtype).reshape(-1) for a in comps)
+        xs = (m[:, None] + np.sqrt(2.0) * sd[:, None] * nodes).reshape(-1)
+        ws = (w[:, None] * weights).reshape(-1)
+        xs = jnp.where(ws > 0, xs, m[jnp.argmax(w)])  # padded components: a harmless point
+        new = jax.vmap(lambda x: model.update(params, c, _as_event(model, x).astype(y.dtype),
+                                              full, u[j]))(xs)
+        return new, ws
+
+    carries = jax.tree.map(lambda a: a[None], carry)
+    wts = jnp.ones(1, y.dtype)
+    for j in range(k - 1):
+        new, ws = jax.vmap(lambda c, j=j: expand(c, j))(carries)
+        carries = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), new)
+        wts = (wts[:, None] * ws).reshape(-1)
+    lp = jax.vmap(lambda c: model.predict(params, c, u[k - 1]).log_prob(y[k - 1]))(carries)
+    lp = jnp.where(wts > 0, lp, -jnp.inf)
+    return jax.scipy.special.logsumexp(lp, b=wts)
+
+
 def gauss_hermite(model, params, carry, y_future, k, *, inputs_future=None, order=60):
     """``log p(y_{T+k} | y_{1:T})``, ``k = 2`` or ``3``, by nested Gauss-Hermite quadrature
     over each Gaussian component of the intermediate predictives; None if a predictive is not
-    a (mixture of) scalar Gaussian(s)."""
-    y = jnp.asarray(y_future)
-    u = _inputs(model, inputs_future, k, y.dtype)
-    full = jnp.ones(tuple(model.event_shape), bool)
-    nodes, weights = np.polynomial.hermite.hermgauss(order)
-
-    def rec(c, j):
-        d = model.predict(params, c, u[j])
-        if j == k - 1:
-            return float(np.exp(d.log_prob(y[j])))
-        comps = _gaussian_components(d)
-        if comps is None:
-            return None
-        total = 0.0
-        for wc, m, s in zip(*(np.asarray(a, float) for a in comps), strict=True):
-            if wc == 0:
-                continue
-            xs = m + np.sqrt(2.0) * s * nodes
-            for x, wq in zip(xs, weights, strict=True):
-                c2 = model.update(params, c, _as_event(model, x).astype(y.dtype), full, u[j])
-                inner = rec(c2, j + 1)
-                if inner is None:
-                    return None
-                total += wc * wq / np.sqrt(np.pi) * inner
-        return total
-
+    a (mixture of) scalar Gaussian(s). The nodes of every level are evaluated at once
+    (``vmap`` over the carries), ``(C order)^(k-1)`` updates for ``C`` components."""
     if k not in (2, 3):
         raise ValueError("gauss_hermite nests k - 1 = 1 or 2 levels")
-    out = rec(carry, 0)
-    return None if out is None else float(np.log(out))
+    y = jnp.asarray(y_future)
+    u = _inputs(model, inputs_future, k, y.dtype)
+    try:
+        out = _gh_nested(model, params, carry, y[:k], u[:k], int(k), int(order))
+    except _NotGaussian:
+        return None
+    return float(out)
+
+
+# ------------------------------------------------------------------------------------------
+# dense Gaussian conditioning (linear Gaussian state space models)
+
+
+def dense_gaussian_marginals(model, params, y_hist, num_steps, *, inputs_hist=None,
+                             inputs_future=None):
+    """The joint law of ``y_{T+1:T+h} | y_{1:T}`` of a linear Gaussian state space model by
+    stacking the whole model into one Gaussian vector and conditioning densely.
+
+    The model's matrices come from ``model.to_arrays(params)`` (the model written as
+    ``x_0 = m + A delta + e_0``, ``e_0 ~ N(0, P)``; ``x_{t+1} = F_t x_t + B_t u_{t+1} + b_t +
+    w_t``; ``y_t = H_t x_t + D_t u_t + d_t + v_t``). Every ``y_t``, ``t < T + h``, is written as
+    an affine function of the independent noises ``(e_0, w_0, ..., v_0, ...)`` and of the
+    diffuse coefficients ``delta``; the stacked mean and covariance are formed explicitly and
+    conditioned by the Schur complement (pseudo-inverse, so singular ``Q`` and ``R`` are
+    exact). Diffuse directions (``A`` non-empty, flat prior on ``delta``) are conditioned by
+    generalized least squares (the limit ``kappa -> infinity`` of ``delta ~ N(0, kappa I)``,
+    universal kriging):
+
+        delta_hat = S^{-1} G_h' S_hh^+ (y_h - mu_h),   S = G_h' S_hh^+ G_h,
+        mean_f = mu_f + K (y_h - mu_h) + (G_f - K G_h) delta_hat,   K = S_fh S_hh^+,
+        cov_f = S_ff - K S_hf + (G_f - K G_h) S^{-1} (G_f - K G_h)'.
+
+    No Kalman recursion is involved: the cost is cubic in ``(T + h) D``, so keep ``T`` small.
+
+    Args:
+        model: a model with ``to_arrays`` (`LinearGaussianSSM`, its time-varying form,
+            `StructuralModel`, `LocalLevel`, `LocalLinearTrend`).
+        params: its parameters.
+        y_hist: ``(T, D)`` or ``(T,)`` fully observed history.
+        num_steps: ``h``.
+        inputs_hist: ``(T, m)`` inputs of the history (if the model takes inputs).
+        inputs_future: ``(h, m)`` inputs of the forecast steps.
+
+    Returns:
+        ``(mean (h, D), cov (h D, h D))``: the joint predictive of the ``h`` future steps
+        (row-major: step, then dimension). Its diagonal ``D x D`` blocks are the h-step
+        marginals.
+    """
+    arr = model.to_arrays(params)
+    f = lambda name: np.asarray(getattr(arr, name), float)  # noqa: E731
+    m0, p0, a0 = f("initial_mean"), f("initial_cov"), f("initial_diffuse")
+    n = m0.shape[0]
+    a0 = a0.reshape(n, -1)
+    q = a0.shape[1]
+    base = {"dynamics_weights": 2, "dynamics_input_weights": 2, "dynamics_bias": 1,
+            "dynamics_cov": 2, "emission_weights": 2, "emission_input_weights": 2,
+            "emission_bias": 1, "emission_cov": 2}
+    leaves = {k: f(k) for k in base}
+
+    def at(name, t):
+        v = leaves[name]
+        if v.ndim > base[name]:
+            return v[min(t, v.shape[0] - 1)]
+        return v
+
+    y_h = np.asarray(y_hist, float)
+    num_t = y_h.shape[0]
+    dim = at("emission_weights", 0).shape[0]
+    y_h = y_h.reshape(num_t, dim)
+    big_n = num_t + int(num_steps)
+    num_in = at("dynamics_input_weights", 0).shape[1]
+    if num_in:
+        u = np.concatenate([np.asarray(inputs_hist, float).reshape(num_t, num_in),
+                            np.asarray(inputs_future, float).reshape(num_steps, num_in)])
+    else:
+        u = np.zeros((big_n, 0))
+    # noises: e_0 (n), w_0..w_{N-2} (n each), v_0..v_{N-1} (D each)
+    num_xi = n + (big_n - 1) * n + big_n * dim
+    omega = np.zeros((num_xi, num_xi))
+    omega[:n, :n] = p0
+    for t in range(big_n - 1):
+        s = n + t * n
+        omega[s:s + n, s:s + n] = at("dynamics_cov", t)
+    v0 = n + (big_n - 1) * n
+    for t in range(big_n):
+        s = v0 + t * dim
+        omega[s:s + dim, s:s + dim] = at("emission_cov", t)
+    # x_t = mx + gx delta + lx xi
+    mx, gx = m0.copy(), a0.copy()
+    lx = np.zeros((n, num_xi))
+    lx[:, :n] = np.eye(n)
+    mu = np.zeros((big_n, dim))
+    g = np.zeros((big_n, dim, q))
+    lo = np.zeros((big_n, dim, num_xi))
+    for t in range(big_n):
+        h_t = at("emission_weights", t)
+        mu[t] = h_t @ mx + at("emission_input_weights", t) @ u[t] + at("emission_bias", t)
+        g[t] = h_t @ gx
+        lo[t] = h_t @ lx
+        lo[t][:, v0 + t * dim:v0 + (t + 1) * dim] += np.eye(dim)
+        if t + 1 < big_n:
+            f_t = at("dynamics_weights", t)
+            mx = f_t @ mx + at("dynamics_input_weights", t) @ u[t + 1] + at("dynamics_bias", t)
+            gx = f_t @ gx
+            lx = f_t @ lx
+            lx[:, n + t * n:n + (t + 1) * n] += np.eye(n)
+    mu = mu.reshape(-1)
+    g = g.reshape(big_n * dim, q)
+    lo = lo.reshape(big_n * dim, num_xi)
+    sigma = lo @ omega @ lo.T
+    k_h = num_t * dim
+    s_hh, s_fh, s_ff = sigma[:k_h, :k_h], sigma[k_h:, :k_h], sigma[k_h:, k_h:]
+    s_hh_pinv = np.linalg.pinv(s_hh, hermitian=True)
+    gain = s_fh @ s_hh_pinv
+    resid = y_h.reshape(-1) - mu[:k_h]
+    mean = mu[k_h:] + gain @ resid
+    cov = s_ff - gain @ s_fh.T
+    if q:
+        g_h, g_f = g[:k_h], g[k_h:]
+        info = g_h.T @ s_hh_pinv @ g_h
+        delta = np.linalg.solve(info, g_h.T @ s_hh_pinv @ resid)
+        g_t = g_f - gain @ g_h
+        mean = mean + g_t @ delta
+        cov = cov + g_t @ np.linalg.solve(info, g_t.T)
+    return mean.reshape(int(num_steps), dim), 0.5 * (cov + cov.T)
+
+
+def dense_log_densities(model, params, y_hist, y_future, *, inputs_hist=None,
+                        inputs_future=None):
+    """``(log p(y_{T+k} | y_{1:T}) for k = 1..h, log p(y_{T+1:T+h} | y_{1:T}))`` from
+    `dense_gaussian_marginals`: the h-step marginals and the joint of the block."""
+    import scipy.stats
+
+    y_f = np.asarray(y_future, float)
+    h = y_f.shape[0]
+    mean, cov = dense_gaussian_marginals(model, params, y_hist, h, inputs_hist=inputs_hist,
+                                         inputs_future=inputs_future)
+    dim = mean.shape[1]
+    y_f = y_f.reshape(h, dim)
+    marg = np.array([
+        scipy.stats.multivariate_normal(mean[k], cov[k * dim:(k + 1) * dim,
+                                                     k * dim:(k + 1) * dim]).logpdf(y_f[k])
+        for k in range(h)])
+    joint = scipy.stats.multivariate_normal(mean.reshape(-1), cov).logpdf(y_f.reshape(-1))
+    return marg, float(joint)
 
 
 # ------------------------------------------------------------------------------------------
@@ -209,7 +366,7 @@ def gauss_hermite(model, params, carry, y_future, k, *, inputs_future=None, orde
 def check_marginal_predictive(model, params, y_hist, y_future, *, statseq_values=None,
                               statseq_se=None, inputs_hist=None, inputs_future=None,
                               key=None, num_paths=20_000, grid_tol=1e-6,
-                              quadrature=True):
+                              quadrature=True, others=None):
     """Assert that statseq's h-step marginal log densities equal the independent references.
 
     Args:
@@ -224,6 +381,10 @@ def check_marginal_predictive(model, params, y_hist, y_future, *, statseq_values
         grid_tol: absolute tolerance of the ``k = 1, 2`` exact comparisons (widened by
             ``4 statseq_se`` for estimates).
         quadrature: also compare with Gauss-Hermite at ``k = 2, 3`` when it applies.
+        others: optional ``{label: (h,) values}``: further statseq entry points that claim
+            the same exact h-step marginals (a forecast object's ``log_prob``, `backtest`'s
+            per-horizon ``log_score``, ...); each is held to the same references and
+            tolerances as ``statseq_values`` (treated as exact).
 
     Returns:
         A dict of the references (``"mc"``, ``"mc_se"``, ``"grid2"``, ``"gh"``) for reports.
@@ -272,4 +433,18 @@ def check_marginal_predictive(model, params, y_hist, y_future, *, statseq_values
     assert not bad.any(), (
         f"h-step marginals outside 4 standard errors of the ancestral Monte Carlo: "
         f"statseq {got}, reference {mc} +- {mc_se}, statseq se {got_se}")
+    for label, vals in (others or {}).items():
+        v = np.asarray(vals, float).reshape(-1)
+        assert v.shape == (h,) and np.all(np.isfinite(v)), (label, v)
+        np.testing.assert_allclose(v[0], one, rtol=0, atol=1e-10,
+                                   err_msg=f"{label}: k = 1 one-step predictive")
+        if "grid2" in out:
+            np.testing.assert_allclose(v[1], out["grid2"], rtol=0, atol=grid_tol,
+                                       err_msg=f"{label}: k = 2 fine grid")
+        for k, ref in out.get("gh", {}).items():
+            np.testing.assert_allclose(v[k - 1], ref, rtol=0, atol=grid_tol,
+                                       err_msg=f"{label}: k = {k} Gauss-Hermite")
+        bad = np.abs(v - mc) > 4 * mc_se + 1e-9
+        assert not bad.any(), (f"{label}: outside 4 standard errors of the ancestral Monte "
+                               f"Carlo: {v}, reference {mc} +- {mc_se}")
     return out
