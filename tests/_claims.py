@@ -53,6 +53,9 @@ def _filtered(model, params, y, inputs):
 
 
 def _inputs(model, inputs, n, dtype):
+    # inputs are real-valued even when y is a count (the dtype of y would truncate them)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.result_type(float)
     if inputs is None:
         return jnp.zeros((n, max(int(model.num_inputs), 0)), dtype)
     return jnp.asarray(inputs, dtype)
