@@ -340,8 +340,7 @@ def test_every_registered_model_is_in_the_claims_table():
 
 def test_the_claims_audit_page_names_tests_that_exist():
     """docs/claims.md cites ``tests/...py::test_name``: every cited test exists (a renamed or
-    deleted test leaves a claim unchecked), and the page lists every registered model that
-    this file's table lists."""
+    deleted test leaves a claim unchecked)."""
     import re
     from pathlib import Path
 
