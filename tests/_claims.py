@@ -201,7 +201,8 @@ def _gh_nested(model, params, carry, y, u, k, order):
     wts = jnp.ones(1, y.dtype)
     for j in range(k - 1):
         new, ws = jax.vmap(lambda c, j=j: expand(c, j))(carries)
-        carries = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), new)
+        carries = jax.tree.map(lambda a: a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:]),
+                               new)
         wts = (wts[:, None] * ws).reshape(-1)
     lp = jax.vmap(lambda c: model.predict(params, c, u[k - 1]).log_prob(y[k - 1]))(carries)
     lp = jnp.where(wts > 0, lp, -jnp.inf)
