@@ -116,6 +116,20 @@ def _is_discrete(d):
     return bool(getattr(d.support, "is_discrete", False))
 
 
+@partial(jax.jit, static_argnums=0)
+def _grid_terms(model, params, carry, y, u, xs):
+    """``log p(y_{T+1} = x) + log p(y_{T+2} | y_{T+1} = x)`` at every grid point ``x``."""
+    full = jnp.ones(tuple(model.event_shape), bool)
+    d1 = model.predict(params, carry, u[0])
+
+    def one(x):
+        x = _as_event(model, x).astype(y.dtype)
+        c = model.update(params, carry, x, full, u[0])
+        return d1.log_prob(x) + model.predict(params, c, u[1]).log_prob(y[1])
+
+    return jax.vmap(one)(xs)
+
+
 def grid_two_step(model, params, carry, y_future, *, inputs_future=None, num_points=8001,
                   key=None):
     """``log p(y_{T+2} | y_{1:T})`` for a scalar emission by a fine grid over ``y_{T+1}``.
@@ -125,30 +139,22 @@ def grid_two_step(model, params, carry, y_future, *, inputs_future=None, num_poi
     """
     y = jnp.asarray(y_future)
     u = _inputs(model, inputs_future, 2, y.dtype)
-    full = jnp.ones(tuple(model.event_shape), bool)
     d1 = model.predict(params, carry, u[0])
     key = jax.random.key(12345) if key is None else key
     draws = np.asarray(d1.sample(key, (4096,)), float).reshape(4096, -1)
     if draws.shape[1] != 1:
         raise ValueError("grid_two_step needs a scalar emission")
-
-    def cond(x):
-        c = model.update(params, carry, _as_event(model, x).astype(y.dtype), full, u[0])
-        return model.predict(params, c, u[1]).log_prob(y[1])
-
     if _is_discrete(d1):
         xs = jnp.arange(0, 3 * int(draws.max()) + 51, dtype=y.dtype)
-        lp1 = jax.vmap(lambda x: d1.log_prob(_as_event(model, x)))(xs)
-        return float(jax.scipy.special.logsumexp(lp1 + jax.vmap(cond)(xs)))
+        return float(jax.scipy.special.logsumexp(_grid_terms(model, params, carry, y, u, xs)))
     sd = draws.std()
     lo, hi = draws.min() - 8 * sd, draws.max() + 8 * sd
     n = num_points + (num_points % 2 == 0)
     xs = jnp.linspace(lo, hi, n, dtype=y.dtype)
-    lp1 = jax.vmap(lambda x: d1.log_prob(_as_event(model, x)))(xs)
-    f = jnp.exp(lp1 + jax.vmap(cond)(xs))
+    f = np.exp(np.asarray(_grid_terms(model, params, carry, y, u, xs)))
     w = np.ones(n)
     w[1:-1:2], w[2:-1:2] = 4.0, 2.0
-    return float(np.log(np.sum(w * np.asarray(f)) * (hi - lo) / (n - 1) / 3))
+    return float(np.log(np.sum(w * f) * (hi - lo) / (n - 1) / 3))
 
 
 def _gaussian_components(d):
