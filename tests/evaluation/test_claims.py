@@ -24,7 +24,7 @@ PoissonHMM                     this file (D = 1 and D = 2)
 CategoricalHMM                 this file (sum over the support)
 BernoulliHMM                   this file (D = 1 and D = 2)
 AR                             this file (orders 1, 2; intercept and inputs; D = 2)
-LinearGaussianSSM              this file (D = 1 and D = 2; dense conditioning)
+LinearGaussianSSM              this file (D = 1; D = 2 with inputs; dense conditioning)
 TimeVaryingLinearGaussianSSM   this file (dense conditioning; forecasts reuse the last
                                matrices)
 StructuralModel                this file (trend + slope, seasonal, AR(2) component,
@@ -223,13 +223,17 @@ def _multi(name):
 
 
 def _lgssm_2d(rng):
-    m = ss.LinearGaussianSSM(2, 2)
+    """Two series, with inputs in the dynamics (``B u_{t+1}``) and the emissions."""
+    m = ss.LinearGaussianSSM(2, 2, input_dim=1)
     p = m.default_params()._replace(
         dynamics_weights=jnp.array([[0.8, 0.1], [-0.2, 0.6]]),
+        dynamics_input_weights=jnp.array([[0.7], [-0.4]]),
         emission_weights=jnp.array([[1.0, 0.0], [0.5, 1.0]]),
+        emission_input_weights=jnp.array([[0.3], [0.0]]),
         emission_cov=jnp.array([[0.4, 0.1], [0.1, 0.3]]))
-    y = ss.sample(m, p, num_timesteps=T + 3, key=jax.random.key(4))
-    return m, p, y[:T], y[T:], None, None
+    u = rng.normal(size=(T + 3, 1))
+    y = ss.sample(m, p, num_timesteps=T + 3, key=jax.random.key(4), inputs=u)
+    return m, p, y[:T], y[T:], u[:T], u[T:]
 
 
 CASES = {
