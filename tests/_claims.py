@@ -19,6 +19,10 @@ masked steps, the path under test, are never used):
 * `rb_monte_carlo`: any ``k`` and any model, the Rao-Blackwellised ancestral average above
   with its Monte Carlo standard error (on the log scale, by the delta method).
 
+For linear Gaussian state space models, `dense_gaussian_marginals` (and
+`dense_log_densities`) give the same predictive by stacking the whole model into one
+Gaussian vector and conditioning densely, with no Kalman recursion.
+
 `check_marginal_predictive` runs them and asserts agreement: ``k = 1`` to 1e-10 against the
 one-step predictive, ``k = 2`` to ``grid_tol`` against the grid and quadrature, every ``k``
 within 4 standard errors of the Monte Carlo average (both standard errors when statseq's
