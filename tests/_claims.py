@@ -19,6 +19,10 @@ masked steps, the path under test, are never used):
 * `rb_monte_carlo`: any ``k`` and any model, the Rao-Blackwellised ancestral average above
   with its Monte Carlo standard error (on the log scale, by the delta method).
 
+For linear Gaussian state space models, `dense_gaussian_marginals` (and
+`dense_log_densities`) give the same predictive by stacking the whole model into one
+Gaussian vector and conditioning densely, with no Kalman recursion.
+
 `check_marginal_predictive` runs them and asserts agreement: ``k = 1`` to 1e-10 against the
 one-step predictive, ``k = 2`` to ``grid_tol`` against the grid and quadrature, every ``k``
 within 4 standard errors of the Monte Carlo average (both standard errors when statseq's
@@ -53,6 +57,9 @@ def _filtered(model, params, y, inputs):
 
 
 def _inputs(model, inputs, n, dtype):
+    # inputs are real-valued even when y is a count (the dtype of y would truncate them)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.result_type(float)
     if inputs is None:
         return jnp.zeros((n, max(int(model.num_inputs), 0)), dtype)
     return jnp.asarray(inputs, dtype)
@@ -113,6 +120,20 @@ def _is_discrete(d):
     return bool(getattr(d.support, "is_discrete", False))
 
 
+@partial(jax.jit, static_argnums=0)
+def _grid_terms(model, params, carry, y, u, xs):
+    """``log p(y_{T+1} = x) + log p(y_{T+2} | y_{T+1} = x)`` at every grid point ``x``."""
+    full = jnp.ones(tuple(model.event_shape), bool)
+    d1 = model.predict(params, carry, u[0])
+
+    def one(x):
+        x = _as_event(model, x).astype(y.dtype)
+        c = model.update(params, carry, x, full, u[0])
+        return d1.log_prob(x) + model.predict(params, c, u[1]).log_prob(y[1])
+
+    return jax.vmap(one)(xs)
+
+
 def grid_two_step(model, params, carry, y_future, *, inputs_future=None, num_points=8001,
                   key=None):
     """``log p(y_{T+2} | y_{1:T})`` for a scalar emission by a fine grid over ``y_{T+1}``.
@@ -122,30 +143,22 @@ def grid_two_step(model, params, carry, y_future, *, inputs_future=None, num_poi
     """
     y = jnp.asarray(y_future)
     u = _inputs(model, inputs_future, 2, y.dtype)
-    full = jnp.ones(tuple(model.event_shape), bool)
     d1 = model.predict(params, carry, u[0])
     key = jax.random.key(12345) if key is None else key
     draws = np.asarray(d1.sample(key, (4096,)), float).reshape(4096, -1)
     if draws.shape[1] != 1:
         raise ValueError("grid_two_step needs a scalar emission")
-
-    def cond(x):
-        c = model.update(params, carry, _as_event(model, x).astype(y.dtype), full, u[0])
-        return model.predict(params, c, u[1]).log_prob(y[1])
-
     if _is_discrete(d1):
         xs = jnp.arange(0, 3 * int(draws.max()) + 51, dtype=y.dtype)
-        lp1 = jax.vmap(lambda x: d1.log_prob(_as_event(model, x)))(xs)
-        return float(jax.scipy.special.logsumexp(lp1 + jax.vmap(cond)(xs)))
+        return float(jax.scipy.special.logsumexp(_grid_terms(model, params, carry, y, u, xs)))
     sd = draws.std()
     lo, hi = draws.min() - 8 * sd, draws.max() + 8 * sd
     n = num_points + (num_points % 2 == 0)
     xs = jnp.linspace(lo, hi, n, dtype=y.dtype)
-    lp1 = jax.vmap(lambda x: d1.log_prob(_as_event(model, x)))(xs)
-    f = jnp.exp(lp1 + jax.vmap(cond)(xs))
+    f = np.exp(np.asarray(_grid_terms(model, params, carry, y, u, xs)))
     w = np.ones(n)
     w[1:-1:2], w[2:-1:2] = 4.0, 2.0
-    return float(np.log(np.sum(w * np.asarray(f)) * (hi - lo) / (n - 1) / 3))
+    return float(np.log(np.sum(w * f) * (hi - lo) / (n - 1) / 3))
 
 
 def _gaussian_components(d):
@@ -153,6 +166,8 @@ def _gaussian_components(d):
     if isinstance(d, dist.MixtureSameFamily):
         comp = d.component_distribution
         w = d.mixing_distribution.probs
+        if isinstance(comp, dist.Independent) and comp.event_shape == (1,):
+            comp = comp.base_dist
         if isinstance(comp, dist.Normal):
             return w, comp.loc.reshape(-1), comp.scale.reshape(-1)
         if isinstance(comp, dist.MultivariateNormal) and comp.event_shape == (1,):
@@ -167,39 +182,195 @@ def _gaussian_components(d):
     return None
 
 
+class _NotGaussian(Exception):
+    pass
+
+
+@partial(jax.jit, static_argnums=(0, 5, 6))
+def _gh_nested(model, params, carry, y, u, k, order):
+    nodes, weights = np.polynomial.hermite.hermgauss(order)
+    nodes = jnp.asarray(nodes, y.dtype)
+    weights = jnp.asarray(weights / np.sqrt(np.pi), y.dtype)
+    full = jnp.ones(tuple(model.event_shape), bool)
+
+    def expand(c, j):
+        # one carry -> (carries at the nodes of every component, their weights)
+        d = model.predict(params, c, u[j])
+        comps = _gaussian_components(d)
+        if comps is None:
+            raise _NotGaussian
+        w, m, sd = (jnp.asarray(a, y.dtype).reshape(-1) for a in comps)
+        xs = (m[:, None] + np.sqrt(2.0) * sd[:, None] * nodes).reshape(-1)
+        ws = (w[:, None] * weights).reshape(-1)
+        xs = jnp.where(ws > 0, xs, m[jnp.argmax(w)])  # padded components: a harmless point
+        new = jax.vmap(lambda x: model.update(params, c, _as_event(model, x).astype(y.dtype),
+                                              full, u[j]))(xs)
+        return new, ws
+
+    carries = jax.tree.map(lambda a: a[None], carry)
+    wts = jnp.ones(1, y.dtype)
+    for j in range(k - 1):
+        new, ws = jax.vmap(lambda c, j=j: expand(c, j))(carries)
+        carries = jax.tree.map(lambda a: a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:]),
+                               new)
+        wts = (wts[:, None] * ws).reshape(-1)
+    lp = jax.vmap(lambda c: model.predict(params, c, u[k - 1]).log_prob(y[k - 1]))(carries)
+    lp = jnp.where(wts > 0, lp, -jnp.inf)
+    return jax.scipy.special.logsumexp(lp, b=wts)
+
+
 def gauss_hermite(model, params, carry, y_future, k, *, inputs_future=None, order=60):
     """``log p(y_{T+k} | y_{1:T})``, ``k = 2`` or ``3``, by nested Gauss-Hermite quadrature
     over each Gaussian component of the intermediate predictives; None if a predictive is not
-    a (mixture of) scalar Gaussian(s)."""
-    y = jnp.asarray(y_future)
-    u = _inputs(model, inputs_future, k, y.dtype)
-    full = jnp.ones(tuple(model.event_shape), bool)
-    nodes, weights = np.polynomial.hermite.hermgauss(order)
-
-    def rec(c, j):
-        d = model.predict(params, c, u[j])
-        if j == k - 1:
-            return float(np.exp(d.log_prob(y[j])))
-        comps = _gaussian_components(d)
-        if comps is None:
-            return None
-        total = 0.0
-        for wc, m, s in zip(*(np.asarray(a, float) for a in comps), strict=True):
-            if wc == 0:
-                continue
-            xs = m + np.sqrt(2.0) * s * nodes
-            for x, wq in zip(xs, weights, strict=True):
-                c2 = model.update(params, c, _as_event(model, x).astype(y.dtype), full, u[j])
-                inner = rec(c2, j + 1)
-                if inner is None:
-                    return None
-                total += wc * wq / np.sqrt(np.pi) * inner
-        return total
-
+    a (mixture of) scalar Gaussian(s). The nodes of every level are evaluated at once
+    (``vmap`` over the carries), ``(C order)^(k-1)`` updates for ``C`` components."""
     if k not in (2, 3):
         raise ValueError("gauss_hermite nests k - 1 = 1 or 2 levels")
-    out = rec(carry, 0)
-    return None if out is None else float(np.log(out))
+    y = jnp.asarray(y_future)
+    u = _inputs(model, inputs_future, k, y.dtype)
+    try:
+        out = _gh_nested(model, params, carry, y[:k], u[:k], int(k), int(order))
+    except _NotGaussian:
+        return None
+    return float(out)
+
+
+# ------------------------------------------------------------------------------------------
+# dense Gaussian conditioning (linear Gaussian state space models)
+
+
+def dense_gaussian_marginals(model, params, y_hist, num_steps, *, inputs_hist=None,
+                             inputs_future=None):
+    """The joint law of ``y_{T+1:T+h} | y_{1:T}`` of a linear Gaussian state space model by
+    stacking the whole model into one Gaussian vector and conditioning densely.
+
+    The model's matrices come from ``model.to_arrays(params)`` (the model written as
+    ``x_0 = m + A delta + e_0``, ``e_0 ~ N(0, P)``; ``x_{t+1} = F_t x_t + B_t u_{t+1} + b_t +
+    w_t``; ``y_t = H_t x_t + D_t u_t + d_t + v_t``). Every ``y_t``, ``t < T + h``, is written as
+    an affine function of the independent noises ``(e_0, w_0, ..., v_0, ...)`` and of the
+    diffuse coefficients ``delta``; the stacked mean and covariance are formed explicitly and
+    conditioned by the Schur complement (pseudo-inverse, so singular ``Q`` and ``R`` are
+    exact). Diffuse directions (``A`` non-empty, flat prior on ``delta``) are conditioned by
+    generalized least squares (the limit ``kappa -> infinity`` of ``delta ~ N(0, kappa I)``,
+    universal kriging):
+
+        delta_hat = S^{-1} G_h' S_hh^+ (y_h - mu_h),   S = G_h' S_hh^+ G_h,
+        mean_f = mu_f + K (y_h - mu_h) + (G_f - K G_h) delta_hat,   K = S_fh S_hh^+,
+        cov_f = S_ff - K S_hf + (G_f - K G_h) S^{-1} (G_f - K G_h)'.
+
+    No Kalman recursion is involved: the cost is cubic in ``(T + h) D``, so keep ``T`` small.
+
+    Args:
+        model: a model with ``to_arrays`` (`LinearGaussianSSM`, its time-varying form,
+            `StructuralModel`, `LocalLevel`, `LocalLinearTrend`).
+        params: its parameters.
+        y_hist: ``(T, D)`` or ``(T,)`` fully observed history.
+        num_steps: ``h``.
+        inputs_hist: ``(T, m)`` inputs of the history (if the model takes inputs).
+        inputs_future: ``(h, m)`` inputs of the forecast steps.
+
+    Returns:
+        ``(mean (h, D), cov (h D, h D))``: the joint predictive of the ``h`` future steps
+        (row-major: step, then dimension). Its diagonal ``D x D`` blocks are the h-step
+        marginals.
+    """
+    arr = model.to_arrays(params)
+    f = lambda name: np.asarray(getattr(arr, name), float)  # noqa: E731
+    m0, p0, a0 = f("initial_mean"), f("initial_cov"), f("initial_diffuse")
+    n = m0.shape[0]
+    a0 = a0.reshape(n, -1)
+    q = a0.shape[1]
+    base = {"dynamics_weights": 2, "dynamics_input_weights": 2, "dynamics_bias": 1,
+            "dynamics_cov": 2, "emission_weights": 2, "emission_input_weights": 2,
+            "emission_bias": 1, "emission_cov": 2}
+    leaves = {k: f(k) for k in base}
+
+    def at(name, t):
+        v = leaves[name]
+        if v.ndim > base[name]:
+            return v[min(t, v.shape[0] - 1)]
+        return v
+
+    y_h = np.asarray(y_hist, float)
+    num_t = y_h.shape[0]
+    dim = at("emission_weights", 0).shape[0]
+    y_h = y_h.reshape(num_t, dim)
+    big_n = num_t + int(num_steps)
+    num_in = at("dynamics_input_weights", 0).shape[1]
+    if num_in:
+        u = np.concatenate([np.asarray(inputs_hist, float).reshape(num_t, num_in),
+                            np.asarray(inputs_future, float).reshape(num_steps, num_in)])
+    else:
+        u = np.zeros((big_n, 0))
+    # noises: e_0 (n), w_0..w_{N-2} (n each), v_0..v_{N-1} (D each)
+    num_xi = n + (big_n - 1) * n + big_n * dim
+    omega = np.zeros((num_xi, num_xi))
+    omega[:n, :n] = p0
+    for t in range(big_n - 1):
+        s = n + t * n
+        omega[s:s + n, s:s + n] = at("dynamics_cov", t)
+    v0 = n + (big_n - 1) * n
+    for t in range(big_n):
+        s = v0 + t * dim
+        omega[s:s + dim, s:s + dim] = at("emission_cov", t)
+    # x_t = mx + gx delta + lx xi
+    mx, gx = m0.copy(), a0.copy()
+    lx = np.zeros((n, num_xi))
+    lx[:, :n] = np.eye(n)
+    mu = np.zeros((big_n, dim))
+    g = np.zeros((big_n, dim, q))
+    lo = np.zeros((big_n, dim, num_xi))
+    for t in range(big_n):
+        h_t = at("emission_weights", t)
+        mu[t] = h_t @ mx + at("emission_input_weights", t) @ u[t] + at("emission_bias", t)
+        g[t] = h_t @ gx
+        lo[t] = h_t @ lx
+        lo[t][:, v0 + t * dim:v0 + (t + 1) * dim] += np.eye(dim)
+        if t + 1 < big_n:
+            f_t = at("dynamics_weights", t)
+            mx = f_t @ mx + at("dynamics_input_weights", t) @ u[t + 1] + at("dynamics_bias", t)
+            gx = f_t @ gx
+            lx = f_t @ lx
+            lx[:, n + t * n:n + (t + 1) * n] += np.eye(n)
+    mu = mu.reshape(-1)
+    g = g.reshape(big_n * dim, q)
+    lo = lo.reshape(big_n * dim, num_xi)
+    sigma = lo @ omega @ lo.T
+    k_h = num_t * dim
+    s_hh, s_fh, s_ff = sigma[:k_h, :k_h], sigma[k_h:, :k_h], sigma[k_h:, k_h:]
+    s_hh_pinv = np.linalg.pinv(s_hh, hermitian=True)
+    gain = s_fh @ s_hh_pinv
+    resid = y_h.reshape(-1) - mu[:k_h]
+    mean = mu[k_h:] + gain @ resid
+    cov = s_ff - gain @ s_fh.T
+    if q:
+        g_h, g_f = g[:k_h], g[k_h:]
+        info = g_h.T @ s_hh_pinv @ g_h
+        delta = np.linalg.solve(info, g_h.T @ s_hh_pinv @ resid)
+        g_t = g_f - gain @ g_h
+        mean = mean + g_t @ delta
+        cov = cov + g_t @ np.linalg.solve(info, g_t.T)
+    return mean.reshape(int(num_steps), dim), 0.5 * (cov + cov.T)
+
+
+def dense_log_densities(model, params, y_hist, y_future, *, inputs_hist=None,
+                        inputs_future=None):
+    """``(log p(y_{T+k} | y_{1:T}) for k = 1..h, log p(y_{T+1:T+h} | y_{1:T}))`` from
+    `dense_gaussian_marginals`: the h-step marginals and the joint of the block."""
+    import scipy.stats
+
+    y_f = np.asarray(y_future, float)
+    h = y_f.shape[0]
+    mean, cov = dense_gaussian_marginals(model, params, y_hist, h, inputs_hist=inputs_hist,
+                                         inputs_future=inputs_future)
+    dim = mean.shape[1]
+    y_f = y_f.reshape(h, dim)
+    marg = np.array([
+        scipy.stats.multivariate_normal(mean[k], cov[k * dim:(k + 1) * dim,
+                                                     k * dim:(k + 1) * dim]).logpdf(y_f[k])
+        for k in range(h)])
+    joint = scipy.stats.multivariate_normal(mean.reshape(-1), cov).logpdf(y_f.reshape(-1))
+    return marg, float(joint)
 
 
 # ------------------------------------------------------------------------------------------
@@ -209,7 +380,7 @@ def gauss_hermite(model, params, carry, y_future, k, *, inputs_future=None, orde
 def check_marginal_predictive(model, params, y_hist, y_future, *, statseq_values=None,
                               statseq_se=None, inputs_hist=None, inputs_future=None,
                               key=None, num_paths=20_000, grid_tol=1e-6,
-                              quadrature=True):
+                              quadrature=True, others=None):
     """Assert that statseq's h-step marginal log densities equal the independent references.
 
     Args:
@@ -224,6 +395,10 @@ def check_marginal_predictive(model, params, y_hist, y_future, *, statseq_values
         grid_tol: absolute tolerance of the ``k = 1, 2`` exact comparisons (widened by
             ``4 statseq_se`` for estimates).
         quadrature: also compare with Gauss-Hermite at ``k = 2, 3`` when it applies.
+        others: optional ``{label: (h,) values}``: further statseq entry points that claim
+            the same exact h-step marginals (a forecast object's ``log_prob``, `backtest`'s
+            per-horizon ``log_score``, ...); each is held to the same references and
+            tolerances as ``statseq_values`` (treated as exact).
 
     Returns:
         A dict of the references (``"mc"``, ``"mc_se"``, ``"grid2"``, ``"gh"``) for reports.
@@ -272,4 +447,18 @@ def check_marginal_predictive(model, params, y_hist, y_future, *, statseq_values
     assert not bad.any(), (
         f"h-step marginals outside 4 standard errors of the ancestral Monte Carlo: "
         f"statseq {got}, reference {mc} +- {mc_se}, statseq se {got_se}")
+    for label, vals in (others or {}).items():
+        v = np.asarray(vals, float).reshape(-1)
+        assert v.shape == (h,) and np.all(np.isfinite(v)), (label, v)
+        np.testing.assert_allclose(v[0], one, rtol=0, atol=1e-10,
+                                   err_msg=f"{label}: k = 1 one-step predictive")
+        if "grid2" in out:
+            np.testing.assert_allclose(v[1], out["grid2"], rtol=0, atol=grid_tol,
+                                       err_msg=f"{label}: k = 2 fine grid")
+        for k, ref in out.get("gh", {}).items():
+            np.testing.assert_allclose(v[k - 1], ref, rtol=0, atol=grid_tol,
+                                       err_msg=f"{label}: k = {k} Gauss-Hermite")
+        bad = np.abs(v - mc) > 4 * mc_se + 1e-9
+        assert not bad.any(), (f"{label}: outside 4 standard errors of the ancestral Monte "
+                               f"Carlo: {v}, reference {mc} +- {mc_se}")
     return out

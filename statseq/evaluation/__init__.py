@@ -1,9 +1,10 @@
 """Model comparison and forecast evaluation.
 
-* `statseq.evaluation.criteria`: information criteria (AIC, BIC) and the exact held-out
-  one-step log score;
+* `statseq.evaluation.criteria`: information criteria (AIC, BIC) and the held-out
+  one-step log score (exact: a difference of two exact log-likelihoods);
 * `statseq.evaluation.scores`: proper scores of forecasts (CRPS, interval coverage and
-  interval score, exact log predictive densities);
+  interval score, log predictive densities: exact where the model's h-step marginals have
+  a closed form, estimates otherwise; see the claims audit, docs/claims.md);
 * `statseq.evaluation.backtest`: tidy tables of scored forecasts and rolling-origin
   backtests (pandas DataFrames);
 * `statseq.evaluation.diagnostics`: one-step PIT, quantile and standardized residuals of
