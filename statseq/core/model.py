@@ -100,6 +100,9 @@ class SequenceModel(abc.ABC):
     #: (`statseq.core.buckets`). False for models whose parameters have a time axis.
     supports_length_buckets: ClassVar[bool] = True
 
+    #: Whether a masked step in ``update`` is exact marginalization (predict without update).
+    marginalizes_masked_steps: ClassVar[bool] = True
+
     # ---- static description -------------------------------------------------------
     @property
     @abc.abstractmethod

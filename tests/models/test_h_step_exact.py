@@ -1,0 +1,297 @@
+"""Exact h-step marginal predictives of the AR-HMM and the Markov-switching AR (issue 20).
+
+``p(y_{T+k} | y_{1:T})`` is a Gaussian mixture over regime paths
+(`statseq.inference.regime_paths`); every number here is compared with a computation that
+does not use it: `tests._claims.check_marginal_predictive` (fine grid at k = 2, nested
+Gauss-Hermite at k = 2, 3, Rao-Blackwellised ancestral Monte Carlo within 4 standard errors
+at every k up to 8), dense Gaussian conditioning of a VAR (K = 1), `statseq.AR`'s exact
+masked-lag marginals, `MarkovSwitchingAR.forecast_means` (exact means by another
+recursion), statsmodels' ``MarkovAutoregression`` (one-step predicted means and
+log-likelihood) and Monte Carlo of `statseq.forecast` samples.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+import statseq as ss
+from statseq.core.distributions import marginal_cdf
+from statseq.evaluation._origins import origin_forecasts
+from statseq.models.hmm.autoregressive import LinearAutoregressiveHMM
+from statseq.models.switching import MarkovSwitchingAR, MSARParams
+from tests._claims import (
+    check_marginal_predictive,
+    filtered_carry,
+    gauss_hermite,
+    grid_two_step,
+    rb_monte_carlo,
+)
+
+
+def switching_ar(num_steps, seed):
+    """A simulated 2-regime switching AR(1): y_t = c_z + phi_z y_{t-1} + sd_z e_t."""
+    rng = np.random.default_rng(seed)
+    trans = np.array([[0.9, 0.1], [0.15, 0.85]])
+    c, phi, sd = np.array([1.0, -1.0]), np.array([0.7, -0.3]), np.array([0.3, 0.8])
+    z, y = 0, np.zeros(num_steps)
+    for t in range(1, num_steps):
+        z = rng.choice(2, p=trans[z])
+        y[t] = c[z] + phi[z] * y[t - 1] + sd[z] * rng.normal()
+    return y[:, None]
+
+
+@pytest.fixture(scope="module")
+def series():
+    return switching_ar(160, 3)
+
+
+def fit_arhmm(y, num_lags, **kw):
+    model = LinearAutoregressiveHMM(num_states=2, emission_dim=y.shape[-1],
+                                    num_lags=num_lags, **kw)
+    params = model.initialize(y, key=jax.random.key(0))
+    return model, ss.fit_em(model, params, y, num_iters=25, progress=False).params
+
+
+@pytest.mark.parametrize("num_lags", [1, 2])
+def test_arhmm_claims_horizons_2_to_8(series, num_lags):
+    """EM-fitted AR-HMMs (1 and 2 lags) on a simulated switching AR: k = 1 to 1e-10, k = 2
+    against the fine grid and k = 2, 3 against Gauss-Hermite to 1e-6, k = 1..8 within 4
+    Monte Carlo standard errors of the ancestral average."""
+    model, params = fit_arhmm(series[:152], num_lags)
+    out = check_marginal_predictive(model, params, series[:152], series[152:160])
+    assert set(out["gh"]) == {2, 3}
+
+
+def test_issue_example_old_number_was_wrong_new_equals_grid(series):
+    """The issue's report: masked-step propagation (the old route, still reachable by
+    hiding ``h_step_marginals``) gives a 2-step log density far from the grid integral
+    (the issue: -0.6068 against -1.3840); the new route equals the grid to 1e-6."""
+    model, params = fit_arhmm(series[:150], 1)
+    y_hist, y_fut = series[:150], series[150:152]
+    new = ss.log_predictive_density(model, params, y_hist, y_fut, marginal=True)
+    carry = filtered_carry(model, params, y_hist)
+    grid = grid_two_step(model, params, carry, y_fut)
+    np.testing.assert_allclose(new[1], grid, atol=1e-6)
+    old = _old_route(model, params, jnp.asarray(series[:152]), 150, 2)
+    np.testing.assert_allclose(old[0], new[0], atol=1e-10)  # k = 1 was right
+    assert abs(old[1] - grid) > 0.05, (old, grid)
+
+
+def _old_route(model, params, y, origin, horizon):
+    """The masked-step propagation origin_forecasts used before (predict, then update with
+    an all-false mask), written out here."""
+    carry = filtered_carry(model, params, y[:origin])
+    out = []
+    u = jnp.zeros((0,))
+    for k in range(horizon):
+        d = model.predict(params, carry, u)
+        out.append(float(d.log_prob(y[origin + k])))
+        carry = model.update(params, carry, y[origin + k], jnp.zeros(y.shape[1:], bool), u)
+    return np.array(out)
+
+
+def test_arhmm_input_driven_transitions(series):
+    """Transitions read an input (softmax regression): the claims at k = 1..6."""
+    rng = np.random.default_rng(5)
+    u = rng.normal(size=(158, 1))
+    model = LinearAutoregressiveHMM(num_states=2, emission_dim=1, num_lags=1, input_dim=1)
+    base = model.initialize(series[:152], key=jax.random.key(1), inputs=u[:152])
+    trans = ss.TransitionRegression(jnp.array([[[0.0], [1.5]], [[-2.0], [0.0]]]),
+                                    jnp.log(jnp.array([[0.85, 0.15], [0.2, 0.8]])))
+    params = base._replace(transitions=trans)
+    check_marginal_predictive(model, params, series[:152], series[152:158],
+                              inputs_hist=u[:152], inputs_future=u[152:158])
+
+
+def test_arhmm_two_dims_against_monte_carlo_and_dense_var():
+    """D = 2: every horizon within 4 standard errors of the ancestral average (K = 2); with
+    K = 1 the model is a VAR(2), whose h-step marginals by dense Gaussian conditioning
+    (the joint of y_{T+1:T+h} as a linear map of the noise) and by `statseq.AR` (masked
+    lags marginalized exactly by its filter) equal ours to 1e-10, per dimension too."""
+    rng = np.random.default_rng(7)
+    y = np.cumsum(rng.normal(size=(60, 2)), axis=0) * 0.2
+    model = LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=1)
+    params = model.initialize(y[:54], key=jax.random.key(0))
+    params = ss.fit_em(model, params, y[:54], num_iters=10, progress=False).params
+    check_marginal_predictive(model, params, y[:54], y[54:60], num_paths=20000)
+
+    var = LinearAutoregressiveHMM(num_states=1, emission_dim=2, num_lags=2)
+    a = np.array([[[0.5, 0.1, 0.2, 0.0], [-0.2, 0.4, 0.1, -0.1]]])
+    b = np.array([[0.3, -0.2]])
+    cov = np.array([[[0.5, 0.2], [0.2, 0.4]]])
+    vp = var.assemble_params(ss.ARHMMEmissions(jnp.asarray(a), jnp.asarray(b),
+                                               jnp.asarray(cov)))
+    h = 5
+    got = ss.log_predictive_density(var, vp, y[:54], y[54:54 + h], marginal=True)
+    # dense: y_{T+k} = mean_k + sum_j G_{k,j} e_{T+j}, built step by step from the VAR
+    lag1, lag2 = y[53], y[52]
+    coef = {1: a[0][:, :2], 2: a[0][:, 2:]}
+    means, maps = [], []  # maps[k]: (2, 2 h) linear map of the stacked noise
+    prev = [(lag1, np.zeros((2, 2 * h))), (lag2, np.zeros((2, 2 * h)))]
+    for k in range(h):
+        m = b[0] + coef[1] @ prev[0][0] + coef[2] @ prev[1][0]
+        g = coef[1] @ prev[0][1] + coef[2] @ prev[1][1]
+        g[:, 2 * k:2 * k + 2] += np.eye(2)
+        means.append(m)
+        maps.append(g)
+        prev = [(m, g), prev[0]]
+    noise = np.kron(np.eye(h), cov[0])
+    dense = np.array([scipy.stats.multivariate_normal(means[k], maps[k] @ noise @ maps[k].T)
+                      .logpdf(y[54 + k]) for k in range(h)])
+    np.testing.assert_allclose(got, dense, rtol=0, atol=1e-10)
+    ar = ss.AR(order=2, emission_dim=2)
+    arp = ss.ARParams(jnp.asarray(np.stack([a[0][:, :2], a[0][:, 2:]])), jnp.asarray(b[0]),
+                      jnp.zeros((2, 0)), jnp.asarray(cov[0]))
+    np.testing.assert_allclose(
+        got, ss.log_predictive_density(ar, arp, y[:54], y[54:54 + h], marginal=True),
+        rtol=0, atol=1e-10)
+    # per dimension: the marginal of one coordinate (backtest's per-dim route)
+    mask = np.ones((54 + h, 2), bool)
+    lps, lps_d, _ = origin_forecasts(var, vp, jnp.asarray(y[:54 + h]), jnp.asarray(mask),
+                                     jnp.zeros((54 + h, 0)), jnp.array([54]), None,
+                                     horizon=h, stacked=False, per_dim=True, sample=False)
+    sd = np.sqrt(np.array([np.diag(g @ noise @ g.T) for g in maps]))
+    dense_d = scipy.stats.norm(np.array(means), sd).logpdf(y[54:54 + h])
+    np.testing.assert_allclose(np.asarray(lps_d[0]), dense_d, rtol=0, atol=1e-10)
+
+
+MSAR_FORMS = [
+    MarkovSwitchingAR(2, 1),  # Hamilton's switching mean: expanded state (s_t, s_{t-1})
+    MarkovSwitchingAR(2, 2, switching_ar=True, switching_variance=True),
+    MarkovSwitchingAR(2, 1, form="intercept", switching_variance=True),
+    MarkovSwitchingAR(2, 2, form="intercept", switching_mean=False, switching_ar=True),
+]
+
+
+def msar_params(model, seed):
+    rng = np.random.default_rng(seed)
+    k, p = model.num_regimes, model.order
+    shapes = model.param_shapes()
+    return MSARParams(None, jnp.array([[0.85, 0.15], [0.25, 0.75]]),
+                      jnp.asarray(np.broadcast_to([-1.0, 1.2], (k,)).reshape(shapes.means)
+                                  if shapes.means else 0.4),
+                      jnp.asarray(rng.uniform(-0.6, 0.6, size=shapes.ar_coeffs) / p),
+                      jnp.asarray(rng.uniform(0.2, 0.9, size=shapes.variances)))
+
+
+@pytest.mark.parametrize("case", range(len(MSAR_FORMS)))
+def test_msar_forms_claims(case):
+    """Each MS-AR form (switching mean / intercept / AR / variance, 1 and 2 lags) at
+    simulated data: the claims at k = 1..8."""
+    model = MSAR_FORMS[case]
+    params = msar_params(model, case)
+    y = np.asarray(ss.sample(model, params, jax.random.key(case), num_timesteps=68)[0],
+                   float)
+    check_marginal_predictive(model, params, y[:60], y[60:68])
+
+
+def test_msar_means_and_statsmodels_one_step():
+    """Means of the mixture equal `forecast_means` (an exact recursion on the regime law,
+    not over paths) to 1e-10 for h = 1..6; the one-step marginals at every origin of the
+    GNP series equal statsmodels' MarkovAutoregression: the predicted means
+    (``predict()``, in-sample one-step) and the log-likelihood (their sum) to 1e-8."""
+    from statsmodels.tsa.regime_switching.markov_autoregression import MarkovAutoregression
+
+    from tests.models.test_ms_ar import gnp, sm_param_vector
+
+    model = MarkovSwitchingAR(2, 2)
+    y = gnp()
+    params = msar_params(model, 11)
+    d = model.predict_observations(params, y, num_steps=6)
+    np.testing.assert_allclose(np.asarray(d.mean), np.asarray(
+        model.forecast_means(params, y, num_steps=6)), rtol=0, atol=1e-10)
+    sm = MarkovAutoregression(y, k_regimes=2, order=2, switching_ar=False)
+    res = sm.smooth(sm_param_vector(sm.param_names, params))
+    origins = np.arange(2, len(y))
+    lps, _, _ = origin_forecasts(model, params, jnp.asarray(y), jnp.ones(len(y), bool),
+                                 jnp.zeros((len(y), 0)), jnp.asarray(origins), None,
+                                 horizon=1, stacked=False, per_dim=False, sample=False)
+    np.testing.assert_allclose(float(np.sum(lps)), res.llf, rtol=0, atol=1e-8)
+    got = np.array([float(model.h_step_marginals(
+        params, filtered_carry(model, params, y[:o]), jnp.zeros((1, 0))).mean[0])
+        for o in origins[:20]])
+    np.testing.assert_allclose(got, np.asarray(res.predict())[:20], rtol=0, atol=1e-8)
+
+
+def test_backtest_log_scores_equal_independent_computation(series):
+    """`ss.backtest` per-horizon log scores of an AR-HMM, origin by origin: k = 1 the
+    one-step predictive, k = 2 the fine grid, k = 3 Gauss-Hermite (to 1e-6)."""
+    model, params = fit_arhmm(series[:140], 1)
+    y = series[:150]
+    res = ss.backtest(model, params, y, key=jax.random.key(0), horizon=3, initial=140,
+                      step=3, num_samples=50)
+    table = res.table
+    for o in res.origins:
+        carry = filtered_carry(model, params, y[:o])
+        ref = [float(model.predict(params, carry, jnp.zeros((0,))).log_prob(y[o])),
+               grid_two_step(model, params, carry, y[o:o + 2]),
+               gauss_hermite(model, params, carry, y[o:o + 3], 3)]
+        got = table[table.origin == o].sort_values("horizon").log_score.to_numpy()
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+
+
+def test_distribution_methods_against_forecast_samples(series):
+    """cdf / icdf / mean / variance of the h-step marginals of an AR-HMM against 40000
+    `ss.forecast` paths: KS test p > 1e-3 per horizon, means and variances within 4
+    standard errors, empirical frequency below each quantile within 4 standard errors of
+    its level, and cdf(icdf(q)) = q to 1e-9; marginal_cdf per coordinate (D = 2) the same
+    way."""
+    model, params = fit_arhmm(series[:150], 1)
+    h, n = 4, 40000
+    d = model.predict_observations(params, series[:150], num_steps=h)
+    draws = np.asarray(ss.forecast(model, params, series[:150], key=jax.random.key(3),
+                                   num_steps=h, num_samples=n).samples, float)
+    draws = draws.reshape(n, h)
+    mean, var = np.asarray(d.mean)[:, 0], np.asarray(d.variance)[:, 0]
+    assert np.all(np.abs(draws.mean(0) - mean) < 4 * np.sqrt(var / n))
+    m4 = np.mean((draws - mean) ** 4, axis=0)
+    assert np.all(np.abs(draws.var(0) - var) < 4 * np.sqrt((m4 - var**2) / n))
+    qs = np.array([0.05, 0.5, 0.95])
+    quant = np.asarray(jax.vmap(d.icdf)(jnp.broadcast_to(qs[:, None], (3, h))))  # (3, h)
+    np.testing.assert_allclose(np.asarray(jax.vmap(d.cdf)(jnp.asarray(quant))),
+                               np.broadcast_to(qs[:, None], (3, h)), atol=1e-9)
+    freq = (draws[None] <= quant[:, None, :]).mean(1)
+    assert np.all(np.abs(freq - qs[:, None]) < 4 * np.sqrt(qs * (1 - qs) / n)[:, None])
+    for k in range(h):
+        cdf_k = np.vectorize(lambda x, k=k: float(d.cdf(jnp.full((h,), x))[k]))
+        assert scipy.stats.kstest(draws[:2000, k], cdf_k).pvalue > 1e-3
+
+    rng = np.random.default_rng(1)
+    y2 = np.cumsum(rng.normal(size=(50, 2)), axis=0) * 0.2
+    model2 = LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=1)
+    p2 = model2.initialize(y2, key=jax.random.key(0))
+    d2 = model2.predict_observations(p2, y2, num_steps=3)
+    s2 = np.asarray(ss.forecast(model2, p2, y2, key=jax.random.key(4), num_steps=3,
+                                num_samples=n).samples, float).reshape(n, 3, 2)
+    x = np.median(s2, axis=0)  # (3, 2)
+    np.testing.assert_array_less(np.abs(np.asarray(marginal_cdf(d2, jnp.asarray(x)))
+                                        - (s2 <= x).mean(0)), 4 * np.sqrt(0.25 / n))
+
+
+def test_rb_monte_carlo_every_horizon_two_lags_two_dims():
+    """D = 2, 2 lags, K = 2: statseq's marginals within 4 standard errors of the
+    Rao-Blackwellised ancestral average at k = 1..5 (the claims helper's MC)."""
+    rng = np.random.default_rng(2)
+    y = np.cumsum(rng.normal(size=(45, 2)), axis=0) * 0.3
+    model = LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2,
+                                    covariance="spherical")
+    params = model.initialize(y[:40], key=jax.random.key(2))
+    got = ss.log_predictive_density(model, params, y[:40], y[40:45], marginal=True)
+    carry = filtered_carry(model, params, y[:40])
+    mc, se = rb_monte_carlo(model, params, carry, y[40:45], key=jax.random.key(9))
+    assert np.all(np.abs(got - mc) < 4 * se), (got, mc, se)
+
+
+def test_refuses_beyond_max_components(series):
+    """K^h above max_components is refused with a clear message (not a memory blow-up)."""
+    model, params = fit_arhmm(series[:60], 1)
+    carry = filtered_carry(model, params, series[:60])
+    with pytest.raises(ValueError, match=r"2 x 2\^9 = 1024 regime paths.*max_components"):
+        model.h_step_marginals(params, carry, jnp.zeros((10, 0)), max_components=1000)
+    with pytest.raises(ValueError, match="last num_lags = 1 steps"):
+        model.predict_observations(params, series[:60], num_steps=2,
+                                   mask=np.arange(60) < 59)
