@@ -190,7 +190,7 @@ def test_msar_forms_claims(case):
     simulated data: the claims at k = 1..8."""
     model = MSAR_FORMS[case]
     params = msar_params(model, case)
-    y = np.asarray(ss.sample(model, params, jax.random.key(case), num_timesteps=68)[0],
+    y = np.asarray(ss.sample(model, params, key=jax.random.key(case), num_timesteps=68),
                    float)
     check_marginal_predictive(model, params, y[:60], y[60:68], quadrature=False)
 
@@ -198,8 +198,9 @@ def test_msar_forms_claims(case):
 def test_msar_means_and_statsmodels_one_step():
     """Means of the mixture equal `forecast_means` (an exact recursion on the regime law,
     not over paths) to 1e-10 for h = 1..6; the one-step marginals at every origin of the
-    GNP series equal statsmodels' MarkovAutoregression: the predicted means
-    (``predict()``, in-sample one-step) and the log-likelihood (their sum) to 1e-8."""
+    GNP series equal statsmodels' MarkovAutoregression (which has no multi-step
+    forecast): the predicted means (``predict(probabilities="predicted")``, in-sample
+    one-step) and the log-likelihood (the sum of the one-step log scores) to 1e-8."""
     from statsmodels.tsa.regime_switching.markov_autoregression import MarkovAutoregression
 
     from tests.models.test_ms_ar import gnp, sm_param_vector
@@ -217,10 +218,11 @@ def test_msar_means_and_statsmodels_one_step():
                                  jnp.zeros((len(y), 0)), jnp.asarray(origins), None,
                                  horizon=1, stacked=False, per_dim=False, sample=False)
     np.testing.assert_allclose(float(np.sum(lps)), res.llf, rtol=0, atol=1e-8)
-    got = np.array([float(model.h_step_marginals(
-        params, filtered_carry(model, params, y[:o]), jnp.zeros((1, 0))).mean[0])
-        for o in origins[:20]])
-    np.testing.assert_allclose(got, np.asarray(res.predict())[:20], rtol=0, atol=1e-8)
+    carries = ss.filter(model, params, y, return_carries=True).carries  # after y_0..y_t
+    got = jax.vmap(lambda c: model.h_step_marginals(params, c, jnp.zeros((1, 0))).mean[0])(
+        jax.tree.map(lambda a: a[1:-1], carries))  # origins 2..T-1
+    np.testing.assert_allclose(np.asarray(got), np.asarray(res.predict(
+        probabilities="predicted")), rtol=0, atol=1e-8)
 
 
 def test_backtest_log_scores_equal_independent_computation(series):
@@ -291,7 +293,7 @@ def test_rb_monte_carlo_every_horizon_two_lags_two_dims():
     got = ss.log_predictive_density(model, params, y[:40], y[40:45], marginal=True)
     carry = filtered_carry(model, params, y[:40])
     mc, se = rb_monte_carlo(model, params, carry, y[40:45], key=jax.random.key(9))
-    assert np.all(np.abs(got - mc) < 4 * se), (got, mc, se)
+    assert np.all(np.abs(got - mc) < 4 * se + 1e-9), (got, mc, se)
 
 
 def test_refuses_beyond_max_components(series):
