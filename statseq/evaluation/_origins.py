@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 
 from statseq.core.distributions import masked_log_prob
-from statseq.inference.gaussian import masked_mvn_log_prob
 from statseq.core.recurrence import _simulate
+from statseq.inference.gaussian import masked_mvn_log_prob
 
 
 @partial(jax.jit, static_argnames=("model", "horizon", "stacked", "per_dim", "sample"))

@@ -137,6 +137,12 @@ class LinearAutoregressiveHMM(HMMBase):
     switching linear dynamical system), which has no exact finite-state recursion. Such
     data are rejected eagerly (trailing padding of ragged batches is fine).
 
+    Forecast densities: a masked step is not marginalization here (later emissions read it
+    as a lag; ``marginalizes_masked_steps = False``), so the h-step marginals
+    ``p(y_{T+k} | y_{1:T})`` come from `h_step_marginals` / `predict_observations`: the
+    exact Gaussian mixture over the ``K^k`` state paths, which
+    `statseq.log_predictive_density` (``marginal=True``) and `statseq.backtest` use.
+
     Args:
         num_states: number of hidden states ``K``.
         emission_dim: ``D`` (event shape ``(D,)``).

@@ -188,7 +188,10 @@ class MarkovSwitchingAR(SequenceModel):
     `statseq.log_prob`, `statseq.fit_lbfgs`,
     `statseq.fit_sgd` and `statseq.forecast` work through the generic filter
     (``predict``/``update``); `forecast_means` gives exact h-step means when ``phi`` does
-    not switch.
+    not switch, and `predict_observations` / `h_step_marginals` the exact h-step marginal
+    predictives (Gaussian mixtures over regime paths; `statseq.log_predictive_density`
+    with ``marginal=True`` and `statseq.backtest` use them, since a masked step is not
+    marginalization here: ``marginalizes_masked_steps = False``).
 
     Missing values: steps may be masked (their regime still moves) as long as no later
     observed step uses them as lags (checked eagerly).
@@ -654,7 +657,7 @@ class MarkovSwitchingAR(SequenceModel):
 
     def _h_step_arrays(self, params, carry, inputs_future, max_components):
         _, a_m, a, phi, var = self.expanded_chain(params)
-        k, p = self.num_regimes, self.order
+        k = self.num_regimes
         horizon = int(np.shape(inputs_future)[0])
         cols = self.expanded_regimes()
         now = cols[:, 0]
