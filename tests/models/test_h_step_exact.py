@@ -305,3 +305,26 @@ def test_refuses_beyond_max_components(series):
     with pytest.raises(ValueError, match="last num_lags = 1 steps"):
         model.predict_observations(params, series[:60], num_steps=2,
                                    mask=np.arange(60) < 59)
+
+
+def test_predict_observations_batches_and_flags(series):
+    """A batch of histories gives, per series, the mixture of that series' own filter
+    (log densities equal `log_predictive_density` of each series to 1e-10); both models
+    declare that a masked step is not marginalization, every other model keeps the
+    default."""
+    model, params = fit_arhmm(series[:100], 1)
+    ys = np.stack([series[:100], series[40:140]])
+    d = model.predict_observations(params, ys, num_steps=3)
+    assert d.batch_shape == (2, 3) and d.event_shape == (1,)
+    futures = np.stack([series[100:103], series[140:143]])
+    got = np.asarray(d.log_prob(jnp.asarray(futures)))
+    for i in range(2):
+        ref = ss.log_predictive_density(model, params, ys[i], futures[i], marginal=True)
+        np.testing.assert_allclose(got[i], ref, rtol=0, atol=1e-10)
+    assert not LinearAutoregressiveHMM.marginalizes_masked_steps
+    assert not MarkovSwitchingAR.marginalizes_masked_steps
+    assert ss.GaussianHMM.marginalizes_masked_steps and ss.AR.marginalizes_masked_steps
+    with pytest.raises(ValueError, match="takes no inputs"):
+        MarkovSwitchingAR(2, 1).predict_observations(MarkovSwitchingAR(2, 1).default_params(),
+                                                     series[:20, 0], num_steps=2,
+                                                     future_inputs=np.zeros((2, 1)))
