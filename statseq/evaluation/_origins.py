@@ -96,9 +96,16 @@ def _mixture_scores(d, ys, ms, per_dim):
     """Log-densities of the observed entries of ``y_{T+k}`` under the ``k``-th marginal of
     a Gaussian mixture ``d`` with batch shape ``(h,)`` (``Normal`` or ``MultivariateNormal``
     components: the marginal of an observed block is the mixture of the components'
-    marginals), NaN where nothing is observed; per dimension too when ``per_dim``."""
+    marginals), NaN where nothing is observed; per dimension too when ``per_dim``. Other
+    distributions score fully observed targets only (``d.log_prob``)."""
+    comp = getattr(d, "component_distribution", None)
+    if not isinstance(comp, (dist.Normal, dist.MultivariateNormal)):
+        # another family: the density of fully observed targets only (NaN otherwise)
+        full = jnp.reshape(ms, ms.shape[:1] + (-1,)).all(axis=-1)
+        lps = jnp.where(full, d.log_prob(ys), jnp.nan)
+        lps_d = jnp.full(ms.shape, jnp.nan, lps.dtype) if per_dim else None
+        return lps, lps_d
     logw = jnp.log(d.mixing_distribution.probs)  # (h, C); -inf in padding slots
-    comp = d.component_distribution
     if isinstance(comp, dist.Normal):
         loc, cov = comp.loc[..., None], (comp.scale**2)[..., None, None]
     else:

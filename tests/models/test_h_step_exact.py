@@ -331,3 +331,28 @@ def test_predict_observations_batches_and_flags(series, fitted):
         MarkovSwitchingAR(2, 1).predict_observations(MarkovSwitchingAR(2, 1).default_params(),
                                                      series[:20, 0], num_steps=2,
                                                      future_inputs=np.zeros((2, 1)))
+
+
+class _PoissonWithMarginals(ss.PoissonHMM):
+    """A Poisson HMM that also returns its (exact) h-step marginals as a mixture of
+    Poissons: exercises origin_forecasts' branch for non-Gaussian closed forms."""
+
+    def h_step_marginals(self, params, carry, inputs_future):
+        probs = [self._predicted(params, carry, inputs_future[0])]
+        for _ in range(inputs_future.shape[0] - 1):
+            probs.append(probs[-1] @ params.transitions)
+        return self.mixture(jnp.stack(probs), params.emissions)
+
+
+def test_origins_branch_for_other_closed_forms():
+    """A model's ``h_step_marginals`` of another family (Poisson mixture) is scored by its
+    density: equal to the masked-step route, exact for a Poisson HMM, to 1e-10."""
+    from statseq.models.hmm import PoissonEmissions
+
+    base = ss.PoissonHMM(num_states=2)
+    params = base.assemble_params(PoissonEmissions(rates=jnp.array([1.0, 6.0])))
+    y = np.array([0, 1, 0, 5, 7, 6, 1, 0, 2, 8, 5, 1])
+    ref = ss.log_predictive_density(base, params, y[:8], y[8:], marginal=True)
+    got = ss.log_predictive_density(_PoissonWithMarginals(num_states=2), params, y[:8], y[8:],
+                                    marginal=True)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-10)
