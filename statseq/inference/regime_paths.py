@@ -57,8 +57,9 @@ def num_path_components(num_start_states: int, num_regimes: int, horizon: int) -
     return int(num_start_states) * int(num_regimes) ** (int(horizon) - 1)
 
 
-def regime_path_marginals(predicted_probs, branch_probs, successors, dynamics, offsets,
-                          noise_covs, lags, *, obs_dim: int,
+def regime_path_marginals(predicted_probs: jax.Array, branch_probs: jax.Array,
+                          successors: np.ndarray, dynamics: jax.Array, offsets: jax.Array,
+                          noise_covs: jax.Array, lags: jax.Array, *, obs_dim: int,
                           max_components: int = MAX_COMPONENTS) -> RegimePathMarginals:
     """Exact marginal predictives ``p(y_{T+k} | y_{1:T})``, ``k = 1..h``, as Gaussian mixtures.
 
@@ -147,7 +148,8 @@ def regime_path_marginals(predicted_probs, branch_probs, successors, dynamics, o
     return RegimePathMarginals(jnp.stack(out_w), jnp.stack(out_m), jnp.stack(out_c))
 
 
-def companion(weights, biases, noise_covs):
+def companion(weights: jax.Array, biases: jax.Array,
+              noise_covs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Companion form of per-regime VAR(L) regressions ``y_t = W_x [y_{t-1}; ...] + b_x + e``.
 
     Args:

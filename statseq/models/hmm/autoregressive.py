@@ -8,12 +8,13 @@ with ``Sigma_k`` full, tied (one ``Sigma`` for all states) or spherical (``sigma
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from statseq.core.distributions import FiniteMixture
@@ -292,8 +293,8 @@ class LinearAutoregressiveHMM(HMMBase):
         return jnp.where(scored[:, None], ll, 0.0)
 
     # ---- exact h-step predictives ------------------------------------------------------
-    def h_step_marginals(self, params, carry, inputs_future, *,
-                         max_components: int = MAX_COMPONENTS):
+    def h_step_marginals(self, params: Any, carry: Any, inputs_future: ArrayLike, *,
+                         max_components: int = MAX_COMPONENTS) -> FiniteMixture:
         """Exact marginal predictives ``p(y_{T+k} | y_{1:T})``, ``k = 1..h``, from a carry.
 
         Along each state path ``z_{T+1:T+k}`` the future is a VAR(L) driven by Gaussian
@@ -320,10 +321,10 @@ class LinearAutoregressiveHMM(HMMBase):
 
         Returns:
             A `statseq.core.distributions.FiniteMixture` of ``MultivariateNormal``
-            components with batch shape ``(h,)`` and event shape ``(D,)``, padded to
-            ``K^h`` components with zero weight: ``log_prob``, ``mean``, ``variance``,
-            ``cdf``/``icdf`` (``D = 1``) and `statseq.core.distributions.marginal_cdf` are
-            exact.
+                components with batch shape ``(h,)`` and event shape ``(D,)``, padded to
+                ``K^h`` components with zero weight: ``log_prob``, ``mean``, ``variance``,
+                ``cdf``/``icdf`` (``D = 1``) and `statseq.core.distributions.marginal_cdf` are
+                exact.
 
         Examples:
             >>> import jax, jax.numpy as jnp, numpy as np, statseq as ss
@@ -351,8 +352,10 @@ class LinearAutoregressiveHMM(HMMBase):
             carry.lags.reshape(-1).astype(em.biases.dtype), obs_dim=self.emission_dim,
             max_components=max_components)
 
-    def predict_observations(self, params, y, *, num_steps, mask=None, inputs=None,
-                             future_inputs=None, max_components: int = MAX_COMPONENTS):
+    def predict_observations(self, params: Any, y: ArrayLike, *, num_steps: int,
+                             mask: ArrayLike | None = None, inputs: ArrayLike | None = None,
+                             future_inputs: ArrayLike | None = None,
+                             max_components: int = MAX_COMPONENTS) -> FiniteMixture:
         """Exact marginal predictive of each future ``y_{T+h}``: a Gaussian mixture over
         state paths (`h_step_marginals` from the filter's final carry).
 
@@ -369,7 +372,7 @@ class LinearAutoregressiveHMM(HMMBase):
 
         Returns:
             A `statseq.core.distributions.FiniteMixture` with batch shape
-            ``batch_shape + (num_steps,)`` and event shape ``(D,)``.
+                ``batch_shape + (num_steps,)`` and event shape ``(D,)``.
 
         Examples:
             >>> import jax, numpy as np, statseq as ss

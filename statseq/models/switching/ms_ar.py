@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from statseq.core.distributions import FiniteMixture
@@ -609,8 +610,8 @@ class MarkovSwitchingAR(SequenceModel):
 
 
     # ---- exact h-step predictives ------------------------------------------------------
-    def h_step_marginals(self, params, carry, inputs_future, *,
-                         max_components: int = MAX_COMPONENTS):
+    def h_step_marginals(self, params: Any, carry: Any, inputs_future: ArrayLike, *,
+                         max_components: int = MAX_COMPONENTS) -> FiniteMixture:
         """Exact marginal predictives ``p(y_{T+k} | y_{1:T})``, ``k = 1..h``, from a carry.
 
         Every expanded state ``x_t`` (``(s_t, ..., s_{t-p})`` with a switching mean in
@@ -636,8 +637,8 @@ class MarkovSwitchingAR(SequenceModel):
 
         Returns:
             A `statseq.core.distributions.FiniteMixture` of ``Normal`` components with
-            batch shape ``(h,)``, padded with zero weight to ``M K^(h-1)`` components:
-            ``log_prob``, ``cdf``, ``icdf``, ``mean`` and ``variance`` are exact.
+                batch shape ``(h,)``, padded with zero weight to ``M K^(h-1)`` components:
+                ``log_prob``, ``cdf``, ``icdf``, ``mean`` and ``variance`` are exact.
 
         Examples:
             >>> import jax.numpy as jnp, statseq as ss
@@ -673,8 +674,10 @@ class MarkovSwitchingAR(SequenceModel):
                                      carry.lags.astype(a.dtype), obs_dim=1,
                                      max_components=max_components)
 
-    def predict_observations(self, params, y, *, num_steps, mask=None, inputs=None,
-                             future_inputs=None, max_components: int = MAX_COMPONENTS):
+    def predict_observations(self, params: Any, y: ArrayLike, *, num_steps: int,
+                             mask: ArrayLike | None = None, inputs: ArrayLike | None = None,
+                             future_inputs: ArrayLike | None = None,
+                             max_components: int = MAX_COMPONENTS) -> FiniteMixture:
         """Exact marginal predictive of each future ``y_{T+h}``: a Gaussian mixture over
         regime paths (`h_step_marginals` from the filter's final carry).
 
@@ -689,7 +692,7 @@ class MarkovSwitchingAR(SequenceModel):
 
         Returns:
             A `statseq.core.distributions.FiniteMixture` with batch shape
-            ``batch_shape + (num_steps,)``.
+                ``batch_shape + (num_steps,)``.
 
         Examples:
             >>> import jax.numpy as jnp, statseq as ss
