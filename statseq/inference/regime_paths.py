@@ -164,10 +164,10 @@ def companion(weights: jax.Array, biases: jax.Array,
     Examples:
         >>> import jax.numpy as jnp
         >>> from statseq.inference.regime_paths import companion
-        >>> f, c, q = companion(jnp.array([[[0.5, 0.2]]]), jnp.array([[1.0]]),
+        >>> f, c, q = companion(jnp.array([[[0.5, 0.25]]]), jnp.array([[1.0]]),
         ...                     jnp.array([[[2.0]]]))
         >>> f[0].tolist(), c[0].tolist(), q[0].tolist()
-        ([[0.5, 0.2], [1.0, 0.0]], [1.0, 0.0], [[2.0, 0.0], [0.0, 0.0]])
+        ([[0.5, 0.25], [1.0, 0.0]], [1.0, 0.0], [[2.0, 0.0], [0.0, 0.0]])
     """
     m, d, n = weights.shape
     shift = jnp.broadcast_to(jnp.eye(n - d, n, dtype=weights.dtype), (m, n - d, n))
