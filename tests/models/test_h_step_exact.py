@@ -4,10 +4,11 @@
 (`statseq.inference.regime_paths`); every number here is compared with a computation that
 does not use it: `tests._claims.check_marginal_predictive` (fine grid at k = 2,
 Rao-Blackwellised ancestral Monte Carlo within 4 standard errors at every k up to 8; its
-Gauss-Hermite reference runs eagerly, about 0.1 s per update here, so once, at k = 2), dense Gaussian conditioning of a VAR (K = 1), `statseq.AR`'s exact
-masked-lag marginals, `MarkovSwitchingAR.forecast_means` (exact means by another
-recursion), statsmodels' ``MarkovAutoregression`` (one-step predicted means and
-log-likelihood) and Monte Carlo of `statseq.forecast` samples.
+Gauss-Hermite reference runs eagerly, about 0.1 s per update here, so once, at k = 2),
+dense Gaussian conditioning of a VAR (K = 1), `statseq.AR`'s exact masked-lag marginals,
+`MarkovSwitchingAR.forecast_means` (exact means by another recursion), statsmodels'
+``MarkovAutoregression`` (one-step predicted means and log-likelihood) and Monte Carlo of
+`statseq.forecast` samples.
 """
 
 from __future__ import annotations
