@@ -101,7 +101,8 @@ class SequenceModel(abc.ABC):
     supports_length_buckets: ClassVar[bool] = True
 
     #: Whether a masked step in ``update`` is exact marginalization (predict without
-    #: update); False for models that read their own past nonlinearly (neural networks).
+    #: update); False for models that read their own past (the AR-HMM and MS-AR, whose
+    #: ``h_step_marginals`` give closed forms, and neural networks, estimated by Monte Carlo).
     marginalizes_masked_steps: ClassVar[bool] = True
 
     # ---- static description -------------------------------------------------------

@@ -7,7 +7,9 @@ law), and from the carry at ``o`` it
 * scores each future value ``y_{o+k}`` (``k = 0, ..., h-1``) under the exact marginal
   predictive ``p(y_{o+k} | y_{0:o-1})``: the steps ``o, ..., o+k-1`` in between are
   conditioned on with an all-false mask, which the filter protocol requires to be exact
-  marginalization (predict without update);
+  marginalization (predict without update); models whose emissions read past
+  observations instead give the closed-form mixture of their ``h_step_marginals`` (the
+  AR-HMM and the Markov-switching AR: a Gaussian mixture over regime paths);
 * draws sample paths by ancestral sampling, as `statseq.forecast` does.
 
 For a model whose masked steps are *not* exact marginalization
@@ -32,9 +34,11 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpyro.distributions as dist
 
 from statseq.core.distributions import masked_log_prob
 from statseq.core.recurrence import _simulate
+from statseq.inference.gaussian import masked_mvn_log_prob
 
 #: Paths per origin of the pilot run when ``num_paths`` is left to its default.
 PILOT_PATHS = 4096
@@ -208,7 +212,11 @@ def origin_forecasts(model, params, y, mask, inputs, origins, keys, mc_keys=None
             lps, se, lps_d, se_d = _rb_marginals(model, p, carry, ys, ms, us, mk, num_paths,
                                                  dims)
         else:
-            _, (lps, lps_d) = jax.lax.scan(ahead, carry, (ys, ms, us))
+            if hasattr(model, "h_step_marginals"):  # closed-form marginals (batch (h,))
+                lps, lps_d = _mixture_scores(model.h_step_marginals(p, carry, us), ys, ms,
+                                             per_dim)
+            else:
+                _, (lps, lps_d) = jax.lax.scan(ahead, carry, (ys, ms, us))
             se = jnp.where(jnp.isnan(lps), jnp.nan, 0.0)
             se_d = None if lps_d is None else jnp.where(jnp.isnan(lps_d), jnp.nan, 0.0)
         paths = None
@@ -218,3 +226,38 @@ def origin_forecasts(model, params, y, mask, inputs, origins, keys, mc_keys=None
 
     return jax.vmap(one, in_axes=(0 if stacked else None, 0, 0 if sample else None,
                                   0 if mc else None))(params, origins, keys, mc_keys)
+
+
+def _mixture_scores(d, ys, ms, per_dim):
+    """Log-densities of the observed entries of ``y_{T+k}`` under the ``k``-th marginal of
+    a Gaussian mixture ``d`` with batch shape ``(h,)`` (``Normal`` or ``MultivariateNormal``
+    components: the marginal of an observed block is the mixture of the components'
+    marginals), NaN where nothing is observed; per dimension too when ``per_dim``. Other
+    distributions score fully observed targets only (``d.log_prob``)."""
+    comp = getattr(d, "component_distribution", None)
+    if not isinstance(comp, (dist.Normal, dist.MultivariateNormal)):
+        # another family: the density of fully observed targets only (NaN otherwise)
+        full = jnp.reshape(ms, ms.shape[:1] + (-1,)).all(axis=-1)
+        lps = jnp.where(full, d.log_prob(ys), jnp.nan)
+        lps_d = jnp.full(ms.shape, jnp.nan, lps.dtype) if per_dim else None
+        return lps, lps_d
+    logw = jnp.log(d.mixing_distribution.probs)  # (h, C); -inf in padding slots
+    if isinstance(comp, dist.Normal):
+        loc, cov = comp.loc[..., None], (comp.scale**2)[..., None, None]
+    else:
+        loc, cov = comp.loc, comp.covariance_matrix
+    ys = jnp.reshape(ys, loc.shape[:1] + loc.shape[-1:])
+    ms = jnp.broadcast_to(jnp.reshape(ms, ms.shape[:1] + (-1,)), ys.shape)
+
+    def score(y_k, m_k, lw, mu, c):
+        lp = jax.vmap(lambda a, b: masked_mvn_log_prob(y_k, a, b, m_k))(mu, c)
+        lp = jax.scipy.special.logsumexp(jnp.where(lw > -jnp.inf, lw + lp, -jnp.inf))
+        return jnp.where(jnp.any(m_k), lp, jnp.nan)
+
+    lps = jax.vmap(score)(ys, ms, logw, loc, cov)
+    lps_d = None
+    if per_dim:
+        dims = jnp.eye(ys.shape[-1], dtype=bool)
+        lps_d = jax.vmap(lambda e: jax.vmap(score)(ys, ms & e, logw, loc, cov),
+                         out_axes=1)(dims)
+    return lps, lps_d

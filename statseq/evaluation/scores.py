@@ -320,10 +320,18 @@ def log_predictive_density(model, params, y_train, y_test, *, marginal: bool = F
 
         log p(y_{T+k} | y_{1:T}),   k = 1, ..., h,
 
-    computed exactly by conditioning on the steps in between with an all-false mask where
-    the model marginalizes masked steps exactly (``model.marginalizes_masked_steps``: HMMs,
-    AR, linear Gaussian state space models). No density estimate from samples is involved
-    for those.
+    computed by one of three routes, by model:
+
+    * masked steps (models with ``marginalizes_masked_steps``: HMMs with emissions that do
+      not read past values, `AR`, linear Gaussian state space models): the steps in
+      between are conditioned on with an all-false mask, which is exact marginalization;
+    * a closed-form mixture (models with ``h_step_marginals``: `LinearAutoregressiveHMM`,
+      `MarkovSwitchingAR`): the exact Gaussian mixture over regime paths;
+    * a Monte Carlo estimate (the neural models, whose emissions read their own past
+      nonlinearly): the conditional density averaged over ancestral paths of the steps in
+      between, an estimate with a standard error, not an exact value.
+
+    The joint density (``marginal=False``) is exact for every model.
 
     **Estimates.** A neural network reads a masked step as 0 plus an indicator (a model
     of data with gaps), so its h-step marginal has no closed form; for ``k >= 2`` it is

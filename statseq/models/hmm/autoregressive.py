@@ -14,13 +14,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import register_model
-from statseq.core.validation import check_positive_int, float_dtype
+from statseq.core.recurrence import filter as filter_sequences
+from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import gaussian_sum as gsum
 from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
+from statseq.inference.regime_paths import MAX_COMPONENTS, companion, regime_path_marginals
 from statseq.models.hmm.base import HMMBase, HMMCarry, HMMParams, _e_step
 from statseq.models.hmm.gaussian import (
     _check_min_variance,
@@ -145,6 +148,12 @@ class LinearAutoregressiveHMM(HMMBase):
     `statseq.fit_lbfgs` with such gaps); EM uses the conditional expectations of missing
     entries that are not lags of observed steps.
 
+    Forecast densities: a masked step is not marginalization here (later emissions read it
+    as a lag; ``marginalizes_masked_steps = False``), so the h-step marginals
+    ``p(y_{T+k} | y_{1:T})`` come from `h_step_marginals` / `predict_observations`: the
+    exact Gaussian mixture over the ``K^k`` state paths, which
+    `statseq.log_predictive_density` (``marginal=True``) and `statseq.backtest` use.
+
     Args:
         num_states: number of hidden states ``K``.
         emission_dim: ``D`` (event shape ``(D,)``).
@@ -179,7 +188,8 @@ class LinearAutoregressiveHMM(HMMBase):
     max_gap_components: int = 1024
     gap_capacity: int = dataclasses.field(default=0, repr=False)
 
-    #: a masked step is not simply skipped: later emissions read it as a lag
+    #: a masked step is not a marginalization (later emissions read it as a lag): h-step
+    #: marginals come from `h_step_marginals`
     marginalizes_masked_steps: ClassVar[bool] = False
 
     def __post_init__(self):
@@ -307,14 +317,123 @@ class LinearAutoregressiveHMM(HMMBase):
         scored = jnp.arange(y.shape[0]) >= self.num_lags
         return jnp.where(scored[:, None], ll, 0.0)
 
-    def predict_observations(self, params, y, *, num_steps, mask=None, inputs=None,
-                             future_inputs=None):
-        """Not available in closed form (future emissions depend on future values); use
-        `statseq.forecast`, which simulates through the lag window."""
-        raise NotImplementedError(
-            "LinearAutoregressiveHMM has no closed-form multi-step predictive (a mixture over "
-            "state paths of Gaussians through the lags); use statseq.forecast"
-        )
+    # ---- exact h-step predictives ------------------------------------------------------
+    def h_step_marginals(self, params: Any, carry: Any, inputs_future: ArrayLike, *,
+                         max_components: int = MAX_COMPONENTS) -> FiniteMixture:
+        """Exact marginal predictives ``p(y_{T+k} | y_{1:T})``, ``k = 1..h``, from a carry.
+
+        Along each state path ``z_{T+1:T+k}`` the future is a VAR(L) driven by Gaussian
+        noise, so with the lag vector ``s_t = [y_t; ...; y_{t-L+1}]`` in companion form
+        (``s_T`` known from the carry)
+
+            p(y_{T+k} | y_{1:T}) = sum_{z_{T+1:T+k}} p(z_{T+1:T+k} | y_{1:T})
+                                   N(y_{T+k}; m_k[:D], P_k[:D, :D]),
+            m_j = F_{z_{T+j}} m_{j-1} + c_{z_{T+j}},  P_j = F P_{j-1} F' + Q_{z_{T+j}},
+
+        the unobserved ``y_{T+1:T+k-1}`` entering the lags as Gaussian states
+        (`statseq.inference.regime_paths`); the path law is the filtered state law times
+        the transitions (``A(u_{T+j})`` when transitions read inputs). A mixture over
+        ``K^k`` paths at step ``k``, each with an ``(L D, L D)`` covariance: time
+        ``O(K^h (L D)^3)``, memory ``O(h K^h (L D)^2)``.
+
+        Args:
+            params: the model's parameters.
+            carry: the filter state after ``y_{1:T}`` (an `ARHMMCarry`, e.g.
+                ``ss.filter(...).final_carry``).
+            inputs_future: ``(h, input_dim)`` inputs of the steps ``T+1..T+h`` (``(h, 0)``
+                without inputs); ``h`` is read from its length.
+            max_components: refuse (``ValueError``) when ``K^h`` exceeds it.
+
+        Returns:
+            A `statseq.core.distributions.FiniteMixture` of ``MultivariateNormal``
+                components with batch shape ``(h,)`` and event shape ``(D,)``, padded to
+                ``K^h`` components with zero weight: ``log_prob``, ``mean``, ``variance``,
+                ``cdf``/``icdf`` (``D = 1``) and `statseq.core.distributions.marginal_cdf` are
+                exact.
+
+        Examples:
+            >>> import jax, jax.numpy as jnp, numpy as np, statseq as ss
+            >>> model = ss.LinearAutoregressiveHMM(num_states=2, emission_dim=1)
+            >>> y = np.cumsum(np.random.default_rng(0).normal(size=(30, 1)), axis=0)
+            >>> params = model.initialize(y, key=jax.random.key(0))
+            >>> carry = ss.filter(model, params, y).final_carry
+            >>> d = model.h_step_marginals(params, carry, jnp.zeros((3, 0)))
+            >>> d.batch_shape, d.event_shape, d.mixing_distribution.probs.shape
+            ((3,), (1,), (3, 8))
+        """
+        w, m, c = self._h_step_arrays(params, carry, inputs_future, max_components)
+        return FiniteMixture(dist.Categorical(probs=w),
+                             dist.MultivariateNormal(m, covariance_matrix=c))
+
+    def _h_step_arrays(self, params, carry, inputs_future, max_components):
+        em = params.emissions
+        k = self.num_states
+        u = jnp.asarray(inputs_future, em.biases.dtype)
+        probs = self._predicted(params, self._state(carry), u[0])
+        branch = jax.vmap(lambda u_t: self.transition_matrix(params, u_t))(u[1:])
+        f, c, q = companion(em.weights, em.biases, self.state_covariances(em))
+        return regime_path_marginals(
+            probs, branch, np.tile(np.arange(k), (k, 1)), f, c, q,
+            carry.lags.reshape(-1).astype(em.biases.dtype), obs_dim=self.emission_dim,
+            max_components=max_components)
+
+    def predict_observations(self, params: Any, y: ArrayLike, *, num_steps: int,
+                             mask: ArrayLike | None = None, inputs: ArrayLike | None = None,
+                             future_inputs: ArrayLike | None = None,
+                             max_components: int = MAX_COMPONENTS) -> FiniteMixture:
+        """Exact marginal predictive of each future ``y_{T+h}``: a Gaussian mixture over
+        state paths (`h_step_marginals` from the filter's final carry).
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T, D)`` histories; their last ``num_lags`` steps must be
+                fully observed (the lag window the forecast starts from).
+            num_steps: the horizon ``h``.
+            mask: optional observation mask.
+            inputs: ``batch_shape + (T, input_dim)`` when transitions read inputs.
+            future_inputs: ``(h, input_dim)`` inputs of the forecast steps (required when
+                ``input_dim > 0``; shared by every series of a batch).
+            max_components: refuse when ``K^h`` exceeds it.
+
+        Returns:
+            A `statseq.core.distributions.FiniteMixture` with batch shape
+                ``batch_shape + (num_steps,)`` and event shape ``(D,)``.
+
+        Examples:
+            >>> import jax, numpy as np, statseq as ss
+            >>> model = ss.LinearAutoregressiveHMM(num_states=2, emission_dim=1)
+            >>> y = np.cumsum(np.random.default_rng(0).normal(size=(30, 1)), axis=0)
+            >>> params = model.initialize(y, key=jax.random.key(0))
+            >>> d = model.predict_observations(params, y, num_steps=4)
+            >>> d.batch_shape, d.mean.shape
+            ((4,), (4, 1))
+        """
+        num_steps = check_positive_int(num_steps, "num_steps")
+        data = prepare_data(self, y, mask, inputs)
+        tail = np.asarray(data.mask)[:, -self.num_lags:]
+        if data.num_timesteps < self.num_lags or not tail.all():
+            raise ValueError(
+                f"predict_observations needs the last num_lags = {self.num_lags} steps of y "
+                "fully observed (they are the lag window the forecast starts from)")
+        if self.input_dim:
+            if future_inputs is None:
+                raise ValueError("this HMM has input-driven transitions: pass future_inputs")
+            u = np.asarray(future_inputs, float)
+            if u.shape != (num_steps, self.input_dim):
+                raise ValueError(f"future_inputs must have shape ({num_steps}, "
+                                 f"{self.input_dim}), got {u.shape}")
+        else:
+            u = np.zeros((num_steps, 0))
+        final = filter_sequences(self, params, y, mask=mask, inputs=inputs).final_carry
+        flat = jax.tree.map(lambda a: jnp.reshape(a, (-1,) + a.shape[len(data.batch_shape):]),
+                            final)
+        w, m, c = jax.vmap(lambda cr: self._h_step_arrays(params, cr, u, max_components))(flat)
+        shape = data.batch_shape + (num_steps,)
+        w = w.reshape(shape + w.shape[-1:])
+        m = m.reshape(shape + m.shape[-2:])
+        c = c.reshape(shape + c.shape[-3:])
+        return FiniteMixture(dist.Categorical(probs=w),
+                             dist.MultivariateNormal(m, covariance_matrix=c))
 
     # ---- missing lags: the exact Gaussian-sum filter ----------------------------------------
     def _capacity(self):

@@ -31,12 +31,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
+from statseq.core.distributions import FiniteMixture
 from statseq.core.model import SequenceModel, register_model
+from statseq.core.recurrence import filter as filter_sequences
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import gaussian_sum as gsum
 from statseq.inference import hmm as hmm_seq
+from statseq.inference.regime_paths import MAX_COMPONENTS, companion, regime_path_marginals
 from statseq.models.hmm.base import stationary_distribution
 from statseq.models.switching import _ms_ar_em
 
@@ -186,7 +190,10 @@ class MarkovSwitchingAR(SequenceModel):
     `statseq.log_prob`, `statseq.fit_lbfgs`,
     `statseq.fit_sgd` and `statseq.forecast` work through the generic filter
     (``predict``/``update``); `forecast_means` gives exact h-step means when ``phi`` does
-    not switch.
+    not switch, and `predict_observations` / `h_step_marginals` the exact h-step marginal
+    predictives (Gaussian mixtures over regime paths; `statseq.log_predictive_density`
+    with ``marginal=True`` and `statseq.backtest` use them, since a masked step is not
+    marginalization here: ``marginalizes_masked_steps = False``).
 
     Missing values: steps may be masked (their regime still moves). When a masked step is
     a lag of a later observed step, its value is, given the regime path since the gap
@@ -238,6 +245,10 @@ class MarkovSwitchingAR(SequenceModel):
     gap_capacity: int = dataclasses.field(default=0, repr=False)
 
     #: a masked step is not simply skipped: later steps read it as a lag
+    marginalizes_masked_steps: ClassVar[bool] = False
+
+    #: a masked step is not a marginalization (later steps read it as a lag): h-step
+    #: marginals come from `h_step_marginals`
     marginalizes_masked_steps: ClassVar[bool] = False
 
     def __post_init__(self):
@@ -687,6 +698,125 @@ class MarkovSwitchingAR(SequenceModel):
             raise ValueError(f"forecast_means needs at least order = {self.order} steps")
         out = _forecast_means(self, params, data.y, data.mask, num_steps)
         return jnp.reshape(out, data.batch_shape + (num_steps,))
+
+
+    # ---- exact h-step predictives ------------------------------------------------------
+    def h_step_marginals(self, params: Any, carry: Any, inputs_future: ArrayLike, *,
+                         max_components: int = MAX_COMPONENTS) -> FiniteMixture:
+        """Exact marginal predictives ``p(y_{T+k} | y_{1:T})``, ``k = 1..h``, from a carry.
+
+        Every expanded state ``x_t`` (``(s_t, ..., s_{t-p})`` with a switching mean in
+        Hamilton's form, else ``s_t``) makes ``y_t`` a Gaussian regression
+        ``a_x + phi_x . (y_{t-1}, ..., y_{t-p}) + sigma_x eps_t`` (`expanded_chain`), so along
+        a regime path the future is Gaussian with the unobserved ``y_{T+1:T+k-1}`` as
+        states of the companion form (``z = (y_t, ..., y_{t-p+1})``, ``z_T`` known):
+
+            p(y_{T+k} | y_{1:T}) = sum_{paths} p(path | y_{1:T}) N(y_{T+k}; m_k[0], P_k[0, 0]),
+            m_j = F_x m_{j-1} + a_x e_1,   P_j = F_x P_{j-1} F_x' + sigma_x^2 e_1 e_1',
+
+        the path law being the predicted expanded state at ``T + 1`` then ``P`` (each
+        path branches into the ``K`` regimes of the next step;
+        `statseq.inference.regime_paths`). ``M K^(k-1)`` components at step ``k``
+        (``M = num_expanded_states``: the paths of ``s`` over ``T-p+1..T+k``, or of
+        ``s_{T+1:T+k}`` without the expanded state), each with a ``(p, p)`` covariance.
+
+        Args:
+            params: the model's parameters.
+            carry: the filter state after ``y_{1:T}`` (an `MSARCarry`).
+            inputs_future: ``(h, 0)`` (the model takes no inputs); ``h`` is its length.
+            max_components: refuse (``ValueError``) when ``M K^(h-1)`` exceeds it.
+
+        Returns:
+            A `statseq.core.distributions.FiniteMixture` of ``Normal`` components with
+                batch shape ``(h,)``, padded with zero weight to ``M K^(h-1)`` components:
+                ``log_prob``, ``cdf``, ``icdf``, ``mean`` and ``variance`` are exact.
+
+        Examples:
+            >>> import jax.numpy as jnp, statseq as ss
+            >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+            >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+            ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]),
+            ...                        jnp.array(0.3))
+            >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+            >>> carry = ss.filter(model, params, y).final_carry
+            >>> d = model.h_step_marginals(params, carry, jnp.zeros((3, 0)))
+            >>> d.batch_shape, d.mixing_distribution.probs.shape    # 4 x 2^2 paths
+            ((3,), (3, 16))
+        """
+        w, m, c = self._h_step_arrays(params, carry, inputs_future, max_components)
+        return FiniteMixture(dist.Categorical(probs=w), dist.Normal(m[..., 0],
+                                                                      jnp.sqrt(c[..., 0, 0])))
+
+    def _h_step_arrays(self, params, carry, inputs_future, max_components):
+        _, a_m, a, phi, var = self.expanded_chain(params)
+        k = self.num_regimes
+        horizon = int(np.shape(inputs_future)[0])
+        cols = self.expanded_regimes()
+        now = cols[:, 0]
+        if self.expanded:  # (a_0, ..., a_p) --b--> (b, a_0, ..., a_{p-1})
+            index = {tuple(r): i for i, r in enumerate(cols.tolist())}
+            succ = np.array([[index[(b,) + tuple(r[:-1])] for b in range(k)]
+                             for r in cols.tolist()])
+        else:
+            succ = np.tile(np.arange(k), (cols.shape[0], 1))
+        branch = jnp.broadcast_to(params.transitions[now], (horizon - 1, cols.shape[0], k))
+        f, c, q = companion(phi[:, None, :], a[:, None], var[:, None, None])
+        return regime_path_marginals(self._predicted(a_m, carry), branch, succ, f, c, q,
+                                     carry.lags.astype(a.dtype), obs_dim=1,
+                                     max_components=max_components)
+
+    def predict_observations(self, params: Any, y: ArrayLike, *, num_steps: int,
+                             mask: ArrayLike | None = None, inputs: ArrayLike | None = None,
+                             future_inputs: ArrayLike | None = None,
+                             max_components: int = MAX_COMPONENTS) -> FiniteMixture:
+        """Exact marginal predictive of each future ``y_{T+h}``: a Gaussian mixture over
+        regime paths (`h_step_marginals` from the filter's final carry).
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,)`` histories whose last ``p`` values are observed.
+            num_steps: the horizon ``h``.
+            mask: optional observation mask.
+            inputs: must be None (the model takes no inputs).
+            future_inputs: must be None.
+            max_components: refuse when ``M K^(h-1)`` exceeds it.
+
+        Returns:
+            A `statseq.core.distributions.FiniteMixture` with batch shape
+                ``batch_shape + (num_steps,)``.
+
+        Examples:
+            >>> import jax.numpy as jnp, statseq as ss
+            >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+            >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+            ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]),
+            ...                        jnp.array(0.3))
+            >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+            >>> d = model.predict_observations(params, y, num_steps=3)
+            >>> d.batch_shape, round(float(d.icdf(0.5)[0]), 3)      # the median of y_{T+1}
+            ((3,), 0.975)
+            >>> bool(jnp.allclose(d.mean, model.forecast_means(params, y, num_steps=3)))
+            True
+        """
+        num_steps = check_positive_int(num_steps, "num_steps")
+        if inputs is not None or future_inputs is not None:
+            raise ValueError("MarkovSwitchingAR takes no inputs: leave inputs and "
+                             "future_inputs None")
+        data = self._prepare(params, y, mask)
+        if data.num_timesteps < self.order or not np.asarray(data.mask)[
+                :, -self.order:].all():
+            raise ValueError(
+                f"predict_observations needs the last order = {self.order} values of y "
+                "observed (they are the lag window the forecast starts from)")
+        final = filter_sequences(self, params, y, mask=mask).final_carry
+        flat = jax.tree.map(lambda a: jnp.reshape(a, (-1,) + a.shape[len(data.batch_shape):]),
+                            final)
+        u = np.zeros((num_steps, 0))
+        w, m, c = jax.vmap(lambda cr: self._h_step_arrays(params, cr, u, max_components))(flat)
+        shape = data.batch_shape + (num_steps,)
+        return FiniteMixture(dist.Categorical(probs=w.reshape(shape + w.shape[-1:])),
+                             dist.Normal(m[..., 0].reshape(shape + w.shape[-1:]),
+                                         jnp.sqrt(c[..., 0, 0]).reshape(shape + w.shape[-1:])))
 
 
 def _reshape(tree, batch_shape):
