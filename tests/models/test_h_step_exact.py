@@ -165,7 +165,7 @@ def test_arhmm_two_dims_against_monte_carlo_and_dense_var():
         rtol=0, atol=1e-10)
     # per dimension: the marginal of one coordinate (backtest's per-dim route)
     mask = np.ones((54 + h, 2), bool)
-    lps, lps_d, _ = origin_forecasts(var, vp, jnp.asarray(y[:54 + h]), jnp.asarray(mask),
+    lps, lps_d, _, _ = origin_forecasts(var, vp, jnp.asarray(y[:54 + h]), jnp.asarray(mask),
                                      jnp.zeros((54 + h, 0)), jnp.array([54]), None,
                                      horizon=h, stacked=False, per_dim=True, sample=False)
     sd = np.sqrt(np.array([np.diag(g @ noise @ g.T) for g in maps]))
