@@ -9,7 +9,7 @@ import numpy as np
 
 from statseq.core.params import num_free_params
 from statseq.core.recurrence import filter as _filter
-from statseq.core.validation import _merge_nan_mask, is_pandas, pandas_values, prepare_data
+from statseq.core.validation import canonical_values, prepare_data
 
 
 def num_params(model, trainable=None) -> int:
@@ -114,14 +114,10 @@ def log_score(model, params, y_train, y_test, *, mask_train=None, mask_test=None
         >>> bool(abs(s - float(f[100:].sum())) < 1e-3)
         True
     """
-    event_ndim = len(model.event_shape)
-    if is_pandas(y_train):
-        y_train = pandas_values(y_train, event_ndim, "y_train")[0]
-        mask_train = _merge_nan_mask(y_train, mask_train, event_ndim)
-    if is_pandas(y_test):
-        y_test = pandas_values(y_test, event_ndim, "y_test")[0]
-        mask_test = _merge_nan_mask(y_test, mask_test, event_ndim)
-    y_train, y_test = np.asarray(y_train), np.asarray(y_test)
+    # one input convention (statseq.core.validation.accepted_shapes): pandas NaN are masked,
+    # a 1-D series of a (1,)-vector model gets its trailing axis
+    y_train, mask_train = canonical_values(model, y_train, mask_train, "y_train")
+    y_test, mask_test = canonical_values(model, y_test, mask_test, "y_test")
     time_axis = y_train.ndim - 1 - len(model.event_shape)
     if time_axis < 0 or y_test.ndim != y_train.ndim:
         raise ValueError(
