@@ -154,8 +154,9 @@ def _canonical_shape(y, model, name: str):
                          f"{accepted_shapes(model)}")
     if event_ndim and shape[len(shape) - event_ndim:] != event_shape:
         raise ValueError(
-            f"{name} has observations of shape {shape[len(shape) - event_ndim:]}, but {what} "
-            f"expects {event_shape} (emission_dim). Accepted: {accepted_shapes(model)}")
+            f"{name} has shape {shape}: observations of shape "
+            f"{shape[len(shape) - event_ndim:]}, but {what} expects {event_shape} "
+            f"(emission_dim). Accepted: {accepted_shapes(model)}")
     return y
 
 
