@@ -115,6 +115,12 @@ def accepted_shapes(model) -> str:
     * for ``D``-vectors (``event_shape == (D,)``, ``D > 1``): ``(num_timesteps, D)`` or a
       ``D``-column ``DataFrame``; ``(num_sequences, num_timesteps, D)`` a batch.
 
+    Args:
+        model: a statseq model (its ``event_shape`` decides).
+
+    Returns:
+        The accepted shapes in words, as shape errors quote them after ``Accepted:``.
+
     Examples:
         >>> import statseq as ss
         >>> accepted_shapes(ss.GaussianHMM(num_states=2)).split(" for ")[0]
@@ -150,8 +156,9 @@ def _canonical_shape(y, model, name: str):
             f"step. Accepted: {accepted_shapes(model)}. Pass y[..., 0] for a series of "
             f"{shape[-2]} steps")
     if len(shape) < 1 + event_ndim:
-        raise ValueError(f"{name} has shape {shape}, not accepted by {what}. Accepted: "
-                         f"{accepted_shapes(model)}")
+        canonical = ", ".join(("..., num_timesteps",) + tuple(map(str, event_shape)))
+        raise ValueError(f"{name} must have shape ({canonical}) for {what}; got shape "
+                         f"{shape}. Accepted: {accepted_shapes(model)}")
     if event_ndim and shape[len(shape) - event_ndim:] != event_shape:
         raise ValueError(
             f"{name} has shape {shape}: observations of shape "
@@ -165,6 +172,15 @@ def canonical_values(model, y, mask=None, name: str = "y"):
     (num_timesteps,) + model.event_shape`` (`accepted_shapes`), with a pandas object's
     ``NaN`` merged into ``mask``; for entry points that slice or concatenate ``y`` before
     `prepare_data` checks it, so that they follow the same convention.
+
+    Args:
+        model: a statseq model.
+        y: the data: an array, a list or a pandas ``Series``/``DataFrame``.
+        mask: an optional observation mask (``NaN`` of a pandas ``y`` are added to it).
+        name: the argument's name, for error messages.
+
+    Returns:
+        ``(values, mask)``; a ``ValueError`` naming the accepted shapes if ``y`` has none.
 
     Examples:
         >>> import numpy as np, statseq as ss

@@ -13,12 +13,21 @@ from statseq.core.validation import canonical_values, prepare_data
 
 
 def num_params(model, trainable=None) -> int:
-    """Number of free parameters ``k`` (unconstrained scalars of the trainable leaves).
+    """Number of identified free parameters ``k`` among the trainable leaves.
+
+    The unconstrained scalars of the trainable leaves less the model's exact invariances
+    (`statseq.num_free_params`): a softmax regression counts ``K - 1`` of its ``K`` logit
+    rows, as a simplex counts ``K - 1`` entries, so input-driven HMM transitions with ``K
+    = 2`` states and one input count 4 of their 8 logits; a linear Gaussian state space
+    model does not count the change of basis and origin of its state. This is the ``k``
+    of `information_criteria` and `statseq.summary`.
 
     Examples:
         >>> import statseq as ss
         >>> ss.num_params(ss.LocalLinearTrend())           # three variances
         3
+        >>> ss.num_params(ss.PoissonHMM(num_states=2, input_dim=1))  # 1 + 4 + 2 rates
+        7
     """
     return num_free_params(model, trainable)
 
@@ -45,8 +54,9 @@ def information_criteria(model, params, y, *, mask=None, inputs=None, trainable=
 
         AIC = -2 log L + 2 k,        BIC = -2 log L + k log n,
 
-    where ``k`` is `num_params` and ``n`` the number of scalar observations that are
-    scored in the likelihood (for a conditional AR(p), the first ``p`` are not).
+    where ``k`` is `num_params` (identified parameters: redundant softmax logits are not
+    counted) and ``n`` the number of scalar observations that are scored in the likelihood
+    (for a conditional AR(p), the first ``p`` are not).
 
     Returns:
         ``{"log_lik", "num_params", "num_obs", "aic", "bic"}``.
