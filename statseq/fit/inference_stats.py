@@ -284,7 +284,9 @@ class Summary:
         log_lik: ``log p(y | params)``.
         log_prior: ``log p(params)`` when priors were given, else ``None``.
         num_obs: scored scalar observations ``n``.
-        num_params: free parameters ``k``.
+        num_params: identified free parameters ``k`` (`statseq.num_params`: the free
+            scalars less the model's exact invariances, e.g. a softmax row's redundant
+            logit).
         aic, bic: ``-2 log L + 2 k`` and ``-2 log L + k log n``.
         method: the fitting method of the `~statseq.FitResult`, if one was given.
         converged: whether that fit converged.
