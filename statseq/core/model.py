@@ -172,6 +172,23 @@ class SequenceModel(abc.ABC):
         """
         return 0
 
+    def num_redundant_params(self, free) -> int:
+        """Exact invariances among the free parameters (default 0).
+
+        The number of independent directions of the unconstrained parameters along which
+        the likelihood of *every* data set is constant (a constant added to one row of
+        softmax logits, a change of basis of a state space model's latent state), counted
+        only where every entry the invariance moves is free. `statseq.num_free_params`
+        subtracts it, so that ``num_params`` counts identified parameters (as a simplex of
+        ``K`` entries counts ``K - 1``).
+
+        Args:
+            free: a pytree like the params whose leaves are ``True``/``False`` (a whole leaf
+                free or frozen) or boolean arrays of the leaf's shape (its free entries).
+        """
+        del free
+        return 0
+
     def validate_data(self, y, mask) -> None:  # noqa: B027 - optional hook
         """Model-specific checks on observed values (e.g. counts are non-negative)."""
         del y, mask

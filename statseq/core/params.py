@@ -331,12 +331,26 @@ def param_names(model) -> list[str]:
     return _leaf_names(model.param_shapes(), is_shape)
 
 
+def all_free(flag) -> bool:
+    """Whether a ``trainable`` leaf (a bool or a boolean array of free entries) is all free."""
+    return bool(np.all(np.asarray(flag, bool)))
+
+
 def num_free_params(model, trainable=None) -> int:
-    """Number of free (unconstrained) scalars among the trainable leaves.
+    """Number of identified free parameters among the trainable leaves.
 
     A ``(D, D)`` covariance counts ``D (D + 1) / 2``, a simplex of ``K`` entries ``K - 1``.
     A boolean-array leaf of ``trainable`` counts its free entries (for a covariance, those
     on and below the diagonal); ties are not seen here (see `statseq.core.restrict`).
+    Exact invariances of the likelihood are then subtracted
+    (`statseq.SequenceModel.num_redundant_params`): a softmax regression (input-driven
+    HMM transitions, a neural categorical head) counts ``K - 1`` rows of its ``K`` logit
+    rows, as a simplex counts ``K - 1`` entries; a linear Gaussian state space model does
+    not count the ``n^2 + n`` parameters of a change of basis and origin of its latent
+    state. The count is then the rank of the Jacobian of the per-step log-likelihoods
+    with respect to the unconstrained parameters, for generic parameters and data, for
+    every model but the neural networks, whose further weight symmetries are not
+    subtracted (the count is an upper bound on that rank; see docs/design.md).
 
     Examples:
         >>> import jax, statseq as ss
@@ -346,6 +360,9 @@ def num_free_params(model, trainable=None) -> int:
         >>> frozen = jax.tree.map(lambda _: True, model.default_params())._replace(cov=False)
         >>> ss.num_free_params(model, trainable=frozen)
         3
+        >>> hmm = ss.PoissonHMM(num_states=2, input_dim=1)  # 1 + (8 - 4) + 2 rates
+        >>> ss.num_free_params(hmm)
+        7
     """
     shapes, tree = jax.tree.flatten(model.param_shapes(), is_leaf=is_shape)
     cons = jax.tree.leaves(model.param_constraints(), is_leaf=_is_constraint)
@@ -353,7 +370,7 @@ def num_free_params(model, trainable=None) -> int:
         flags = [True] * len(shapes)
     else:
         flags = list(tree.flatten_up_to(trainable))
-    total = 0
+    total = -model.num_redundant_params(jax.tree.unflatten(tree, flags))
     for shape, con, flag in zip(shapes, cons, flags, strict=True):
         if not isinstance(flag, bool | np.bool_):  # a per-entry mask (statseq.core.restrict)
             mask = np.asarray(flag, bool)

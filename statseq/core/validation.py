@@ -55,9 +55,11 @@ def is_pandas(x) -> bool:
 def pandas_values(y, event_ndim: int | None = None, name: str = "y"):
     """The values of a pandas ``Series``/``DataFrame`` as a NumPy array, with its index.
 
-    A ``Series`` is one scalar series, ``(num_timesteps,)``; a ``DataFrame`` is one vector
+    A ``Series`` is one scalar series, ``(num_timesteps,)`` (``(num_timesteps, 1)`` when
+    ``event_ndim == 1``: a model of one-dimensional vectors); a ``DataFrame`` is one vector
     series, ``(num_timesteps, num_columns)`` (columns are emission dimensions), squeezed to
     ``(num_timesteps,)`` when it has one column and ``event_ndim == 0`` (a scalar model).
+    These are the rules of `accepted_shapes` (one input convention for every model).
     Missing values (``NaN``, ``None``, ``pd.NA``) come back as ``NaN``. Anything that is
     not a pandas object is returned unchanged with index ``None``.
 
@@ -73,6 +75,9 @@ def pandas_values(y, event_ndim: int | None = None, name: str = "y"):
         return y, None, None
     check_time_index(y.index, name)
     columns = getattr(y, "columns", None)
+    if columns is None and event_ndim == 1:  # a Series for a model of (1,)-vectors
+        y = y.to_frame()
+        columns = y.columns
     if columns is not None and event_ndim == 0:
         if len(columns) != 1:
             raise ValueError(
@@ -89,6 +94,107 @@ def pandas_values(y, event_ndim: int | None = None, name: str = "y"):
         except (TypeError, ValueError) as err:
             raise TypeError(f"{name} must hold numbers; got dtype {y.dtypes}") from err
     return values, y.index, columns
+
+
+def accepted_shapes(model) -> str:
+    """The shapes of ``y`` that ``model`` accepts, in words (for error messages).
+
+    The one input convention of statseq: ``y`` is ``batch_shape + (num_timesteps,) +
+    model.event_shape``, and
+
+    * for a scalar model (``event_shape == ()``): ``(num_timesteps,)``, a pandas
+      ``Series`` or a one-column ``DataFrame`` is one series; ``(num_sequences,
+      num_timesteps)`` a batch. A NumPy ``(n, 1)`` array with ``n > 1`` is refused: it
+      would be ``n`` sequences of one step under the batch convention, but is more often a
+      column vector meant as one series (pass ``y[:, 0]``);
+    * for a model of one-dimensional vectors (``event_shape == (1,)``, e.g.
+      ``GaussianHMM(emission_dim=1)``): ``(num_timesteps,)`` and a ``Series`` are one
+      series, read as ``(num_timesteps, 1)``; ``(num_sequences, num_timesteps, 1)`` a
+      batch (a 2-D ``(n, m)`` array with ``m > 1`` is refused: one series has a trailing
+      axis of 1);
+    * for ``D``-vectors (``event_shape == (D,)``, ``D > 1``): ``(num_timesteps, D)`` or a
+      ``D``-column ``DataFrame``; ``(num_sequences, num_timesteps, D)`` a batch.
+
+    Args:
+        model: a statseq model (its ``event_shape`` decides).
+
+    Returns:
+        The accepted shapes in words, as shape errors quote them after ``Accepted:``.
+
+    Examples:
+        >>> import statseq as ss
+        >>> accepted_shapes(ss.GaussianHMM(num_states=2)).split(" for ")[0]
+        '(num_timesteps,) or (num_timesteps, 1)'
+        >>> accepted_shapes(ss.AR(order=1)).split(" for ")[0]
+        '(num_timesteps,)'
+    """
+    event_shape = tuple(model.event_shape)
+    if event_shape == ():
+        return ("(num_timesteps,) for one series (a pandas Series or one-column DataFrame "
+                "is one series), (num_sequences, num_timesteps) for a batch")
+    if event_shape == (1,):
+        return ("(num_timesteps,) or (num_timesteps, 1) for one series (a pandas Series is "
+                "one series), (num_sequences, num_timesteps, 1) for a batch")
+    ev = ", ".join(map(str, event_shape))
+    return (f"(num_timesteps, {ev}) for one series (a DataFrame with columns as the "
+            f"emission dimensions), (num_sequences, num_timesteps, {ev}) for a batch")
+
+
+def _canonical_shape(y, model, name: str):
+    """``y`` (an array or tracer) in the canonical shape ``batch + (T,) + event_shape``,
+    or a ``ValueError`` naming `accepted_shapes`: one rule for every model and entry point."""
+    event_shape = tuple(model.event_shape)
+    event_ndim = len(event_shape)
+    shape = tuple(y.shape)
+    what = f"{type(model).__name__} (event shape {event_shape})"
+    if event_shape == (1,) and len(shape) == 1:
+        return y[:, None]  # one series of scalars, for a model of (1,)-vectors
+    if event_ndim == 0 and len(shape) >= 2 and shape[-1] == 1 and shape[-2] > 1:
+        raise ValueError(
+            f"{name} has shape {shape}, which is ambiguous: {what} describes a scalar "
+            f"series, and under the batch convention this is {shape[-2]} sequences of one "
+            f"step. Accepted: {accepted_shapes(model)}. Pass y[..., 0] for a series of "
+            f"{shape[-2]} steps")
+    if len(shape) < 1 + event_ndim:
+        canonical = ", ".join(("..., num_timesteps",) + tuple(map(str, event_shape)))
+        raise ValueError(f"{name} must have shape ({canonical}) for {what}; got shape "
+                         f"{shape}. Accepted: {accepted_shapes(model)}")
+    if event_ndim and shape[len(shape) - event_ndim:] != event_shape:
+        raise ValueError(
+            f"{name} has shape {shape}: observations of shape "
+            f"{shape[len(shape) - event_ndim:]}, but {what} expects {event_shape} "
+            f"(emission_dim). Accepted: {accepted_shapes(model)}")
+    return y
+
+
+def canonical_values(model, y, mask=None, name: str = "y"):
+    """``(values, mask)``: ``y`` as a NumPy array in the canonical shape ``batch_shape +
+    (num_timesteps,) + model.event_shape`` (`accepted_shapes`), with a pandas object's
+    ``NaN`` merged into ``mask``; for entry points that slice or concatenate ``y`` before
+    `prepare_data` checks it, so that they follow the same convention.
+
+    Args:
+        model: a statseq model.
+        y: the data: an array, a list or a pandas ``Series``/``DataFrame``.
+        mask: an optional observation mask (``NaN`` of a pandas ``y`` are added to it).
+        name: the argument's name, for error messages.
+
+    Returns:
+        ``(values, mask)``; a ``ValueError`` naming the accepted shapes if ``y`` has none.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> canonical_values(ss.GaussianHMM(num_states=2), np.zeros(5))[0].shape
+        (5, 1)
+    """
+    event_ndim = len(model.event_shape)
+    if is_pandas(y):
+        y = pandas_values(y, event_ndim, name)[0]
+        mask = _merge_nan_mask(y, mask, event_ndim)
+    y = _as_array(y, name)
+    if not _is_tracer(y):
+        y = np.asarray(y)
+    return _canonical_shape(y, model, name), mask
 
 
 def check_time_index(index, name: str = "y") -> None:
@@ -245,24 +351,7 @@ def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
                         "of a vector model)")
     if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
         raise TypeError(f"{name} must be numeric, got dtype {y.dtype}")
-    if event_ndim == 0 and y.ndim >= 2 and y.shape[-1] == 1 and y.shape[-2] > 1:
-        raise ValueError(
-            f"{name} has shape {tuple(y.shape)}: {type(model).__name__} describes a scalar "
-            f"series, so y must have shape (num_timesteps,) or (num_sequences, "
-            f"num_timesteps); a trailing axis of length 1 would be read as "
-            f"{y.shape[-2]} sequences of one step. Pass y[..., 0] for a series of "
-            f"{y.shape[-2]} steps")
-    if y.ndim < 1 + event_ndim:
-        raise ValueError(
-            f"{name} must have shape (..., num_timesteps{', ' if event_shape else ''}"
-            f"{', '.join(map(str, event_shape))}) for {type(model).__name__}; "
-            f"got shape {tuple(y.shape)}"
-        )
-    if event_ndim and tuple(y.shape[-event_ndim:]) != event_shape:
-        raise ValueError(
-            f"{name} has observations of shape {tuple(y.shape[-event_ndim:])}, but "
-            f"{type(model).__name__} expects {event_shape} (emission_dim)"
-        )
+    y = _canonical_shape(y, model, name)
     batch_shape = tuple(y.shape[: y.ndim - 1 - event_ndim])
     num_timesteps = int(y.shape[y.ndim - 1 - event_ndim])
     if num_timesteps < 1:

@@ -9,16 +9,25 @@ import numpy as np
 
 from statseq.core.params import num_free_params
 from statseq.core.recurrence import filter as _filter
-from statseq.core.validation import _merge_nan_mask, is_pandas, pandas_values, prepare_data
+from statseq.core.validation import canonical_values, prepare_data
 
 
 def num_params(model, trainable=None) -> int:
-    """Number of free parameters ``k`` (unconstrained scalars of the trainable leaves).
+    """Number of identified free parameters ``k`` among the trainable leaves.
+
+    The unconstrained scalars of the trainable leaves less the model's exact invariances
+    (`statseq.num_free_params`): a softmax regression counts ``K - 1`` of its ``K`` logit
+    rows, as a simplex counts ``K - 1`` entries, so input-driven HMM transitions with ``K
+    = 2`` states and one input count 4 of their 8 logits; a linear Gaussian state space
+    model does not count the change of basis and origin of its state. This is the ``k``
+    of `information_criteria` and `statseq.summary`.
 
     Examples:
         >>> import statseq as ss
         >>> ss.num_params(ss.LocalLinearTrend())           # three variances
         3
+        >>> ss.num_params(ss.PoissonHMM(num_states=2, input_dim=1))  # 1 + 4 + 2 rates
+        7
     """
     return num_free_params(model, trainable)
 
@@ -45,8 +54,9 @@ def information_criteria(model, params, y, *, mask=None, inputs=None, trainable=
 
         AIC = -2 log L + 2 k,        BIC = -2 log L + k log n,
 
-    where ``k`` is `num_params` and ``n`` the number of scalar observations that are
-    scored in the likelihood (for a conditional AR(p), the first ``p`` are not).
+    where ``k`` is `num_params` (identified parameters: redundant softmax logits are not
+    counted) and ``n`` the number of scalar observations that are scored in the likelihood
+    (for a conditional AR(p), the first ``p`` are not).
 
     Returns:
         ``{"log_lik", "num_params", "num_obs", "aic", "bic"}``.
@@ -114,14 +124,10 @@ def log_score(model, params, y_train, y_test, *, mask_train=None, mask_test=None
         >>> bool(abs(s - float(f[100:].sum())) < 1e-3)
         True
     """
-    event_ndim = len(model.event_shape)
-    if is_pandas(y_train):
-        y_train = pandas_values(y_train, event_ndim, "y_train")[0]
-        mask_train = _merge_nan_mask(y_train, mask_train, event_ndim)
-    if is_pandas(y_test):
-        y_test = pandas_values(y_test, event_ndim, "y_test")[0]
-        mask_test = _merge_nan_mask(y_test, mask_test, event_ndim)
-    y_train, y_test = np.asarray(y_train), np.asarray(y_test)
+    # one input convention (statseq.core.validation.accepted_shapes): pandas NaN are masked,
+    # a 1-D series of a (1,)-vector model gets its trailing axis
+    y_train, mask_train = canonical_values(model, y_train, mask_train, "y_train")
+    y_test, mask_test = canonical_values(model, y_test, mask_test, "y_test")
     time_axis = y_train.ndim - 1 - len(model.event_shape)
     if time_axis < 0 or y_test.ndim != y_train.ndim:
         raise ValueError(

@@ -21,6 +21,7 @@ import numpy as np
 from statseq.core.params import validate_params
 from statseq.core.validation import (
     _merge_nan_mask,
+    canonical_values,
     check_positive_int,
     is_pandas,
     pandas_values,
@@ -409,7 +410,7 @@ def log_predictive_density(model, params, y_train, y_test, *, marginal: bool = F
         if is_pandas(y):
             y = pandas_values(y, event_ndim, name)[0]
             m = _merge_nan_mask(y, m, event_ndim)
-        y = np.asarray(y)
+        y = canonical_values(model, y, None, name)[0]  # one input convention
         if y.ndim != 1 + event_ndim:
             raise ValueError(f"{name} must be one series of shape (num_timesteps,) + "
                              f"{tuple(model.event_shape)}; got {y.shape}")

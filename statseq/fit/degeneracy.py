@@ -162,7 +162,8 @@ def spurious_states(model: Any, params: Any, y: Any, *, mask: Any = None, inputs
     covs = state_covariances(model, params)
     if covs is None:
         return None
-    require_observed(prepare_data(model, y, mask, inputs), "spurious_states")
+    data = prepare_data(model, y, mask, inputs)  # the canonical shapes (one convention)
+    require_observed(data, "spurious_states")
     d = covs.shape[-1]
     threshold = max(float(d + 1), min_occupancy)
     kwargs = {"mask": mask}
@@ -171,7 +172,7 @@ def spurious_states(model: Any, params: Any, y: Any, *, mask: Any = None, inputs
     post = model.smoother(params, y, **kwargs)
     probs = np.asarray(post.smoothed_probs, np.float64)
     occupancy = probs.reshape(-1, probs.shape[-1]).sum(0)
-    inv = 1.0 / np.sqrt(_data_scales(model, y, mask))
+    inv = 1.0 / np.sqrt(_data_scales(model, np.asarray(data.y), np.asarray(data.mask)))
     scaled = covs * inv[:, None] * inv[None, :]
     ratio = np.linalg.eigvalsh(0.5 * (scaled + np.swapaxes(scaled, -1, -2)))[:, 0]
     spurious = (occupancy < threshold) | (ratio < min_variance_ratio)

@@ -32,6 +32,7 @@ from numpyro.distributions import constraints
 from statseq.core.params import (
     log_prior,
     param_names,
+    params_treedef,
     validate_params,
     validate_priors,
 )
@@ -283,7 +284,9 @@ class Summary:
         log_lik: ``log p(y | params)``.
         log_prior: ``log p(params)`` when priors were given, else ``None``.
         num_obs: scored scalar observations ``n``.
-        num_params: free parameters ``k``.
+        num_params: identified free parameters ``k`` (`statseq.num_params`: the free
+            scalars less the model's exact invariances, e.g. a softmax row's redundant
+            logit).
         aic, bic: ``-2 log L + 2 k`` and ``-2 log L + k log n``.
         method: the fitting method of the `~statseq.FitResult`, if one was given.
         converged: whether that fit converged.
@@ -450,7 +453,10 @@ def summary(model, params, y, *, mask=None, inputs=None, trainable=None, priors=
     )
     restriction, _ = restrict(model, params, trainable, ties)
     crit = information_criteria(model, params, y, mask=mask, inputs=inputs)
-    k = restriction.num_free
+    # identified parameters: the free scalars less the model's exact invariances among
+    # them (a softmax regression's K-th row, statseq.num_free_params)
+    k = restriction.num_free - model.num_redundant_params(
+        jax.tree.unflatten(params_treedef(model), restriction.free_mask()))
     crit.update(num_params=k, aic=-2.0 * crit["log_lik"] + 2.0 * k,
                 bic=-2.0 * crit["log_lik"] + k * math.log(max(crit["num_obs"], 1)))
     free_flat = np.concatenate([np.ravel(m) for m in restriction.free_mask()])

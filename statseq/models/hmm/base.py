@@ -203,6 +203,22 @@ class HMMBase(SequenceModel):
         initial = constraints.simplex if self.initial == "free" else None
         return HMMParams(initial, transitions, self.emission_constraints())
 
+    def num_redundant_params(self, free) -> int:
+        """Input-driven transitions are a softmax regression per row ``i``: adding a
+        constant to ``bias[i, :]`` (or to ``weights[i, :, m]``) leaves ``A_t[i, :]``
+        unchanged, so each fully free group counts ``K - 1`` entries, not ``K``: ``K (1 +
+        input_dim)`` redundant parameters (``K = 2``, one input: 8 logits, 4 identified).
+        """
+        if not self.input_dim:
+            return 0
+        from statseq.core.params import all_free
+
+        k, flags = self.num_states, free.transitions
+        bias = np.broadcast_to(np.asarray(flags.bias, bool), (k, k))
+        weights = np.broadcast_to(np.asarray(flags.weights, bool), (k, k, self.input_dim))
+        return sum(all_free(bias[i]) for i in range(k)) + sum(
+            all_free(weights[i, :, j]) for i in range(k) for j in range(self.input_dim))
+
     def initial_probs(self, params):
         """``p(z_1)``: the free initial law, or the stationary law of the transitions."""
         if self.initial == "stationary":

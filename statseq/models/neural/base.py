@@ -247,6 +247,22 @@ class NeuralSequenceModel(SequenceModel):
     def validate_data(self, y, mask) -> None:
         self.head.validate(y, mask)
 
+    def num_redundant_params(self, free) -> int:
+        """A categorical head is a softmax regression ``softmax(W h + b)`` on the features:
+        adding a constant to ``b`` (or to one column of ``W``) changes no probability, so a
+        fully free bias and each fully free column count ``C - 1`` entries: ``F + 1``
+        redundant parameters. The networks' other weight symmetries are not subtracted
+        (see `statseq.num_free_params`)."""
+        from statseq.core.params import all_free
+
+        if self.head.observation_dtype != "category" or self.emission != "categorical":
+            return 0
+        flags = free.head
+        weight = np.broadcast_to(np.asarray(flags.weight, bool),
+                                 (self.head.num_outputs, self.feature_dim))
+        return int(all_free(flags.bias)) + sum(
+            all_free(weight[:, j]) for j in range(self.feature_dim))
+
     def initialize(self, y, *, key, inputs=None, mask=None) -> NeuralParams:
         """Random backbone weights; head bias from the data (mean and log-scale, log mean
         count, logits of frequencies), small random readout weights.

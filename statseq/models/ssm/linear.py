@@ -123,6 +123,34 @@ class LinearGaussianSSM(GaussianSSMBase):
         """Leading axes of (dynamics, emission) leaves: none for a fixed model."""
         return (), ()
 
+    def num_redundant_params(self, free) -> int:
+        """The latent state's basis and origin are not identified: ``x_t -> S x_t + c``
+        (``S`` invertible) maps ``(m, P, F, B, b, Q, H, d)`` to ``(S m + c, S P S^T, S F
+        S^{-1}, S B, S b + (I - S F S^{-1}) c, S Q S^T, H S^{-1}, d - H S^{-1} c)`` with the
+        same likelihood: ``n^2`` redundant parameters (``S``) when those leaves are all free
+        (``n^2 - 1`` under a diffuse initial law, whose likelihood depends on ``det S``)
+        and ``n`` (``c``) when ``b``, ``d`` (and ``m``) are. With time-varying matrices
+        ``S_t`` and ``c_t`` vary per step: ``T (n^2 + n)`` (less 1 when diffuse); such a
+        model has further, structural non-identifiability (the Jacobian test measured
+        ``n^2 + n`` more), so its count is an upper bound, as it is when a group's leaves
+        are partly frozen (nothing is subtracted for that group)."""
+        from statseq.core.params import all_free
+
+        n, t_len = self.state_dim, self._leading()[1]
+        steps = t_len[0] if t_len else 1
+        f = free
+        initial = () if self.initial != "free" else (f.initial_mean, f.initial_cov)
+        scale_leaves = initial + (f.dynamics_weights, f.dynamics_bias, f.dynamics_cov,
+                                  f.emission_weights) + (
+            (f.dynamics_input_weights,) if self.input_dim else ())
+        shift_leaves = initial[:1] + (f.dynamics_bias, f.emission_bias)
+        total = 0
+        if all(map(all_free, scale_leaves)):
+            total += steps * n * n - (self.initial == "diffuse")
+        if all(map(all_free, shift_leaves)):
+            total += steps * n
+        return total
+
     def param_shapes(self) -> LGSSMParams:
         n, d, m = self.state_dim, self.dim, self.input_dim
         lead_f, lead_h = self._leading()
