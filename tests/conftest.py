@@ -41,7 +41,7 @@ import pytest  # noqa: E402
 # around them, so the workers finish together. A module missing from the list only
 # affects the balance, never what runs.
 LONGEST_MODULES_FIRST = (
-    "tests/bayes/test_nuts.py",                  # ~110 s of CPU under load, 2 NUTS fits + SVI
+    "tests/bayes/test_nuts.py",                  # ~97 s of CPU under load (NUTS fits, SVI)
     "tests/bayes/test_sbc.py",                   # ~80 s (119 s before it ran optimized)
     "tests/test_docs.py",                        # README quick start 38 s in CI, doc pages
     "tests/test_cli.py",                         # `statseq demo` fixture 44 s in CI
