@@ -33,6 +33,32 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# The longest test modules, longest first (seconds of one CI core, measured Nov 26). Under
+# pytest-xdist (`-n auto`, `--dist loadscope` in pyproject.toml) every module goes to one
+# worker, in collection order (`--no-loadscope-reorder`: xdist's own reorder, by number of
+# tests, put these few-test modules last, so the run ended with one worker on a 100 s
+# module while the other idled). Starting them first lets the many short modules fill in
+# around them, so the workers finish together. A module missing from the list only
+# affects the balance, never what runs.
+LONGEST_MODULES_FIRST = (
+    "tests/bayes/test_nuts.py",                  # ~97 s of CPU under load (NUTS fits, SVI)
+    "tests/bayes/test_sbc.py",                   # ~80 s (119 s before it ran optimized)
+    "tests/test_docs.py",                        # README quick start 38 s in CI, doc pages
+    "tests/test_cli.py",                         # `statseq demo` fixture 44 s in CI
+    "tests/core/test_buckets.py",                # 3 x 17 s in CI
+    "tests/bayes/test_sampler_entry_masks.py",   # ~56 s under load
+    "tests/bayes/test_sampler_simplex_ties.py",  # ~40 s under load
+    "tests/bayes/test_checks_lfo.py",            # ~26 s under load
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, move `LONGEST_MODULES_FIRST` to the front (stable otherwise)."""
+    if not hasattr(config, "workerinput"):
+        return  # a plain run keeps pytest's order
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def log_lynx():
@@ -61,6 +87,43 @@ def _release_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="module")
+def xla_optimized():
+    """Compile this module's programs with XLA's full backend optimization.
+
+    The suite compiles at ``--xla_backend_optimization_level=0`` (above), which saves
+    compile time but about doubles the run time of the generated code. A few modules are
+    runtime-bound (NUTS chains of hundreds of iterations, SBC): they opt back in with
+    ``pytestmark = pytest.mark.usefixtures("xla_optimized")``. The level goes into each
+    compilation's options (as ``jax.jit(..., compiler_options=...)`` would put it), so the
+    persistent cache keys of the two kinds of program differ; the in-memory caches are
+    cleared after the module (``_release_compiled_programs``), so no optimized program
+    outlives it.
+    """
+    if os.environ.get("STATSEQ_TEST_XLA_OPT", "").strip() not in ("", "0"):
+        yield  # the whole suite runs optimized already
+        return
+    from jax._src import compiler
+
+    original = getattr(compiler, "get_compile_options", None)
+    if original is None:  # a JAX without this (private) hook: the module runs at -O0
+        yield
+        return
+
+    def optimized(*args, env_options_overrides=None, **kwargs):
+        overrides = dict(env_options_overrides or {})
+        overrides.setdefault("xla_backend_optimization_level", 3)
+        return original(*args, env_options_overrides=overrides, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(compiler, "get_compile_options", optimized)
+    jax.clear_caches()  # nothing compiled at -O0 earlier in this process is reused
+    try:
+        yield
+    finally:
+        mp.undo()
 
 
 @pytest.fixture(scope="session", autouse=True)
