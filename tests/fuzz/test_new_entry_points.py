@@ -179,10 +179,12 @@ def test_spurious_states_hand_built(case):
     ({"y": np.full((6, 1), 1e300)}, ValueError, "squares overflow"),
     ({"y": np.r_[np.zeros(5), np.nan][:, None]}, ValueError, "non-finite"),
     ({"y": np.zeros((0, 1))}, ValueError, "no time steps"),
-    ({"y": np.zeros(6)}, ValueError, r"shape \(\.\.\., num_timesteps, 1\)"),
+    # a 1-D array is one series for a (1,)-event model (the input convention); a trailing
+    # axis of the wrong length is refused, naming the accepted shapes
+    ({"y": np.zeros((6, 2))}, ValueError, r"expects \(1,\).*Accepted"),
 ], ids=["ratio-str", "ratio-array", "ratio-complex", "ratio-nan", "ratio-neg", "occ-str",
         "occ-bool", "occ-inf", "occ-neg", "all-missing", "mask-shape", "1e300", "nan",
-        "T=0", "no-event-axis"])
+        "T=0", "wrong-event-axis"])
 def test_spurious_states_refuses(kwargs, err, pattern):
     model, params = _gauss_hmm(2, [0.0, 5.0], [0.5, 1e-6])
     y = kwargs.pop("y", np.linspace(-1.0, 1.0, 6)[:, None])
