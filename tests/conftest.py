@@ -41,8 +41,14 @@ import pytest  # noqa: E402
 # around them, so the workers finish together. A module missing from the list only
 # affects the balance, never what runs.
 LONGEST_MODULES_FIRST = (
+    "tests/evaluation/test_claims.py",           # ~115 s of one core (23 families, k <= 8)
+    "tests/models/test_h_step_exact.py",         # ~114 s (regime-path mixtures vs references)
     "tests/bayes/test_nuts.py",                  # ~97 s of CPU under load (NUTS fits, SVI)
+    "tests/fit/test_identified_counts.py",       # ~90 s (Jacobian ranks, every model)
     "tests/bayes/test_sbc.py",                   # ~80 s (119 s before it ran optimized)
+    "tests/core/test_input_convention.py",       # ~77 s (every model, every entry point)
+    "tests/models/neural/test_h_step_mc.py",     # ~60 s (every backbone, Monte Carlo)
+    "tests/models/test_ar_gaps.py",              # ~50 s (enumeration, fit_lbfgs with gaps)
     "tests/test_docs.py",                        # README quick start 38 s in CI, doc pages
     "tests/test_cli.py",                         # `statseq demo` fixture 44 s in CI
     "tests/core/test_buckets.py",                # 3 x 17 s in CI
