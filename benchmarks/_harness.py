@@ -154,3 +154,49 @@ def render(info, command, started, elapsed, sections):
     for title, intro, table in sections:
         lines += [f"### {title}", "", intro, "", table, ""]
     return "\n".join(lines)
+
+
+RATIOS_DIR = Path(__file__).resolve().parent / "ratios"
+
+
+def record_ratios(family, ratios, *, command, out_dir=None):
+    """Write this run's ratios to ``benchmarks/ratios/<family>.json`` for the regression check.
+
+    Args:
+        family: a file stem such as ``"hmm"``, ``"kalman"``, ``"rnn"``, ``"scan"``.
+        ratios: ``{"workload | statseq path / reference": ratio}`` where every ratio is
+            **statseq's time divided by the reference's time** (lower is better), e.g.
+            ``{"filter K=2 T=1e6 f64 | jitted core / numba": 1.31}``. Keys must be stable
+            from run to run: `benchmarks/check_regression.py` matches them by name.
+        command: the command line that produced them (recorded with the numbers).
+        out_dir: where to write (default ``benchmarks/ratios``).
+
+    The file also records the machine, the load average and the date, so a regression can
+    be told from a noisy run.
+    """
+    import json
+    import os
+    import platform
+    from datetime import UTC, datetime
+
+    import jax
+
+    out = Path(out_dir) if out_dir is not None else RATIOS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "family": family,
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "backend": jax.default_backend(),
+            "jax": jax.__version__,
+            "python": platform.python_version(),
+            "load_average": load_average(),
+        },
+        "ratios": {k: float(v) for k, v in sorted(ratios.items())},
+    }
+    path = out / f"{family}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path

@@ -176,3 +176,18 @@ def run_vignette_smoke():
             mp.undo()
 
     return run
+
+
+if os.environ.get("STATSEQ_TEST_CPU_LOG"):
+    # Profiling aid (off by default): append "nodeid<TAB>cpu seconds" of each test's
+    # setup + call + teardown (this process's CPU time, compile threads included) to the
+    # file STATSEQ_TEST_CPU_LOG names, so a suite run on a loaded machine still says
+    # where its CPU time goes.
+    import time as _time
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = _time.process_time()
+        yield
+        with open(os.environ["STATSEQ_TEST_CPU_LOG"], "a") as fh:
+            fh.write(f"{item.nodeid}\t{_time.process_time() - start:.3f}\n")
