@@ -61,10 +61,12 @@ def test_padded_steady_state_log_probs_equal_unpadded(num_real):
 
 
 def test_filter_and_forecast_keep_the_fast_path_when_padded(monkeypatch):
-    """T = 300 (bucket 320, past ``fast_path_min_timesteps = 256``): the padded
-    ``statseq.filter`` calls the model's ``complete_data_log_probs`` with ``num_valid`` and
-    gives the unpadded log-densities and final carry; ``forecast`` the same moments."""
+    """T = 300 (bucket 320, past ``fast_path_min_timesteps``, lowered here to 256): the
+    padded ``statseq.filter`` calls the model's ``complete_data_log_probs`` with
+    ``num_valid`` and gives the unpadded log-densities and final carry; ``forecast`` the
+    same moments."""
     model = ss.LocalLevel()
+    monkeypatch.setattr(type(model), "steady_state_min_timesteps", 256)
     params = ss.LocalLevelParams(0.5, 0.1)
     y = np.random.default_rng(0).normal(size=300).cumsum()
     calls = []

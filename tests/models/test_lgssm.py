@@ -241,11 +241,21 @@ def test_validation_errors(data):
 
 
 @pytest.mark.parametrize("case", ["inputs", "diffuse", "slow_convergence"])
-def test_steady_state_fast_path_equals_the_step_by_step_filter(case):
+def test_steady_state_fast_path_equals_the_step_by_step_filter(case, monkeypatch):
     """``log_prob`` on complete data switches to the steady-state gain after 128 exact steps
-    (or keeps filtering exactly when the covariance has not converged by then)."""
+    (or keeps filtering exactly when the covariance has not converged by then). The path
+    starts at `steady_state_min_timesteps` (1024) steps; lowered to 256 here, so 700 steps
+    take it (a spy checks)."""
+    from statseq.inference import kalman_steady
+
     rng = np.random.default_rng(11)
     num_t = 700
+    monkeypatch.setattr(ss.LinearGaussianSSM, "steady_state_min_timesteps", 256)
+    calls = []
+    jax.clear_caches()  # the spy sees only traces; the cases share their programs
+    original = kalman_steady.steady_state_log_probs
+    monkeypatch.setattr(kalman_steady, "steady_state_log_probs",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     if case == "inputs":
         model, p = truth()
         u = rng.normal(size=(num_t, INPUT))
@@ -260,6 +270,7 @@ def test_steady_state_fast_path_equals_the_step_by_step_filter(case):
     fast = ss.filter(model, p, y, inputs=u)
     exact = ss.filter(model, p, y, inputs=u, return_carries=True)
     assert exact.carries is not None and fast.carries is None
+    assert calls, "the steady-state path was not taken"
     np.testing.assert_allclose(fast.log_probs, exact.log_probs, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(fast.log_prob, exact.log_prob, rtol=1e-11)
     np.testing.assert_allclose(fast.final_carry.mean, exact.final_carry.mean, rtol=1e-8,
