@@ -14,6 +14,9 @@
 * `statseq.evaluation.stattests`: ACF, Ljung-Box, ``H(h)`` and Jarque-Bera in NumPy/SciPy.
 """
 
+import sys
+import types
+
 # Lazy (PEP 562): `statseq.evaluation.stattests` loads SciPy's stats (about 0.5 s) and
 # `backtest` pandas; `from statseq.evaluation import information_criteria` (used by
 # `statseq.fit`) then imports only `criteria`. Name -> submodule that defines it.
@@ -59,6 +62,25 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """Keeps ``backtest`` the function when its submodule ``backtest`` is first imported.
+
+    The import system binds a submodule as an attribute of its package after loading it;
+    with eager imports the package's own ``from .backtest import backtest`` ran later and
+    won. Lazily, the submodule may load at any time (through another name), so the
+    binding is corrected here instead.
+    """
+
+    def __setattr__(self, name, value):
+        if (name in _LAZY and isinstance(value, types.ModuleType)
+                and value.__name__ == f"{__name__}.{_LAZY[name]}"):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [
