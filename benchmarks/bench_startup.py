@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -55,7 +56,7 @@ TARGET_S = 1.0
 # `work()`, returning something to print, after loading its data into module globals).
 PRELUDE = r"""
 import time as _time
-_t0 = _time.perf_counter()
+_t0, _c0 = _time.perf_counter(), _time.process_time()
 import jax.monitoring as _mon
 _ev = {"backend": 0, "hits": 0, "trace_lower_s": 0.0, "backend_s": 0.0}
 def _dur(event, duration, **_):
@@ -71,20 +72,22 @@ def _cnt(event, **_):
 _mon.register_event_duration_secs_listener(_dur)
 _mon.register_event_listener(_cnt)
 import statseq as ss
-_t1 = _time.perf_counter()
+_t1, _c1 = _time.perf_counter(), _time.process_time()
 {data}
-_t2 = _time.perf_counter()
+_t2, _c2 = _time.perf_counter(), _time.process_time()
 {work}
 _out = work()
 print(_out)
-_t3 = _time.perf_counter()
+_t3, _c3 = _time.perf_counter(), _time.process_time()
 _first = dict(_ev)
 work()
-_t4 = _time.perf_counter()
+_t4, _c4 = _time.perf_counter(), _time.process_time()
 import json as _json, sys as _sys
 _sys.stderr.write("STARTUP " + _json.dumps(dict(
     import_s=_t1 - _t0, data_s=_t2 - _t1, first_s=_t3 - _t2, rerun_s=_t4 - _t3,
-    child_s=_t4 - _t0, compiled=_first["backend"] - _first["hits"], hits=_first["hits"],
+    child_s=_t4 - _t0, import_cpu=_c1 - _c0, data_cpu=_c2 - _c1, first_cpu=_c3 - _c2,
+    rerun_cpu=_c4 - _c3, child_cpu=_c4 - _c0,
+    compiled=_first["backend"] - _first["hits"], hits=_first["hits"],
     trace_lower_s=_first["trace_lower_s"], backend_s=_first["backend_s"],
     modules=sorted({m.split(".")[0] for m in _sys.modules}))) + "\n")
 """
@@ -131,10 +134,13 @@ def run_child(name: str, cache_dir: str, repo: Path) -> dict:
     env = dict(os.environ, STATSEQ_CACHE_DIR=cache_dir)
     env.pop("STATSEQ_NO_COMPILATION_CACHE", None)
     env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", child_code(name)], capture_output=True,
                          text=True, env=env, cwd=repo)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if out.returncode != 0:
         raise RuntimeError(f"{name}: child failed\n{out.stderr[-3000:]}")
     line = next(s for s in out.stderr.splitlines() if s.startswith("STARTUP "))
@@ -142,16 +148,55 @@ def run_child(name: str, cache_dir: str, repo: Path) -> dict:
     rec["wall_s"] = wall
     rec["total_s"] = wall - rec["rerun_s"]
     rec["interpreter_s"] = wall - rec["child_s"]
+    rec["total_cpu"] = cpu - rec["rerun_cpu"]
+    rec["interpreter_cpu"] = cpu - rec["child_cpu"]
     rec["result"] = out.stdout.strip()
     return rec
+
+
+def time_imports(repos: dict, rounds: int) -> str:
+    """``import statseq`` in fresh processes, one checkout per row, interleaved in rounds.
+
+    Each child runs in its checkout's root (``python -c`` puts the working directory first
+    on ``sys.path``), with the persistent cache off; ``jax`` and ``numpyro`` alone give the
+    floor set by the dependencies. Returns a markdown table (wall and CPU seconds).
+    """
+    cases = {f"import statseq ({label})": (repo, "import statseq")
+             for label, repo in repos.items()}
+    first = next(iter(repos.values()))
+    cases.update({"import numpyro": (first, "import numpyro"), "import jax": (first, "import jax"),
+                  "python -c pass": (first, "pass")})
+    res = {k: ([], []) for k in cases}
+    for _ in range(rounds):
+        for k, (repo, code) in cases.items():
+            env = dict(os.environ, PYTHONPATH=str(repo), STATSEQ_NO_COMPILATION_CACHE="1")
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, check=True)
+            res[k][0].append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            res[k][1].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    rows = [[f"`{k}`", f"{statistics.median(w):.2f}", f"{min(w):.2f}",
+             f"{statistics.median(c):.2f}", f"{min(c):.2f}"] for k, (w, c) in res.items()]
+    return md_table(["process (start to exit)", "wall median", "wall min", "CPU median",
+                     "CPU min"], rows)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="cold+warm pairs per script")
     ap.add_argument("--no-record", action="store_true", help="do not write ratios/startup.json")
+    ap.add_argument("--import-ab", metavar="CHECKOUT", default=None,
+                    help="only time `import statseq` here against another checkout's "
+                         "(e.g. the main branch), interleaved; writes nothing")
     args = ap.parse_args(argv)
     repo = Path(__file__).resolve().parent.parent
+    if args.import_ab:
+        print(f"load average before: {load_average()}; rounds: {args.rounds}\n")
+        print(time_imports({"this checkout": repo, args.import_ab: Path(args.import_ab)},
+                           args.rounds))
+        print(f"\nload average after: {load_average()}")
+        return
     command = "nice -n 10 .venv/bin/python benchmarks/bench_startup.py" + (
         f" --rounds {args.rounds}" if args.rounds != 5 else "")
     load_before = load_average()
@@ -173,29 +218,39 @@ def main(argv=None):
                   f"({warm['compiled']} compiled, {warm['hits']} cache hits)", file=sys.stderr)
     load_after = load_average()
 
-    phases = ["interpreter_s", "import_s", "data_s", "first_s", "total_s", "rerun_s",
-              "trace_lower_s", "backend_s"]
-    rows, ratios = [], {}
+    wall = ["interpreter_s", "import_s", "data_s", "first_s", "total_s", "rerun_s",
+            "trace_lower_s", "backend_s"]
+    cpu = ["interpreter_cpu", "import_cpu", "data_cpu", "first_cpu", "total_cpu", "rerun_cpu"]
+    wall_rows, cpu_rows, ratios = [], [], {}
     for name, runs in results.items():
         for kind in ("cold", "warm"):
             recs = runs[kind]
-            med = {p: statistics.median(x[p] for x in recs) for p in phases}
-            mins = {p: min(x[p] for x in recs) for p in phases}
-            rows.append([name, kind] + [f"{med[p]:.2f} / {mins[p]:.2f}" for p in phases] + [
+
+            def cell(p, recs=recs):
+                return (f"{statistics.median(x[p] for x in recs):.2f} / "
+                        f"{min(x[p] for x in recs):.2f}")
+
+            wall_rows.append([name, kind] + [cell(p) for p in wall] + [
                 max(x["compiled"] for x in recs), min(x["hits"] for x in recs)])
-        cold_t = [x["total_s"] for x in runs["cold"]]
-        warm_t = [x["total_s"] for x in runs["warm"]]
+            cpu_rows.append([name, kind] + [cell(p) for p in cpu])
+        cold, warm = runs["cold"], runs["warm"]
         key = KEYS[name]
-        ratios[f"{key} | warm total / 1 s target"] = min(warm_t) / TARGET_S
-        ratios[f"{key} | warm total / cold total"] = statistics.median(
-            w / c for w, c in zip(warm_t, cold_t, strict=True))
-    headers = ["script", "cache", "interpreter", "import", "data", "first call", "total",
-               "(run only)", "(trace+lower)", "(compile/load)", "compiled (max)",
-               "cache hits (min)"]
+        ratios[f"{key} | warm wall (min) / 1 s target"] = min(
+            x["total_s"] for x in warm) / TARGET_S
+        ratios[f"{key} | warm CPU (min) / 1 s target"] = min(
+            x["total_cpu"] for x in warm) / TARGET_S
+        ratios[f"{key} | warm / cold wall (paired median)"] = statistics.median(
+            w["total_s"] / c["total_s"] for w, c in zip(warm, cold, strict=True))
     print(f"load average before: {load_before}; after: {load_after}; "
           f"{os.cpu_count()} cores; rounds: {args.rounds}\n")
-    print("seconds, median / min over rounds\n")
-    print(md_table(headers, rows))
+    print("Wall seconds, median / min over rounds (`compiled`: XLA compilations not served "
+          "by the persistent cache)\n")
+    print(md_table(["script", "cache", "interpreter", "import", "data", "first call",
+                    "**total**", "(run only)", "(trace+lower)", "(compile/load)",
+                    "compiled (max)", "cache hits (min)"], wall_rows))
+    print("\nCPU seconds (user+sys, all threads), median / min over rounds\n")
+    print(md_table(["script", "cache", "interpreter", "import", "data", "first call",
+                    "**total**", "(run only)"], cpu_rows))
     print()
     print(md_table(["ratio", "value"], [[k, f"{v:.3f}"] for k, v in sorted(ratios.items())]))
     mods = results[next(iter(SCRIPTS))]["warm"][0]["modules"]
