@@ -59,13 +59,17 @@ import time as _time
 _t0, _c0 = _time.perf_counter(), _time.process_time()
 import jax.monitoring as _mon
 _ev = {"backend": 0, "hits": 0, "trace_lower_s": 0.0, "backend_s": 0.0}
-def _dur(event, duration, **_):
+_progs = {}
+def _dur(event, duration, fun_name="?", **_):
     if event == "/jax/core/compile/backend_compile_duration":
         _ev["backend"] += 1
         _ev["backend_s"] += duration
+        _progs.setdefault(fun_name, [0, 0.0, 0.0])[0] += 1
+        _progs[fun_name][2] += duration
     elif event in ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration"):
         _ev["trace_lower_s"] += duration
+        _progs.setdefault(fun_name, [0, 0.0, 0.0])[1] += duration
 def _cnt(event, **_):
     if event == "/jax/compilation_cache/cache_hits":
         _ev["hits"] += 1
@@ -80,6 +84,7 @@ _out = work()
 print(_out)
 _t3, _c3 = _time.perf_counter(), _time.process_time()
 _first = dict(_ev)
+_first_progs = sorted(([k] + v for k, v in _progs.items()), key=lambda r: -r[2] - r[3])
 work()
 _t4, _c4 = _time.perf_counter(), _time.process_time()
 import json as _json, sys as _sys
@@ -89,14 +94,14 @@ _sys.stderr.write("STARTUP " + _json.dumps(dict(
     rerun_cpu=_c4 - _c3, child_cpu=_c4 - _c0,
     compiled=_first["backend"] - _first["hits"], hits=_first["hits"],
     trace_lower_s=_first["trace_lower_s"], backend_s=_first["backend_s"],
-    modules=sorted({m.split(".")[0] for m in _sys.modules}))) + "\n")
+    programs=_first_progs, modules=sorted({m.split(".")[0] for m in _sys.modules}))) + "\n")
 """
 
 SCRIPTS = {
     "PoissonHMM EM, earthquakes": (
         "import jax\ny = ss.datasets.load_earthquakes().to_numpy()",
         "def work():\n"
-        "    m = ss.PoissonHMM(num_states=2)\n"
+        "    m = ss.PoissonHMM(num_states=2, initial=\"stationary\")\n"
         "    p = m.initialize(y, key=jax.random.key(0))\n"
         "    fit = ss.fit_em(m, p, y, progress=False)\n"
         "    return float(ss.log_prob(m, fit.params, y))",
@@ -186,6 +191,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="cold+warm pairs per script")
     ap.add_argument("--no-record", action="store_true", help="do not write ratios/startup.json")
+    ap.add_argument("--programs", action="store_true",
+                    help="also list the programs each script's warm run traces and loads")
     ap.add_argument("--import-ab", metavar="CHECKOUT", default=None,
                     help="only time `import statseq` here against another checkout's "
                          "(e.g. the main branch), interleaved; writes nothing")
@@ -253,6 +260,13 @@ def main(argv=None):
                     "**total**", "(run only)"], cpu_rows))
     print()
     print(md_table(["ratio", "value"], [[k, f"{v:.3f}"] for k, v in sorted(ratios.items())]))
+    if args.programs:
+        for name, runs in results.items():
+            progs = runs["warm"][-1]["programs"]
+            print(f"\nWarm run of {name}: {sum(p[1] for p in progs)} programs "
+                  "(name, count, trace+lower s, cache load s; last round)\n")
+            print(md_table(["program", "n", "trace+lower", "load"],
+                           [[f"`{p[0]}`", p[1], f"{p[2]:.3f}", f"{p[3]:.3f}"] for p in progs]))
     mods = results[next(iter(SCRIPTS))]["warm"][0]["modules"]
     print(f"\ntop-level modules in the HMM script's process: {len(mods)}; heavy ones loaded: "
           f"{sorted(set(mods) & {'pandas', 'scipy', 'matplotlib', 'arviz', 'optax'})}")
