@@ -84,6 +84,13 @@ from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
 # Name -> module that defines it; a module's own name maps to None (the module itself).
 _LAZY = {
     "datasets": None,
+    # subpackages that `import statseq` used to load, still reachable as attributes
+    "bayes": None,
+    "evaluation": None,
+    "fit": None,
+    "interop": None,
+    "io": None,
+    "plotting": None,
     # bayes
     "SequenceDistribution": "statseq.bayes",
     "fit_nuts": "statseq.bayes",

@@ -57,6 +57,9 @@ def test_every_public_name_resolves_to_its_defining_object():
         "exec('from statseq import *', ns)\n"
         "star = sorted(set(statseq.__all__) - set(ns))\n"
         "from statseq import fit_em, information_criteria, datasets\n"
+        "subpackages = [type(getattr(statseq, m)).__name__ for m in\n"
+        "    ('bayes', 'evaluation', 'fit', 'interop', 'io', 'plotting', 'datasets', 'core',\n"
+        "     'models', 'inference')]\n"
         "errors = []\n"
         "for pkg, name in ((statseq, 'no_such_name'), (ev, 'no_such_name')):\n"
         "    try:\n"
@@ -66,11 +69,12 @@ def test_every_public_name_resolves_to_its_defining_object():
         "print(json.dumps(dict(bad=bad, star=star, kinds=kinds, errors=errors,\n"
         "    forecast_is_function=isinstance(statseq.forecast, types.FunctionType),\n"
         "    datasets_is_module=isinstance(datasets, types.ModuleType),\n"
-        "    pandas_now='pandas' in sys.modules)))\n")
+        "    pandas_now='pandas' in sys.modules, subpackages=subpackages)))\n")
     assert got["bad"] == []
     assert got["star"] == []                      # `from statseq import *` gives every name
     assert got["forecast_is_function"]            # not the submodule statseq.forecast
     assert got["datasets_is_module"] and got["pandas_now"]   # loaded on access, not before
+    assert got["subpackages"] == ["module"] * 10             # `ss.evaluation.stattests` etc.
     assert got["kinds"]["statseq.fit_em"] == "function"
     assert got["kinds"]["statseq.PoissonHMM"] == "ABCMeta"
     assert got["errors"] == ["module 'statseq' has no attribute 'no_such_name'",
