@@ -259,7 +259,8 @@ def main(argv=None):
     print(md_table(["script", "cache", "interpreter", "import", "data", "first call",
                     "**total**", "(run only)"], cpu_rows))
     print()
-    print(md_table(["ratio", "value"], [[k, f"{v:.3f}"] for k, v in sorted(ratios.items())]))
+    print(md_table(["ratio", "value"], [[k.replace("|", "\\|"), f"{v:.3f}"]
+                                         for k, v in sorted(ratios.items())]))
     if args.programs:
         for name, runs in results.items():
             progs = runs["warm"][-1]["programs"]
