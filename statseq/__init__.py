@@ -15,19 +15,10 @@ from statseq import _cache  # noqa: E402
 
 _cache._configure_on_import()
 
-from statseq import datasets  # noqa: E402
 from statseq._cache import enable_compilation_cache  # noqa: E402
-from statseq.bayes import (  # noqa: E402
-    SequenceDistribution,
-    fit_nuts,
-    fit_svi,
-    lfo_cv,
-    posterior_params,
-    posterior_predictive_forecast,
-    predictive_check,
-    relabel_states,
-    sample_prior,
-)
+
+# Eager: what every script touches, and every model family (each registers itself with
+# `register_model`, which `registered_models` and `statseq.load` read).
 from statseq.core.buckets import bucket_length, set_length_buckets  # noqa: E402
 from statseq.core.model import SequenceModel, register_model, registered_models  # noqa: E402
 from statseq.core.params import (  # noqa: E402
@@ -39,40 +30,10 @@ from statseq.core.params import (  # noqa: E402
 from statseq.core.recurrence import filter, log_prob, sample  # noqa: E402, A004
 from statseq.core.results import FilterResult, FitResult  # noqa: E402
 from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
-from statseq.evaluation import (  # noqa: E402
-    BacktestResult,
-    backtest,
-    compare_forecasts,
-    crps,
-    evaluate_forecast,
-    information_criteria,
-    interval_coverage,
-    interval_score,
-    log_predictive_density,
-    log_score,
-    num_params,
-)
-from statseq.evaluation.auxiliary import AuxiliaryResiduals, auxiliary_residuals  # noqa: E402
-from statseq.evaluation.baselines import naive_forecast, naive_model, naive_params  # noqa: E402
-from statseq.evaluation.diagnostics import (  # noqa: E402
-    Diagnostics,
-    diagnose,
-    pit,
-    plot_diagnostics,
-    quantile_residuals,
-    standardized_residuals,
-)
-from statseq.evaluation.gaps import estimate_log_prob  # noqa: E402
-from statseq.fit.degeneracy import SpuriousCheck, spurious_states  # noqa: E402
-from statseq.fit.em import fit_em  # noqa: E402
-from statseq.fit.inference_stats import Summary, standard_errors, summary  # noqa: E402
-from statseq.fit.lbfgs import fit_lbfgs  # noqa: E402
-from statseq.fit.restarts import RestartsResult, fit_restarts  # noqa: E402
-from statseq.fit.sgd import fit_sgd  # noqa: E402
-from statseq.fit.windows import Windows, make_windows  # noqa: E402
+
+# `forecast` is both a submodule and a function; models.ssm imports the submodule, so the
+# function must be bound here, after it (a lazy name would be shadowed by the module).
 from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
-from statseq.interop import from_dynamax, to_dynamax  # noqa: E402 - dynamax loads lazily
-from statseq.io import load, save  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
     BernoulliHMM,
@@ -116,7 +77,94 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrigSeasonal,
 )
 from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
-from statseq.plotting import plot_forecast, plot_traces  # noqa: E402
+
+# Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
+# script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax
+# (fit_lbfgs, fit_sgd, fit_svi), numpyro's samplers, matplotlib (plotting), dynamax.
+# Name -> module that defines it; a module's own name maps to None (the module itself).
+_LAZY = {
+    "datasets": None,
+    # subpackages that `import statseq` used to load, still reachable as attributes
+    "bayes": None,
+    "evaluation": None,
+    "fit": None,
+    "interop": None,
+    "io": None,
+    "plotting": None,
+    # bayes
+    "SequenceDistribution": "statseq.bayes",
+    "fit_nuts": "statseq.bayes",
+    "fit_svi": "statseq.bayes",
+    "lfo_cv": "statseq.bayes",
+    "posterior_params": "statseq.bayes",
+    "posterior_predictive_forecast": "statseq.bayes",
+    "predictive_check": "statseq.bayes",
+    "relabel_states": "statseq.bayes",
+    "sample_prior": "statseq.bayes",
+    # evaluation
+    "AuxiliaryResiduals": "statseq.evaluation.auxiliary",
+    "auxiliary_residuals": "statseq.evaluation.auxiliary",
+    "BacktestResult": "statseq.evaluation.backtest",
+    "backtest": "statseq.evaluation.backtest",
+    "compare_forecasts": "statseq.evaluation.backtest",
+    "evaluate_forecast": "statseq.evaluation.backtest",
+    "naive_forecast": "statseq.evaluation.baselines",
+    "naive_model": "statseq.evaluation.baselines",
+    "naive_params": "statseq.evaluation.baselines",
+    "information_criteria": "statseq.evaluation.criteria",
+    "log_score": "statseq.evaluation.criteria",
+    "num_params": "statseq.evaluation.criteria",
+    "Diagnostics": "statseq.evaluation.diagnostics",
+    "diagnose": "statseq.evaluation.diagnostics",
+    "pit": "statseq.evaluation.diagnostics",
+    "plot_diagnostics": "statseq.evaluation.diagnostics",
+    "quantile_residuals": "statseq.evaluation.diagnostics",
+    "standardized_residuals": "statseq.evaluation.diagnostics",
+    "estimate_log_prob": "statseq.evaluation.gaps",
+    "crps": "statseq.evaluation.scores",
+    "interval_coverage": "statseq.evaluation.scores",
+    "interval_score": "statseq.evaluation.scores",
+    "log_predictive_density": "statseq.evaluation.scores",
+    # fit
+    "SpuriousCheck": "statseq.fit.degeneracy",
+    "spurious_states": "statseq.fit.degeneracy",
+    "fit_em": "statseq.fit.em",
+    "Summary": "statseq.fit.inference_stats",
+    "standard_errors": "statseq.fit.inference_stats",
+    "summary": "statseq.fit.inference_stats",
+    "fit_lbfgs": "statseq.fit.lbfgs",
+    "RestartsResult": "statseq.fit.restarts",
+    "fit_restarts": "statseq.fit.restarts",
+    "fit_sgd": "statseq.fit.sgd",
+    "Windows": "statseq.fit.windows",
+    "make_windows": "statseq.fit.windows",
+    # interop (dynamax itself loads only inside the conversions), io, plotting
+    "from_dynamax": "statseq.interop",
+    "to_dynamax": "statseq.interop",
+    "load": "statseq.io",
+    "save": "statseq.io",
+    "plot_forecast": "statseq.plotting",
+    "plot_traces": "statseq.plotting",
+}
+
+
+def __getattr__(name: str):
+    """Import a lazily exported name on first access (PEP 562) and cache it."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'statseq' has no attribute {name!r}")
+    import importlib
+
+    module = _LAZY[name]
+    value = importlib.import_module(f"statseq.{name}" if module is None else module)
+    if module is not None:
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 
