@@ -207,6 +207,81 @@ def _lstm_bwd(res, cotangents):
 _lstm_layer.defvjp(_lstm_fwd, _lstm_bwd)
 
 
+def _gru_forward(w_rec, bias_rec, gis, h0, residuals: bool):
+    """GRU recurrence over the input projections ``gis`` ``(T, ..., 3H)`` from ``h0``:
+    ``(hs, rs)``, with (if ``residuals``) per step ``r_t = [P, Q, S, r, z]`` ``(..., 5H)``:
+    ``P = (1 - z)(1 - n^2)``, ``Q = (h_{t-1} - n) z (1 - z)``, ``S = (W_hn h_{t-1} +
+    b_hn) r (1 - r)`` (the derivatives of the pre-activations of ``n``, ``z`` and ``r``,
+    up to the factors ``dh_t`` and ``dh_t P``) and the gates ``r``, ``z``."""
+    hid = h0.shape[-1]
+
+    def body(h, gi):
+        gh = h @ w_rec.T
+        rz = jax.nn.sigmoid(gi[..., :2 * hid] + gh[..., :2 * hid])
+        r, z = rz[..., :hid], rz[..., hid:]
+        hn = gh[..., 2 * hid:] + bias_rec
+        n = jnp.tanh(gi[..., 2 * hid:] + r * hn)
+        h_new = n + z * (h - n)
+        if not residuals:
+            return h_new, (h_new, None)
+        res = jnp.concatenate([(1.0 - z) * (1.0 - n * n), (h - n) * z * (1.0 - z),
+                               hn * r * (1.0 - r), r, z], axis=-1)
+        return h_new, (h_new, res)
+
+    _, (hs, rs) = jax.lax.scan(body, h0, gis)
+    return hs, rs
+
+
+@jax.custom_vjp
+def gru_layer(w_rec, bias_rec, gis, h0):
+    """Hidden states ``hs`` ``(T, ..., H)`` of a GRU layer from the input projections
+    ``gis = W_x x_t + b`` ``(T, ..., 3H)`` (``[r, z, n]``) and ``h0`` ``(..., H)``: one
+    sequence or a time-major batch (leading batch dimensions after time).
+
+    Differentiated by a hand-written backward pass (backpropagation through time,
+    `_gru_bwd`): the forward pass stores per step the five ``(..., H)`` factors the
+    reverse pass needs, the reverse pass is elementwise products and one ``(..., 3H) @
+    (3H, H)`` product per step, and the gradient of ``W_h`` is one matrix product over all
+    steps after the loop, where automatic differentiation of the scan would accumulate an
+    outer product at every step.
+    """
+    return _gru_forward(w_rec, bias_rec, gis, h0, residuals=False)[0]
+
+
+def _gru_fwd(w_rec, bias_rec, gis, h0):
+    hs, rs = _gru_forward(w_rec, bias_rec, gis, h0, residuals=True)
+    return hs, (w_rec, h0, hs, rs)
+
+
+def _gru_bwd(res, dhs):
+    """Per step (reverse): ``dh_t += dL/dh_t``, ``da_n = dh_t P``, ``da_z = dh_t Q``,
+    ``da_r = da_n S``, ``dgh = [da_r, da_z, da_n r]`` (cotangent of ``W_h h_{t-1}``),
+    ``dh_{t-1} = dh_t z + dgh W_h``; the cotangent of ``gi_t`` is ``[da_r, da_z, da_n]``.
+    After the loop: ``dW_h = sum_t dgh_t^T h_{t-1}``, ``db_hn = sum_t da_n r``."""
+    w_rec, h0, hs, rs = res
+    hid = h0.shape[-1]
+
+    def body(dh, inp):
+        dh_t, r = inp
+        dh = dh + dh_t
+        da_n = dh * r[..., :hid]
+        da_z = dh * r[..., hid:2 * hid]
+        da_r = da_n * r[..., 2 * hid:3 * hid]
+        dgh = jnp.concatenate([da_r, da_z, da_n * r[..., 3 * hid:4 * hid]], axis=-1)
+        return dh * r[..., 4 * hid:] + dgh @ w_rec, (dgh, da_n)
+
+    dh0, (dghs, da_ns) = jax.lax.scan(body, jnp.zeros_like(h0), (dhs, rs), reverse=True)
+    h_prev = jnp.concatenate([h0[None], hs[:-1]], axis=0)
+    rows = dghs.reshape(-1, 3 * hid)
+    dw_rec = rows.T @ h_prev.reshape(-1, hid)
+    db_rec = rows[:, 2 * hid:].sum(0)
+    dgis = jnp.concatenate([dghs[..., :2 * hid], da_ns], axis=-1)
+    return dw_rec, db_rec, dgis, dh0
+
+
+gru_layer.defvjp(_gru_fwd, _gru_bwd)
+
+
 @dataclasses.dataclass(frozen=True)
 class RNNBackbone(Backbone):
     """A stack of ``num_layers`` recurrent cells of one kind.
@@ -317,6 +392,9 @@ class RNNBackbone(Backbone):
             if self.cell == "lstm":
                 hs, c_last = lstm_layer(p.w_in, p.bias, p.w_rec, hs, *s)
                 s = (hs[-1], c_last)
+            elif self.cell == "gru" and hs.shape[0]:
+                hs = gru_layer(p.w_rec, p.bias_rec, hs @ p.w_in.T + p.bias, s)
+                s = hs[-1]
             else:
                 gis = hs @ p.w_in.T + p.bias
                 s, hs = jax.lax.scan(
