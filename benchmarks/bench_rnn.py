@@ -290,6 +290,15 @@ def make_torch_gru(params, x, y, threads):
     return _torch_step(gru, readout, x, y, threads)
 
 
+def _torch():
+    """PyTorch if installed (the ``bench`` extra), else ``None`` (its rows are skipped)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 # ---- timing ---------------------------------------------------------------------------
 def first_call(fn, clock):
     with clock:
@@ -323,7 +332,8 @@ def steady(impls, min_rounds, budget, clock):
 def machine_info(torch_threads):
     import equinox
     import flax
-    import torch
+
+    torch = _torch()
 
     return {
         "CPU": platform.processor() or platform.machine(),
@@ -334,7 +344,8 @@ def machine_info(torch_threads):
         "jax": jax.__version__,
         "equinox": equinox.__version__,
         "flax": flax.__version__,
-        "torch": f"{torch.__version__} (default threads {torch_threads})",
+        "torch": (f"{torch.__version__} (default threads {torch_threads})" if torch
+                  else "not installed (PyTorch rows skipped)"),
         "statseq": ss.__version__,
         "load average at start": load_average(),
     }
@@ -384,8 +395,12 @@ def run_cell(cell, args, x, y, xj, yj, clock):
             "flax GRUCell (nn.RNN)": lambda: make_flax_gru(params, xj, yj),
         }
         make_t = make_torch_gru
-    torch_default, torch_threads = make_t(params, x, y, None)
-    torch_one, _ = make_t(params, x, y, 1)
+    torch_rows = ()
+    if _torch() is not None:
+        torch_default, torch_threads = make_t(params, x, y, None)
+        torch_one, _ = make_t(params, x, y, 1)
+        torch_rows = ((f"PyTorch nn.{name} (default: {torch_threads} threads)",
+                       torch_default), (f"PyTorch nn.{name} (1 thread)", torch_one))
     impls, firsts = {}, {}
     for impl, build in builders.items():
         print(f"first call: {impl}", file=sys.stderr)
@@ -396,8 +411,7 @@ def run_cell(cell, args, x, y, xj, yj, clock):
             wall = time.perf_counter() - t0
         impls[impl] = fn
         firsts[impl] = (loss_value(out), wall, clock.total)
-    for impl, fn in ((f"PyTorch nn.{name} (default: {torch_threads} threads)",
-                      torch_default), (f"PyTorch nn.{name} (1 thread)", torch_one)):
+    for impl, fn in torch_rows:
         print(f"first call: {impl}", file=sys.stderr)
         t0 = time.perf_counter()
         out = fn()
@@ -455,13 +469,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.cpus is not None:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    import torch
+    torch = _torch()
 
     command = "python benchmarks/bench_rnn.py" + (f" --cpus {args.cpus}" if args.cpus else "")
     if args.cells != "lstm,gru":
         command += f" --cells {args.cells}"
     started, t_start = datetime.now(UTC), time.perf_counter()
-    info = machine_info(torch.get_num_threads())
+    info = machine_info(torch.get_num_threads() if torch else None)
     clock = CompileClock()
 
     y = simulate(args.batch, args.timesteps)
