@@ -1,0 +1,92 @@
+"""The GRU layer's hand-written backward pass (`gru_layer`) and the cell against flax's
+``GRUCell`` with identical weights (float64)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from statseq.models.neural.cells import RNNBackbone, RNNLayerParams, _recur, gru_layer
+
+I, H, T, N = 3, 4, 11, 2
+
+
+def _stepwise(w_rec, bias_rec, gis, h0):
+    """Automatic differentiation's reference: the cell under ``lax.scan``."""
+    p = RNNLayerParams(None, w_rec, None, bias_rec)
+    return jax.lax.scan(lambda h, gi: _recur("gru", p, h, gi), h0, gis)[1]
+
+
+@pytest.mark.parametrize("batch", [(), (N,)])
+def test_gru_layer_values_and_gradients_equal_autodiff(batch):
+    """Values bit for bit, and the gradients with respect to ``W_h``, ``b_hn``, the input
+    projections and ``h0`` (of a nonlinear loss of all ``h_t``) to 1e-12, for one
+    sequence and a time-major batch."""
+    rng = np.random.default_rng(1)
+    w = jnp.asarray(rng.normal(size=(3 * H, H)) * 0.7)
+    b = jnp.asarray(rng.normal(size=H))
+    gis = jnp.asarray(rng.normal(size=(T, *batch, 3 * H)))
+    h0 = jnp.asarray(rng.normal(size=(*batch, H)))
+    weights = jnp.asarray(rng.normal(size=(T, *batch, H)))
+    np.testing.assert_array_equal(np.asarray(gru_layer(w, b, gis, h0)),
+                                  np.asarray(_stepwise(w, b, gis, h0)))
+
+    def loss(fn):
+        return lambda *a: jnp.sum(jnp.sin(fn(*a)) * weights) + jnp.sum(fn(*a)[-1] ** 2)
+
+    g = jax.grad(loss(gru_layer), argnums=(0, 1, 2, 3))(w, b, gis, h0)
+    g_ref = jax.grad(loss(_stepwise), argnums=(0, 1, 2, 3))(w, b, gis, h0)
+    for a, r in zip(g, g_ref, strict=True):
+        assert a.shape == r.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-12, atol=1e-12)
+
+
+def test_gru_backbone_gradients_equal_stepwise_autodiff():
+    """Two stacked GRU layers: gradients of the whole-sequence path (input projections
+    hoisted, `gru_layer`) with respect to all weights and the inputs equal automatic
+    differentiation of the step-by-step recurrence (`RNNBackbone.step`)."""
+    backbone = RNNBackbone("gru", I, H, num_layers=2)
+    params = backbone.init_params(jax.random.key(5))
+    xs = jnp.asarray(np.random.default_rng(2).normal(size=(T, I)))
+    weights = jnp.asarray(np.random.default_rng(3).normal(size=(T, H)))
+
+    def objective(run):
+        def f(p, xs):
+            final, hs = run(p, xs)
+            return jnp.sum(jnp.tanh(hs) * weights) + jnp.sum(final[0] ** 2)
+        return f
+
+    def stepwise(p, xs):
+        return jax.lax.scan(lambda s, x: backbone.step(p, s, x), backbone.initial_state(p), xs)
+
+    whole = lambda p, xs: backbone.scan(p, backbone.initial_state(p), xs)  # noqa: E731
+    g = jax.grad(objective(whole), argnums=(0, 1))(params, xs)
+    g_ref = jax.grad(objective(stepwise), argnums=(0, 1))(params, xs)
+    for a, r in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-12, atol=1e-12)
+
+
+def test_gru_equals_flax_gru_cell():
+    """flax's ``GRUCell`` (``r = σ(ir(x) + hr(h))``, ``z = σ(iz(x) + hz(h))``, ``n =
+    tanh(in(x) + r * hn(h))``, ``h' = (1 - z) n + z h``, biases on ``ir, iz, in, hn``) is
+    statseq's cell: with its random weights copied into statseq's fused layout, the hidden
+    states of a sequence (whole-sequence path) agree to 1e-12 in float64. flax is a
+    benchmark peer (the ``bench`` extra): skipped when it is not installed."""
+    nn = pytest.importorskip("flax.linen")
+    cell = nn.RNN(nn.GRUCell(H, param_dtype=jnp.float64, dtype=jnp.float64))
+    xs = jnp.asarray(np.random.default_rng(4).normal(size=(N, T, I)))
+    variables = cell.init(jax.random.key(7), xs)
+    ref = cell.apply(variables, xs)  # (N, T, H), zero initial state
+    p = variables["params"]["cell"]
+    params = (RNNLayerParams(
+        w_in=jnp.concatenate([p[f"i{g}"]["kernel"].T for g in "rzn"]),
+        w_rec=jnp.concatenate([p[f"h{g}"]["kernel"].T for g in "rzn"]),
+        bias=jnp.concatenate([p[f"i{g}"]["bias"] for g in "rzn"]),
+        bias_rec=p["hn"]["bias"]),)
+    backbone = RNNBackbone("gru", I, H)
+    state = (jnp.zeros((N, H)),)
+    _, hs = backbone.scan_time_major(params, state, jnp.swapaxes(xs, 0, 1))
+    np.testing.assert_allclose(np.asarray(jnp.swapaxes(hs, 0, 1)), np.asarray(ref),
+                               rtol=1e-12, atol=1e-12)
