@@ -490,6 +490,8 @@ def main(argv=None):
     elapsed = time.perf_counter() - t_start
     text = render(info, command, started, elapsed, sections)
     print(text)
+    if not args.quick:
+        print(f"wrote {record_ratios('rnn', ratios, command=command)}", file=sys.stderr)
     out = args.output or (None if args.quick else Path(__file__).with_name("RESULTS.md"))
     if out is None:
         return
@@ -504,8 +506,7 @@ def main(argv=None):
         new = block + "\n"
     out.write_text(new)
     print(f"wrote {out}", file=sys.stderr)
-    if args.output is None:
-        print(f"wrote {record_ratios('rnn', ratios, command=command)}", file=sys.stderr)
+
 
 
 if __name__ == "__main__":

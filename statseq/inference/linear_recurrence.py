@@ -69,19 +69,26 @@ def combine_affine(earlier, later):
 
 
 def _sequential(a, b, h0):
-    if a.ndim < b.ndim:  # one multiplier for every step: never broadcast over time
+    """`jax.lax.scan` over the state flattened to one vector: XLA vectorizes along the
+    minor axis, and a short one (``N = 16`` states in ``(E, N)``) made the loop about 1.4
+    times slower on CPU than the flat ``(E N,)`` vector."""
+    shape, num_t = b.shape, b.shape[0]
+    b, h0 = b.reshape(num_t, -1), h0.reshape(-1)
+    if a.ndim < len(shape):  # one multiplier for every step: never broadcast over time
+        a = a.reshape(-1)
+
         def body_const(h, b_t):
             h = a * h + b_t
             return h, h
 
-        return jax.lax.scan(body_const, h0, b)[1]
+        return jax.lax.scan(body_const, h0, b)[1].reshape(shape)
 
     def body(h, ab):
         a_t, b_t = ab
         h = a_t * h + b_t
         return h, h
 
-    return jax.lax.scan(body, h0, (a, b))[1]
+    return jax.lax.scan(body, h0, (a.reshape(num_t, -1), b))[1].reshape(shape)
 
 
 def _parallel(a, b, h0):
