@@ -13,31 +13,33 @@ from statseq.models.neural.cells import RNNBackbone, RNNLayerParams, _recur, gru
 I, H, T, N = 3, 4, 11, 2
 
 
-def _stepwise(w_rec, bias_rec, gis, h0):
+def _stepwise(w_in, bias, w_rec, bias_rec, xs, h0):
     """Automatic differentiation's reference: the cell under ``lax.scan``."""
-    p = RNNLayerParams(None, w_rec, None, bias_rec)
-    return jax.lax.scan(lambda h, gi: _recur("gru", p, h, gi), h0, gis)[1]
+    p = RNNLayerParams(w_in, w_rec, bias, bias_rec)
+    return jax.lax.scan(lambda h, x: _recur("gru", p, h, x @ w_in.T + bias), h0, xs)[1]
 
 
+@pytest.mark.parametrize("t_len", [T, 70])  # 70 = a partial chunk and two full chunks
 @pytest.mark.parametrize("batch", [(), (N,)])
-def test_gru_layer_values_and_gradients_equal_autodiff(batch):
-    """Values bit for bit, and the gradients with respect to ``W_h``, ``b_hn``, the input
-    projections and ``h0`` (of a nonlinear loss of all ``h_t``) to 1e-12, for one
-    sequence and a time-major batch."""
+def test_gru_layer_values_and_gradients_equal_autodiff(batch, t_len):
+    """Values and the gradients with respect to ``W_x``, ``b``, ``W_h``, ``b_hn``, the
+    inputs and ``h0`` (of a nonlinear loss of all ``h_t``) equal automatic
+    differentiation of the step-by-step cell to 1e-12, for one sequence and a time-major
+    batch, with fewer steps than one chunk of the backward pass and with several."""
     rng = np.random.default_rng(1)
-    w = jnp.asarray(rng.normal(size=(3 * H, H)) * 0.7)
-    b = jnp.asarray(rng.normal(size=H))
-    gis = jnp.asarray(rng.normal(size=(T, *batch, 3 * H)))
-    h0 = jnp.asarray(rng.normal(size=(*batch, H)))
-    weights = jnp.asarray(rng.normal(size=(T, *batch, H)))
-    np.testing.assert_array_equal(np.asarray(gru_layer(w, b, gis, h0)),
-                                  np.asarray(_stepwise(w, b, gis, h0)))
+    args = (jnp.asarray(rng.normal(size=(3 * H, I))), jnp.asarray(rng.normal(size=3 * H)),
+            jnp.asarray(rng.normal(size=(3 * H, H)) * 0.7), jnp.asarray(rng.normal(size=H)),
+            jnp.asarray(rng.normal(size=(t_len, *batch, I))),
+            jnp.asarray(rng.normal(size=(*batch, H))))
+    weights = jnp.asarray(rng.normal(size=(t_len, *batch, H)))
+    np.testing.assert_allclose(np.asarray(gru_layer(*args)), np.asarray(_stepwise(*args)),
+                               rtol=1e-13, atol=1e-13)
 
     def loss(fn):
         return lambda *a: jnp.sum(jnp.sin(fn(*a)) * weights) + jnp.sum(fn(*a)[-1] ** 2)
 
-    g = jax.grad(loss(gru_layer), argnums=(0, 1, 2, 3))(w, b, gis, h0)
-    g_ref = jax.grad(loss(_stepwise), argnums=(0, 1, 2, 3))(w, b, gis, h0)
+    g = jax.grad(loss(gru_layer), argnums=tuple(range(6)))(*args)
+    g_ref = jax.grad(loss(_stepwise), argnums=tuple(range(6)))(*args)
     for a, r in zip(g, g_ref, strict=True):
         assert a.shape == r.shape
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-12, atol=1e-12)
