@@ -19,8 +19,8 @@ def _stepwise(w_in, bias, w_rec, bias_rec, xs, h0):
     return jax.lax.scan(lambda h, x: _recur("gru", p, h, x @ w_in.T + bias), h0, xs)[1]
 
 
-@pytest.mark.parametrize("t_len", [T, 70])  # 70 = a partial chunk and two full chunks
-@pytest.mark.parametrize("batch", [(), (N,)])
+# 70 steps: a partial chunk of the backward pass and two full ones
+@pytest.mark.parametrize(("batch", "t_len"), [((), T), ((N,), 70)])
 def test_gru_layer_values_and_gradients_equal_autodiff(batch, t_len):
     """Values and the gradients with respect to ``W_x``, ``b``, ``W_h``, ``b_hn``, the
     inputs and ``h0`` (of a nonlinear loss of all ``h_t``) equal automatic
