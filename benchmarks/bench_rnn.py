@@ -1,28 +1,36 @@
-"""LSTM training step: statseq vs equinox, flax and PyTorch, in one run.
+"""LSTM and GRU training steps: statseq vs equinox, flax and PyTorch, in one run.
 
 One training step is the forward and backward pass of the negative log-likelihood of a
-batch of 32 sequences of 1000 steps under a one-layer LSTM (hidden size 128) with a
-Gaussian head, the model `statseq.LSTM(hidden_dim=128)` defines:
+batch of 32 sequences of 1000 steps under a one-layer LSTM or GRU (hidden size 128) with a
+Gaussian head, the models `statseq.LSTM(hidden_dim=128)` and `statseq.GRU(hidden_dim=128)`
+define:
 
-    x_t = [y_{t-1}, 1{t > 1}],  (h_t, c_t) = LSTM((h_{t-1}, c_{t-1}), x_t),
-    y_t ~ N(mu_t, softplus(s_t) + 1e-4),  (mu_t, s_t) = W h_t + b.
+    x_t = [y_{t-1}, 1{t > 1}],  (h_t, c_t) = LSTM((h_{t-1}, c_{t-1}), x_t)  (or
+    h_t = GRU(h_{t-1}, x_t)),  y_t ~ N(mu_t, softplus(s_t) + 1e-4),  (mu_t, s_t) = W h_t + b.
+
+The GRU peers compute the same cell (reset gate applied to ``W_hn h + b_hn``, as
+statseq, ``torch.nn.GRU``, equinox's ``GRUCell`` and flax's ``GRUCell``; flax's kernels
+are the transposed gate blocks of statseq's fused matrices, its ``hn`` bias is ``b_hn``).
 
 Every implementation gets the same weights and data (float32) and must report the same
 loss (the table shows the relative difference from statseq's). Peers:
 
-* equinox ``LSTMCell`` under ``lax.scan`` (vmapped over the batch), jitted;
-* flax ``nn.RNN(nn.OptimizedLSTMCell)`` (linen), jitted;
-* PyTorch ``nn.LSTM`` (fused CPU kernels), default thread count and single-threaded.
+* equinox ``LSTMCell`` / ``GRUCell`` under ``lax.scan`` (vmapped over the batch), jitted;
+* flax ``nn.RNN(nn.OptimizedLSTMCell)`` / ``nn.RNN(nn.GRUCell)`` (linen), jitted;
+* PyTorch ``nn.LSTM`` / ``nn.GRU`` (fused CPU kernels), default thread count and
+  single-threaded.
 
 statseq runs the program `statseq.fit_sgd` compiles: ``run_filter`` on complete data (the
 batch-level path: one time-major scan over the whole batch, the LSTM layer's hand-written
-chunked backward pass) under ``jax.value_and_grad``. First calls are timed with compile
-time separated (JAX's own compile events); steady-state times are medians over interleaved
-rounds (every implementation once per round, rotating order) and ratios are medians of
-per-round ratios.
+chunked backward pass, the GRU layer's `gru_layer`) under ``jax.value_and_grad``. First
+calls are timed with compile time separated (JAX's own compile events); steady-state
+times are medians over interleaved rounds (every implementation once per round, rotating
+order) and ratios are medians of per-round ratios.
 
 Usage:
-    python benchmarks/bench_rnn.py [--quick] [--output PATH] [--cpus 0]
+    python benchmarks/bench_rnn.py [--quick] [--output PATH] [--cpus 0] [--cells lstm,gru]
+
+Ratios (statseq time / peer time) go to ``benchmarks/ratios/rnn.json`` (full runs).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from _harness import (  # noqa: E402
     load_average,
     md_table,
     paired_ratio,
+    record_ratios,
     render,
 )
 
@@ -173,16 +182,22 @@ def make_torch(params, x, y, threads):
         lstm.bias_hh_l0.zero_()
         readout.weight.copy_(torch.from_numpy(np.array(head.weight)))
         readout.bias.copy_(torch.from_numpy(np.array(head.bias)))
+    return _torch_step(lstm, readout, x, y, threads)
+
+
+def _torch_step(rnn, readout, x, y, threads):
+    import torch
+
     xt, yt = torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))
     default_threads = torch.get_num_threads()
     n_threads = default_threads if threads is None else threads
-    params_list = list(lstm.parameters()) + list(readout.parameters())
+    params_list = list(rnn.parameters()) + list(readout.parameters())
 
     def run():
         torch.set_num_threads(n_threads)
         for p in params_list:
             p.grad = None
-        hs, _ = lstm(xt)
+        hs, _ = rnn(xt)
         eta = readout(hs)
         scale = torch.nn.functional.softplus(eta[..., 1]) + MIN_SCALE
         z = (yt - eta[..., 0]) / scale
@@ -192,6 +207,96 @@ def make_torch(params, x, y, threads):
         return loss.detach().numpy()
 
     return run, n_threads
+
+
+def make_equinox_gru(params, x, y):
+    import equinox as eqx
+
+    layer, head = params.backbone[0], params.head
+    hid = layer.w_rec.shape[1]
+    cell = eqx.nn.GRUCell(2, hid, key=jax.random.key(0))
+    cell = eqx.tree_at(lambda c: (c.weight_ih, c.weight_hh, c.bias, c.bias_n), cell,
+                       (layer.w_in, layer.w_rec, layer.bias, layer.bias_rec))
+    readout = eqx.nn.Linear(hid, 2, key=jax.random.key(1))
+    readout = eqx.tree_at(lambda r: (r.weight, r.bias), readout, (head.weight, head.bias))
+
+    def loss(modules, x, y):
+        cell, readout = modules
+
+        def one(xs):
+            def body(h, x_t):
+                h = cell(x_t, h)
+                return h, h
+
+            _, hs = jax.lax.scan(body, jnp.zeros(hid, jnp.float32), xs)
+            return jax.vmap(readout)(hs)
+
+        return gaussian_nll(jax.vmap(one)(x), y)
+
+    step = eqx.filter_jit(eqx.filter_value_and_grad(loss))
+    modules = (cell, readout)
+    return lambda: jax.block_until_ready(step(modules, x, y))
+
+
+def make_flax_gru(params, x, y):
+    """flax ``GRUCell``: ``r = sigmoid(ir(x) + hr(h))``, ``z = sigmoid(iz(x) + hz(h))``,
+    ``n = tanh(in(x) + r * hn(h))``, ``h' = (1 - z) n + z h`` with biases on ``ir, iz,
+    in`` and ``hn``: statseq's cell with ``b = [b_ir, b_iz, b_in]`` and ``b_hn``."""
+    import flax.linen as nn
+
+    layer, head = params.backbone[0], params.head
+    hid = layer.w_rec.shape[1]
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            hs = nn.RNN(nn.GRUCell(hid))(x)
+            return nn.Dense(2)(hs)
+
+    net = Net()
+    variables = net.init(jax.random.key(0), x[:1])
+    cell_params = {}
+    for k, gate in enumerate("rzn"):
+        rows = slice(k * hid, (k + 1) * hid)
+        cell_params[f"i{gate}"] = {"kernel": layer.w_in[rows].T, "bias": layer.bias[rows]}
+        cell_params[f"h{gate}"] = {"kernel": layer.w_rec[rows].T}
+    cell_params["hn"]["bias"] = layer.bias_rec
+    fparams = {"params": {"GRUCell_0": cell_params,
+                          "Dense_0": {"kernel": head.weight.T, "bias": head.bias}}}
+    assert jax.tree.structure(fparams) == jax.tree.structure(variables)
+
+    def loss(p, x, y):
+        return gaussian_nll(net.apply(p, x), y)
+
+    step = jax.jit(jax.value_and_grad(loss))
+    return lambda: jax.block_until_ready(step(fparams, x, y))
+
+
+def make_torch_gru(params, x, y, threads):
+    import torch
+
+    layer, head = params.backbone[0], params.head
+    hid = layer.w_rec.shape[1]
+    gru = torch.nn.GRU(2, hid, batch_first=True)
+    readout = torch.nn.Linear(hid, 2)
+    bias_hh = np.concatenate([np.zeros(2 * hid, np.float32), np.array(layer.bias_rec)])
+    with torch.no_grad():
+        gru.weight_ih_l0.copy_(torch.from_numpy(np.array(layer.w_in)))
+        gru.weight_hh_l0.copy_(torch.from_numpy(np.array(layer.w_rec)))
+        gru.bias_ih_l0.copy_(torch.from_numpy(np.array(layer.bias)))
+        gru.bias_hh_l0.copy_(torch.from_numpy(bias_hh))
+        readout.weight.copy_(torch.from_numpy(np.array(head.weight)))
+        readout.bias.copy_(torch.from_numpy(np.array(head.bias)))
+    return _torch_step(gru, readout, x, y, threads)
+
+
+def _torch():
+    """PyTorch if installed (the ``bench`` extra), else ``None`` (its rows are skipped)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
 
 
 # ---- timing ---------------------------------------------------------------------------
@@ -227,7 +332,8 @@ def steady(impls, min_rounds, budget, clock):
 def machine_info(torch_threads):
     import equinox
     import flax
-    import torch
+
+    torch = _torch()
 
     return {
         "CPU": platform.processor() or platform.machine(),
@@ -238,10 +344,116 @@ def machine_info(torch_threads):
         "jax": jax.__version__,
         "equinox": equinox.__version__,
         "flax": flax.__version__,
-        "torch": f"{torch.__version__} (default threads {torch_threads})",
+        "torch": (f"{torch.__version__} (default threads {torch_threads})" if torch
+                  else "not installed (PyTorch rows skipped)"),
         "statseq": ss.__version__,
         "load average at start": load_average(),
     }
+
+
+def make_statseq_autodiff_gru(params, y):
+    """statseq's GRU cell (`cells._recur`) under ``lax.scan`` differentiated by JAX, the
+    input projection hoisted: the code path statseq used before `gru_layer` (same
+    work as the other rows: the loss is the same Gaussian NLL)."""
+    from statseq.models.neural.cells import _recur
+
+    layer, head = params.backbone[0], params.head
+    x = jnp.asarray(lagged_inputs(np.asarray(y)))
+
+    def loss(p, x, y):
+        layer, head = p
+        gis = jnp.swapaxes(x, 0, 1) @ layer.w_in.T + layer.bias
+        h0 = jnp.zeros((x.shape[0], layer.w_rec.shape[1]), x.dtype)
+        _, hs = jax.lax.scan(lambda h, gi: _recur("gru", layer, h, gi), h0, gis)
+        eta = jnp.swapaxes(hs, 0, 1) @ head.weight.T + head.bias
+        return gaussian_nll(eta, y)
+
+    step = jax.jit(jax.value_and_grad(loss))
+    return lambda: jax.block_until_ready(step((layer, head), x, y))
+
+
+def run_cell(cell, args, x, y, xj, yj, clock):
+    """Time one cell's implementations: ``(title, intro, table, ratios)``."""
+    name = cell.upper()
+    model = (ss.LSTM if cell == "lstm" else ss.GRU)(hidden_dim=args.hidden)
+    params = model.initialize(y, key=jax.random.key(0))
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    ref_name = f"statseq {name}"
+    if cell == "lstm":
+        builders = {
+            ref_name: lambda: make_statseq(model, params, yj),
+            "equinox LSTMCell + lax.scan": lambda: make_equinox(params, xj, yj),
+            "flax OptimizedLSTMCell (nn.RNN)": lambda: make_flax(params, xj, yj),
+        }
+        make_t = make_torch
+    else:
+        builders = {
+            ref_name: lambda: make_statseq(model, params, yj),
+            "statseq GRU cell, autodiff of lax.scan (before gru_layer)":
+                lambda: make_statseq_autodiff_gru(params, yj),
+            "equinox GRUCell + lax.scan": lambda: make_equinox_gru(params, xj, yj),
+            "flax GRUCell (nn.RNN)": lambda: make_flax_gru(params, xj, yj),
+        }
+        make_t = make_torch_gru
+    torch_rows = ()
+    if _torch() is not None:
+        torch_default, torch_threads = make_t(params, x, y, None)
+        torch_one, _ = make_t(params, x, y, 1)
+        torch_rows = ((f"PyTorch nn.{name} (default: {torch_threads} threads)",
+                       torch_default), (f"PyTorch nn.{name} (1 thread)", torch_one))
+    impls, firsts = {}, {}
+    for impl, build in builders.items():
+        print(f"first call: {impl}", file=sys.stderr)
+        with clock:
+            t0 = time.perf_counter()
+            fn = build()
+            out = fn()
+            wall = time.perf_counter() - t0
+        impls[impl] = fn
+        firsts[impl] = (loss_value(out), wall, clock.total)
+    for impl, fn in torch_rows:
+        print(f"first call: {impl}", file=sys.stderr)
+        t0 = time.perf_counter()
+        out = fn()
+        firsts[impl] = (loss_value(out), time.perf_counter() - t0, 0.0)
+        impls[impl] = fn
+
+    min_rounds, budget = (3, 10.0) if args.quick else (7, 60.0)
+    print("steady state ...", file=sys.stderr)
+    results, rounds, recompile = steady(impls, min_rounds, budget, clock)
+    ref_loss = firsts[ref_name][0]
+    ref_min = min(results[ref_name]["times"])
+    rows, ratios = [], {}
+    for impl in impls:
+        loss, wall, comp = firsts[impl]
+        times = results[impl]["times"]
+        ratio = paired_ratio(results[impl], results[ref_name])
+        rows.append([
+            impl, f"{abs(loss - ref_loss) / abs(ref_loss):.1e}", fmt_s(wall),
+            fmt_s(comp) if comp else "–", fmt_s(statistics.median(times)), fmt_s(min(times)),
+            "1" if impl == ref_name else f"{ratio:.2f}",
+            "1" if impl == ref_name else f"{min(times) / ref_min:.2f}",
+        ])
+        if impl != ref_name:
+            key = impl.split(" (default")[0].split(" (1 thread")[0]
+            key += " 1 thread" if "(1 thread)" in impl else ""
+            ratios[f"{cell} training step B={args.batch} T={args.timesteps} "
+                   f"H={args.hidden} f32 | statseq / {key}"] = 1.0 / ratio
+    fastest_peer = min((n for n in impls if n != ref_name),
+                       key=lambda n: statistics.median(results[n]["times"]))
+    table = md_table(
+        ["implementation", "loss rel. Δ", "first call", "compile", "steady median",
+         "min", "time / statseq (median of rounds)", "time / statseq (ratio of minima)"],
+        rows,
+    )
+    intro = (
+        f"Forward + backward of the Gaussian negative log-likelihood, batch {args.batch}, "
+        f"{args.timesteps} steps, hidden {args.hidden}, float32; {rounds} interleaved "
+        f"rounds; time / statseq is the median per-round ratio (> 1: statseq faster). "
+        f"Fastest peer: {fastest_peer}. Compile events during the steady state: "
+        f"{recompile:.2f} s (should be 0). Load average {load_average()}."
+    )
+    return f"{name} training step", intro, table, ratios
 
 
 def main(argv=None):
@@ -253,81 +465,33 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--timesteps", type=int, default=1000)
     parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--cells", default="lstm,gru", help="lstm, gru or lstm,gru")
     args = parser.parse_args(argv)
     if args.cpus is not None:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    import torch
+    torch = _torch()
 
     command = "python benchmarks/bench_rnn.py" + (f" --cpus {args.cpus}" if args.cpus else "")
+    if args.cells != "lstm,gru":
+        command += f" --cells {args.cells}"
     started, t_start = datetime.now(UTC), time.perf_counter()
-    info = machine_info(torch.get_num_threads())
+    info = machine_info(torch.get_num_threads() if torch else None)
     clock = CompileClock()
 
     y = simulate(args.batch, args.timesteps)
     x = lagged_inputs(y)
-    model = ss.LSTM(hidden_dim=args.hidden)
-    params = model.initialize(y, key=jax.random.key(0))
-    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
     yj, xj = jnp.asarray(y), jnp.asarray(x)
-
-    impls, firsts = {}, {}
-    builders = {
-        "statseq LSTM": lambda: make_statseq(model, params, yj),
-        "equinox LSTMCell + lax.scan": lambda: make_equinox(params, xj, yj),
-        "flax OptimizedLSTMCell (nn.RNN)": lambda: make_flax(params, xj, yj),
-    }
-    torch_default, torch_threads = make_torch(params, x, y, None)
-    torch_one, _ = make_torch(params, x, y, 1)
-    for name, build in builders.items():
-        print(f"first call: {name}", file=sys.stderr)
-        with clock:
-            t0 = time.perf_counter()
-            fn = build()
-            out = fn()
-            wall = time.perf_counter() - t0
-        impls[name] = fn
-        firsts[name] = (loss_value(out), wall, clock.total)
-    for name, fn in ((f"PyTorch nn.LSTM (default: {torch_threads} threads)", torch_default),
-                     ("PyTorch nn.LSTM (1 thread)", torch_one)):
-        print(f"first call: {name}", file=sys.stderr)
-        t0 = time.perf_counter()
-        out = fn()
-        firsts[name] = (loss_value(out), time.perf_counter() - t0, 0.0)
-        impls[name] = fn
-
-    min_rounds, budget = (3, 10.0) if args.quick else (7, 60.0)
-    print("steady state ...", file=sys.stderr)
-    results, rounds, recompile = steady(impls, min_rounds, budget, clock)
-    ref_name = "statseq LSTM"
-    ref_loss = firsts[ref_name][0]
-    rows = []
-    for name in impls:
-        loss, wall, comp = firsts[name]
-        times = results[name]["times"]
-        ratio = paired_ratio(results[name], results[ref_name])
-        rows.append([
-            name, f"{abs(loss - ref_loss) / abs(ref_loss):.1e}", fmt_s(wall),
-            fmt_s(comp) if comp else "–", fmt_s(statistics.median(times)), fmt_s(min(times)),
-            "1" if name == ref_name else f"{ratio:.2f}",
-        ])
-    fastest_peer = min((n for n in impls if n != ref_name),
-                       key=lambda n: statistics.median(results[n]["times"]))
-    table = md_table(
-        ["implementation", "loss rel. Δ", "first call", "compile", "steady median",
-         "min", "time / statseq"],
-        rows,
-    )
+    sections, ratios = [], {}
+    for cell in args.cells.split(","):
+        title, intro, table, cell_ratios = run_cell(cell, args, x, y, xj, yj, clock)
+        sections.append((title, intro, table))
+        ratios.update(cell_ratios)
     info["load average at end"] = load_average()
-    intro = (
-        f"Forward + backward of the Gaussian negative log-likelihood, batch {args.batch}, "
-        f"{args.timesteps} steps, hidden {args.hidden}, float32; {rounds} interleaved "
-        f"rounds; time / statseq is the median per-round ratio (> 1: statseq faster). "
-        f"Fastest peer: {fastest_peer}. Compile events during the steady state: "
-        f"{recompile:.2f} s (should be 0)."
-    )
     elapsed = time.perf_counter() - t_start
-    text = render(info, command, started, elapsed, [("LSTM training step", intro, table)])
+    text = render(info, command, started, elapsed, sections)
     print(text)
+    if not args.quick:
+        print(f"wrote {record_ratios('rnn', ratios, command=command)}", file=sys.stderr)
     out = args.output or (None if args.quick else Path(__file__).with_name("RESULTS.md"))
     if out is None:
         return
@@ -342,6 +506,7 @@ def main(argv=None):
         new = block + "\n"
     out.write_text(new)
     print(f"wrote {out}", file=sys.stderr)
+
 
 
 if __name__ == "__main__":

@@ -4,8 +4,16 @@
 
     python benchmarks/bench_scan.py          # full run (5-10 min, 2 busy cores), updates RESULTS.md
     python benchmarks/bench_scan.py --quick  # smoke run (T up to 10^4), prints only
+    python benchmarks/bench_scan.py --floor-only  # only S0 (below)
 
 Workloads, float32 (the training precision), data from a fixed seed:
+
+0. *The floor* (issue 13, point 4), ``D = 128`` channels x ``N = 16`` states, T = 10^3,
+   10^4, 10^5: statseq's sequential `selective_scan` (outputs ``y`` and ``h_T``) and
+   `linear_recurrence` (all ``h_t``; a multiplier per step, or one constant multiplier as
+   an LRU's ``λ``) against the same recursion as a numba ``@njit`` loop (the compiled
+   floor), a NumPy loop over time, and statseq's code before this change. Ratios
+   (statseq time / other time) go to ``benchmarks/ratios/scan.json`` on full runs.
 
 1. *Selective scan* of Mamba's shape: ``d = 64`` channels times ``N = 16`` states,
    ``h_t = exp(Δ_t A) * h_{t-1} + (Δ_t x_t) B_t``, ``y_t = h_t C_t`` for
@@ -46,6 +54,7 @@ from _harness import (  # noqa: E402
     load_average,
     md_table,
     paired_ratio,
+    record_ratios,
     render,
 )
 
@@ -96,15 +105,15 @@ def machine_info():
 # ---------------------------------------------------------------------------------------
 # workloads
 # ---------------------------------------------------------------------------------------
-def scan_inputs(t_len):
+def scan_inputs(t_len, d=D):
     import jax.numpy as jnp
     import numpy as np
 
     rng = np.random.default_rng([SEED, t_len])
     f32 = np.float32
-    delta = np.log1p(np.exp(rng.normal(-2.0, 1.0, (t_len, D)))).astype(f32)  # softplus
-    x = rng.normal(size=(t_len, D)).astype(f32)
-    a = -np.tile(np.arange(1, N + 1, dtype=f32), (D, 1))  # S4D-real A
+    delta = np.log1p(np.exp(rng.normal(-2.0, 1.0, (t_len, d)))).astype(f32)  # softplus
+    x = rng.normal(size=(t_len, d)).astype(f32)
+    a = -np.tile(np.arange(1, N + 1, dtype=f32), (d, 1))  # S4D-real A
     b = rng.normal(size=(t_len, N)).astype(f32)
     c = rng.normal(size=(t_len, N)).astype(f32)
     return tuple(jnp.asarray(v) for v in (delta, x, a, b, c))
@@ -161,6 +170,213 @@ def bench_pair(timer, name, t_len, make_fn, rows, log):
     ])
     log(f"{name} T={t_len}: seq {fmt_s(seq['median'])} par {fmt_s(par['median'])} "
         f"(rel diff {diff:.1e})")
+
+
+# ---------------------------------------------------------------------------------------
+# S0: the compiled-loop floor (numba) and a NumPy loop, D = 128 channels x N = 16 states
+# ---------------------------------------------------------------------------------------
+D_FLOOR = 128
+
+
+def floor_kernels():
+    """numba ``@njit`` loops (no fastmath: IEEE float32 like XLA's default), compiled on
+    first call. Each does exactly statseq's work: the same recursion, the same dtype, the
+    same outputs (all ``h_t`` for `linear_recurrence`; ``y`` and ``h_T`` for
+    `selective_scan`), a fresh output array per call."""
+    import numba
+    import numpy as np
+
+    @numba.njit(cache=False)
+    def recurrence(a, b):  # a_t per step: (T, D, N)
+        t_len, d, n = b.shape
+        out = np.empty_like(b)
+        h = np.zeros((d, n), b.dtype)
+        for t in range(t_len):
+            for e in range(d):
+                for k in range(n):
+                    h[e, k] = a[t, e, k] * h[e, k] + b[t, e, k]
+                    out[t, e, k] = h[e, k]
+        return out
+
+    @numba.njit(cache=False)
+    def recurrence_const(a, b):  # one multiplier (D, N) for every step
+        t_len, d, n = b.shape
+        out = np.empty_like(b)
+        h = np.zeros((d, n), b.dtype)
+        for t in range(t_len):
+            for e in range(d):
+                for k in range(n):
+                    h[e, k] = a[e, k] * h[e, k] + b[t, e, k]
+                    out[t, e, k] = h[e, k]
+        return out
+
+    @numba.njit(cache=False)
+    def selective(delta, x, a, b, c):
+        t_len, d = delta.shape
+        n = a.shape[1]
+        h = np.zeros((d, n), np.float32)
+        y = np.empty((t_len, d), np.float32)
+        for t in range(t_len):
+            for e in range(d):
+                dx = delta[t, e] * x[t, e]
+                acc = np.float32(0.0)
+                for k in range(n):
+                    v = np.exp(delta[t, e] * a[e, k]) * h[e, k] + dx * b[t, k]
+                    h[e, k] = v
+                    acc += v * c[t, k]
+                y[t, e] = acc
+        return y, h
+
+    return recurrence, recurrence_const, selective
+
+
+def numpy_recurrence(a, b):
+    """Plain NumPy loop over time, vectorized over the state (``a`` per step or constant)."""
+    import numpy as np
+
+    out = np.empty_like(b)
+    h = np.zeros(b.shape[1:], b.dtype)
+    per_step = a.ndim == b.ndim
+    for t in range(b.shape[0]):
+        h = (a[t] if per_step else a) * h + b[t]
+        out[t] = h
+    return out
+
+
+def numpy_selective(delta, x, a, b, c):
+    import numpy as np
+
+    h = np.zeros(a.shape, np.float32)
+    y = np.empty(delta.shape, np.float32)
+    for t in range(delta.shape[0]):
+        h = np.exp(delta[t][:, None] * a) * h + (delta[t] * x[t])[:, None] * b[t][None, :]
+        y[t] = h @ c[t]
+    return y, h
+
+
+def _selective_before(delta, x, a, b, c):
+    """statseq's sequential selective scan before this change: state ``(E, N)``."""
+    import jax
+    import jax.numpy as jnp
+
+    def body(h, xs):
+        d_t, x_t, b_t, c_t = xs
+        h = jnp.exp(d_t[:, None] * a) * h + (d_t * x_t)[:, None] * b_t[None, :]
+        return h, h @ c_t
+
+    h_last, y = jax.lax.scan(body, jnp.zeros(a.shape, a.dtype), (delta, x, b, c))
+    return y, h_last
+
+
+def _recurrence_before(a, b):
+    """statseq's sequential linear recurrence before this change: a constant multiplier
+    broadcast over time first."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.broadcast_to(a, b.shape)
+
+    def body(h, ab):
+        h = ab[0] * h + ab[1]
+        return h, h
+
+    return jax.lax.scan(body, jnp.zeros(b.shape[1:], b.dtype), (a, b))[1]
+
+
+def floor_inputs(kind, t_len):
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng([SEED, t_len, len(kind)])
+    f32 = np.float32
+    d, n = D_FLOOR, N
+    if kind == "selective":
+        return scan_inputs(t_len, d)
+    lam = np.exp(-rng.uniform(0.001, 0.5, size=(d, n))).astype(f32)
+    b = jnp.asarray(rng.normal(size=(t_len, d, n)).astype(f32))
+    if kind == "constant":
+        return jnp.asarray(lam), b
+    jitter = rng.uniform(0.9, 1.0, size=(t_len, 1, 1)).astype(f32)
+    return jnp.asarray(lam * jitter), b
+
+
+def bench_floor(timer, kind, t_len, kernels, rows, ratios, log):
+    """statseq (jitted, sequential) against numba, a NumPy loop and statseq's previous
+    code, on the same inputs; numba and NumPy read the JAX arrays' buffers (no copies)."""
+    from functools import partial
+
+    import jax
+    import numpy as np
+
+    from statseq.inference.linear_recurrence import linear_recurrence, selective_scan
+
+    inputs = floor_inputs(kind, t_len)
+    views = tuple(np.asarray(v) for v in inputs)
+    recurrence, recurrence_const, selective = kernels
+    if kind == "selective":
+        ours = jax.jit(partial(selective_scan, parallel=False))
+        impls = {
+            "statseq": partial(ours, *inputs),
+            "statseq before": partial(jax.jit(_selective_before), *inputs),
+            "numba": partial(selective, *views),
+            "NumPy loop": partial(numpy_selective, *views),
+        }
+        label = "selective scan (fused, y and h_T)"
+    else:
+        ours = jax.jit(partial(linear_recurrence, parallel=False))
+        impls = {
+            "statseq": partial(ours, *inputs),
+            "numba": partial(recurrence if kind == "per-step" else recurrence_const, *views),
+            "NumPy loop": partial(numpy_recurrence, *views),
+        }
+        if kind == "constant":
+            impls["statseq before"] = partial(jax.jit(_recurrence_before), *inputs)
+        label = f"linear recurrence, {kind} a (all h_t)"
+    firsts = {name: timer.first(fn) for name, fn in impls.items()}
+    ref = firsts["numba"][0]
+    diffs = {name: _rel_diff(v[0], ref) for name, v in firsts.items()}
+    res = timer.rounds(impls)
+    base = res["statseq"]
+    key = f"{label.split(' (')[0]} D={D_FLOOR} N={N} T={t_len:.0e} f32".replace("+0", "")
+    for name in impls:
+        r = res[name]
+        vs_ours = paired_ratio(base, r)  # statseq time / this time
+        rows.append([
+            label if name == "statseq" else "", f"{t_len:,}", name,
+            f"{fmt_s(firsts[name][1])}" + (f" ({fmt_s(firsts[name][2])})"
+                                          if firsts[name][2] else ""),
+            fmt_s(r["median"]), fmt_s(r["min"]),
+            "1" if name == "statseq" else f"{vs_ours:.2f}",
+            "1" if name == "statseq" else f"{base['min'] / r['min']:.2f}",
+            f"{diffs[name]:.1e}",
+        ])
+        if name != "statseq":
+            ratios[f"{key} | statseq / {name}"] = vs_ours
+    log(f"{label} T={t_len}: statseq {fmt_s(base['median'])} numba "
+        f"{fmt_s(res['numba']['median'])} ratio {paired_ratio(base, res['numba']):.2f}")
+
+
+def run_floor(args, log):
+    kernels = floor_kernels()
+    timer = Timer(min_rounds=3 if args.quick else 5, budget_s=2.0 if args.quick else 6.0)
+    lengths = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    rows, ratios = [], {}
+    for kind in ("selective", "constant", "per-step"):
+        for t_len in lengths:
+            bench_floor(timer, kind, t_len, kernels, rows, ratios, log)
+    headers = ["workload", "T", "implementation", "first call (compile)", "steady median",
+               "min", "statseq / this (median of rounds)", "statseq / this (ratio of minima)",
+               "max rel. diff vs numba"]
+    intro = (f"float32, D = {D_FLOOR} channels x N = {N} states. statseq: the public "
+             "function under `jax.jit`, `parallel=False` (the CPU default). numba: the same "
+             "recursion as a compiled `@njit` loop (no fastmath; compile time is its first "
+             "call). NumPy loop: a Python loop over time, vectorized over the state. "
+             "statseq before: the code before this change (selective scan with an (E, N) "
+             "state; the constant multiplier broadcast over time). Ratios are statseq's time "
+             "over the row's (< 1: statseq faster), the median of per-round ratios and the "
+             f"ratio of minima. Load average {load_average()}.")
+    return ("S0. The diagonal recurrence against the numba floor and a NumPy loop", intro,
+            md_table(headers, rows)), ratios
 
 
 def run(args, log):
@@ -227,6 +443,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="T up to 10^4, prints only")
     parser.add_argument("--output", type=Path, default=None,
                         help="markdown file to update (default RESULTS.md for a full run)")
+    parser.add_argument("--floor-only", action="store_true",
+                        help="only S0 (statseq against numba and a NumPy loop)")
     parser.add_argument("--cpus", type=str, default=None,
                         help="pin to these CPUs, e.g. '0' (os.sched_setaffinity)")
     args = parser.parse_args()
@@ -236,13 +454,15 @@ def main():
     # is imported; a cache filled by an earlier run would make "first" a cache load)
     os.environ["STATSEQ_NO_COMPILATION_CACHE"] = "1"
     command = "python benchmarks/bench_scan.py" + (" --quick" if args.quick else "") + (
+        " --floor-only" if args.floor_only else "") + (
         f" --cpus {args.cpus}" if args.cpus is not None else "")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.perf_counter()
     info = machine_info()
     info["load average at start"] = load_average()
-    sections = run(args, log)
+    floor_section, ratios = run_floor(args, log)
+    sections = [floor_section] + ([] if args.floor_only else run(args, log))
     info["load average at end"] = load_average()
     text = render(info, command, started, time.perf_counter() - t0, sections)
     print(text)
@@ -251,6 +471,7 @@ def main():
     if output is not None:
         write_results(output, command, text)
         log(f"wrote {output}")
+        log(f"wrote {record_ratios('scan', ratios, command=command)}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ float64, including ``|a|`` close to one and complex ``a``).
 
 `selective_scan` is Mamba's input-dependent instance with a readout,
 ``y_t = C_t h_t``; its sequential form never stores the ``(T, E, N)`` states (about five
-times faster than materializing them on CPU), its parallel form is `linear_recurrence`.
+times faster than materializing them on CPU) and keeps the state as ``(N, E)`` so that the
+vector work runs along the channels; its parallel form is `linear_recurrence`.
 
 ``parallel=None`` chooses by backend (`statseq.inference._backend.use_parallel`):
 sequential on CPU, where the associative scan does about twice the arithmetic for no gain
@@ -68,12 +69,26 @@ def combine_affine(earlier, later):
 
 
 def _sequential(a, b, h0):
+    """`jax.lax.scan` over the state flattened to one vector: XLA vectorizes along the
+    minor axis, and a short one (``N = 16`` states in ``(E, N)``) made the loop about 1.4
+    times slower on CPU than the flat ``(E N,)`` vector."""
+    shape, num_t = b.shape, b.shape[0]
+    b, h0 = b.reshape(num_t, -1), h0.reshape(-1)
+    if a.ndim < len(shape):  # one multiplier for every step: never broadcast over time
+        a = a.reshape(-1)
+
+        def body_const(h, b_t):
+            h = a * h + b_t
+            return h, h
+
+        return jax.lax.scan(body_const, h0, b)[1].reshape(shape)
+
     def body(h, ab):
         a_t, b_t = ab
         h = a_t * h + b_t
         return h, h
 
-    return jax.lax.scan(body, h0, (a, b))[1]
+    return jax.lax.scan(body, h0, (a.reshape(num_t, -1), b))[1].reshape(shape)
 
 
 def _parallel(a, b, h0):
@@ -88,7 +103,8 @@ def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
 
     Args:
         a: ``(T, *shape)`` multipliers, real or complex (or ``shape``: one multiplier
-            for every step, e.g. an LRU's ``λ``; it is broadcast over time).
+            for every step, e.g. an LRU's ``λ``; the sequential form then never
+            materializes it over time, the parallel form broadcasts it).
         b: ``(T, *shape)`` increments, real or complex.
         h0: ``shape`` initial state (default zeros).
         parallel: ``True`` for `jax.lax.associative_scan` (``O(log T)`` depth), ``False``
@@ -113,9 +129,8 @@ def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
     if b.ndim < 1:
         raise ValueError(f"b must have a leading time axis, got shape {b.shape}")
     state_shape = b.shape[1:]
-    if a.shape == state_shape and a.shape != b.shape:
-        a = jnp.broadcast_to(a, b.shape)
-    if a.shape != b.shape:
+    constant = a.shape == state_shape and a.shape != b.shape
+    if a.shape != b.shape and not constant:
         raise ValueError(
             f"a must have the shape of b {b.shape} (or of one state {state_shape}), "
             f"got {a.shape}"
@@ -130,7 +145,7 @@ def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
     if b.shape[0] == 0:
         return b
     if use_parallel(parallel):
-        return _parallel(a, b, h0)
+        return _parallel(jnp.broadcast_to(a, b.shape), b, h0)
     return _sequential(a, b, h0)
 
 
@@ -188,10 +203,15 @@ def selective_scan(delta, x, a, b, c, h0=None, *, parallel: bool | None = None):
         h_last = hs[-1] if t_len else h0
         return jnp.einsum("ten,tn->te", hs, c).astype(dtype), h_last
 
+    # state-major layout (N, E): every elementwise operation and the readout's sum over
+    # states run along the E channels (vectors of E, no horizontal sums over N); about
+    # 2.5 times faster than (E, N) on CPU at E = 128, N = 16
+    a_t = a.T
+
     def body(h, xs):
         d_t, x_t, b_t, c_t = xs
-        h = jnp.exp(d_t[:, None] * a) * h + (d_t * x_t)[:, None] * b_t[None, :]
-        return h, h @ c_t
+        h = jnp.exp(a_t * d_t) * h + b_t[:, None] * (d_t * x_t)
+        return h, jnp.sum(h * c_t[:, None], axis=0)
 
-    h_last, y = jax.lax.scan(body, h0, (delta, x, b, c))
-    return y.astype(dtype), h_last
+    h_last, y = jax.lax.scan(body, h0.T, (delta, x, b, c))
+    return y.astype(dtype), h_last.T

@@ -97,6 +97,26 @@ def test_gradients_agree_between_modes():
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-10, atol=1e-12)
 
 
+def test_constant_multiplier_gradients_equal_broadcast_in_both_modes():
+    """A constant multiplier (an LRU's ``λ``, shape of one state) is never broadcast over
+    time by the sequential form; its gradients (and those of ``b``, ``h0``) equal the
+    gradients through an explicitly broadcast ``(T, *shape)`` multiplier, in both modes."""
+    rng = np.random.default_rng(7)
+    lam = jnp.asarray(rng.uniform(0.5, 0.99, size=(3, 2)))
+    b = jnp.asarray(rng.normal(size=(150, 3, 2)))
+    h0 = jnp.asarray(rng.normal(size=(3, 2)))
+
+    def loss(parallel, broadcast, lam, b, h0):
+        a = jnp.broadcast_to(lam, b.shape) if broadcast else lam
+        return jnp.sum(jnp.sin(linear_recurrence(a, b, h0, parallel=parallel)))
+
+    grad = jax.jit(jax.grad(loss, argnums=(2, 3, 4)), static_argnums=(0, 1))
+    ref = grad(False, True, lam, b, h0)
+    for parallel in (False, True):
+        for x, y in zip(grad(parallel, False, lam, b, h0), ref, strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-10, atol=1e-12)
+
+
 def test_combine_is_associative():
     rng = np.random.default_rng(5)
     e = [tuple(rng.normal(size=(2, 4)) + 1j * rng.normal(size=(2, 4))) for _ in range(3)]

@@ -12,12 +12,12 @@ logistic function, the cells are (gate layouts as in PyTorch and equinox):
 Weights of all gates are fused into one matrix per layer (``w_in`` is ``(G H, I)``,
 ``w_rec`` ``(G H, H)`` for ``G`` gates). `RNNBackbone` stacks ``num_layers`` cells (layer
 ``l`` reads layer ``l-1``'s ``h_t``; the features are the last layer's ``h_t``). For a whole
-sequence, Elman and GRU layers compute the input projection ``W_x x_t + b`` for every ``t``
-in one matrix product before the scan, which then carries only the recurrent product; the
-LSTM layer runs `lstm_layer`, whose backward pass is written by hand (weight gradients as
-large matrix products over chunks of steps). Every layer also runs a time-major batch
-``(T, N, I)`` with states ``(N, H)`` in one scan (`RNNBackbone.scan_time_major`, the
-models' batch-level fast path).
+sequence, Elman layers compute the input projection ``W_x x_t + b`` for every ``t`` in one
+matrix product before the scan, which then carries only the recurrent product; the GRU
+and LSTM layers run `gru_layer` and `lstm_layer`, whose backward passes are written by
+hand (weight gradients as large matrix products over chunks of steps). Every layer also
+runs a time-major batch ``(T, N, I)`` with states ``(N, H)`` in one scan
+(`RNNBackbone.scan_time_major`, the models' batch-level fast path).
 """
 
 from __future__ import annotations
@@ -207,6 +207,130 @@ def _lstm_bwd(res, cotangents):
 _lstm_layer.defvjp(_lstm_fwd, _lstm_bwd)
 
 
+def _gru_forward(w_in, bias, w_rec, bias_rec, xs, h0, residuals: bool):
+    """GRU recurrence over ``xs`` ``(T, N, I)`` from ``h0`` ``(N, H)``: ``(hs, rs)``,
+    with (if ``residuals``) per step ``r_t = [P, Q, S, r, z]`` ``(N, 5H)``: ``P = (1 -
+    z)(1 - n^2)``, ``Q = (h_{t-1} - n) z (1 - z)``, ``S = (W_hn h_{t-1} + b_hn) r (1 -
+    r)`` (the derivatives of the pre-activations of ``n``, ``z`` and ``r``, up to the
+    factors ``dh_t`` and ``dh_t P``) and the gates ``r``, ``z``."""
+    hid = h0.shape[-1]
+
+    def body(h, x):
+        gi = x @ w_in.T + bias
+        gh = h @ w_rec.T
+        rz = jax.nn.sigmoid(gi[..., :2 * hid] + gh[..., :2 * hid])
+        r, z = rz[..., :hid], rz[..., hid:]
+        hn = gh[..., 2 * hid:] + bias_rec
+        n = jnp.tanh(gi[..., 2 * hid:] + r * hn)
+        h_new = n + z * (h - n)
+        if not residuals:
+            return h_new, (h_new, None)
+        res = jnp.concatenate([(1.0 - z) * (1.0 - n * n), (h - n) * z * (1.0 - z),
+                               hn * r * (1.0 - r), r, z], axis=-1)
+        return h_new, (h_new, res)
+
+    _, (hs, rs) = jax.lax.scan(body, h0, xs)
+    return hs, rs
+
+
+def gru_layer(w_in, bias, w_rec, bias_rec, xs, h0):
+    """Hidden states ``hs`` ``(T, ..., H)`` of a GRU layer over inputs ``xs`` ``(T, ...,
+    I)`` from ``h0`` ``(..., H)``: one sequence (``xs`` ``(T, I)``) or a time-major batch
+    (``(T, N, I)``, ``h0`` ``(N, H)``).
+
+    Differentiated by a hand-written backward pass (backpropagation through time,
+    `_gru_bwd`), as `lstm_layer`: the forward pass stores per step the five ``(N, H)``
+    factors the reverse pass needs, the reverse pass is elementwise products and one
+    ``(N, 3H) @ (3H, H)`` product per step, and the weight gradients are large matrix
+    products over chunks of steps, where automatic differentiation of the scan would form
+    an outer product at every step (about 1.5 times faster for a batch of 32, ``H = 128``).
+
+    Returns:
+        ``hs`` ``(T, ..., H)``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> w_in, bias = jnp.ones((6, 1)), jnp.zeros(6)  # I = 1, H = 2
+        >>> w_rec, bias_rec = jnp.zeros((6, 2)), jnp.zeros(2)
+        >>> gru_layer(w_in, bias, w_rec, bias_rec, jnp.ones((5, 1)), jnp.zeros(2)).shape
+        (5, 2)
+    """
+    if xs.ndim == 2:  # one sequence: a batch of one
+        return _gru_layer(w_in, bias, w_rec, bias_rec, xs[:, None], h0[None])[:, 0]
+    return _gru_layer(w_in, bias, w_rec, bias_rec, xs, h0)
+
+
+@jax.custom_vjp
+def _gru_layer(w_in, bias, w_rec, bias_rec, xs, h0):
+    return _gru_forward(w_in, bias, w_rec, bias_rec, xs, h0, residuals=False)[0]
+
+
+def _gru_fwd(w_in, bias, w_rec, bias_rec, xs, h0):
+    hs, rs = _gru_forward(w_in, bias, w_rec, bias_rec, xs, h0, residuals=True)
+    return hs, (w_in, w_rec, xs, h0, hs, rs)
+
+
+def _gru_bwd(res, dhs):
+    """Backpropagation through time, last chunk of ``_CHUNK`` steps first. Per step
+    (reverse): ``dh_t += dL/dh_t``, ``da_n = dh_t P``, ``da_z = dh_t Q``, ``da_r = da_n
+    S``, ``dgh = [da_r, da_z, da_n r]`` (the cotangent of ``W_h h_{t-1}``), ``dh_{t-1} =
+    dh_t z + dgh W_h``; the cotangent of ``W_x x_t + b`` is ``dgi = [da_r, da_z, da_n]``.
+    ``[dgh, da_n]`` of a chunk are written feature-major into a ``(4H, K, N)`` buffer, so
+    that the chunk's weight gradients are plain matrix products ``(3H, K N) @ (K N, H)``
+    (with the rows ``h_{t-1}``) and ``(3H, K N) @ (K N, I)`` (rows ``x_t``)."""
+    w_in, w_rec, xs, h0, hs, rs = res
+    num_t, num_b, num_in = xs.shape
+    hid = h0.shape[-1]
+
+    def chunk(state, start, length):
+        dh, dw_in, dw_rec, db, dbr, buf = state
+
+        def body(j, carry):
+            dh, buf = carry
+            k = length - 1 - j
+            r, dh = rs[start + k], dh + dhs[start + k]
+            da_n = dh * r[:, :hid]
+            da_z = dh * r[:, hid:2 * hid]
+            da_r = da_n * r[:, 2 * hid:3 * hid]
+            dgh = jnp.concatenate([da_r, da_z, da_n * r[:, 3 * hid:4 * hid]], axis=-1)
+            da = jnp.concatenate([dgh, da_n], axis=-1)  # [r, z, n r | n]
+            buf = jax.lax.dynamic_update_slice(buf, da.T[:, None, :], (0, k, 0))
+            return dh * r[:, 4 * hid:] + dgh @ w_rec, buf
+
+        dh, buf = jax.lax.fori_loop(0, length, body, (dh, buf))
+        if isinstance(start, int) and start == 0:
+            h_prev = jnp.concatenate([h0[None], hs[:length - 1]], axis=0)
+        else:
+            h_prev = jax.lax.dynamic_slice_in_dim(hs, start - 1, length)
+        x = jax.lax.dynamic_slice_in_dim(xs, start, length)
+        flat = buf.reshape(4 * hid, length * num_b)
+        dgi = jnp.concatenate([flat[:2 * hid], flat[3 * hid:]], axis=0)  # (3H, K N)
+        dw_rec = dw_rec + flat[:3 * hid] @ h_prev.reshape(length * num_b, hid)
+        dw_in = dw_in + dgi @ x.reshape(length * num_b, num_in)
+        dx = jnp.einsum("gm,gi->mi", dgi, w_in).reshape(length, num_b, num_in)
+        return (dh, dw_in, dw_rec, db + dgi.sum(1), dbr + flat[2 * hid:3 * hid].sum(1),
+                buf), dx
+
+    first = num_t % _CHUNK or min(num_t, _CHUNK)
+    num_chunks = (num_t - first) // _CHUNK
+    dtype = w_rec.dtype
+    state = (jnp.zeros_like(h0), jnp.zeros((3 * hid, num_in), dtype),
+             jnp.zeros((3 * hid, hid), dtype), jnp.zeros((3 * hid,), dtype),
+             jnp.zeros((hid,), dtype), jnp.zeros((4 * hid, _CHUNK, num_b), dtype))
+    dxs = []
+    if num_chunks:
+        state, dx = jax.lax.scan(lambda s, c: chunk(s, first + c * _CHUNK, _CHUNK), state,
+                                 jnp.arange(num_chunks), reverse=True)
+        dxs.append(dx.reshape((num_chunks * _CHUNK,) + dx.shape[2:]))
+    state = state[:5] + (jnp.zeros((4 * hid, first, num_b), dtype),)
+    (dh0, dw_in, dw_rec, db, dbr, _), dx = chunk(state, 0, first)
+    dxs = jnp.concatenate([dx] + dxs, axis=0) if dxs else dx
+    return dw_in, db, dw_rec, dbr, dxs, dh0
+
+
+_gru_layer.defvjp(_gru_fwd, _gru_bwd)
+
+
 @dataclasses.dataclass(frozen=True)
 class RNNBackbone(Backbone):
     """A stack of ``num_layers`` recurrent cells of one kind.
@@ -317,6 +441,9 @@ class RNNBackbone(Backbone):
             if self.cell == "lstm":
                 hs, c_last = lstm_layer(p.w_in, p.bias, p.w_rec, hs, *s)
                 s = (hs[-1], c_last)
+            elif self.cell == "gru" and hs.shape[0]:
+                hs = gru_layer(p.w_in, p.bias, p.w_rec, p.bias_rec, hs, s)
+                s = hs[-1]
             else:
                 gis = hs @ p.w_in.T + p.bias
                 s, hs = jax.lax.scan(
