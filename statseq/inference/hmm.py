@@ -44,6 +44,12 @@ import jax
 import jax.numpy as jnp
 
 from statseq.core.recurrence import pairwise_sum
+from statseq.inference.hmm_blocked import (
+    blocked_backward,
+    blocked_forward,
+    chunk_length,
+    use_blocked,
+)
 
 
 class HMMFilterResult(NamedTuple):
@@ -188,7 +194,29 @@ def _condition(probs, ll):
     return filtered, jnp.log(norm) + shift
 
 
-def _filter(pi, fixed, per_step, ll) -> HMMFilterResult:
+def _resolve_block(block, num_timesteps: int, num_states: int) -> int:
+    """The chunk length of the blocked layout, or 0 for the plain sequential scan."""
+    if block is None:
+        if not use_blocked(num_timesteps, num_states):
+            return 0
+        return chunk_length(num_timesteps)
+    return int(block)
+
+
+def _filter(pi, fixed, per_step, ll, block=None) -> HMMFilterResult:
+    block = _resolve_block(block, *ll.shape)
+    if block:
+        log_normalizers, predicted, filtered, _ = blocked_forward(pi, fixed, per_step, ll, block)
+        return HMMFilterResult(
+            marginal_log_lik=pairwise_sum(log_normalizers),
+            log_normalizers=log_normalizers,
+            predicted_probs=predicted,
+            filtered_probs=filtered,
+        )
+    return _sequential_filter(pi, fixed, per_step, ll)
+
+
+def _sequential_filter(pi, fixed, per_step, ll) -> HMMFilterResult:
     filtered0, log_norm0 = _condition(pi, ll[0])
 
     def step(filtered_prev, xs):
@@ -262,11 +290,9 @@ def _sum_outer_products(left, right):
     return pairwise_sum(jnp.moveaxis(partial_sums, 0, -1))
 
 
-def _smoother(pi, fixed, per_step, ll, sum_transitions: bool) -> HMMPosterior:
-    filt = _filter(pi, fixed, per_step, ll)
-    filtered = filt.filtered_probs
+def _sequential_backward(fixed, per_step, ll):
+    """The rescaled backward messages ``v_{t+1}``, ``t = 0, ..., T-2`` (one scan)."""
     num_states = ll.shape[1]
-    dtype = filtered.dtype
 
     # The scan carries only the rescaled backward message; everything else is vectorized.
     def step(beta_next, xs):
@@ -277,7 +303,21 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool) -> HMMPosterior:
         beta = _pick(fixed, a_t) @ v  # proportional to p(y_{t+1:T-1} | z_t = i)
         return beta / jnp.max(beta), v
 
+    dtype = jnp.result_type(ll)
     _, v = jax.lax.scan(step, jnp.ones(num_states, dtype), (ll[1:], per_step), reverse=True)
+    return v
+
+
+def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, block=None) -> HMMPosterior:
+    block = _resolve_block(block, *ll.shape)
+    if block:
+        log_normalizers, _, filtered, state = blocked_forward(pi, fixed, per_step, ll, block)
+        marginal_log_lik = pairwise_sum(log_normalizers)
+        v = blocked_backward(state)[1:]
+    else:
+        filt = _sequential_filter(pi, fixed, per_step, ll)
+        filtered, marginal_log_lik = filt.filtered_probs, filt.marginal_log_lik
+        v = _sequential_backward(fixed, per_step, ll)
     if fixed is not None:
         beta = v @ fixed.T  # (T-1, K), unnormalized beta_t for t < T-1
     else:
@@ -295,7 +335,7 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool) -> HMMPosterior:
     else:
         transitions = weighted[:, :, None] * _pick(fixed, per_step) * v[:, None, :]
     return HMMPosterior(
-        marginal_log_lik=filt.marginal_log_lik,
+        marginal_log_lik=marginal_log_lik,
         filtered_probs=filtered,
         smoothed_probs=smoothed,
         expected_transitions=transitions,
