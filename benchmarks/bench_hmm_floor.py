@@ -8,11 +8,9 @@
 Every implementation gets the same (T, K) table of log-likelihoods (simulated Poisson HMM,
 fixed seed) and its answer is checked against the numba loop before anything is timed:
 
-- ``statseq core``: ``jax.jit(hmm_filter)`` / ``jax.jit(hmm_smoother)`` as dispatched now
-  (the blocked layout of `statseq.inference.hmm_blocked` for K <= 4, the sequential scan
-  otherwise);
-- ``statseq sequential``: the same function forced onto the plain one-step scan
-  (``block=0``, the code before this change), the "before" column;
+- ``statseq core``: ``jax.jit(hmm_filter)`` / ``jax.jit(hmm_smoother)``;
+- ``statseq core before``: the same call on a frozen copy of the module before issue 13
+  (``benchmarks/_hmm_before.py``, commit a454811), the "before" column;
 - ``statseq public``: ``model.filter_states`` / ``model.smoother`` of a ``PoissonHMM`` on
   the observations (input checks, emission log-likelihoods, the core);
 - ``hmmlearn C++``: ``hmmlearn._hmmc.forward_scaling`` (+ ``backward_scaling`` and
@@ -182,7 +180,9 @@ def _ratio_row(res, num, den):
     return paired_ratio(a, b), a["min"] / b["min"]
 
 
-def run_float64(quick: bool):
+def _cases(kind, k, num_t, batch, kernels):
+    """name -> zero-argument callable for one workload (all on the same table)."""
+    import _hmm_before
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -191,9 +191,77 @@ def run_float64(quick: bool):
     from statseq.inference import hmm as ss_hmm
     from statseq.models.hmm.poisson import PoissonEmissions
 
+    nb_filter, nb_smoother, hl_filter, hl_smoother = kernels
+    pi, a, rates, y = simulate(k, num_t, batch)
+    ll = log_likelihoods(rates, y)
+    lik = np.exp(ll)
+    model = ss.PoissonHMM(num_states=k)
+    params = ss.HMMParams(jnp.asarray(pi), jnp.asarray(a), PoissonEmissions(jnp.asarray(rates)))
+    pi_j, a_j, ll_j = jnp.asarray(pi), jnp.asarray(a), jnp.asarray(ll)
+    if kind == "filter":
+        core = jax.jit(lambda p, t, l: ss_hmm.hmm_filter(p, t, l).marginal_log_lik)
+        before = jax.jit(lambda p, t, l: _hmm_before.hmm_filter(p, t, l).marginal_log_lik)
+        return {
+            "statseq core": lambda: core(pi_j, a_j, ll_j),
+            "statseq core before (a454811)": lambda: before(pi_j, a_j, ll_j),
+            "statseq public": lambda: model.filter_states(params, y, parallel=False),
+            "hmmlearn C++": lambda: hl_filter(pi, a, lik)[0],
+            "numba": lambda: nb_filter(pi, a, ll)[0],
+        }
+
+    def outputs(post):
+        return post.marginal_log_lik, post.smoothed_probs, post.expected_transitions
+
+    def core_fn(p, t, l):
+        return outputs(ss_hmm.hmm_smoother(p, t, l))
+
+    def before_fn(p, t, l):
+        return outputs(_hmm_before.hmm_smoother(p, t, l))
+
+    if batch is None:
+        core, before = jax.jit(core_fn), jax.jit(before_fn)
+
+        def hl():
+            return hl_smoother(pi, a, lik)
+
+        def nb():
+            return nb_smoother(pi, a, ll)
+    else:
+        core = jax.jit(jax.vmap(core_fn, (None, None, 0)))
+        before = jax.jit(jax.vmap(before_fn, (None, None, 0)))
+
+        def hl():
+            return [hl_smoother(pi, a, x) for x in lik]
+
+        def nb():
+            return [nb_smoother(pi, a, x) for x in ll]
+    return {
+        "statseq core": lambda: core(pi_j, a_j, ll_j),
+        "statseq core before (a454811)": lambda: before(pi_j, a_j, ll_j),
+        "statseq public": lambda: model.smoother(params, y, parallel=False),
+        "hmmlearn C++": hl,
+        "numba": nb,
+    }
+
+
+def _total(kind, name, val, batch):
+    """The (summed) marginal log-likelihood in any implementation's output."""
+    import numpy as np
+
+    if name == "statseq public":
+        return float(np.sum(np.asarray(val.marginal_log_lik)))
+    if name.startswith("statseq"):
+        return float(np.sum(np.asarray(val if kind == "filter" else val[0])))
+    if kind == "filter":
+        return float(val)
+    return sum(r[0] for r in val) if batch else float(val[0])
+
+
+def run_float64(quick: bool):
+    import jax
+
     jax.config.update("jax_enable_x64", True)
-    nb_filter, nb_smoother = numba_kernels()
-    hl_filter, hl_smoother, _ = hmmlearn_kernels()
+    kernels = (*numba_kernels(), *hmmlearn_kernels()[:2])
     scale = 10 if quick else 1
     workloads = [
         ("filter", 2, 10**6 // scale, None),
@@ -206,58 +274,12 @@ def run_float64(quick: bool):
     timer = Timer(min_rounds=5, budget_s=1.0 if quick else 3.0, max_rounds=50)
     tables, ratios = [], {}
     for kind, k, num_t, batch in workloads:
-        pi, a, rates, y = simulate(k, num_t, batch)
-        ll = log_likelihoods(rates, y)
-        lik = np.exp(ll)
-        model = ss.PoissonHMM(num_states=k)
-        params = ss.HMMParams(jnp.asarray(pi), jnp.asarray(a), PoissonEmissions(jnp.asarray(rates)))
-        pi_j, a_j, ll_j = jnp.asarray(pi), jnp.asarray(a), jnp.asarray(ll)
-        if kind == "filter":
-            core = jax.jit(lambda p, t, l: ss_hmm.hmm_filter(p, t, l).marginal_log_lik)
-            seq = jax.jit(lambda p, t, l: ss_hmm._filter(
-                *ss_hmm._prepare_inputs(p, t, l), block=0).marginal_log_lik)
-            fns = {
-                "statseq core": lambda: core(pi_j, a_j, ll_j),
-                "statseq sequential (before)": lambda: seq(pi_j, a_j, ll_j),
-                "statseq public": lambda: model.filter_states(params, y, parallel=False),
-                "hmmlearn C++": lambda: hl_filter(pi, a, lik)[0],
-                "numba": lambda: nb_filter(pi, a, ll)[0],
-            }
-        else:
-            def sm(p, t, l, block=None):
-                post = ss_hmm._smoother(*ss_hmm._prepare_inputs(p, t, l), True, block=block)
-                return post.marginal_log_lik, post.smoothed_probs, post.expected_transitions
-
-            if batch is None:
-                core = jax.jit(lambda p, t, l: sm(p, t, l))
-                seq = jax.jit(lambda p, t, l: sm(p, t, l, block=0))
-                hl = lambda: hl_smoother(pi, a, lik)  # noqa: E731
-                nb = lambda: nb_smoother(pi, a, ll)  # noqa: E731
-            else:
-                core = jax.jit(jax.vmap(lambda p, t, l: sm(p, t, l), (None, None, 0)))
-                seq = jax.jit(jax.vmap(lambda p, t, l: sm(p, t, l, block=0), (None, None, 0)))
-                hl = lambda: [hl_smoother(pi, a, x) for x in lik]  # noqa: E731
-                nb = lambda: [nb_smoother(pi, a, x) for x in ll]  # noqa: E731
-            fns = {
-                "statseq core": lambda: core(pi_j, a_j, ll_j),
-                "statseq sequential (before)": lambda: seq(pi_j, a_j, ll_j),
-                "statseq public": lambda: model.smoother(params, y, parallel=False),
-                "hmmlearn C++": hl,
-                "numba": nb,
-            }
+        fns = _cases(kind, k, num_t, batch, kernels)
         # answers agree before anything is timed
         first = {name: timer.first(fn) for name, fn in fns.items()}
-        ref = first["numba"][0]
-        ref_total = sum(r[0] for r in ref) if batch else ref[0]
+        ref_total = _total(kind, "numba", first["numba"][0], batch)
         for name, (val, _, _) in first.items():
-            if name == "statseq public":
-                tot = float(np.sum(np.asarray(val.marginal_log_lik)))
-            elif name.startswith("statseq"):
-                tot = float(np.sum(np.asarray(val if kind == "filter" else val[0])))
-            elif batch:
-                tot = sum(r[0] for r in val)
-            else:
-                tot = float(val if kind == "filter" else val[0])
+            tot = _total(kind, name, val, batch)
             assert abs(tot - ref_total) <= 1e-8 * abs(ref_total), (name, tot, ref_total)
         res = timer.rounds(fns)
         label = f"{kind} K={k} T={num_t:.0e}" + (f" batch {batch}x{num_t}" if batch else "")
@@ -267,10 +289,10 @@ def run_float64(quick: bool):
             r = res[name]
             rows.append([name, fmt_s(first[name][2]) if name.startswith("statseq") else "–",
                          fmt_s(r["median"]), fmt_s(r["min"]),
-                         "%.2f / %.2f" % _ratio_row(res, name, "hmmlearn C++"),
-                         "%.2f / %.2f" % _ratio_row(res, name, "numba")])
+                         "{:.2f} / {:.2f}".format(*_ratio_row(res, name, "hmmlearn C++")),
+                         "{:.2f} / {:.2f}".format(*_ratio_row(res, name, "numba"))])
         for name, short in (("statseq core", "jitted core"), ("statseq public", "public call"),
-                            ("statseq sequential (before)", "sequential core (before)")):
+                            ("statseq core before (a454811)", "jitted core before")):
             for ref_name, ref_short in (("hmmlearn C++", "hmmlearn"), ("numba", "numba")):
                 ratios[f"{label} f64 | {short} / {ref_short}"] = _ratio_row(res, name, ref_name)[0]
         tables.append((label, rows))
@@ -279,6 +301,10 @@ def run_float64(quick: bool):
                         "/ hmmlearn (median / min)", "/ numba (median / min)"], rows),
               flush=True)
     return tables, ratios
+
+
+def _pair(core, peer, args):
+    return {"statseq core": lambda: core(*args), "dynamax": lambda: peer(*args)}
 
 
 def run_float32(quick: bool):
@@ -304,8 +330,7 @@ def run_float32(quick: bool):
         else:
             core = jax.jit(lambda p, t, l: ss_hmm.hmm_smoother(p, t, l).smoothed_probs)
             peer = jax.jit(lambda p, t, l: dyn.hmm_smoother(p, t, l).smoothed_probs)
-        fns = {"statseq core": lambda: core(pi_j, a_j, ll_j),
-               "dynamax": lambda: peer(pi_j, a_j, ll_j)}
+        fns = _pair(core, peer, (pi_j, a_j, ll_j))
         first = {n: timer.first(f) for n, f in fns.items()}
         np.testing.assert_allclose(np.asarray(first["statseq core"][0]),
                                    np.asarray(first["dynamax"][0]), rtol=2e-3, atol=2e-4)

@@ -44,12 +44,6 @@ import jax
 import jax.numpy as jnp
 
 from statseq.core.recurrence import pairwise_sum
-from statseq.inference.hmm_blocked import (
-    blocked_backward,
-    blocked_forward,
-    chunk_length,
-    use_blocked,
-)
 
 
 class HMMFilterResult(NamedTuple):
@@ -194,38 +188,47 @@ def _condition(probs, ll):
     return filtered, jnp.log(norm) + shift
 
 
-def _resolve_block(block, num_timesteps: int, num_states: int) -> int:
-    """The chunk length of the blocked layout, or 0 for the plain sequential scan."""
-    if block is None:
-        if not use_blocked(num_timesteps, num_states):
-            return 0
-        return chunk_length(num_timesteps)
-    return int(block)
+# From about 8 states on, XLA's CPU loop runs the step at about 1.5 us whatever its form
+# (against some 50 ns for up to 6 states); written as K scalar-times-row products and
+# unrolled 4 steps per iteration, it runs 2 to 4 times faster (benchmarks/RESULTS.md,
+# "HMM filter and smoother at the compiled floor"). Below 8 states unrolling slows the
+# loop down, and beyond 32 states the product is left to `@`.
+UNROLLED_STATES = (8, 32)
+UNROLL = 4
 
 
-def _filter(pi, fixed, per_step, ll, block=None) -> HMMFilterResult:
-    block = _resolve_block(block, *ll.shape)
-    if block:
-        log_normalizers, predicted, filtered, _ = blocked_forward(pi, fixed, per_step, ll, block)
-        return HMMFilterResult(
-            marginal_log_lik=pairwise_sum(log_normalizers),
-            log_normalizers=log_normalizers,
-            predicted_probs=predicted,
-            filtered_probs=filtered,
-        )
-    return _sequential_filter(pi, fixed, per_step, ll)
+def _unrolled(num_states: int) -> bool:
+    return UNROLLED_STATES[0] <= num_states <= UNROLLED_STATES[1]
 
 
-def _sequential_filter(pi, fixed, per_step, ll) -> HMMFilterResult:
+def _vecmat(probs, a, unrolled: bool):
+    """``probs @ a`` (a row vector times a matrix), as a sum of rows when ``unrolled``."""
+    if not unrolled:
+        return probs @ a
+    return sum(probs[i] * a[i] for i in range(a.shape[0]))
+
+
+def _matvec(a_transposed, v, unrolled: bool):
+    """``a @ v`` (a matrix times a column vector) given ``a.T``, as a sum of ``a``'s
+    columns (contiguous rows of ``a.T``) when ``unrolled``."""
+    if not unrolled:
+        return v @ a_transposed
+    return sum(a_transposed[j] * v[j] for j in range(a_transposed.shape[0]))
+
+
+def _filter(pi, fixed, per_step, ll, unrolled=None) -> HMMFilterResult:
+    unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
     filtered0, log_norm0 = _condition(pi, ll[0])
 
     def step(filtered_prev, xs):
         ll_t, a_prev = xs
-        predicted = filtered_prev @ _pick(fixed, a_prev)
+        predicted = _vecmat(filtered_prev, _pick(fixed, a_prev), unrolled)
         filtered, log_norm = _condition(predicted, ll_t)
         return filtered, (log_norm, predicted, filtered)
 
-    _, (log_norms, predicted, filtered) = jax.lax.scan(step, filtered0, (ll[1:], per_step))
+    _, (log_norms, predicted, filtered) = jax.lax.scan(
+        step, filtered0, (ll[1:], per_step), unroll=UNROLL if unrolled else 1
+    )
     log_normalizers = jnp.concatenate([log_norm0[None], log_norms])
     return HMMFilterResult(
         marginal_log_lik=pairwise_sum(log_normalizers),
@@ -290,34 +293,32 @@ def _sum_outer_products(left, right):
     return pairwise_sum(jnp.moveaxis(partial_sums, 0, -1))
 
 
-def _sequential_backward(fixed, per_step, ll):
-    """The rescaled backward messages ``v_{t+1}``, ``t = 0, ..., T-2`` (one scan)."""
+def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None) -> HMMPosterior:
+    unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
+    filt = _filter(pi, fixed, per_step, ll, unrolled)
+    filtered = filt.filtered_probs
     num_states = ll.shape[1]
+    dtype = filtered.dtype
+    fixed_t = None if fixed is None else fixed.T
+    per_step_t = None if per_step is None else jnp.swapaxes(per_step, 1, 2)
 
-    # The scan carries only the rescaled backward message; everything else is vectorized.
+    # The scan carries only the rescaled backward message; everything else is vectorized,
+    # the max-shifted likelihoods included (exponentials inside the loop cost 5x at K=16).
+    lik = jnp.exp(ll[1:] - jnp.max(ll[1:], axis=1, keepdims=True))
+
     def step(beta_next, xs):
-        ll_next, a_t = xs
+        lik_next, a_t = xs
         # v_j proportional to p(y_{t+1:T-1} | z_{t+1} = j) p(y_{t+1} | z_{t+1} = j)
-        v = jnp.exp(ll_next - jnp.max(ll_next)) * beta_next
+        v = lik_next * beta_next
         v = v / jnp.max(v)
-        beta = _pick(fixed, a_t) @ v  # proportional to p(y_{t+1:T-1} | z_t = i)
+        # proportional to p(y_{t+1:T-1} | z_t = i)
+        beta = _matvec(_pick(fixed_t, a_t), v, unrolled)
         return beta / jnp.max(beta), v
 
-    dtype = jnp.result_type(ll)
-    _, v = jax.lax.scan(step, jnp.ones(num_states, dtype), (ll[1:], per_step), reverse=True)
-    return v
-
-
-def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, block=None) -> HMMPosterior:
-    block = _resolve_block(block, *ll.shape)
-    if block:
-        log_normalizers, _, filtered, state = blocked_forward(pi, fixed, per_step, ll, block)
-        marginal_log_lik = pairwise_sum(log_normalizers)
-        v = blocked_backward(state)[1:]
-    else:
-        filt = _sequential_filter(pi, fixed, per_step, ll)
-        filtered, marginal_log_lik = filt.filtered_probs, filt.marginal_log_lik
-        v = _sequential_backward(fixed, per_step, ll)
+    _, v = jax.lax.scan(
+        step, jnp.ones(num_states, dtype), (lik, per_step_t), reverse=True,
+        unroll=UNROLL if unrolled else 1,
+    )
     if fixed is not None:
         beta = v @ fixed.T  # (T-1, K), unnormalized beta_t for t < T-1
     else:
@@ -335,7 +336,7 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, block=None) -> HMM
     else:
         transitions = weighted[:, :, None] * _pick(fixed, per_step) * v[:, None, :]
     return HMMPosterior(
-        marginal_log_lik=marginal_log_lik,
+        marginal_log_lik=filt.marginal_log_lik,
         filtered_probs=filtered,
         smoothed_probs=smoothed,
         expected_transitions=transitions,
