@@ -30,6 +30,12 @@ accurate at 10^6 steps. Probabilities below the smallest normal float flush to z
 exact zeros in ``A`` a state whose filtered probability flushed to zero cannot be revived
 by later data (the log-space twins in `statseq.inference.hmm_parallel` can).
 
+Speed on CPU: with 8 to 32 states the forward and backward scans write their
+matrix-vector products as sums of rows and run 4 steps per loop iteration (about 5 times
+faster at 16 states; fewer states run fastest one step at a time), and the backward pass
+exponentiates the likelihoods before its loop. The gradient path (`hmm_smoother_by_gradient`)
+differentiates the unrolled scan with ``@`` products, whose transposes are cheaper.
+
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
 one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
 or the code that calls them, in `jax.jit`.
@@ -216,13 +222,13 @@ def _matvec(a_transposed, v, unrolled: bool):
     return sum(a_transposed[j] * v[j] for j in range(a_transposed.shape[0]))
 
 
-def _filter(pi, fixed, per_step, ll, unrolled=None) -> HMMFilterResult:
+def _filter(pi, fixed, per_step, ll, unrolled=None, rows=True) -> HMMFilterResult:
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
     filtered0, log_norm0 = _condition(pi, ll[0])
 
     def step(filtered_prev, xs):
         ll_t, a_prev = xs
-        predicted = _vecmat(filtered_prev, _pick(fixed, a_prev), unrolled)
+        predicted = _vecmat(filtered_prev, _pick(fixed, a_prev), unrolled and rows)
         filtered, log_norm = _condition(predicted, ll_t)
         return filtered, (log_norm, predicted, filtered)
 
@@ -422,9 +428,9 @@ def hmm_smoother_by_gradient(
 
     def log_marginal(trans, ll):
         if per_step is None:
-            result = _filter(pi, trans, None, ll)
+            result = _filter(pi, trans, None, ll, rows=False)
         else:
-            result = _filter(pi, None, trans, ll)
+            result = _filter(pi, None, trans, ll, rows=False)
         return result.marginal_log_lik, result
 
     (value, filt), (grad_trans, grad_ll) = jax.value_and_grad(
