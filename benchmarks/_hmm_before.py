@@ -1,0 +1,559 @@
+"""Frozen copy of statseq/inference/hmm.py at commit a454811 (before issue 13), the "before"
+column of bench_hmm_floor.py. Not part of the library; do not edit.
+
+Hidden Markov model inference: filtering, smoothing, Viterbi, sampling, prediction.
+
+Pure array maths for a chain of discrete states ``z_t`` in ``{0, ..., K-1}`` (time is
+0-based, ``t = 0, ..., T-1``),
+
+    p(y_{0:T-1}, z_{0:T-1}) = pi[z_0] * prod_{t<T-1} A_t[z_t, z_{t+1}] * prod_t p(y_t | z_t),
+
+given as three arrays, so that any emission model (Poisson, Gaussian, categorical, a neural
+network) reaches this layer as a table of log-likelihoods:
+
+- ``initial_probs`` ``(K,)``: ``pi[k] = p(z_0 = k)``.
+- ``transition_matrix``: ``A[i, j] = p(z_{t+1} = j | z_t = i)`` (rows sum to one), either
+  fixed, ``(K, K)``, or time-varying, ``(T-1, K, K)`` with ``A[t]`` the step from ``t``
+  to ``t+1``. The number of axes (2 or 3) says which; any other shape is an error.
+  `broadcast_transitions` turns a fixed matrix into the time-varying layout.
+- ``log_likelihoods`` ``(T, K)``: ``ll[t, k] = log p(y_t | z_t = k)``. **A missing
+  observation is a row of zeros** (likelihood one for every state): the step conditions on
+  nothing and adds 0 to the log-likelihood. Masks reach this layer that way.
+
+An HMM is a recurrent network whose hidden state is the normalized forward message,
+``predicted_probs[t] = p(z_t | y_{<t})``, with the one-step predictive a mixture,
+
+    p(y_t | y_{<t}) = sum_k p(z_t = k | y_{<t}) p(y_t | z_t = k).
+
+Numerics: the forward messages are normalized at every step, with the shift
+``c_t = max_k ll[t, k]`` so that ``exp(ll[t] - c_t) <= 1`` never overflows; the backward
+messages are rescaled to a maximum of one; Viterbi and sampling work with logarithms.
+Totals over time are balanced binary-tree sums (`pairwise_sum`), so float32 stays
+accurate at 10^6 steps. Probabilities below the smallest normal float flush to zero; with
+exact zeros in ``A`` a state whose filtered probability flushed to zero cannot be revived
+by later data (the log-space twins in `statseq.inference.hmm_parallel` can).
+
+Shapes are checked when traced (they are static); values (non-negative, rows summing to
+one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
+or the code that calls them, in `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from statseq.core.recurrence import pairwise_sum
+
+
+class HMMFilterResult(NamedTuple):
+    """Output of `hmm_filter`.
+
+    Attributes:
+        marginal_log_lik: scalar ``log p(y_{0:T-1}) = sum_t log_normalizers[t]``.
+        log_normalizers: ``(T,)`` one-step predictive log-densities
+            ``log p(y_t | y_{<t})`` (0 at masked steps).
+        predicted_probs: ``(T, K)`` ``p(z_t | y_{<t})``, the normalized forward message
+            before step ``t`` (row 0 is ``initial_probs``).
+        filtered_probs: ``(T, K)`` ``p(z_t | y_{<=t})``.
+    """
+
+    marginal_log_lik: Any
+    log_normalizers: Any
+    predicted_probs: Any
+    filtered_probs: Any
+
+
+class HMMPosterior(NamedTuple):
+    """Output of `hmm_smoother` (and its gradient and parallel twins).
+
+    Attributes:
+        marginal_log_lik: scalar ``log p(y_{0:T-1})``.
+        filtered_probs: ``(T, K)`` ``p(z_t | y_{<=t})``.
+        smoothed_probs: ``(T, K)`` ``p(z_t | y_{0:T-1})``.
+        expected_transitions: ``(K, K)`` expected transition counts
+            ``sum_t p(z_t = i, z_{t+1} = j | y_{0:T-1})``, or ``(T-1, K, K)`` per step
+            when asked with ``sum_transitions=False``.
+        initial_probs: ``(K,)`` posterior of the first state, ``smoothed_probs[0]`` (the
+            E-step statistic for the initial distribution).
+    """
+
+    marginal_log_lik: Any
+    filtered_probs: Any
+    smoothed_probs: Any
+    expected_transitions: Any
+    initial_probs: Any
+
+
+# ------------------------------------------------------------------------------------------
+# inputs
+
+
+def _float_dtype(*arrays):
+    dtype = jnp.result_type(*arrays)
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(float)
+
+
+def _check_transitions(transition_matrix, num_steps: int, num_states: int, name: str):
+    """Return ``(fixed, per_step)``: exactly one is an array, the other ``None``."""
+    shape = transition_matrix.shape
+    if transition_matrix.ndim == 2:
+        if shape != (num_states, num_states):
+            raise ValueError(
+                f"a fixed {name} must have shape (num_states, num_states) = "
+                f"({num_states}, {num_states}); got {shape}"
+            )
+        return transition_matrix, None
+    if transition_matrix.ndim == 3:
+        if shape != (num_steps, num_states, num_states):
+            raise ValueError(
+                f"a time-varying {name} must have shape ({num_steps}, {num_states}, "
+                f"{num_states}) (one matrix per transition); got {shape}"
+            )
+        return None, transition_matrix
+    raise ValueError(
+        f"{name} must have 2 axes (fixed) or 3 axes (time-varying); got shape {shape}"
+    )
+
+
+def _prepare_inputs(initial_probs, transition_matrix, log_likelihoods):
+    """Check shapes and cast to one float dtype.
+
+    Returns:
+        ``(initial_probs, fixed, per_step, log_likelihoods)`` where exactly one of
+        ``fixed`` ``(K, K)`` and ``per_step`` ``(T-1, K, K)`` is not ``None``.
+    """
+    arrays = [jnp.asarray(a) for a in (initial_probs, transition_matrix, log_likelihoods)]
+    dtype = _float_dtype(*arrays)
+    pi, trans, ll = (a.astype(dtype) for a in arrays)
+    if ll.ndim != 2:
+        raise ValueError(
+            f"log_likelihoods must have shape (num_timesteps, num_states); got {ll.shape}"
+        )
+    num_timesteps, num_states = ll.shape
+    if num_timesteps < 1 or num_states < 1:
+        raise ValueError(f"log_likelihoods must not be empty; got shape {ll.shape}")
+    if pi.shape != (num_states,):
+        raise ValueError(
+            f"initial_probs must have shape (num_states,) = ({num_states},); got {pi.shape}"
+        )
+    fixed, per_step = _check_transitions(
+        trans, num_timesteps - 1, num_states, "transition_matrix"
+    )
+    return pi, fixed, per_step, ll
+
+
+def broadcast_transitions(transition_matrix, num_timesteps: int):
+    """The time-varying layout ``(T-1, K, K)`` of a fixed or time-varying matrix.
+
+    Args:
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying, with
+            ``A[t][i, j] = p(z_{t+1} = j | z_t = i)``.
+        num_timesteps: ``T``.
+
+    Returns:
+        ``(T-1, K, K)``: a fixed matrix repeated ``T-1`` times, a time-varying one as given.
+    """
+    a = jnp.asarray(transition_matrix)
+    if a.ndim not in (2, 3):
+        raise ValueError(
+            "transition_matrix must have 2 axes (fixed) or 3 axes (time-varying); "
+            f"got shape {a.shape}"
+        )
+    num_states = a.shape[-1]
+    fixed, per_step = _check_transitions(a, num_timesteps - 1, num_states, "transition_matrix")
+    if per_step is not None:
+        return per_step
+    return jnp.broadcast_to(fixed, (num_timesteps - 1, num_states, num_states))
+
+
+def _pick(fixed, a_t):
+    return fixed if a_t is None else a_t
+
+
+# ------------------------------------------------------------------------------------------
+# filtering
+
+
+def _condition(probs, ll):
+    """Bayes' rule with the max-shift: ``(probs * exp(ll) / norm, log norm)``."""
+    shift = jax.lax.stop_gradient(jnp.max(ll))  # the value does not depend on the shift
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # every state impossible: ll = -inf
+    unnormalized = probs * jnp.exp(ll - shift)
+    norm = jnp.sum(unnormalized)
+    # an observation impossible under every state scores log 0 = -inf; the message is then
+    # kept (not 0/0 = NaN), so later steps stay finite and the total is -inf, not NaN
+    possible = norm > 0
+    filtered = jnp.where(possible, unnormalized / jnp.where(possible, norm, 1.0), probs)
+    return filtered, jnp.log(norm) + shift
+
+
+def _filter(pi, fixed, per_step, ll) -> HMMFilterResult:
+    filtered0, log_norm0 = _condition(pi, ll[0])
+
+    def step(filtered_prev, xs):
+        ll_t, a_prev = xs
+        predicted = filtered_prev @ _pick(fixed, a_prev)
+        filtered, log_norm = _condition(predicted, ll_t)
+        return filtered, (log_norm, predicted, filtered)
+
+    _, (log_norms, predicted, filtered) = jax.lax.scan(step, filtered0, (ll[1:], per_step))
+    log_normalizers = jnp.concatenate([log_norm0[None], log_norms])
+    return HMMFilterResult(
+        marginal_log_lik=pairwise_sum(log_normalizers),
+        log_normalizers=log_normalizers,
+        predicted_probs=jnp.concatenate([pi[None], predicted]),
+        filtered_probs=jnp.concatenate([filtered0[None], filtered]),
+    )
+
+
+def hmm_filter(initial_probs, transition_matrix, log_likelihoods) -> HMMFilterResult:
+    """Forward filter: the HMM as an RNN over the normalized forward message.
+
+    With ``alpha_t = p(z_t | y_{<t})`` (``alpha_0 = pi``) and ``l_t = exp(ll[t])``,
+
+        p(y_t | y_{<t}) = alpha_t . l_t,
+        p(z_t | y_{<=t}) = alpha_t * l_t / (alpha_t . l_t),
+        alpha_{t+1} = A_t^T p(z_t | y_{<=t}),
+
+    computed with ``l_t`` scaled by ``exp(-max_k ll[t, k])`` (the scale is added back to the
+    log normalizer), and the total summed as a balanced binary tree.
+
+    Args:
+        initial_probs: ``(K,)`` ``p(z_0)``.
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying
+            ``p(z_{t+1} = j | z_t = i)``.
+        log_likelihoods: ``(T, K)`` ``log p(y_t | z_t = k)``; rows of zeros at masked steps.
+
+    Returns:
+        An `HMMFilterResult`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from statseq.inference.hmm import hmm_filter
+        >>> pi = jnp.array([0.5, 0.5])
+        >>> A = jnp.array([[0.9, 0.1], [0.2, 0.8]])
+        >>> ll = jnp.log(jnp.array([[0.7, 0.1], [1.0, 1.0], [0.2, 0.6]]))  # step 1 masked
+        >>> result = hmm_filter(pi, A, ll)
+        >>> result.filtered_probs.shape, round(float(result.log_normalizers[1]), 6)
+        ((3, 2), 0.0)
+    """
+    return _filter(*_prepare_inputs(initial_probs, transition_matrix, log_likelihoods))
+
+
+# ------------------------------------------------------------------------------------------
+# smoothing
+
+
+_CHUNK = 256  # time steps per partial sum of the transition counts
+
+
+def _sum_outer_products(left, right):
+    """``sum_t left[t][:, None] * right[t][None, :]`` in chunks, then as a balanced tree.
+
+    Each chunk is one small matrix product; the chunk totals are added pairwise, so the
+    float32 error grows with log T rather than T.
+    """
+    num, k = left.shape
+    pad = (-num) % _CHUNK
+    left = jnp.concatenate([left, jnp.zeros((pad, k), left.dtype)]).reshape(-1, _CHUNK, k)
+    right = jnp.concatenate([right, jnp.zeros((pad, k), right.dtype)]).reshape(-1, _CHUNK, k)
+    partial_sums = jnp.einsum("cti,ctj->cij", left, right)
+    return pairwise_sum(jnp.moveaxis(partial_sums, 0, -1))
+
+
+def _smoother(pi, fixed, per_step, ll, sum_transitions: bool) -> HMMPosterior:
+    filt = _filter(pi, fixed, per_step, ll)
+    filtered = filt.filtered_probs
+    num_states = ll.shape[1]
+    dtype = filtered.dtype
+
+    # The scan carries only the rescaled backward message; everything else is vectorized.
+    def step(beta_next, xs):
+        ll_next, a_t = xs
+        # v_j proportional to p(y_{t+1:T-1} | z_{t+1} = j) p(y_{t+1} | z_{t+1} = j)
+        v = jnp.exp(ll_next - jnp.max(ll_next)) * beta_next
+        v = v / jnp.max(v)
+        beta = _pick(fixed, a_t) @ v  # proportional to p(y_{t+1:T-1} | z_t = i)
+        return beta / jnp.max(beta), v
+
+    _, v = jax.lax.scan(step, jnp.ones(num_states, dtype), (ll[1:], per_step), reverse=True)
+    if fixed is not None:
+        beta = v @ fixed.T  # (T-1, K), unnormalized beta_t for t < T-1
+    else:
+        beta = jnp.einsum("tij,tj->ti", per_step, v)
+    f = filtered[:-1]
+    norm = jnp.sum(f * beta, axis=1, keepdims=True)
+    smoothed = jnp.concatenate([f * beta / norm, filtered[-1:]])
+    weighted = f / norm  # p(z_t = i, z_{t+1} = j | y) = weighted_t(i) A_t[i, j] v_t(j)
+    if sum_transitions:
+        if fixed is not None:
+            transitions = fixed * _sum_outer_products(weighted, v)
+        else:
+            per = weighted[:, :, None] * per_step * v[:, None, :]
+            transitions = pairwise_sum(jnp.moveaxis(per, 0, -1))
+    else:
+        transitions = weighted[:, :, None] * _pick(fixed, per_step) * v[:, None, :]
+    return HMMPosterior(
+        marginal_log_lik=filt.marginal_log_lik,
+        filtered_probs=filtered,
+        smoothed_probs=smoothed,
+        expected_transitions=transitions,
+        initial_probs=smoothed[0],
+    )
+
+
+def hmm_smoother(
+    initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True
+) -> HMMPosterior:
+    """Forward-backward smoother with normalized backward messages.
+
+    With ``beta_t(i)`` proportional to ``p(y_{t+1:T-1} | z_t = i)`` (``beta_{T-1} = 1``),
+
+        beta_t = A_t (l_{t+1} * beta_{t+1}),
+        p(z_t = i | y) = f_t(i) beta_t(i) / (f_t . beta_t),
+        p(z_t = i, z_{t+1} = j | y) = f_t(i) A_t[i, j] l_{t+1}(j) beta_{t+1}(j) / (f_t . beta_t),
+
+    where ``f_t = p(z_t | y_{<=t})`` comes from `hmm_filter` and every ``beta_t`` is
+    rescaled to a maximum of one (the scale cancels). Only the beta recursion runs in the
+    scan; smoothed marginals and transition counts are computed for all steps at once, the
+    summed counts in chunks of small matrix products added as a balanced tree.
+
+    Args:
+        initial_probs: ``(K,)`` ``p(z_0)``.
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
+        log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
+        sum_transitions: return expected transitions summed over time ``(K, K)``
+            (default) or per step ``(T-1, K, K)``.
+
+    Returns:
+        An `HMMPosterior`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from statseq.inference.hmm import hmm_smoother
+        >>> A = jnp.array([[0.9, 0.1], [0.2, 0.8]])
+        >>> ll = jnp.log(jnp.array([[0.7, 0.1], [0.6, 0.3], [0.2, 0.6]]))
+        >>> post = hmm_smoother(jnp.array([0.5, 0.5]), A, ll)
+        >>> post.smoothed_probs.shape, round(float(post.expected_transitions.sum()), 6)
+        ((3, 2), 2.0)
+    """
+    pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    return _smoother(pi, fixed, per_step, ll, sum_transitions)
+
+
+def hmm_smoother_by_gradient(
+    initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True
+) -> HMMPosterior:
+    """Posterior marginals as the gradient of the log marginal likelihood.
+
+    The posterior over paths is an exponential family whose log normalizer is
+    ``log p(y)``, so its gradients are expected sufficient statistics:
+
+        d log p(y) / d ll[t, k]        = p(z_t = k | y),
+        d log p(y) / d log A_t[i, j]   = p(z_t = i, z_{t+1} = j | y),
+
+    (for a fixed matrix, the second sums over ``t``). This differentiates
+    `hmm_filter` in reverse mode, using ``d/d log A = A * d/d A`` so that zero
+    entries need no logarithm. It agrees with `hmm_smoother` to rounding error and
+    shows that backpropagation through the forward recursion *is* the backward pass.
+
+    For a fixed matrix, reverse mode accumulates the summed counts as a plain running sum
+    over time steps; in float32 over 10^6 steps that costs about 1e-3 relative error in
+    ``expected_transitions`` (`hmm_smoother` sums in chunks and then as a tree and
+    keeps about 1e-7). For a time-varying matrix the per-step counts are summed as a balanced
+    tree.
+
+    Args:
+        initial_probs: ``(K,)`` ``p(z_0)``.
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
+        log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
+        sum_transitions: expected transitions summed over time ``(K, K)`` (default) or
+            per step ``(T-1, K, K)``.
+
+    Returns:
+        An `HMMPosterior`.
+    """
+    pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    if per_step is None and not sum_transitions:
+        per_step, fixed = broadcast_transitions(fixed, ll.shape[0]), None
+    trans = _pick(fixed, per_step)
+
+    def log_marginal(trans, ll):
+        if per_step is None:
+            result = _filter(pi, trans, None, ll)
+        else:
+            result = _filter(pi, None, trans, ll)
+        return result.marginal_log_lik, result
+
+    (value, filt), (grad_trans, grad_ll) = jax.value_and_grad(
+        log_marginal, argnums=(0, 1), has_aux=True
+    )(trans, ll)
+    transitions = trans * grad_trans
+    if per_step is not None and sum_transitions:
+        transitions = pairwise_sum(transitions, axis=0)
+    return HMMPosterior(
+        marginal_log_lik=value,
+        filtered_probs=filt.filtered_probs,
+        smoothed_probs=grad_ll,
+        expected_transitions=transitions,
+        initial_probs=grad_ll[0],
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# most likely path, posterior samples, predictions
+
+
+def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
+    """Most likely state path ``argmax_z p(z_{0:T-1} | y_{0:T-1})`` (Viterbi).
+
+    Max-product in log space,
+
+        delta_0 = log pi + ll[0],
+        delta_t[j] = max_i (delta_{t-1}[i] + log A_{t-1}[i, j]) + ll[t, j],
+
+    keeping the maximizing ``i`` for every ``(t, j)`` and backtracking from
+    ``argmax delta_{T-1}``. Each ``delta_t`` is shifted to a maximum of zero, so float32
+    keeps its resolution on long sequences. Ties go to the lowest state index.
+
+    Args:
+        initial_probs: ``(K,)`` ``p(z_0)``.
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
+        log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
+
+    Returns:
+        ``(T,)`` int32 state indices.
+    """
+    pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    log_fixed = None if fixed is None else jnp.log(fixed)
+    delta0 = jnp.log(pi) + ll[0]
+    delta0 = delta0 - jnp.max(delta0)
+
+    def forward(delta_prev, xs):
+        ll_t, a_prev = xs
+        log_a = log_fixed if a_prev is None else jnp.log(a_prev)
+        scores = delta_prev[:, None] + log_a
+        delta = jnp.max(scores, axis=0) + ll_t
+        return delta - jnp.max(delta), jnp.argmax(scores, axis=0).astype(jnp.int32)
+
+    delta_last, pointers = jax.lax.scan(forward, delta0, (ll[1:], per_step))
+    last = jnp.argmax(delta_last).astype(jnp.int32)
+
+    def backtrack(state_next, pointers_t):
+        state = pointers_t[state_next]
+        return state, state
+
+    _, states = jax.lax.scan(backtrack, last, pointers, reverse=True)
+    return jnp.concatenate([states, last[None]])
+
+
+def hmm_path_log_prob(initial_probs, transition_matrix, log_likelihoods, states):
+    """Log joint ``log p(y_{0:T-1}, z_{0:T-1})`` of one state path (e.g. the Viterbi path).
+
+        log p(y, z) = log pi[z_0] + sum_{t>=1} log A_{t-1}[z_{t-1}, z_t] + sum_t ll[t, z_t].
+
+    Evaluated directly on the path (no max-product shifts), so for the Viterbi path it is
+    ``max_z log p(y, z)``; subtract ``log p(y)`` for ``log p(z* | y)``.
+
+    Args:
+        initial_probs: ``(K,)`` ``p(z_0)``.
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
+        log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
+        states: ``(T,)`` integer states.
+
+    Returns:
+        A scalar.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> ll = jnp.log(jnp.array([[0.9, 0.2], [0.1, 0.7]]))
+        >>> a = jnp.array([[0.8, 0.2], [0.3, 0.7]])
+        >>> z = hmm_viterbi(jnp.array([0.5, 0.5]), a, ll)
+        >>> # the best of the four paths is (0, 1): 0.5 * 0.9 * 0.2 * 0.7
+        >>> round(float(jnp.exp(hmm_path_log_prob(jnp.array([0.5, 0.5]), a, ll, z))), 4)
+        0.063
+    """
+    pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    states = jnp.asarray(states)
+    if states.shape != ll.shape[:1]:
+        raise ValueError(f"states must have shape ({ll.shape[0]},); got {states.shape}")
+    emit = jnp.sum(jnp.take_along_axis(ll, states[:, None], axis=1))
+    prev, nxt = states[:-1], states[1:]
+    if fixed is not None:
+        moves = fixed[prev, nxt]
+    else:
+        moves = per_step[jnp.arange(prev.shape[0]), prev, nxt]
+    return jnp.log(pi[states[0]]) + jnp.sum(jnp.log(moves)) + emit
+
+
+def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, key):
+    """One path from ``p(z_{0:T-1} | y_{0:T-1})`` by forward filtering, backward sampling.
+
+        z_{T-1} ~ p(z_{T-1} | y_{0:T-1}),
+        z_t | z_{t+1} ~ p(z_t | y_{<=t}, z_{t+1}) proportional to f_t(i) A_t[i, z_{t+1}],
+
+    with the categorical draws made from log-probabilities. ``vmap`` over keys for many
+    paths.
+
+    Args:
+        initial_probs: ``(K,)`` ``p(z_0)``.
+        transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
+        log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
+        key: a ``jax.random`` key (keyword-only, required).
+
+    Returns:
+        ``(T,)`` int32 state indices.
+    """
+    pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    filtered = _filter(pi, fixed, per_step, ll).filtered_probs
+    keys = jax.random.split(key, ll.shape[0])
+    last = jax.random.categorical(keys[-1], jnp.log(filtered[-1])).astype(jnp.int32)
+
+    def step(state_next, xs):
+        key_t, filtered_t, a_t = xs
+        a = _pick(fixed, a_t)
+        logits = jnp.log(filtered_t) + jnp.log(a[:, state_next])
+        state = jax.random.categorical(key_t, logits).astype(jnp.int32)
+        return state, state
+
+    _, states = jax.lax.scan(step, last, (keys[:-1], filtered[:-1], per_step), reverse=True)
+    return jnp.concatenate([states, last[None]])
+
+
+def hmm_predict_states(filtered_last_probs, transition_matrix, num_steps: int):
+    """State distributions ``h = 1, ..., num_steps`` steps after the last observation.
+
+        p(z_{T-1+h} | y_{0:T-1}) = p(z_{T-1} | y_{0:T-1}) A_{T-1} A_T ... A_{T+h-2}.
+
+    Args:
+        filtered_last_probs: ``(K,)`` ``p(z_{T-1} | y_{0:T-1})`` (the last row of
+            ``filtered_probs``).
+        transition_matrix: ``(K, K)`` fixed or ``(num_steps, K, K)`` time-varying (the
+            future transitions, in order).
+        num_steps: a positive Python int (the output length is static).
+
+    Returns:
+        ``(num_steps, K)``; row ``h - 1`` is the distribution ``h`` steps ahead.
+    """
+    if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral):
+        raise ValueError(f"num_steps must be a positive int; got {num_steps!r}")
+    num_steps = int(num_steps)
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int; got {num_steps}")
+    probs, trans = jnp.asarray(filtered_last_probs), jnp.asarray(transition_matrix)
+    dtype = _float_dtype(probs, trans)
+    probs, trans = probs.astype(dtype), trans.astype(dtype)
+    if probs.ndim != 1:
+        raise ValueError(f"filtered_last_probs must have shape (num_states,); got {probs.shape}")
+    fixed, per_step = _check_transitions(trans, num_steps, probs.shape[0], "transition_matrix")
+
+    def step(p, a_t):
+        p = p @ _pick(fixed, a_t)
+        return p, p
+
+    _, out = jax.lax.scan(step, probs, per_step, length=num_steps)
+    return out
