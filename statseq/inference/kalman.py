@@ -187,6 +187,64 @@ class KalmanSmootherResult(NamedTuple):
     smoothed_cross_covs: Any
 
 
+# ---- small-dimension kernels -------------------------------------------------------------
+#: state and observation dimensions up to which one step is written as element-wise jnp ops
+#: (matrix products as broadcast-multiply-sum, Cholesky and triangular solves unrolled), so
+#: that XLA:CPU fuses a step into a few loops instead of one kernel (dot, LAPACK call) per op
+SMALL_DIM = 8
+
+
+def _is_small(*arrays) -> bool:
+    return all(max(a.shape, default=0) <= SMALL_DIM for a in arrays)
+
+
+def _mm(a, b):
+    """``a @ b`` for a matrix ``a`` and a matrix or vector ``b``; element-wise when small.
+
+    The same sum of products as ``@`` (rounding may differ in the last bit: the summation
+    order is XLA's). Batched operands (vmap) are fine: batching happens below this level.
+    """
+    if a.ndim != 2 or b.ndim not in (1, 2) or not _is_small(a, b):
+        return a @ b
+    if b.ndim == 1:
+        return jnp.sum(a * b[None, :], axis=1)
+    return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
+
+
+def _cholesky(s):
+    """Lower Cholesky factor of a symmetric positive definite ``s`` (unrolled when small).
+
+    Column by column (``l_j = (s_j - sum_{k<j} l_k l_k[j]) / sqrt(.)``), the algorithm of
+    LAPACK's unblocked ``potrf``; NaN where ``s`` is not positive definite, as there.
+    """
+    dim = s.shape[-1]
+    if s.ndim != 2 or dim > SMALL_DIM:
+        return jnp.linalg.cholesky(s)
+    rows = jnp.arange(dim)
+    cols = []
+    for j in range(dim):
+        c = s[:, j]
+        for k in range(j):
+            c = c - cols[k] * cols[k][j]
+        c = jnp.where(rows >= j, c, 0.0) / jnp.sqrt(c[j])
+        cols.append(c)
+    return jnp.stack(cols, axis=1)
+
+
+def _solve_lower(chol, rhs):
+    """``chol^{-1} rhs`` for a lower triangular ``chol`` (forward substitution when small)."""
+    dim = chol.shape[-1]
+    if chol.ndim != 2 or rhs.ndim != 2 or dim > SMALL_DIM:
+        return jsl.solve_triangular(chol, rhs, lower=True)
+    out = []
+    for i in range(dim):
+        r = rhs[i]
+        for k in range(i):
+            r = r - chol[i, k] * out[k]
+        out.append(r / chol[i, i])
+    return jnp.stack(out, axis=0)
+
+
 # ---- one step ---------------------------------------------------------------------------
 def _masked_rows(h, mask):
     return h * mask.astype(h.dtype)[:, None]
@@ -200,8 +258,8 @@ def _masked_innovation_cov(s, mask):
 def predict_state(arrays_t: GaussianSSMArrays, mean, cov, u_next):
     """``x_{t+1} | y_{<=t}`` from ``x_t | y_{<=t}`` (``arrays_t`` from `arrays_at`)."""
     f = arrays_t.dynamics_weights
-    mean = f @ mean + arrays_t.dynamics_input_weights @ u_next + arrays_t.dynamics_bias
-    cov = symmetrize(f @ cov @ f.T + arrays_t.dynamics_cov)
+    mean = _mm(f, mean) + arrays_t.dynamics_input_weights @ u_next + arrays_t.dynamics_bias
+    cov = symmetrize(_mm(_mm(f, cov), f.T) + arrays_t.dynamics_cov)
     return mean, cov
 
 
@@ -220,18 +278,18 @@ def innovation(arrays_t: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t) -> Inno
     """Whitened innovation of ``y_t`` against the predicted ``N(mean, cov)`` of ``x_t``."""
     h = _masked_rows(arrays_t.emission_weights, mask_t)
     y_mean = (
-        arrays_t.emission_weights @ mean
+        _mm(arrays_t.emission_weights, mean)
         + arrays_t.emission_input_weights @ u_t
         + arrays_t.emission_bias
     )
     v = jnp.where(mask_t, y_t - y_mean, 0.0)
-    hp = h @ cov
-    s = symmetrize(hp @ h.T + arrays_t.emission_cov)
-    chol = jnp.linalg.cholesky(_masked_innovation_cov(s, mask_t))
+    hp = _mm(h, cov)
+    s = symmetrize(_mm(hp, h.T) + arrays_t.emission_cov)
+    chol = _cholesky(_masked_innovation_cov(s, mask_t))
     n = hp.shape[1]
     # one triangular solve for the residual, H~ P and L^{-1} itself (for the gain)
     rhs = jnp.concatenate([v[:, None], hp, jnp.eye(v.shape[0], dtype=hp.dtype)], axis=1)
-    solved = jsl.solve_triangular(chol, rhs, lower=True)
+    solved = _solve_lower(chol, rhs)
     z, w, chol_inv = solved[:, 0], solved[:, 1 : n + 1], solved[:, n + 1 :]
     log_det = jnp.sum(jnp.where(mask_t, jnp.log(jnp.diagonal(chol)), 0.0))
     num_obs = jnp.sum(mask_t)
@@ -251,9 +309,9 @@ def joseph_update(cov, inn: Innovation, emission_cov):
     ``P / R`` of order ``1 / eps`` (tested against exact rational arithmetic at
     ``Q / R = 10^16``), at the price of a few more ``n x n`` products.
     """
-    gain = inn.w.T @ inn.chol_inv  # (n, D)
-    closed = jnp.eye(cov.shape[-1], dtype=cov.dtype) - gain @ inn.h
-    return symmetrize(closed @ cov @ closed.T + gain @ emission_cov @ gain.T)
+    gain = _mm(inn.w.T, inn.chol_inv)  # (n, D)
+    closed = jnp.eye(cov.shape[-1], dtype=cov.dtype) - _mm(gain, inn.h)
+    return symmetrize(_mm(_mm(closed, cov), closed.T) + _mm(_mm(gain, emission_cov), gain.T))
 
 
 def _pdet_parts(info, score):
@@ -319,7 +377,7 @@ def predicted_moments(arrays: GaussianSSMArrays, carry: KalmanCarry, u_t):
     t = carry.t
     prev = arrays_at(arrays, t - 1)
     mean_p, cov_p = predict_state(prev, carry.mean, carry.cov, u_t)
-    diffuse_p = prev.dynamics_weights @ carry.diffuse
+    diffuse_p = _mm(prev.dynamics_weights, carry.diffuse)
     first = t == 0
     return (
         jnp.where(first, carry.mean, mean_p),
@@ -353,7 +411,7 @@ def kalman_step(arrays: GaussianSSMArrays, carry: KalmanCarry, y_t, mask_t, u_t,
         inn = innovation(arrays_t._replace(emission_cov=safe), mean, cov, y_t, mask_t, u_t)
     else:
         inn = innovation(arrays_t, mean, cov, y_t, mask_t, u_t)
-    mean_f = mean + inn.w.T @ inn.z
+    mean_f = mean + _mm(inn.w.T, inn.z)
     cov_f = joseph_update(cov, inn, arrays_t.emission_cov)
     log_prob = inn.log_prob
     info, score, dll, collapsed = carry.info, carry.score, carry.diffuse_log_lik, carry.collapsed
@@ -499,12 +557,12 @@ def _backward_pass(arrays, num_t, init, xs):
         dyn = arrays_at(arrays, t).dynamics_weights
         last = t == num_t - 1
         # K~ = P H~^T F^{-1} = w^T L^{-1}; (I - K~ H~) = I - w^T L^{-1} H~
-        lh = jsl.solve_triangular(chol, h, lower=True)  # L^{-1} H~  (D, n)
-        l_mat = jnp.where(last, eye, dyn @ (eye - w.T @ lh))
-        r_prev = lh.T @ z + l_mat.T @ r
-        n_prev = symmetrize(lh.T @ lh + l_mat.T @ nmat @ l_mat)
-        xw = lh @ a_t  # whitened X_t
-        rx_prev = lh.T @ xw + l_mat.T @ rx
+        lh = _solve_lower(chol, h)  # L^{-1} H~  (D, n)
+        l_mat = jnp.where(last, eye, _mm(dyn, eye - _mm(w.T, lh)))
+        r_prev = _mm(lh.T, z) + _mm(l_mat.T, r)
+        n_prev = symmetrize(_mm(lh.T, lh) + _mm(_mm(l_mat.T, nmat), l_mat))
+        xw = _mm(lh, a_t)  # whitened X_t
+        rx_prev = _mm(lh.T, xw) + _mm(l_mat.T, rx)
         return (r_prev, n_prev, rx_prev), (r_prev, n_prev, l_mat, rx_prev)
 
     return jax.lax.scan(back, init, xs, reverse=True)[1]
