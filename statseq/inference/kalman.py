@@ -195,20 +195,22 @@ SMALL_DIM = 8
 
 
 def _is_small(*arrays) -> bool:
-    return all(max(a.shape, default=0) <= SMALL_DIM for a in arrays)
+    return all(max(a.shape[-2:], default=0) <= SMALL_DIM for a in arrays)
 
 
 def _mm(a, b):
-    """``a @ b`` for a matrix ``a`` and a matrix or vector ``b``; element-wise when small.
+    """``a @ b`` (``a`` a matrix or a stack of them, ``b`` a vector, a matrix or a stack of
+    matrices, as for ``@``), as broadcast-multiply-sum when the matrices are small.
 
     The same sum of products as ``@`` (rounding may differ in the last bit: the summation
-    order is XLA's). Batched operands (vmap) are fine: batching happens below this level.
+    order is XLA's), but XLA:CPU fuses it with its neighbours instead of calling a
+    matrix-product kernel per step (or per matrix of a stack).
     """
-    if a.ndim != 2 or b.ndim not in (1, 2) or not _is_small(a, b):
+    if a.ndim < 2 or b.ndim < 1 or not _is_small(a, b):
         return a @ b
     if b.ndim == 1:
-        return jnp.sum(a * b[None, :], axis=1)
-    return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
+        return jnp.sum(a * b[None, :], axis=-1)
+    return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
 
 
 def _cholesky(s):
@@ -258,7 +260,7 @@ def _masked_innovation_cov(s, mask):
 def predict_state(arrays_t: GaussianSSMArrays, mean, cov, u_next):
     """``x_{t+1} | y_{<=t}`` from ``x_t | y_{<=t}`` (``arrays_t`` from `arrays_at`)."""
     f = arrays_t.dynamics_weights
-    mean = _mm(f, mean) + arrays_t.dynamics_input_weights @ u_next + arrays_t.dynamics_bias
+    mean = _mm(f, mean) + _mm(arrays_t.dynamics_input_weights, u_next) + arrays_t.dynamics_bias
     cov = symmetrize(_mm(_mm(f, cov), f.T) + arrays_t.dynamics_cov)
     return mean, cov
 
@@ -279,7 +281,7 @@ def innovation(arrays_t: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t) -> Inno
     h = _masked_rows(arrays_t.emission_weights, mask_t)
     y_mean = (
         _mm(arrays_t.emission_weights, mean)
-        + arrays_t.emission_input_weights @ u_t
+        + _mm(arrays_t.emission_input_weights, u_t)
         + arrays_t.emission_bias
     )
     v = jnp.where(mask_t, y_t - y_mean, 0.0)
@@ -456,15 +458,18 @@ def _check(arrays, y, mask, inputs):
         raise ValueError(f"inputs must be (T, m) with T = {y.shape[0]}, got {inputs.shape}")
 
 
-def _scan_filter(arrays, y, mask, inputs, collapse):
+def _scan_filter(arrays, y, mask, inputs, collapse, keep=None):
+    """Scan `kalman_step`; ``keep(lp, mean, cov, diffuse, new, inn)`` picks what is stacked
+    per step (default: everything; stacking what is not needed costs time)."""
     _check(arrays, y, mask, inputs)
+    keep = (lambda *out: out) if keep is None else keep
 
     def step(carry, xs):
         y_t, m_t, u_t = xs
         lp, new, (mean, cov, diffuse, inn) = kalman_step(
             arrays, carry, y_t, m_t, u_t, collapse=collapse
         )
-        return new, (lp, mean, cov, diffuse, new, inn)
+        return new, keep(lp, mean, cov, diffuse, new, inn)
 
     return jax.lax.scan(step, initial_carry(arrays), (y, mask, inputs))
 
@@ -499,13 +504,16 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         >>> res.filtered_means.shape
         (2, 1)
     """
-    _, (lp, mean, cov, _, filt, _) = _scan_filter(arrays, y, mask, inputs, collapse=True)
-    return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt.mean, filt.cov)
+    _, (lp, mean, cov, filt_mean, filt_cov) = _scan_filter(
+        arrays, y, mask, inputs, collapse=True,
+        keep=lambda lp, mean, cov, _d, new, _i: (lp, mean, cov, new.mean, new.cov))
+    return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
 
 
 def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
-    """Total log-likelihood only (see `kalman_filter`)."""
-    return kalman_filter(arrays, y, mask, inputs).marginal_log_lik
+    """Total log-likelihood only (see `kalman_filter`; no moments are stored)."""
+    _, lp = _scan_filter(arrays, y, mask, inputs, collapse=True, keep=lambda lp, *_: lp)
+    return pairwise_sum(lp)
 
 
 def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmootherResult:
@@ -534,8 +542,13 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
         from statseq.inference.kalman_diffuse_smoother import diffuse_kalman_smoother
 
         return diffuse_kalman_smoother(arrays, y, mask, inputs)
+    def keep(lp, mean, cov, diffuse, new, inn):
+        # stack only what the backward pass and the result need
+        inn = Innovation(None, inn.z, inn.chol, inn.w, inn.h)
+        return lp, mean, cov, diffuse, KalmanCarry(new.mean, new.cov, *(None,) * 7), inn
+
     _, (lp, mean, cov, diffuse, filt, inn) = _scan_filter(
-        arrays, y, mask, inputs, collapse=False
+        arrays, y, mask, inputs, collapse=False, keep=keep
     )
     num_t = y.shape[0]
     init = (jnp.zeros((n,), mean.dtype), jnp.zeros((n, n), mean.dtype),
@@ -572,12 +585,10 @@ def _smoothed(total, mean, cov, filt, r_prev, n_prev, l_mat, dyn):
     """Smoothed moments from the predicted moments and the backward pass's outputs (proper
     initial distributions; diffuse ones go through `kalman_diffuse_smoother`)."""
     eye = jnp.eye(mean.shape[-1], dtype=mean.dtype)
-    sm_mean = mean + jnp.einsum("tij,tj->ti", cov, r_prev)
+    sm_mean = mean + _mm(cov, r_prev[..., None])[..., 0]
     sm_cov = smoothed_from_filtered(dyn, filt.cov, n_prev)
     # Cov[x_{t+1}, x_t] = (I - P_{t+1} N_t) L_t P_t, with N_t = n_prev[t + 1]
-    cross = jnp.einsum(
-        "tij,tjk,tkl->til", eye - cov[1:] @ n_prev[1:], l_mat[:-1], cov[:-1]
-    )
+    cross = _mm(_mm(eye - _mm(cov[1:], n_prev[1:]), l_mat[:-1]), cov[:-1])
     return KalmanSmootherResult(total, filt.mean, filt.cov, sm_mean, sm_cov, cross)
 
 
@@ -601,8 +612,8 @@ def smoothed_from_filtered(dyn, filt_cov, n_prev):
     Returns:
         ``(T, n, n)`` smoothed covariances.
     """
-    fp = dyn @ filt_cov[:-1]
-    inner = jnp.swapaxes(fp, 1, 2) @ n_prev[1:] @ fp
+    fp = _mm(dyn, filt_cov[:-1])
+    inner = _mm(_mm(jnp.swapaxes(fp, 1, 2), n_prev[1:]), fp)
     return symmetrize(filt_cov - jnp.concatenate([inner, jnp.zeros_like(filt_cov[:1])]))
 
 
