@@ -210,6 +210,13 @@ def _mm(a, b):
         return a @ b
     if b.ndim == 1:
         return jnp.sum(a * b[None, :], axis=-1)
+    if (a.ndim > 2 or b.ndim > 2) and a.shape[-1]:
+        # stacks (time axis leading): a sum of outer products, which XLA vectorizes over
+        # the stack (a reduction over a middle axis runs 3-5 times slower, a batched dot 10x)
+        out = a[..., :, :1] * b[..., :1, :]
+        for k in range(1, a.shape[-1]):
+            out = out + a[..., :, k : k + 1] * b[..., k : k + 1, :]
+        return out
     return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
 
 
