@@ -22,6 +22,14 @@ which cancels in the same regime. Square-root variants (filter and smoother, acc
 there) are in `statseq.inference.kalman_sqrt`, the associative-scan (parallel) variants
 in `statseq.inference.kalman_parallel` and `statseq.inference.kalman_sqrt_parallel`.
 
+Speed: up to ``SMALL_DIM`` (8) states and series, a step's matrix products are written as
+broadcast-multiply-sums and its Cholesky factor and triangular solves are unrolled into
+element-wise jnp ops (the same arithmetic as LAPACK's unblocked algorithms), so that XLA:CPU
+fuses a step into a few loops instead of calling a kernel per small product and a LAPACK
+routine per factorization; results agree with the generic path to rounding (tested, with
+gradients). `kalman_log_prob` stacks no moments, `kalman_smoother` only what its backward
+pass uses.
+
 **Exact diffuse initialization** (de Jong's augmented filter). Directions ``A`` of the
 initial state with infinite variance are carried as regression columns: the filter runs
 with ``kappa = 0`` and propagates ``A_t`` (how the predicted state depends on the unknown
@@ -187,6 +195,73 @@ class KalmanSmootherResult(NamedTuple):
     smoothed_cross_covs: Any
 
 
+# ---- small-dimension kernels -------------------------------------------------------------
+#: state and observation dimensions up to which one step is written as element-wise jnp ops
+#: (matrix products as broadcast-multiply-sum, Cholesky and triangular solves unrolled), so
+#: that XLA:CPU fuses a step into a few loops instead of one kernel (dot, LAPACK call) per op
+SMALL_DIM = 8
+
+
+def _is_small(*arrays) -> bool:
+    return all(max(a.shape[-2:], default=0) <= SMALL_DIM for a in arrays)
+
+
+def _mm(a, b):
+    """``a @ b`` (``a`` a matrix or a stack of them, ``b`` a vector, a matrix or a stack of
+    matrices, as for ``@``), as broadcast-multiply-sum when the matrices are small.
+
+    The same sum of products as ``@`` (rounding may differ in the last bit: the summation
+    order is XLA's), but XLA:CPU fuses it with its neighbours instead of calling a
+    matrix-product kernel per step (or per matrix of a stack).
+    """
+    if a.ndim < 2 or b.ndim < 1 or not _is_small(a, b):
+        return a @ b
+    if b.ndim == 1:
+        return jnp.sum(a * b[None, :], axis=-1)
+    if (a.ndim > 2 or b.ndim > 2) and a.shape[-1]:
+        # stacks (time axis leading): a sum of outer products, which XLA vectorizes over
+        # the stack (measured faster than a reduction over a middle axis or a batched dot)
+        out = a[..., :, :1] * b[..., :1, :]
+        for k in range(1, a.shape[-1]):
+            out = out + a[..., :, k : k + 1] * b[..., k : k + 1, :]
+        return out
+    return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
+
+
+def _cholesky(s):
+    """Lower Cholesky factor of a symmetric positive definite ``s`` (unrolled when small).
+
+    Column by column (``l_j = (s_j - sum_{k<j} l_k l_k[j]) / sqrt(.)``), the algorithm of
+    LAPACK's unblocked ``potrf``; NaN where ``s`` is not positive definite, as there.
+    """
+    dim = s.shape[-1]
+    if s.ndim != 2 or dim > SMALL_DIM:
+        return jnp.linalg.cholesky(s)
+    rows = jnp.arange(dim)
+    cols = []
+    for j in range(dim):
+        c = s[:, j]
+        for k in range(j):
+            c = c - cols[k] * cols[k][j]
+        c = jnp.where(rows >= j, c, 0.0) / jnp.sqrt(c[j])
+        cols.append(c)
+    return jnp.stack(cols, axis=1)
+
+
+def _solve_lower(chol, rhs):
+    """``chol^{-1} rhs`` for a lower triangular ``chol`` (forward substitution when small)."""
+    dim = chol.shape[-1]
+    if chol.ndim != 2 or rhs.ndim != 2 or dim > SMALL_DIM:
+        return jsl.solve_triangular(chol, rhs, lower=True)
+    out = []
+    for i in range(dim):
+        r = rhs[i]
+        for k in range(i):
+            r = r - chol[i, k] * out[k]
+        out.append(r / chol[i, i])
+    return jnp.stack(out, axis=0)
+
+
 # ---- one step ---------------------------------------------------------------------------
 def _masked_rows(h, mask):
     return h * mask.astype(h.dtype)[:, None]
@@ -200,8 +275,8 @@ def _masked_innovation_cov(s, mask):
 def predict_state(arrays_t: GaussianSSMArrays, mean, cov, u_next):
     """``x_{t+1} | y_{<=t}`` from ``x_t | y_{<=t}`` (``arrays_t`` from `arrays_at`)."""
     f = arrays_t.dynamics_weights
-    mean = f @ mean + arrays_t.dynamics_input_weights @ u_next + arrays_t.dynamics_bias
-    cov = symmetrize(f @ cov @ f.T + arrays_t.dynamics_cov)
+    mean = _mm(f, mean) + _mm(arrays_t.dynamics_input_weights, u_next) + arrays_t.dynamics_bias
+    cov = symmetrize(_mm(_mm(f, cov), f.T) + arrays_t.dynamics_cov)
     return mean, cov
 
 
@@ -220,18 +295,18 @@ def innovation(arrays_t: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t) -> Inno
     """Whitened innovation of ``y_t`` against the predicted ``N(mean, cov)`` of ``x_t``."""
     h = _masked_rows(arrays_t.emission_weights, mask_t)
     y_mean = (
-        arrays_t.emission_weights @ mean
-        + arrays_t.emission_input_weights @ u_t
+        _mm(arrays_t.emission_weights, mean)
+        + _mm(arrays_t.emission_input_weights, u_t)
         + arrays_t.emission_bias
     )
     v = jnp.where(mask_t, y_t - y_mean, 0.0)
-    hp = h @ cov
-    s = symmetrize(hp @ h.T + arrays_t.emission_cov)
-    chol = jnp.linalg.cholesky(_masked_innovation_cov(s, mask_t))
+    hp = _mm(h, cov)
+    s = symmetrize(_mm(hp, h.T) + arrays_t.emission_cov)
+    chol = _cholesky(_masked_innovation_cov(s, mask_t))
     n = hp.shape[1]
     # one triangular solve for the residual, H~ P and L^{-1} itself (for the gain)
     rhs = jnp.concatenate([v[:, None], hp, jnp.eye(v.shape[0], dtype=hp.dtype)], axis=1)
-    solved = jsl.solve_triangular(chol, rhs, lower=True)
+    solved = _solve_lower(chol, rhs)
     z, w, chol_inv = solved[:, 0], solved[:, 1 : n + 1], solved[:, n + 1 :]
     log_det = jnp.sum(jnp.where(mask_t, jnp.log(jnp.diagonal(chol)), 0.0))
     num_obs = jnp.sum(mask_t)
@@ -251,9 +326,9 @@ def joseph_update(cov, inn: Innovation, emission_cov):
     ``P / R`` of order ``1 / eps`` (tested against exact rational arithmetic at
     ``Q / R = 10^16``), at the price of a few more ``n x n`` products.
     """
-    gain = inn.w.T @ inn.chol_inv  # (n, D)
-    closed = jnp.eye(cov.shape[-1], dtype=cov.dtype) - gain @ inn.h
-    return symmetrize(closed @ cov @ closed.T + gain @ emission_cov @ gain.T)
+    gain = _mm(inn.w.T, inn.chol_inv)  # (n, D)
+    closed = jnp.eye(cov.shape[-1], dtype=cov.dtype) - _mm(gain, inn.h)
+    return symmetrize(_mm(_mm(closed, cov), closed.T) + _mm(_mm(gain, emission_cov), gain.T))
 
 
 def _pdet_parts(info, score):
@@ -319,7 +394,7 @@ def predicted_moments(arrays: GaussianSSMArrays, carry: KalmanCarry, u_t):
     t = carry.t
     prev = arrays_at(arrays, t - 1)
     mean_p, cov_p = predict_state(prev, carry.mean, carry.cov, u_t)
-    diffuse_p = prev.dynamics_weights @ carry.diffuse
+    diffuse_p = _mm(prev.dynamics_weights, carry.diffuse)
     first = t == 0
     return (
         jnp.where(first, carry.mean, mean_p),
@@ -353,7 +428,7 @@ def kalman_step(arrays: GaussianSSMArrays, carry: KalmanCarry, y_t, mask_t, u_t,
         inn = innovation(arrays_t._replace(emission_cov=safe), mean, cov, y_t, mask_t, u_t)
     else:
         inn = innovation(arrays_t, mean, cov, y_t, mask_t, u_t)
-    mean_f = mean + inn.w.T @ inn.z
+    mean_f = mean + _mm(inn.w.T, inn.z)
     cov_f = joseph_update(cov, inn, arrays_t.emission_cov)
     log_prob = inn.log_prob
     info, score, dll, collapsed = carry.info, carry.score, carry.diffuse_log_lik, carry.collapsed
@@ -398,15 +473,18 @@ def _check(arrays, y, mask, inputs):
         raise ValueError(f"inputs must be (T, m) with T = {y.shape[0]}, got {inputs.shape}")
 
 
-def _scan_filter(arrays, y, mask, inputs, collapse):
+def _scan_filter(arrays, y, mask, inputs, collapse, keep=None):
+    """Scan `kalman_step`; ``keep(lp, mean, cov, diffuse, new, inn)`` picks what is stacked
+    per step (default: everything; stacking what is not needed costs time)."""
     _check(arrays, y, mask, inputs)
+    keep = (lambda *out: out) if keep is None else keep
 
     def step(carry, xs):
         y_t, m_t, u_t = xs
         lp, new, (mean, cov, diffuse, inn) = kalman_step(
             arrays, carry, y_t, m_t, u_t, collapse=collapse
         )
-        return new, (lp, mean, cov, diffuse, new, inn)
+        return new, keep(lp, mean, cov, diffuse, new, inn)
 
     return jax.lax.scan(step, initial_carry(arrays), (y, mask, inputs))
 
@@ -441,13 +519,16 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         >>> res.filtered_means.shape
         (2, 1)
     """
-    _, (lp, mean, cov, _, filt, _) = _scan_filter(arrays, y, mask, inputs, collapse=True)
-    return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt.mean, filt.cov)
+    _, (lp, mean, cov, filt_mean, filt_cov) = _scan_filter(
+        arrays, y, mask, inputs, collapse=True,
+        keep=lambda lp, mean, cov, _d, new, _i: (lp, mean, cov, new.mean, new.cov))
+    return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
 
 
 def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
-    """Total log-likelihood only (see `kalman_filter`)."""
-    return kalman_filter(arrays, y, mask, inputs).marginal_log_lik
+    """Total log-likelihood only (see `kalman_filter`; no moments are stored)."""
+    _, lp = _scan_filter(arrays, y, mask, inputs, collapse=True, keep=lambda lp, *_: lp)
+    return pairwise_sum(lp)
 
 
 def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmootherResult:
@@ -476,8 +557,13 @@ def kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanSmoothe
         from statseq.inference.kalman_diffuse_smoother import diffuse_kalman_smoother
 
         return diffuse_kalman_smoother(arrays, y, mask, inputs)
+    def keep(lp, mean, cov, diffuse, new, inn):
+        # stack only what the backward pass and the result need
+        inn = Innovation(None, inn.z, inn.chol, inn.w, inn.h)
+        return lp, mean, cov, diffuse, KalmanCarry(new.mean, new.cov, *(None,) * 7), inn
+
     _, (lp, mean, cov, diffuse, filt, inn) = _scan_filter(
-        arrays, y, mask, inputs, collapse=False
+        arrays, y, mask, inputs, collapse=False, keep=keep
     )
     num_t = y.shape[0]
     init = (jnp.zeros((n,), mean.dtype), jnp.zeros((n, n), mean.dtype),
@@ -499,12 +585,12 @@ def _backward_pass(arrays, num_t, init, xs):
         dyn = arrays_at(arrays, t).dynamics_weights
         last = t == num_t - 1
         # K~ = P H~^T F^{-1} = w^T L^{-1}; (I - K~ H~) = I - w^T L^{-1} H~
-        lh = jsl.solve_triangular(chol, h, lower=True)  # L^{-1} H~  (D, n)
-        l_mat = jnp.where(last, eye, dyn @ (eye - w.T @ lh))
-        r_prev = lh.T @ z + l_mat.T @ r
-        n_prev = symmetrize(lh.T @ lh + l_mat.T @ nmat @ l_mat)
-        xw = lh @ a_t  # whitened X_t
-        rx_prev = lh.T @ xw + l_mat.T @ rx
+        lh = _solve_lower(chol, h)  # L^{-1} H~  (D, n)
+        l_mat = jnp.where(last, eye, _mm(dyn, eye - _mm(w.T, lh)))
+        r_prev = _mm(lh.T, z) + _mm(l_mat.T, r)
+        n_prev = symmetrize(_mm(lh.T, lh) + _mm(_mm(l_mat.T, nmat), l_mat))
+        xw = _mm(lh, a_t)  # whitened X_t
+        rx_prev = _mm(lh.T, xw) + _mm(l_mat.T, rx)
         return (r_prev, n_prev, rx_prev), (r_prev, n_prev, l_mat, rx_prev)
 
     return jax.lax.scan(back, init, xs, reverse=True)[1]
@@ -514,12 +600,10 @@ def _smoothed(total, mean, cov, filt, r_prev, n_prev, l_mat, dyn):
     """Smoothed moments from the predicted moments and the backward pass's outputs (proper
     initial distributions; diffuse ones go through `kalman_diffuse_smoother`)."""
     eye = jnp.eye(mean.shape[-1], dtype=mean.dtype)
-    sm_mean = mean + jnp.einsum("tij,tj->ti", cov, r_prev)
+    sm_mean = mean + _mm(cov, r_prev[..., None])[..., 0]
     sm_cov = smoothed_from_filtered(dyn, filt.cov, n_prev)
     # Cov[x_{t+1}, x_t] = (I - P_{t+1} N_t) L_t P_t, with N_t = n_prev[t + 1]
-    cross = jnp.einsum(
-        "tij,tjk,tkl->til", eye - cov[1:] @ n_prev[1:], l_mat[:-1], cov[:-1]
-    )
+    cross = _mm(_mm(eye - _mm(cov[1:], n_prev[1:]), l_mat[:-1]), cov[:-1])
     return KalmanSmootherResult(total, filt.mean, filt.cov, sm_mean, sm_cov, cross)
 
 
@@ -543,8 +627,8 @@ def smoothed_from_filtered(dyn, filt_cov, n_prev):
     Returns:
         ``(T, n, n)`` smoothed covariances.
     """
-    fp = dyn @ filt_cov[:-1]
-    inner = jnp.swapaxes(fp, 1, 2) @ n_prev[1:] @ fp
+    fp = _mm(dyn, filt_cov[:-1])
+    inner = _mm(_mm(jnp.swapaxes(fp, 1, 2), n_prev[1:]), fp)
     return symmetrize(filt_cov - jnp.concatenate([inner, jnp.zeros_like(filt_cov[:1])]))
 
 

@@ -1,0 +1,210 @@
+"""The element-wise small-dimension kernels of `statseq.inference.kalman` (issue 13.3).
+
+Up to ``SMALL_DIM`` states / series the filter's matrix products, Cholesky factor and
+triangular solves are written as element-wise jnp ops (so XLA:CPU fuses a step). These tests
+check them against LAPACK/NumPy, check the whole filter and smoother against the generic
+path (``SMALL_DIM = 0``: every product a ``dot``, LAPACK ``potrf``/``trsm``) and against
+dense Gaussian conditioning of the stacked model, with missing entries (partial rows and
+empty steps), time-varying matrices and inputs, and check that gradients are unchanged.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from statseq.inference import kalman
+from statseq.inference.kalman import GaussianSSMArrays
+
+RNG = np.random.default_rng(1311)
+
+
+def _spd(dim, rng, scale=1.0):
+    a = rng.standard_normal((dim, dim))
+    return scale * (a @ a.T / dim + 0.3 * np.eye(dim))
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 5, 8])
+def test_cholesky_and_forward_substitution_match_lapack(dim):
+    s = _spd(dim, RNG)
+    rhs = RNG.standard_normal((dim, 7))
+    chol = np.asarray(kalman._cholesky(jnp.asarray(s)))
+    np.testing.assert_allclose(chol, np.linalg.cholesky(s), rtol=1e-13, atol=1e-14)
+    assert np.all(np.triu(chol, 1) == 0.0)
+    sol = np.asarray(kalman._solve_lower(jnp.asarray(chol), jnp.asarray(rhs)))
+    np.testing.assert_allclose(sol, np.linalg.solve(np.linalg.cholesky(s), rhs), rtol=1e-12,
+                               atol=1e-13)
+
+
+def test_cholesky_not_positive_definite_is_nan_like_lapack():
+    s = jnp.asarray([[1.0, 2.0], [2.0, 1.0]])
+    assert np.isnan(np.asarray(kalman._cholesky(s))[1, 1])
+    assert np.isnan(np.asarray(jnp.linalg.cholesky(s))).any()
+
+
+@pytest.mark.parametrize(("sa", "sb"), [((3, 4), (4,)), ((3, 4), (4, 2)), ((5, 3, 4), (5, 4, 2)),
+                                        ((5, 3, 4), (4, 2)), ((2, 9), (9, 3)), ((4, 0), (0,))])
+def test_small_product_matches_matmul(sa, sb):
+    a, b = RNG.standard_normal(sa), RNG.standard_normal(sb)
+    np.testing.assert_allclose(np.asarray(kalman._mm(jnp.asarray(a), jnp.asarray(b))), a @ b,
+                               rtol=1e-13, atol=1e-14)
+
+
+# ---- whole filter / smoother ------------------------------------------------------------
+def _model(n, d, num_t, m_in, time_varying, rng):
+    def tv(fn, k):
+        return np.stack([fn() for _ in range(k)]) if time_varying else fn()
+
+    f = tv(lambda: 0.6 * np.eye(n) + 0.15 * rng.standard_normal((n, n)), num_t - 1)
+    arrays = GaussianSSMArrays(
+        initial_mean=jnp.asarray(rng.standard_normal(n)),
+        initial_cov=jnp.asarray(_spd(n, rng, 2.0)),
+        dynamics_weights=jnp.asarray(f),
+        dynamics_input_weights=jnp.asarray(tv(lambda: rng.standard_normal((n, m_in)), num_t - 1)),
+        dynamics_bias=jnp.asarray(tv(lambda: 0.1 * rng.standard_normal(n), num_t - 1)),
+        dynamics_cov=jnp.asarray(tv(lambda: _spd(n, rng, 0.5), num_t - 1)),
+        emission_weights=jnp.asarray(tv(lambda: rng.standard_normal((d, n)), num_t)),
+        emission_input_weights=jnp.asarray(tv(lambda: rng.standard_normal((d, m_in)), num_t)),
+        emission_bias=jnp.asarray(tv(lambda: 0.1 * rng.standard_normal(d), num_t)),
+        emission_cov=jnp.asarray(tv(lambda: _spd(d, rng, 0.4), num_t)),
+        initial_diffuse=jnp.zeros((n, 0)),
+    )
+    y = rng.standard_normal((num_t, d))
+    mask = rng.random((num_t, d)) > 0.3
+    mask[2] = False  # an empty step
+    mask[3, 0], mask[3, 1:] = True, False  # a partial row
+    inputs = rng.standard_normal((num_t, m_in))
+    return arrays, jnp.asarray(y), jnp.asarray(mask), jnp.asarray(inputs)
+
+
+def _dense(arrays, y, mask, inputs):
+    """Exact references by stacking ``(x_0..x_{T-1}, y_0..y_{T-1})`` into one Gaussian:
+    log-likelihood of the observed entries, filtered means/covs (conditioning ``x_t`` on the
+    observed ``y_{<=t}``), smoothed means/covs and lag-one cross-covariances."""
+    a = jax.tree.map(np.asarray, arrays)
+    y, mask, u = np.asarray(y), np.asarray(mask), np.asarray(inputs)
+    num_t, d = y.shape
+    n = a.initial_mean.shape[0]
+
+    def at(leaf, base, t):
+        return leaf[min(t, leaf.shape[0] - 1)] if leaf.ndim == base + 1 else leaf
+
+    # x = c + G e with e the independent noises (e_0, w_0..w_{T-2}), all Gaussian
+    # x_t = mean_t + sum_{s <= t} F_{t-1} ... F_s e_s, e_0 ~ N(0, P), e_{s+1} = w_s ~ N(0, Q_s)
+    mx, noise_cov = [a.initial_mean], [a.initial_cov]
+    for t in range(num_t - 1):
+        ft = at(a.dynamics_weights, 2, t)
+        mx.append(ft @ mx[-1] + at(a.dynamics_input_weights, 2, t) @ u[t + 1]
+                  + at(a.dynamics_bias, 1, t))
+        noise_cov.append(at(a.dynamics_cov, 2, t))
+    big = np.zeros((num_t * n, num_t * n))
+    for t in range(num_t):
+        for s in range(t + 1):
+            m = np.eye(n)
+            for k in range(s, t):
+                m = at(a.dynamics_weights, 2, k) @ m
+            big[t * n:(t + 1) * n, s * n:(s + 1) * n] = m
+    blocks = np.zeros((num_t * n, num_t * n))
+    for s, c in enumerate(noise_cov):
+        blocks[s * n:(s + 1) * n, s * n:(s + 1) * n] = c
+    mean_x = np.concatenate(mx)
+    cov_x = big @ blocks @ big.T
+    hh = np.zeros((num_t * d, num_t * n))
+    mean_y = np.zeros(num_t * d)
+    rr = np.zeros((num_t * d, num_t * d))
+    for t in range(num_t):
+        ht = at(a.emission_weights, 2, t)
+        hh[t * d:(t + 1) * d, t * n:(t + 1) * n] = ht
+        mean_y[t * d:(t + 1) * d] = (ht @ mx[t] + at(a.emission_input_weights, 2, t) @ u[t]
+                                     + at(a.emission_bias, 1, t))
+        rr[t * d:(t + 1) * d, t * d:(t + 1) * d] = at(a.emission_cov, 2, t)
+    cov_y = hh @ cov_x @ hh.T + rr
+    cov_xy = cov_x @ hh.T
+    obs = mask.reshape(-1)
+    yo = y.reshape(-1)
+
+    def condition(sel):
+        s = cov_y[np.ix_(sel, sel)]
+        gain = np.linalg.solve(s, cov_xy[:, sel].T).T
+        return mean_x + gain @ (yo[sel] - mean_y[sel]), cov_x - gain @ cov_xy[:, sel].T
+
+    res = {}
+    so = cov_y[np.ix_(obs, obs)]
+    r = yo[obs] - mean_y[obs]
+    res["ll"] = -0.5 * (r @ np.linalg.solve(so, r) + np.linalg.slogdet(so)[1]
+                        + obs.sum() * np.log(2 * np.pi))
+    fm, fc = [], []
+    for t in range(num_t):
+        sel = obs & (np.arange(num_t * d) < (t + 1) * d)
+        mt, ct = condition(sel)
+        fm.append(mt[t * n:(t + 1) * n])
+        fc.append(ct[t * n:(t + 1) * n, t * n:(t + 1) * n])
+    res["filtered_means"], res["filtered_covs"] = np.stack(fm), np.stack(fc)
+    ms, cs = condition(obs)
+    res["smoothed_means"] = ms.reshape(num_t, n)
+    res["smoothed_covs"] = np.stack([cs[t * n:(t + 1) * n, t * n:(t + 1) * n]
+                                     for t in range(num_t)])
+    res["smoothed_cross_covs"] = np.stack([cs[(t + 1) * n:(t + 2) * n, t * n:(t + 1) * n]
+                                           for t in range(num_t - 1)])
+    return res
+
+
+def _generic(fn, *args, monkeypatch):
+    with monkeypatch.context() as mp:
+        mp.setattr(kalman, "SMALL_DIM", 0)
+        return jax.jit(lambda *a: fn(*a))(*args)  # a new function: traced afresh
+
+
+@pytest.mark.parametrize(("n", "d", "m_in", "time_varying"),
+                         [(4, 2, 1, False), (3, 1, 0, True), (1, 1, 0, False), (2, 3, 2, True)])
+def test_filter_and_smoother_match_dense_conditioning_and_generic_path(n, d, m_in, time_varying,
+                                                                       monkeypatch):
+    num_t = 9
+    args = _model(n, d, num_t, m_in, time_varying, np.random.default_rng([n, d, m_in]))
+    ref = _dense(*args)
+    filt = jax.jit(kalman.kalman_filter)(*args)
+    smooth = jax.jit(kalman.kalman_smoother)(*args)
+    ll = jax.jit(kalman.kalman_log_prob)(*args)
+    np.testing.assert_allclose(ll, ref["ll"], rtol=1e-11)
+    np.testing.assert_allclose(filt.marginal_log_lik, ref["ll"], rtol=1e-11)
+    np.testing.assert_allclose(smooth.marginal_log_lik, ref["ll"], rtol=1e-11)
+    for name in ("filtered_means", "filtered_covs"):
+        np.testing.assert_allclose(getattr(filt, name), ref[name], rtol=1e-9, atol=1e-10)
+    for name in ("smoothed_means", "smoothed_covs", "smoothed_cross_covs"):
+        np.testing.assert_allclose(getattr(smooth, name), ref[name], rtol=1e-9, atol=1e-10)
+    # the generic path (every product a dot, LAPACK potrf / trsm): equal to rounding
+    gen_f = _generic(kalman.kalman_filter, *args, monkeypatch=monkeypatch)
+    gen_s = _generic(kalman.kalman_smoother, *args, monkeypatch=monkeypatch)
+    for got, want in ((filt, gen_f), (smooth, gen_s)):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
+
+
+def test_gradients_equal_generic_path(monkeypatch):
+    arrays, y, mask, inputs = _model(4, 2, 10, 1, False, np.random.default_rng(7))
+
+    def loss(a):
+        return kalman.kalman_log_prob(a, y, mask, inputs)
+
+    def loss_s(a):
+        return jnp.sum(kalman.kalman_smoother(a, y, mask, inputs).smoothed_means ** 2)
+
+    for fn in (loss, loss_s):
+        g_small = jax.jit(jax.grad(fn))(arrays)
+        g_gen = _generic(jax.grad(fn), arrays, monkeypatch=monkeypatch)
+        for a, b in zip(jax.tree.leaves(g_small), jax.tree.leaves(g_gen), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-11)
+
+
+def test_step_is_fused_without_lapack_calls():
+    """The point of the kernels: no LAPACK custom call and no dot left in a small step."""
+    arrays, y, mask, inputs = _model(4, 2, 6, 0, False, np.random.default_rng(3))
+    hlo = jax.jit(kalman.kalman_log_prob).lower(arrays, y, mask, inputs).as_text()
+    assert "lapack" not in hlo and "dot_general" not in hlo
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kalman, "SMALL_DIM", 0)
+        generic = jax.jit(lambda *a: kalman.kalman_log_prob(*a)).lower(
+            arrays, y, mask, inputs).as_text()
+    assert "lapack" in generic and "dot_general" in generic
