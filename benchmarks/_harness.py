@@ -200,3 +200,25 @@ def record_ratios(family, ratios, *, command, out_dir=None):
     path = out / f"{family}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
+
+
+def load_module_at(commit, relpath, name):
+    """The file ``relpath`` of this repository at ``commit`` (``git show``), imported as a
+    separate module called ``name``, for a "before" row timed in the same rounds as the
+    current code; ``None`` outside a git checkout or if the commit is unknown."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        src = subprocess.run(["git", "show", f"{commit}:{relpath}"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

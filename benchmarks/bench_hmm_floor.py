@@ -10,7 +10,7 @@ fixed seed) and its answer is checked against the numba loop before anything is 
 
 - ``statseq core``: ``jax.jit(hmm_filter)`` / ``jax.jit(hmm_smoother)``;
 - ``statseq core before``: the same call on a frozen copy of the module before issue 13
-  (``benchmarks/_hmm_before.py``, commit a454811), the "before" column;
+  (``statseq/inference/hmm.py`` at commit a454811, read with ``git show``), the "before" column;
 - ``statseq public``: ``model.filter_states`` / ``model.smoother`` of a ``PoissonHMM`` on
   the observations (input checks, emission log-likelihoods, the core);
 - ``hmmlearn C++``: ``hmmlearn._hmmc.forward_scaling`` (+ ``backward_scaling`` and
@@ -40,6 +40,7 @@ from _harness import (  # noqa: E402
     Timer,
     fmt_s,
     load_average,
+    load_module_at,
     md_table,
     paired_ratio,
     record_ratios,
@@ -182,7 +183,7 @@ def _ratio_row(res, num, den):
 
 def _cases(kind, k, num_t, batch, kernels):
     """name -> zero-argument callable for one workload (all on the same table)."""
-    import _hmm_before
+    _hmm_before = load_module_at("a454811", "statseq/inference/hmm.py", "hmm_before")
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -52,6 +52,7 @@ from _harness import (  # noqa: E402
     Timer,
     fmt_s,
     load_average,
+    load_module_at,
     md_table,
     paired_ratio,
     record_ratios,
@@ -148,17 +149,7 @@ def statseq_setup(m):
 
 def load_before():
     """``statseq/inference/kalman.py`` at ``BEFORE_COMMIT`` as a separate module (or None)."""
-    try:
-        src = subprocess.run(["git", "show", f"{BEFORE_COMMIT}:statseq/inference/kalman.py"],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    path = Path(tempfile.mkdtemp()) / "kalman_before.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("kalman_before", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_at(BEFORE_COMMIT, "statseq/inference/kalman.py", "kalman_before")
 
 
 # ---------------------------------------------------------------------------------------
