@@ -38,10 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
