@@ -425,27 +425,10 @@ def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
     Returns:
         ``(T,)`` int32 state indices.
     """
+    from statseq.inference import hmm_paths
+
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
-    log_fixed = None if fixed is None else jnp.log(fixed)
-    delta0 = jnp.log(pi) + ll[0]
-    delta0 = delta0 - jnp.max(delta0)
-
-    def forward(delta_prev, xs):
-        ll_t, a_prev = xs
-        log_a = log_fixed if a_prev is None else jnp.log(a_prev)
-        scores = delta_prev[:, None] + log_a
-        delta = jnp.max(scores, axis=0) + ll_t
-        return delta - jnp.max(delta), jnp.argmax(scores, axis=0).astype(jnp.int32)
-
-    delta_last, pointers = jax.lax.scan(forward, delta0, (ll[1:], per_step))
-    last = jnp.argmax(delta_last).astype(jnp.int32)
-
-    def backtrack(state_next, pointers_t):
-        state = pointers_t[state_next]
-        return state, state
-
-    _, states = jax.lax.scan(backtrack, last, pointers, reverse=True)
-    return jnp.concatenate([states, last[None]])
+    return hmm_paths.viterbi(pi, fixed, per_step, ll)
 
 
 def hmm_path_log_prob(initial_probs, transition_matrix, log_likelihoods, states):
@@ -505,20 +488,11 @@ def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, k
     Returns:
         ``(T,)`` int32 state indices.
     """
+    from statseq.inference import hmm_paths
+
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
     filtered = _filter(pi, fixed, per_step, ll).filtered_probs
-    keys = jax.random.split(key, ll.shape[0])
-    last = jax.random.categorical(keys[-1], jnp.log(filtered[-1])).astype(jnp.int32)
-
-    def step(state_next, xs):
-        key_t, filtered_t, a_t = xs
-        a = _pick(fixed, a_t)
-        logits = jnp.log(filtered_t) + jnp.log(a[:, state_next])
-        state = jax.random.categorical(key_t, logits).astype(jnp.int32)
-        return state, state
-
-    _, states = jax.lax.scan(step, last, (keys[:-1], filtered[:-1], per_step), reverse=True)
-    return jnp.concatenate([states, last[None]])
+    return hmm_paths.posterior_sample(filtered, fixed, per_step, key)
 
 
 def hmm_predict_states(filtered_last_probs, transition_matrix, num_steps: int):

@@ -1,0 +1,271 @@
+"""Kernels behind `hmm_viterbi` and `hmm_posterior_sample`: blocked max-product and FFBS.
+
+Both public functions reduce to the same two pieces:
+
+1. a **pointer table** ``P[t, j]``, ``t = 0, ..., T-2``: the state at ``t`` chosen when
+   the state at ``t+1`` is ``j``;
+2. **backtracking** ``z_{T-1} = last``, ``z_t = P[t, z_{t+1}]``.
+
+For Viterbi ``P[t, j] = argmax_i (delta_t[i] + log A_t[i, j])`` (ties to the lowest
+``i``), where ``delta`` is the max-product message. For posterior sampling (forward
+filtering, backward sampling) the Gumbel-max trick turns the backward draws into the same
+form: with independent standard Gumbel noise ``g_t[i]``,
+
+    P[t, j] = argmax_i (log f_t[i] + g_t[i] + log A_t[i, j])
+
+is a draw from ``p(z_t = i | y_{<=t}, z_{t+1} = j)``, proportional to
+``f_t(i) A_t[i, j]``, for every ``j`` at once. The noise does not depend on ``j``, so the
+whole table is computed without any sequential step, and following it from a draw of
+``z_{T-1} ~ f_{T-1}`` yields one exact sample of ``p(z_{0:T-1} | y_{0:T-1})`` (the
+draws at different ``t`` use independent noise).
+
+Sequential work is cut by **blocking** the time axis into ``C`` chunks of ``L`` steps
+(``C L >= T - 1``, padding at the front with identity steps):
+
+* backtracking: every chunk follows its pointers for all ``K`` possible states after its
+  end at once (one ``(C, K)`` gather per step, ``L`` steps), then a scan over the ``C``
+  chunks, from the last, picks which of the ``K`` chunk paths is taken;
+* Viterbi's forward pass, for small ``K``: each chunk's max-plus transfer matrix
+  ``M_c[i, j]`` (best log-score from state ``i`` before the chunk to ``j`` at its end)
+  is built for all chunks at once (``L`` steps on ``(C, K, K)``); a scan over the chunks
+  gives the exact message at every chunk boundary; a second pass over all chunks at once
+  (``L`` steps on ``(C, K)``) recomputes the messages inside the chunks from those
+  boundaries and records the pointers. Building ``M_c`` costs ``K^3`` per step instead of
+  ``K^2``, so larger ``K`` use one sequential scan with a fused max and argmax.
+
+All messages are shifted to a maximum of zero at every step, so float32 keeps its
+resolution. The functions take already checked arrays (`statseq.inference.hmm` checks
+shapes and dtypes); they are traced inside the caller's ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+#: the largest number of states for which Viterbi's forward pass is blocked (its transfer
+#: matrices cost ``K^3`` per step, against ``K^2`` for the sequential scan)
+BLOCKED_VITERBI_MAX_STATES = 4
+#: sequences shorter than this run unblocked (the scans are short anyway)
+MIN_BLOCKED_STEPS = 256
+
+
+def chunk_length(num_steps: int) -> int:
+    """The chunk length ``L`` for ``num_steps`` transitions: about ``sqrt(num_steps)``,
+    which balances the ``L``-step passes over all chunks against the ``C``-step scans
+    over chunk boundaries."""
+    return max(8, math.isqrt(max(num_steps - 1, 0)) + 1)
+
+
+def _argmax_rows(scores):
+    """``(max, argmax)`` over axis -2 of ``scores`` ``(..., K, K)``, ties to the lowest
+    index, as one unrolled pass of elementwise maxima (no ``(K, K)`` reduction tree)."""
+    num = scores.shape[-2]
+    best = scores[..., 0, :]
+    arg = jnp.zeros(best.shape, jnp.int32)
+    for i in range(1, num):
+        s = scores[..., i, :]
+        better = s > best
+        best = jnp.where(better, s, best)
+        arg = jnp.where(better, jnp.int32(i), arg)
+    return best, arg
+
+
+def _shift(x):
+    """``x - max(x)`` over the last axis (max-product messages are defined up to a
+    constant)."""
+    return x - jnp.max(x, axis=-1, keepdims=True)
+
+
+# ------------------------------------------------------------------------------------------
+# backtracking
+
+
+def _pad_front(x, pad, value):
+    if pad == 0:
+        return x
+    fill = jnp.broadcast_to(value, (pad,) + x.shape[1:]).astype(x.dtype)
+    return jnp.concatenate([fill, x])
+
+
+def backtrack(pointers, last):
+    """Follow ``z_t = pointers[t, z_{t+1}]`` back from ``z_{T-1} = last``.
+
+    Args:
+        pointers: ``(T-1, K)`` int32.
+        last: scalar int32, the state at ``T-1``.
+
+    Returns:
+        ``(T,)`` int32 path.
+    """
+    num_steps, num_states = pointers.shape
+    if num_steps == 0:
+        return last[None]
+    if num_steps < MIN_BLOCKED_STEPS:
+        def step(state_next, pointers_t):
+            state = pointers_t[state_next]
+            return state, state
+
+        _, states = jax.lax.scan(step, last, pointers, reverse=True)
+        return jnp.concatenate([states, last[None]])
+    length = chunk_length(num_steps)
+    num_chunks = -(-num_steps // length)
+    pad = num_chunks * length - num_steps
+    ident = jnp.arange(num_states, dtype=jnp.int32)
+    table = _pad_front(pointers, pad, ident).reshape(num_chunks, length, num_states)
+    table = jnp.swapaxes(table, 0, 1)  # (L, C, K): step l of every chunk
+
+    # every chunk, for every state k after its end, follows its own pointers back
+    def inside(cur, pointers_l):  # cur (C, K): the state at step l+1 per hypothesis
+        state = jnp.take_along_axis(pointers_l, cur, axis=1)
+        return state, state
+
+    start = jnp.broadcast_to(ident, (num_chunks, num_states))
+    firsts, paths = jax.lax.scan(inside, start, table, reverse=True)  # paths (L, C, K)
+
+    # which hypothesis each chunk takes: the state after chunk c is the first of chunk c+1
+    def pick(after, firsts_c):
+        return firsts_c[after], after
+
+    _, chosen = jax.lax.scan(pick, last, firsts, reverse=True)  # (C,)
+    states = jnp.take_along_axis(paths, chosen[None, :, None], axis=2)[..., 0]  # (L, C)
+    states = jnp.swapaxes(states, 0, 1).reshape(-1)[pad:]
+    return jnp.concatenate([states, last[None]])
+
+
+# ------------------------------------------------------------------------------------------
+# Viterbi
+
+
+def _viterbi_sequential(delta0, log_fixed, log_per_step, ll_rest):
+    def forward(delta_prev, xs):
+        ll_t, log_a_t = xs
+        log_a = log_fixed if log_a_t is None else log_a_t
+        best, arg = _argmax_rows(delta_prev[:, None] + log_a)
+        return _shift(best + ll_t), arg
+
+    delta_last, pointers = jax.lax.scan(forward, delta0, (ll_rest, log_per_step), unroll=4)
+    return delta_last, pointers
+
+
+def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
+    num_steps, num_states = ll_rest.shape
+    length = chunk_length(num_steps)
+    num_chunks = -(-num_steps // length)
+    pad = num_chunks * length - num_steps
+    dtype = ll_rest.dtype
+    # padded steps in front leave the message unchanged (and point to the same state)
+    real = _pad_front(jnp.ones((num_steps,), bool), pad, False)
+    real = jnp.swapaxes(real.reshape(num_chunks, length), 0, 1)  # (L, C)
+    ll = _pad_front(ll_rest, pad, jnp.zeros((), dtype))
+    ll = jnp.swapaxes(ll.reshape(num_chunks, length, num_states), 0, 1)  # (L, C, K)
+    if log_per_step is None:
+        log_a = None
+    else:
+        log_a = _pad_front(log_per_step, pad, jnp.zeros((), dtype))
+        log_a = jnp.swapaxes(
+            log_a.reshape(num_chunks, length, num_states, num_states), 0, 1)
+
+    def pick(log_a_l):
+        return log_fixed if log_a_l is None else log_a_l
+
+    # 1. transfer matrices of all chunks (C, K, K), shifted to a maximum of zero per chunk
+    def transfer(m, xs):
+        real_l, ll_l, log_a_l = xs
+        a = pick(log_a_l)  # (K, K) or (C, K, K)
+        if a.ndim == 2:
+            a = a[None]
+        # m'[c, i, j] = max_k m[c, i, k] + a[c, k, j]
+        best = m[..., :, 0, None] + a[:, None, 0, :]
+        for k in range(1, num_states):
+            best = jnp.maximum(best, m[..., :, k, None] + a[:, None, k, :])
+        best = best + ll_l[:, None, :]
+        best = best - jnp.max(best, axis=(1, 2), keepdims=True)
+        return jnp.where(real_l[:, None, None], best, m), None
+
+    ident = jnp.where(jnp.eye(num_states, dtype=bool), 0.0, -jnp.inf).astype(dtype)
+    transfers, _ = jax.lax.scan(
+        transfer, jnp.broadcast_to(ident, (num_chunks, num_states, num_states)),
+        (real, ll, log_a))
+
+    # 2. the exact messages at the chunk boundaries
+    def boundary(delta, m):
+        nxt = jnp.max(delta[:, None] + m, axis=0)
+        return _shift(nxt), delta
+
+    _, starts = jax.lax.scan(boundary, delta0, transfers)  # (C, K): message before chunk c
+
+    # 3. inside every chunk at once: messages from the boundary, and the pointers
+    states = jnp.arange(num_states, dtype=jnp.int32)
+
+    def inside(delta, xs):
+        real_l, ll_l, log_a_l = xs
+        a = pick(log_a_l)
+        best, arg = _argmax_rows(delta[:, :, None] + a)
+        new = jnp.where(real_l[:, None], _shift(best + ll_l), delta)
+        return new, jnp.where(real_l[:, None], arg, states)
+
+    ends, pointers = jax.lax.scan(inside, starts, (real, ll, log_a))  # pointers (L, C, K)
+    pointers = jnp.swapaxes(pointers, 0, 1).reshape(-1, num_states)[pad:]
+    return ends[-1], pointers
+
+
+def viterbi(pi, fixed, per_step, ll, *, blocked=None):
+    """The Viterbi path of checked inputs (see `statseq.inference.hmm.hmm_viterbi`).
+
+    Args:
+        pi: ``(K,)``.
+        fixed: ``(K, K)`` or ``None``.
+        per_step: ``(T-1, K, K)`` or ``None`` (exactly one of the two is given).
+        ll: ``(T, K)``.
+        blocked: force (``True``) or forbid (``False``) the blocked forward pass;
+            ``None`` chooses by ``K`` and ``T``.
+
+    Returns:
+        ``(T,)`` int32 states.
+    """
+    num_timesteps, num_states = ll.shape
+    if blocked is None:
+        blocked = (num_states <= BLOCKED_VITERBI_MAX_STATES
+                   and num_timesteps - 1 >= MIN_BLOCKED_STEPS)
+    log_fixed = None if fixed is None else jnp.log(fixed)
+    log_per_step = None if per_step is None else jnp.log(per_step)
+    delta0 = _shift(jnp.log(pi) + ll[0])
+    if num_timesteps == 1:
+        return jnp.argmax(delta0).astype(jnp.int32)[None]
+    run = _viterbi_blocked if blocked else _viterbi_sequential
+    delta_last, pointers = run(delta0, log_fixed, log_per_step, ll[1:])
+    last = jnp.argmax(delta_last).astype(jnp.int32)
+    return backtrack(pointers, last)
+
+
+# ------------------------------------------------------------------------------------------
+# forward filtering, backward sampling
+
+
+def posterior_sample(filtered, fixed, per_step, key):
+    """One path from ``p(z | y)`` given the filtered probabilities (Gumbel-max FFBS).
+
+    Args:
+        filtered: ``(T, K)`` ``p(z_t | y_{<=t})``.
+        fixed: ``(K, K)`` or ``None``.
+        per_step: ``(T-1, K, K)`` or ``None``.
+        key: a ``jax.random`` key; the same key gives the same path.
+
+    Returns:
+        ``(T,)`` int32 states.
+    """
+    num_timesteps, num_states = filtered.shape
+    key_last, key_noise = jax.random.split(key)
+    log_f = jnp.log(filtered)
+    last = jax.random.categorical(key_last, log_f[-1]).astype(jnp.int32)
+    if num_timesteps == 1:
+        return last[None]
+    noise = jax.random.gumbel(key_noise, (num_timesteps - 1, num_states), filtered.dtype)
+    scores = log_f[:-1] + noise  # (T-1, K)
+    log_a = jnp.log(fixed)[None] if per_step is None else jnp.log(per_step)
+    # pointers[t, j] = argmax_i scores[t, i] + log A_t[i, j]: a draw of z_t given z_{t+1}=j
+    _, pointers = _argmax_rows(scores[:, :, None] + log_a)
+    return backtrack(pointers, last)
