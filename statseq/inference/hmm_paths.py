@@ -45,11 +45,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-#: the largest number of states for which Viterbi's forward pass is blocked (its transfer
-#: matrices cost ``K^3`` per step, against ``K^2`` for the sequential scan)
-BLOCKED_VITERBI_MAX_STATES = 4
 #: sequences shorter than this run unblocked (the scans are short anyway)
 MIN_BLOCKED_STEPS = 256
+#: the largest number of states whose Viterbi forward pass is blocked by default (at
+#: K = 16 the sequential scan measured faster on CPU)
+BLOCKED_VITERBI_MAX_STATES = 4
+#: sweeps over all chunks before the blocked Viterbi falls back to one sequential scan
+MAX_PASSES = 6
 
 
 def chunk_length(num_steps: int) -> int:
@@ -71,6 +73,19 @@ def _argmax_rows(scores):
         best = jnp.where(better, s, best)
         arg = jnp.where(better, jnp.int32(i), arg)
     return best, arg
+
+
+def _take(table, index):
+    """``out[c, m] = table[c, index[c, m]]`` for ``table`` ``(C, K)`` and ``index``
+    ``(C, M)``: a chain of selects for small ``K`` (cheaper than a gather on CPU),
+    ``take_along_axis`` otherwise."""
+    num = table.shape[-1]
+    if num > 8:
+        return jnp.take_along_axis(table, index, axis=-1)
+    out = jnp.broadcast_to(table[:, :1], index.shape)
+    for k in range(1, num):
+        out = jnp.where(index == k, table[:, k:k + 1], out)
+    return out
 
 
 def _shift(x):
@@ -119,7 +134,7 @@ def backtrack(pointers, last):
 
     # every chunk, for every state k after its end, follows its own pointers back
     def inside(cur, pointers_l):  # cur (C, K): the state at step l+1 per hypothesis
-        state = jnp.take_along_axis(pointers_l, cur, axis=1)
+        state = _take(pointers_l, cur)
         return state, state
 
     start = jnp.broadcast_to(ident, (num_chunks, num_states))
@@ -130,7 +145,10 @@ def backtrack(pointers, last):
         return firsts_c[after], after
 
     _, chosen = jax.lax.scan(pick, last, firsts, reverse=True)  # (C,)
-    states = jnp.take_along_axis(paths, chosen[None, :, None], axis=2)[..., 0]  # (L, C)
+    num_chunks_l = paths.shape[0] * paths.shape[1]
+    states = _take(paths.reshape(num_chunks_l, num_states),
+                   jnp.broadcast_to(chosen, paths.shape[:2]).reshape(num_chunks_l, 1))
+    states = states.reshape(paths.shape[:2])  # (L, C)
     states = jnp.swapaxes(states, 0, 1).reshape(-1)[pad:]
     return jnp.concatenate([states, last[None]])
 
@@ -171,33 +189,6 @@ def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
     def pick(log_a_l):
         return log_fixed if log_a_l is None else log_a_l
 
-    # 1. transfer matrices of all chunks (C, K, K), shifted to a maximum of zero per chunk
-    def transfer(m, xs):
-        real_l, ll_l, log_a_l = xs
-        a = pick(log_a_l)  # (K, K) or (C, K, K)
-        if a.ndim == 2:
-            a = a[None]
-        # m'[c, i, j] = max_k m[c, i, k] + a[c, k, j]
-        best = m[..., :, 0, None] + a[:, None, 0, :]
-        for k in range(1, num_states):
-            best = jnp.maximum(best, m[..., :, k, None] + a[:, None, k, :])
-        best = best + ll_l[:, None, :]
-        best = best - jnp.max(best, axis=(1, 2), keepdims=True)
-        return jnp.where(real_l[:, None, None], best, m), None
-
-    ident = jnp.where(jnp.eye(num_states, dtype=bool), 0.0, -jnp.inf).astype(dtype)
-    transfers, _ = jax.lax.scan(
-        transfer, jnp.broadcast_to(ident, (num_chunks, num_states, num_states)),
-        (real, ll, log_a))
-
-    # 2. the exact messages at the chunk boundaries
-    def boundary(delta, m):
-        nxt = jnp.max(delta[:, None] + m, axis=0)
-        return _shift(nxt), delta
-
-    _, starts = jax.lax.scan(boundary, delta0, transfers)  # (C, K): message before chunk c
-
-    # 3. inside every chunk at once: messages from the boundary, and the pointers
     states = jnp.arange(num_states, dtype=jnp.int32)
 
     def inside(delta, xs):
@@ -207,9 +198,38 @@ def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
         new = jnp.where(real_l[:, None], _shift(best + ll_l), delta)
         return new, jnp.where(real_l[:, None], arg, states)
 
-    ends, pointers = jax.lax.scan(inside, starts, (real, ll, log_a))  # pointers (L, C, K)
-    pointers = jnp.swapaxes(pointers, 0, 1).reshape(-1, num_states)[pad:]
-    return ends[-1], pointers
+    def sweep(starts):  # the messages at the chunk ends, from the given chunk starts
+        ends, _ = jax.lax.scan(lambda d, xs: (inside(d, xs)[0], None), starts,
+                               (real, ll, log_a))
+        return ends
+
+    # speculate: every chunk but the first starts from a flat message; then each chunk
+    # restarts from its predecessor's end until no start changes (bit for bit)
+    def cond(carry):
+        _, done, passes = carry
+        return ~done & (passes < MAX_PASSES)
+
+    def body(carry):
+        starts, _, passes = carry
+        ends = sweep(starts)
+        new = jnp.concatenate([delta0[None], ends[:-1]])
+        return new, jnp.all(new == starts), passes + 1
+
+    first = jnp.concatenate([delta0[None], jnp.zeros((num_chunks - 1, num_states), dtype)])
+    starts, done, _ = jax.lax.while_loop(cond, body, (first, jnp.asarray(False), 0))
+
+    # no fixed point within MAX_PASSES (a chain that never forgets, e.g. A = I): correct
+    # the starts chunk by chunk, in order (as slow as one sequential scan; skipped when done)
+    def fix(carry):
+        c, starts = carry
+        xs = jax.tree.map(lambda x: x[:, c - 1], (real, ll, log_a))
+        end, _ = jax.lax.scan(lambda d, x: (inside(d[None], jax.tree.map(
+            lambda v: v[None], x))[0][0], None), starts[c - 1], xs)
+        return c + 1, starts.at[c].set(end)
+
+    _, starts = jax.lax.while_loop(lambda cs: ~done & (cs[0] < num_chunks), fix, (1, starts))
+    ends, pointers = jax.lax.scan(inside, starts, (real, ll, log_a))  # (L, C, K)
+    return ends[-1], jnp.swapaxes(pointers, 0, 1).reshape(-1, num_states)[pad:]
 
 
 def viterbi(pi, fixed, per_step, ll, *, blocked=None):
