@@ -417,6 +417,11 @@ def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
     ``argmax delta_{T-1}``. Each ``delta_t`` is shifted to a maximum of zero, so float32
     keeps its resolution on long sequences. Ties go to the lowest state index.
 
+    For ``K <= 4`` and long sequences the forward pass runs blocked (chunks of about
+    ``sqrt(T)`` steps swept all at once until their boundary messages reach a bit-for-bit
+    fixed point), and backtracking is blocked for every ``K``; the path is identical to
+    the one step-by-step scan (`statseq.inference.hmm_paths`).
+
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
         transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
@@ -424,6 +429,13 @@ def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
 
     Returns:
         ``(T,)`` int32 state indices.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> A = jnp.array([[0.9, 0.1], [0.2, 0.8]])
+        >>> ll = jnp.log(jnp.array([[0.7, 0.1], [0.6, 0.3], [0.2, 0.6]]))
+        >>> hmm_viterbi(jnp.array([0.5, 0.5]), A, ll).tolist()
+        [0, 0, 0]
     """
     from statseq.inference import hmm_paths
 
@@ -476,8 +488,11 @@ def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, k
         z_{T-1} ~ p(z_{T-1} | y_{0:T-1}),
         z_t | z_{t+1} ~ p(z_t | y_{<=t}, z_{t+1}) proportional to f_t(i) A_t[i, z_{t+1}],
 
-    with the categorical draws made from log-probabilities. ``vmap`` over keys for many
-    paths.
+    where every backward draw is made for all values of ``z_{t+1}`` at once by an
+    exponential race (``argmax_i f_t(i) A_t[i, j] / E_t[i]`` with ``E ~ Exp(1)``), so that
+    only the backtracking is sequential, and it is blocked
+    (`statseq.inference.hmm_paths`). The same key gives the same path. ``vmap`` over keys
+    for many paths.
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.

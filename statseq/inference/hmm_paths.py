@@ -8,30 +8,37 @@ Both public functions reduce to the same two pieces:
 
 For Viterbi ``P[t, j] = argmax_i (delta_t[i] + log A_t[i, j])`` (ties to the lowest
 ``i``), where ``delta`` is the max-product message. For posterior sampling (forward
-filtering, backward sampling) the Gumbel-max trick turns the backward draws into the same
-form: with independent standard Gumbel noise ``g_t[i]``,
+filtering, backward sampling) an exponential race (the Gumbel-max trick without its
+logarithms) turns the backward draws into the same form: with independent ``E_t[i] ~
+Exp(1)``,
 
-    P[t, j] = argmax_i (log f_t[i] + g_t[i] + log A_t[i, j])
+    P[t, j] = argmax_i f_t(i) A_t[i, j] / E_t[i]
 
-is a draw from ``p(z_t = i | y_{<=t}, z_{t+1} = j)``, proportional to
-``f_t(i) A_t[i, j]``, for every ``j`` at once. The noise does not depend on ``j``, so the
-whole table is computed without any sequential step, and following it from a draw of
-``z_{T-1} ~ f_{T-1}`` yields one exact sample of ``p(z_{0:T-1} | y_{0:T-1})`` (the
-draws at different ``t`` use independent noise).
+is a draw from ``p(z_t = i | y_{<=t}, z_{t+1} = j)``, proportional to ``f_t(i) A_t[i, j]``,
+for every ``j`` at once. The noise does not depend on ``j``, so the whole table is
+computed without any sequential step, and following it from a draw of ``z_{T-1} ~
+f_{T-1}`` yields one exact sample of ``p(z_{0:T-1} | y_{0:T-1})`` (the draws at different
+``t`` use independent noise). (Rows of ``f / E`` and columns of ``A`` are rescaled to a
+maximum of one first; only if every product ``f_t(i) A_t[i, j]`` of a column were below the
+smallest normal float relative to the largest would the draw fall to state 0.)
 
 Sequential work is cut by **blocking** the time axis into ``C`` chunks of ``L`` steps
-(``C L >= T - 1``, padding at the front with identity steps):
+(``C L >= T - 1``, ``L`` about ``sqrt(T)``, padded in front with steps that change
+nothing):
 
 * backtracking: every chunk follows its pointers for all ``K`` possible states after its
   end at once (one ``(C, K)`` gather per step, ``L`` steps), then a scan over the ``C``
   chunks, from the last, picks which of the ``K`` chunk paths is taken;
-* Viterbi's forward pass, for small ``K``: each chunk's max-plus transfer matrix
-  ``M_c[i, j]`` (best log-score from state ``i`` before the chunk to ``j`` at its end)
-  is built for all chunks at once (``L`` steps on ``(C, K, K)``); a scan over the chunks
-  gives the exact message at every chunk boundary; a second pass over all chunks at once
-  (``L`` steps on ``(C, K)``) recomputes the messages inside the chunks from those
-  boundaries and records the pointers. Building ``M_c`` costs ``K^3`` per step instead of
-  ``K^2``, so larger ``K`` use one sequential scan with a fused max and argmax.
+* Viterbi's forward pass (for ``K <= 4`` by default): every chunk but the first starts
+  from a flat message and all chunks run their ``L`` steps at once; then each chunk
+  restarts from its predecessor's end message, again all at once, until no chunk start
+  changes bit for bit. A max-product chain forgets its start after a few steps (the
+  max-plus products become rank one), so this usually takes two sweeps; at the fixed
+  point every message is the one the sequential scan computes, bit for bit (the same
+  operations on the same values), so the path is identical, ties included. Without a
+  fixed point after `MAX_PASSES` sweeps (a chain that never forgets, such as ``A = I``)
+  the chunk starts are corrected one chunk after the other (sequential cost). A last
+  sweep records the pointers.
 
 All messages are shifted to a maximum of zero at every step, so float32 keeps its
 resolution. The functions take already checked arrays (`statseq.inference.hmm` checks
@@ -279,13 +286,24 @@ def posterior_sample(filtered, fixed, per_step, key):
     """
     num_timesteps, num_states = filtered.shape
     key_last, key_noise = jax.random.split(key)
-    log_f = jnp.log(filtered)
-    last = jax.random.categorical(key_last, log_f[-1]).astype(jnp.int32)
+    last = jax.random.categorical(key_last, jnp.log(filtered[-1])).astype(jnp.int32)
     if num_timesteps == 1:
         return last[None]
-    noise = jax.random.gumbel(key_noise, (num_timesteps - 1, num_states), filtered.dtype)
-    scores = log_f[:-1] + noise  # (T-1, K)
-    log_a = jnp.log(fixed)[None] if per_step is None else jnp.log(per_step)
-    # pointers[t, j] = argmax_i scores[t, i] + log A_t[i, j]: a draw of z_t given z_{t+1}=j
-    _, pointers = _argmax_rows(scores[:, :, None] + log_a)
+    # exponential race: argmax_i w_i / E_i with E_i ~ Exp(1) is a draw from w / sum(w)
+    # (the Gumbel-max trick with exp taken); rows and columns are rescaled to a maximum of
+    # one (this does not move the argmax) so that the products do not underflow
+    race = jax.random.exponential(key_noise, (num_timesteps - 1, num_states), filtered.dtype)
+    h = filtered[:-1] / race
+    h = h / jnp.max(h, axis=1, keepdims=True)
+    a = fixed if per_step is None else per_step
+    col = jnp.max(a, axis=-2, keepdims=True)
+    a = a / jnp.where(col > 0, col, 1.0)  # an all-zero column (unreachable j) stays 0
+    # pointers[t, j] = argmax_i h[t, i] a_t[i, j]: a draw of z_t given z_{t+1} = j
+    best = h[:, 0, None] * a[..., 0, :]
+    pointers = jnp.zeros(best.shape, jnp.int32)
+    for i in range(1, num_states):
+        s = h[:, i, None] * a[..., i, :]
+        better = s > best
+        best = jnp.where(better, s, best)
+        pointers = jnp.where(better, jnp.int32(i), pointers)
     return backtrack(pointers, last)
