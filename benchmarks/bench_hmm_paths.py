@@ -121,47 +121,59 @@ def numba_kernels():
     return viterbi, ffbs
 
 
-def bench_paths(timer, cases, log):
+def _path_fns(k, t, kernels):
+    """The timed callables of one (K, T) case, and the arrays to check."""
     import jax
     import jax.numpy as jnp
-    import dynamax.hidden_markov_model as dyn
     from hmmlearn import _hmmc
 
     import statseq as ss
+
+    core_v, core_s, dyn_s, nb_viterbi, nb_ffbs = kernels
+    pi, a, ll = problem(k, t)
+    jpi, ja, jll = (jnp.asarray(x) for x in (pi, a, ll))
+    key = jax.random.key(0)
+    u = np.random.default_rng(1).uniform(size=t)
+    rng = np.random.default_rng(2)
+    rates = np.linspace(1.0, 10.0, k)
+    y = rng.poisson(rates[rng.integers(0, k, t)]).astype(float)
+    model = ss.PoissonHMM(num_states=k)
+    params = model.initialize(y, key=jax.random.key(3))._replace(
+        transitions=ja, initial_probs=jpi)
+    log_pi, log_a = np.log(pi), np.log(a)
+    fns = {
+        "viterbi core": lambda: core_v(jpi, ja, jll),
+        "viterbi public": lambda: model.most_likely_states(params, y),
+        "viterbi hmmlearn": lambda: _hmmc.viterbi(pi, a, ll),
+        "viterbi numba": lambda: nb_viterbi(log_pi, log_a, ll),
+        "ffbs core": lambda: core_s(jpi, ja, jll, key),
+        "ffbs public": lambda: model.sample_states_posterior(params, y, key=key),
+        "ffbs numba": lambda: nb_ffbs(pi, a, ll, u),
+        "ffbs dynamax": lambda: dyn_s(key, jpi, ja, jll),
+    }
+    return fns, (pi, a, ll)
+
+
+def bench_paths(timer, cases, log):
+    import dynamax.hidden_markov_model as dyn
+    import jax
+    from hmmlearn import _hmmc
+
     from statseq.inference.hmm import hmm_posterior_sample, hmm_viterbi
 
     nb_viterbi, nb_ffbs = numba_kernels()
-    core_v = jax.jit(hmm_viterbi)
-    core_s = jax.jit(lambda p, a, ll, k: hmm_posterior_sample(p, a, ll, key=k))
-    dyn_s = jax.jit(lambda k, p, a, ll: dyn.hmm_posterior_sample(k, p, a, ll)[1])
+    kernels = (jax.jit(hmm_viterbi),
+               jax.jit(lambda p, a, ll, k: hmm_posterior_sample(p, a, ll, key=k)),
+               jax.jit(lambda k, p, a, ll: dyn.hmm_posterior_sample(k, p, a, ll)[1]),
+               nb_viterbi, nb_ffbs)
     rows, ratios = [], {}
     for k, t in cases:
-        pi, a, ll = problem(k, t)
-        jpi, ja, jll = (jnp.asarray(x) for x in (pi, a, ll))
-        key = jax.random.key(0)
-        u = np.random.default_rng(1).uniform(size=t)
-        # the public call on Poisson counts with the same transitions
-        rng = np.random.default_rng(2)
-        rates = np.linspace(1.0, 10.0, k)
-        y = rng.poisson(rates[rng.integers(0, k, t)]).astype(float)
-        model = ss.PoissonHMM(num_states=k)
-        params = model.initialize(y, key=jax.random.key(3))._replace(
-            transitions=ja, initial_probs=jpi)
-        fns = {
-            "viterbi core": lambda: core_v(jpi, ja, jll),
-            "viterbi public": lambda: model.most_likely_states(params, y),
-            "viterbi hmmlearn": lambda: _hmmc.viterbi(pi, a, ll),
-            "viterbi numba": lambda: nb_viterbi(np.log(pi), np.log(a), ll),
-            "ffbs core": lambda: core_s(jpi, ja, jll, key),
-            "ffbs public": lambda: model.sample_states_posterior(params, y, key=key),
-            "ffbs numba": lambda: nb_ffbs(pi, a, ll, u),
-            "ffbs dynamax": lambda: dyn_s(key, jpi, ja, jll),
-        }
+        fns, (pi, a, ll) = _path_fns(k, t, kernels)
         compile_s = {}
         for name, fn in fns.items():
             _, wall, comp = timer.first(fn)
             compile_s[name] = comp if comp > 0 else wall
-        ours = np.asarray(core_v(jpi, ja, jll))
+        ours = np.asarray(fns["viterbi core"]())
         np.testing.assert_array_equal(ours, nb_viterbi(np.log(pi), np.log(a), ll))
         np.testing.assert_array_equal(ours, _hmmc.viterbi(pi, a, ll)[1])
         res = timer.rounds(fns)
@@ -172,21 +184,113 @@ def bench_paths(timer, cases, log):
                          ("ffbs public", "ffbs numba")]:
             key_name = f"{num.replace(' ', '_')}_vs_{den.split()[-1]}_{tag}"
             ratios[key_name] = paired_ratio(res[num], res[den])
+            ratios["min_" + key_name] = res[num]["min"] / res[den]["min"]
         for name in fns:
             rows.append([f"K={k}, T={t}", name, fmt_s(res[name]["median"]),
                          fmt_s(res[name]["min"]), fmt_s(compile_s[name]),
                          "yes" if res[name]["recompiled"] else ""])
-        log(f"K={k} T={t}: " + ", ".join(
-            f"{n} {fmt_s(res[n]['median'])}" for n in fns))
+        log(f"K={k} T={t}: " + ", ".join(f"{n} {fmt_s(res[n]['min'])}" for n in fns))
     table = md_table(["case", "implementation", "median", "min", "first-call compile",
                       "recompiled?"], rows)
     return table, ratios
+
+
+def _em_problem(kind):
+    import jax
+
+    import statseq as ss
+
+    rng = np.random.default_rng(SEED)
+    a = np.array([[0.90, 0.06, 0.04], [0.05, 0.90, 0.05], [0.04, 0.06, 0.90]])
+    n, t = (1000, 100) if kind == "poisson batch" else (1, 10**4)
+    z = np.zeros((n, t), int)
+    z[:, 0] = rng.integers(0, 3, n)
+    for s in range(1, t):
+        cum = np.cumsum(a[z[:, s - 1]], axis=1)
+        z[:, s] = (rng.uniform(size=(n, 1)) > cum).sum(1)
+    if kind == "gaussian":
+        y = (np.array([-2.0, 0.0, 3.0])[z] + np.array([0.7, 0.5, 1.0])[z]
+             * rng.normal(size=z.shape))[0]
+        model = ss.GaussianHMM(num_states=3, emission_dim=1, covariance="diagonal")
+        y = y[:, None]
+    else:
+        y = rng.poisson(np.array([1.0, 5.0, 12.0])[z]).astype(float)
+        y = y[0] if n == 1 else y
+        model = ss.PoissonHMM(num_states=3)
+    start = model.initialize(y, key=jax.random.key(0))
+    return model, start, y
+
+
+def _hmmlearn_fit(kind, start, y, iters):
+    from hmmlearn import hmm
+
+    k = 3
+    if kind == "gaussian":
+        h = hmm.GaussianHMM(n_components=k, covariance_type="diag", n_iter=iters,
+                            tol=-np.inf, init_params="", params="stmc")
+        h.means_ = np.asarray(start.emissions.means).reshape(k, 1)
+        h.covars_ = np.asarray(_variances(start.emissions)).reshape(k, 1)
+    else:
+        h = hmm.PoissonHMM(n_components=k, n_iter=iters, tol=-np.inf, init_params="",
+                           params="stl")
+        h.lambdas_ = np.asarray(start.emissions.rates).reshape(k, 1)
+    h.startprob_ = np.asarray(start.initial_probs)
+    h.transmat_ = np.asarray(start.transitions)
+    x = y.reshape(-1, 1)
+    lengths = [y.shape[1]] * y.shape[0] if y.ndim == 2 and kind != "gaussian" else None
+
+    def run():
+        g = __import__("copy").deepcopy(h)
+        g.fit(x, lengths)
+        return g
+
+    return run
+
+
+def _variances(em):
+    for name in ("variances", "diag_covs", "scale_diags"):
+        if hasattr(em, name):
+            return np.asarray(getattr(em, name)) ** (2 if name == "scale_diags" else 1)
+    covs = np.asarray(em.covs)
+    return np.diagonal(covs, axis1=-2, axis2=-1)
+
+
+def bench_em(timer, log, iters):
+    import statseq as ss
+
+    rows, ratios = [], {}
+    for kind in ("gaussian", "poisson", "poisson batch"):
+        try:
+            model, start, y = _em_problem(kind)
+            hl = _hmmlearn_fit(kind, start, y, iters)
+        except Exception as err:  # noqa: BLE001 - a peer that cannot run is reported
+            log(f"EM {kind}: skipped ({type(err).__name__}: {err})")
+            continue
+        fns = {
+            "statseq fit_em": lambda m=model, s=start, y=y: ss.fit_em(
+                m, s, y, num_iters=iters, tol=None, progress=False).params,
+            "hmmlearn fit": hl,
+        }
+        compile_s = {}
+        for name, fn in fns.items():
+            _, wall, comp = timer.first(fn)
+            compile_s[name] = comp if comp > 0 else wall
+        res = timer.rounds(fns, min_rounds=3, budget_s=5.0)
+        ratios[f"em_{kind.replace(' ', '_')}_vs_hmmlearn"] = paired_ratio(
+            res["statseq fit_em"], res["hmmlearn fit"])
+        for name in fns:
+            rows.append([f"EM {kind}, {iters} iterations", name, fmt_s(res[name]["median"]),
+                         fmt_s(res[name]["min"]), fmt_s(compile_s[name]), ""])
+        log(f"EM {kind}: " + ", ".join(f"{n} {fmt_s(res[n]['min'])}" for n in fns))
+    return md_table(["case", "implementation", "median", "min", "first-call compile",
+                     "recompiled?"], rows), ratios
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--no-em", action="store_true")
     args = parser.parse_args()
     import jax
 
@@ -198,6 +302,10 @@ def main():
     print("load average:", load_average())
     table, ratios = bench_paths(timer, cases, print)
     print(table)
+    if not args.no_em:
+        em_table, em_ratios = bench_em(timer, print, 20 if args.quick else 100)
+        ratios.update(em_ratios)
+        print(em_table)
     print("load average:", load_average())
     for name, r in sorted(ratios.items()):
         print(f"{name}: {r:.3f}")
