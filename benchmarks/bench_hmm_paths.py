@@ -275,7 +275,7 @@ def bench_em(timer, log, iters):
         for name, fn in fns.items():
             _, wall, comp = timer.first(fn)
             compile_s[name] = comp if comp > 0 else wall
-        res = timer.rounds(fns, min_rounds=3, budget_s=5.0)
+        res = timer.rounds(fns, min_rounds=2, budget_s=3.0)
         ratios[f"em_{kind.replace(' ', '_')}_vs_hmmlearn"] = paired_ratio(
             res["statseq fit_em"], res["hmmlearn fit"])
         for name in fns:
@@ -303,7 +303,7 @@ def main():
     table, ratios = bench_paths(timer, cases, print)
     print(table)
     if not args.no_em:
-        em_table, em_ratios = bench_em(timer, print, 20 if args.quick else 100)
+        em_table, em_ratios = bench_em(timer, print, 10 if args.quick else 20)
         ratios.update(em_ratios)
         print(em_table)
     print("load average:", load_average())

@@ -107,12 +107,11 @@ def _paths_equal(pi, a, ll):
     return got
 
 
-@pytest.mark.parametrize("k", [2, 3, 5])
-@pytest.mark.parametrize("time_varying", [False, True])
+@pytest.mark.parametrize(("k", "time_varying"), [(2, False), (3, True), (5, False)])
 def test_viterbi_identical_to_the_sequential_scan(k, time_varying):
     """Long enough to run blocked (T - 1 >= MIN_BLOCKED_STEPS), with masks and zeros."""
     rng = np.random.default_rng(10 + k)
-    for t, zeros in [(300, False), (1000, True), (2, False)]:
+    for t, zeros in [(300, False), (1000, True)]:
         pi, a, ll = random_problem(rng, k, t, time_varying=time_varying, zeros=zeros)
         ll[rng.uniform(size=t) < 0.1] = 0.0
         _paths_equal(pi, a, ll)
