@@ -121,6 +121,48 @@ def numba_kernels():
     return viterbi, ffbs
 
 
+def previous_kernels():
+    """The step-by-step Viterbi and FFBS scans statseq used before `hmm_paths` (copied
+    from statseq/inference/hmm.py at a454811), for a same-round baseline."""
+    import jax
+    import jax.numpy as jnp
+
+    from statseq.inference.hmm import _filter, _prepare_inputs
+
+    def viterbi(pi, a, ll):
+        pi, fixed, _, ll = _prepare_inputs(pi, a, ll)
+        log_a = jnp.log(fixed)
+        delta0 = jnp.log(pi) + ll[0]
+        delta0 = delta0 - jnp.max(delta0)
+
+        def forward(delta_prev, ll_t):
+            scores = delta_prev[:, None] + log_a
+            delta = jnp.max(scores, axis=0) + ll_t
+            return delta - jnp.max(delta), jnp.argmax(scores, axis=0).astype(jnp.int32)
+
+        delta_last, pointers = jax.lax.scan(forward, delta0, ll[1:])
+        last = jnp.argmax(delta_last).astype(jnp.int32)
+        _, states = jax.lax.scan(lambda s, p: (p[s], p[s]), last, pointers, reverse=True)
+        return jnp.concatenate([states, last[None]])
+
+    def ffbs(pi, a, ll, key):
+        pi, fixed, per_step, ll = _prepare_inputs(pi, a, ll)
+        filtered = _filter(pi, fixed, per_step, ll).filtered_probs
+        keys = jax.random.split(key, ll.shape[0])
+        last = jax.random.categorical(keys[-1], jnp.log(filtered[-1])).astype(jnp.int32)
+
+        def step(state_next, xs):
+            key_t, filtered_t = xs
+            logits = jnp.log(filtered_t) + jnp.log(fixed[:, state_next])
+            state = jax.random.categorical(key_t, logits).astype(jnp.int32)
+            return state, state
+
+        _, states = jax.lax.scan(step, last, (keys[:-1], filtered[:-1]), reverse=True)
+        return jnp.concatenate([states, last[None]])
+
+    return jax.jit(viterbi), jax.jit(ffbs)
+
+
 def _path_fns(k, t, kernels):
     """The timed callables of one (K, T) case, and the arrays to check."""
     import jax
@@ -129,7 +171,7 @@ def _path_fns(k, t, kernels):
 
     import statseq as ss
 
-    core_v, core_s, dyn_s, nb_viterbi, nb_ffbs = kernels
+    core_v, core_s, dyn_s, nb_viterbi, nb_ffbs, prev_v, prev_s = kernels
     pi, a, ll = problem(k, t)
     jpi, ja, jll = (jnp.asarray(x) for x in (pi, a, ll))
     key = jax.random.key(0)
@@ -145,6 +187,8 @@ def _path_fns(k, t, kernels):
         "viterbi core": lambda: core_v(jpi, ja, jll),
         "viterbi public": lambda: model.most_likely_states(params, y),
         "viterbi hmmlearn": lambda: _hmmc.viterbi(pi, a, ll),
+        "viterbi previous": lambda: prev_v(jpi, ja, jll),
+        "ffbs previous": lambda: prev_s(jpi, ja, jll, key),
         "viterbi numba": lambda: nb_viterbi(log_pi, log_a, ll),
         "ffbs core": lambda: core_s(jpi, ja, jll, key),
         "ffbs public": lambda: model.sample_states_posterior(params, y, key=key),
@@ -165,7 +209,7 @@ def bench_paths(timer, cases, log):
     kernels = (jax.jit(hmm_viterbi),
                jax.jit(lambda p, a, ll, k: hmm_posterior_sample(p, a, ll, key=k)),
                jax.jit(lambda k, p, a, ll: dyn.hmm_posterior_sample(k, p, a, ll)[1]),
-               nb_viterbi, nb_ffbs)
+               nb_viterbi, nb_ffbs, *previous_kernels())
     rows, ratios = [], {}
     for k, t in cases:
         fns, (pi, a, ll) = _path_fns(k, t, kernels)
@@ -176,9 +220,11 @@ def bench_paths(timer, cases, log):
         ours = np.asarray(fns["viterbi core"]())
         np.testing.assert_array_equal(ours, nb_viterbi(np.log(pi), np.log(a), ll))
         np.testing.assert_array_equal(ours, _hmmc.viterbi(pi, a, ll)[1])
+        np.testing.assert_array_equal(ours, np.asarray(fns["viterbi previous"]()))
         res = timer.rounds(fns)
         tag = f"K{k}_T{t}"
         for num, den in [("viterbi core", "viterbi hmmlearn"), ("viterbi core", "viterbi numba"),
+                         ("viterbi core", "viterbi previous"), ("ffbs core", "ffbs previous"),
                          ("viterbi public", "viterbi hmmlearn"),
                          ("ffbs core", "ffbs numba"), ("ffbs core", "ffbs dynamax"),
                          ("ffbs public", "ffbs numba")]:
