@@ -64,7 +64,18 @@ MAX_PASSES = 6
 def chunk_length(num_steps: int) -> int:
     """The chunk length ``L`` for ``num_steps`` transitions: about ``sqrt(num_steps)``,
     which balances the ``L``-step passes over all chunks against the ``C``-step scans
-    over chunk boundaries."""
+    over chunk boundaries.
+
+    Args:
+        num_steps: the number of transitions ``T - 1``.
+
+    Returns:
+        ``L >= 8``.
+
+    Examples:
+        >>> chunk_length(10**6 - 1)
+        1000
+    """
     return max(8, math.isqrt(max(num_steps - 1, 0)) + 1)
 
 
