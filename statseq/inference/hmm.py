@@ -417,10 +417,9 @@ def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
     ``argmax delta_{T-1}``. Each ``delta_t`` is shifted to a maximum of zero, so float32
     keeps its resolution on long sequences. Ties go to the lowest state index.
 
-    For ``K <= 4`` and long sequences the forward pass runs blocked (chunks of about
-    ``sqrt(T)`` steps swept all at once until their boundary messages reach a bit-for-bit
-    fixed point), and backtracking is blocked for every ``K``; the path is identical to
-    the one step-by-step scan (`statseq.inference.hmm_paths`).
+    The kernel is `statseq.inference.hmm_paths.viterbi`, which also has a blocked variant
+    (chunks of about ``sqrt(T)`` steps swept all at once until their boundary messages
+    reach a bit-for-bit fixed point) giving the identical path.
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.

@@ -29,7 +29,8 @@ nothing):
 * backtracking: every chunk follows its pointers for all ``K`` possible states after its
   end at once (one ``(C, K)`` gather per step, ``L`` steps), then a scan over the ``C``
   chunks, from the last, picks which of the ``K`` chunk paths is taken;
-* Viterbi's forward pass (for ``K <= 4`` by default): every chunk but the first starts
+* Viterbi's forward pass (``blocked=True``; not the default, see
+  `BLOCKED_VITERBI_BY_DEFAULT`): every chunk but the first starts
   from a flat message and all chunks run their ``L`` steps at once; then each chunk
   restarts from its predecessor's end message, again all at once, until no chunk start
   changes bit for bit. A max-product chain forgets its start after a few steps (the
@@ -57,6 +58,10 @@ MIN_BLOCKED_STEPS = 256
 #: the largest number of states whose Viterbi forward pass is blocked by default (at
 #: K = 16 the sequential scan measured faster on CPU)
 BLOCKED_VITERBI_MAX_STATES = 4
+#: whether `viterbi` blocks by default. Off: in same-round timings on a 2-core CPU
+#: (benchmarks/RESULTS.md, "HMM paths") the blocked forward pass and backtracking were
+#: 2.5x (K=2, T=10^6) slower than the plain step-by-step scan, which is therefore the default
+BLOCKED_VITERBI_BY_DEFAULT = False
 #: sweeps over all chunks before the blocked Viterbi falls back to one sequential scan
 MAX_PASSES = 6
 
@@ -123,12 +128,14 @@ def _pad_front(x, pad, value):
     return jnp.concatenate([fill, x])
 
 
-def backtrack(pointers, last):
+def backtrack(pointers, last, *, blocked: bool = True):
     """Follow ``z_t = pointers[t, z_{t+1}]`` back from ``z_{T-1} = last``.
 
     Args:
         pointers: ``(T-1, K)`` int32.
         last: scalar int32, the state at ``T-1``.
+        blocked: blocked (chunks at once) when ``T - 1 >= MIN_BLOCKED_STEPS``, else one
+            step at a time.
 
     Returns:
         ``(T,)`` int32 path.
@@ -136,7 +143,7 @@ def backtrack(pointers, last):
     num_steps, num_states = pointers.shape
     if num_steps == 0:
         return last[None]
-    if num_steps < MIN_BLOCKED_STEPS:
+    if not blocked or num_steps < MIN_BLOCKED_STEPS:
         def step(state_next, pointers_t):
             state = pointers_t[state_next]
             return state, state
@@ -179,11 +186,11 @@ def _viterbi_sequential(delta0, log_fixed, log_per_step, ll_rest):
     def forward(delta_prev, xs):
         ll_t, log_a_t = xs
         log_a = log_fixed if log_a_t is None else log_a_t
-        best, arg = _argmax_rows(delta_prev[:, None] + log_a)
-        return _shift(best + ll_t), arg
+        scores = delta_prev[:, None] + log_a
+        delta = jnp.max(scores, axis=0) + ll_t
+        return delta - jnp.max(delta), jnp.argmax(scores, axis=0).astype(jnp.int32)
 
-    delta_last, pointers = jax.lax.scan(forward, delta0, (ll_rest, log_per_step), unroll=4)
-    return delta_last, pointers
+    return jax.lax.scan(forward, delta0, (ll_rest, log_per_step))
 
 
 def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
@@ -266,7 +273,7 @@ def viterbi(pi, fixed, per_step, ll, *, blocked=None):
     """
     num_timesteps, num_states = ll.shape
     if blocked is None:
-        blocked = (num_states <= BLOCKED_VITERBI_MAX_STATES
+        blocked = (BLOCKED_VITERBI_BY_DEFAULT and num_states <= BLOCKED_VITERBI_MAX_STATES
                    and num_timesteps - 1 >= MIN_BLOCKED_STEPS)
     log_fixed = None if fixed is None else jnp.log(fixed)
     log_per_step = None if per_step is None else jnp.log(per_step)
@@ -276,7 +283,7 @@ def viterbi(pi, fixed, per_step, ll, *, blocked=None):
     run = _viterbi_blocked if blocked else _viterbi_sequential
     delta_last, pointers = run(delta0, log_fixed, log_per_step, ll[1:])
     last = jnp.argmax(delta_last).astype(jnp.int32)
-    return backtrack(pointers, last)
+    return backtrack(pointers, last, blocked=blocked)
 
 
 # ------------------------------------------------------------------------------------------
