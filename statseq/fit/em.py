@@ -176,9 +176,13 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
     dtype = float_dtype()
     noise = _rounding_tolerance(dtype)
 
+    carry_masses = hasattr(model, "em_state_masses")
+
     def body(state):
-        i, params, prev, trace, _ = state
+        i, params, prev, trace, _, masses = state
         stats, lp = model.e_step(params, y, mask, inputs)
+        if carry_masses:  # for `em_warnings`, which then needs no E-step of its own
+            masses = model.em_state_masses(stats, mask).astype(masses.dtype)
         value = lp + log_prior(priors, params)
         if _takes_trainable(model):
             new = model.m_step(params, stats, priors, inputs, trainable=trainable)
@@ -222,20 +226,22 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
         # objective broke down or decreased, the params before them (the better value)
         keep = jax.tree.map(lambda p, q: jnp.where(failed, q, p), params, prev)
         out = jax.tree.map(lambda n, k: jnp.where(converged | failed, k, n), new, keep)
-        return i + 1, out, params, trace, status.astype(jnp.int32)
+        return i + 1, out, params, trace, status.astype(jnp.int32), masses
 
     def cond(state):
-        i, _, _, _, status = state
+        i, _, _, _, status, _ = state
         return (i < num_iters) & (status == _RUNNING)
 
+    num_masses = getattr(model, "num_states", 0) if carry_masses else 0
     init = (jnp.zeros((), jnp.int32), params, params,
-            jnp.full((num_iters,), jnp.nan, dtype), jnp.asarray(_RUNNING, jnp.int32))
-    i, params, other, trace, status = jax.lax.while_loop(cond, body, init)
-    return i, params, other, trace, status
+            jnp.full((num_iters,), jnp.nan, dtype), jnp.asarray(_RUNNING, jnp.int32),
+            jnp.zeros((num_masses,), dtype))
+    return jax.lax.while_loop(cond, body, init)
 
 
-def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
-           priors=None, trainable=None, progress=True, ties=None) -> FitResult:
+def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100,
+           tol: float | None = 1e-7, priors=None, trainable=None, progress=True,
+           ties=None) -> FitResult:
     """Fit ``model`` by (generalized) expectation-maximization.
 
     Maximizes ``log p(y | theta) + log p(theta)``: closed-form M-steps where the model has
@@ -249,7 +255,10 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         mask: optional observation mask (missing entries are marginalized in the E-step).
         inputs: covariates, when the model takes them.
         num_iters: maximum number of EM iterations.
-        tol: stop when the log joint changes by less than ``tol * max(1, |log joint|)``.
+        tol: stop when the log joint changes by less than ``tol * max(1, |log joint|)``;
+            ``None`` runs exactly ``num_iters`` iterations (unless the objective becomes
+            non-finite or decreases, which stops any fit), for timing equal work or a
+            fixed budget; ``converged`` is then ``False``.
         priors: conjugate priors (e.g. ``numpyro.distributions.Dirichlet`` on transition
             rows, ``Gamma`` on Poisson rates), a pytree like ``params`` with ``None``
             leaves where the prior is flat.
@@ -311,8 +320,11 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
     if hasattr(model, "validate_em_priors"):
         model.validate_em_priors(priors)
     num_iters = check_positive_int(num_iters, "num_iters")
-    if not float(tol) >= 0:
-        raise ValueError(f"tol must be non-negative, got {tol}")
+    if tol is not None and not float(tol) >= 0:
+        raise ValueError(f"tol must be non-negative or None, got {tol}")
+    # tol=None: a convergence test that never passes (|change| <= -inf); the decrease test
+    # then uses the rounding tolerance alone
+    tol_value = -np.inf if tol is None else float(tol)
     data = prepare_data(model, y, mask, inputs)
     require_observed(data, "fit_em")
     m_step_tree, mask_tree, restriction = _em_masks(model, params, trainable, ties)
@@ -326,10 +338,10 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
         out = _fit_em_compiled(
             model, params, jax.tree.map(jnp.asarray, m_step_tree), restriction, priors,
             data.y, data.mask,
-            data.inputs, jnp.asarray(float(tol), float_dtype()),
+            data.inputs, jnp.asarray(tol_value, float_dtype()),
             num_iters=num_iters, progress_every=progress_every,
         )
-        i, fitted, other, trace, status = jax.block_until_ready(out)
+        i, fitted, other, trace, status, masses = jax.block_until_ready(out)
     num_iterations, status = int(i), int(status)
 
     def restore_frozen(tree):
@@ -353,7 +365,9 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100, tol=1e-7,
             "numerically, e.g. near a singular covariance); returning the parameters of "
             "the best value, converged=False", RuntimeWarning, stacklevel=2)
     if hasattr(model, "em_warnings"):
-        for message in model.em_warnings(fitted, data.y, data.mask, data.inputs):
+        # the masses of the last E-step (at the parameters entering the last iteration)
+        extra = {"masses": masses} if hasattr(model, "em_state_masses") else {}
+        for message in model.em_warnings(fitted, data.y, data.mask, data.inputs, **extra):
             warnings.warn(message, RuntimeWarning, stacklevel=2)
     fitted, replaced, boundary = finish_fit(
         model, [fitted, restore_frozen(other), params], "fit_em", data.y, data.mask,

@@ -464,6 +464,10 @@ def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
     ``argmax delta_{T-1}``. Each ``delta_t`` is shifted to a maximum of zero, so float32
     keeps its resolution on long sequences. Ties go to the lowest state index.
 
+    The kernel is `statseq.inference.hmm_paths.viterbi`, which also has a blocked variant
+    (chunks of about ``sqrt(T)`` steps swept all at once until their boundary messages
+    reach a bit-for-bit fixed point) giving the identical path.
+
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
         transition_matrix: ``(K, K)`` fixed or ``(T-1, K, K)`` time-varying.
@@ -471,28 +475,18 @@ def hmm_viterbi(initial_probs, transition_matrix, log_likelihoods):
 
     Returns:
         ``(T,)`` int32 state indices.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> A = jnp.array([[0.9, 0.1], [0.2, 0.8]])
+        >>> ll = jnp.log(jnp.array([[0.7, 0.1], [0.6, 0.3], [0.2, 0.6]]))
+        >>> hmm_viterbi(jnp.array([0.5, 0.5]), A, ll).tolist()
+        [0, 0, 0]
     """
+    from statseq.inference import hmm_paths
+
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
-    log_fixed = None if fixed is None else jnp.log(fixed)
-    delta0 = jnp.log(pi) + ll[0]
-    delta0 = delta0 - jnp.max(delta0)
-
-    def forward(delta_prev, xs):
-        ll_t, a_prev = xs
-        log_a = log_fixed if a_prev is None else jnp.log(a_prev)
-        scores = delta_prev[:, None] + log_a
-        delta = jnp.max(scores, axis=0) + ll_t
-        return delta - jnp.max(delta), jnp.argmax(scores, axis=0).astype(jnp.int32)
-
-    delta_last, pointers = jax.lax.scan(forward, delta0, (ll[1:], per_step))
-    last = jnp.argmax(delta_last).astype(jnp.int32)
-
-    def backtrack(state_next, pointers_t):
-        state = pointers_t[state_next]
-        return state, state
-
-    _, states = jax.lax.scan(backtrack, last, pointers, reverse=True)
-    return jnp.concatenate([states, last[None]])
+    return hmm_paths.viterbi(pi, fixed, per_step, ll)
 
 
 def hmm_path_log_prob(initial_probs, transition_matrix, log_likelihoods, states):
@@ -540,8 +534,11 @@ def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, k
         z_{T-1} ~ p(z_{T-1} | y_{0:T-1}),
         z_t | z_{t+1} ~ p(z_t | y_{<=t}, z_{t+1}) proportional to f_t(i) A_t[i, z_{t+1}],
 
-    with the categorical draws made from log-probabilities. ``vmap`` over keys for many
-    paths.
+    where every backward draw is made for all values of ``z_{t+1}`` at once by an
+    exponential race (``argmax_i f_t(i) A_t[i, j] / E_t[i]`` with ``E ~ Exp(1)``), so that
+    only the backtracking is sequential, and it is blocked
+    (`statseq.inference.hmm_paths`). The same key gives the same path. ``vmap`` over keys
+    for many paths.
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
@@ -552,20 +549,11 @@ def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, k
     Returns:
         ``(T,)`` int32 state indices.
     """
+    from statseq.inference import hmm_paths
+
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
     filtered = _filter(pi, fixed, per_step, ll).filtered_probs
-    keys = jax.random.split(key, ll.shape[0])
-    last = jax.random.categorical(keys[-1], jnp.log(filtered[-1])).astype(jnp.int32)
-
-    def step(state_next, xs):
-        key_t, filtered_t, a_t = xs
-        a = _pick(fixed, a_t)
-        logits = jnp.log(filtered_t) + jnp.log(a[:, state_next])
-        state = jax.random.categorical(key_t, logits).astype(jnp.int32)
-        return state, state
-
-    _, states = jax.lax.scan(step, last, (keys[:-1], filtered[:-1], per_step), reverse=True)
-    return jnp.concatenate([states, last[None]])
+    return hmm_paths.posterior_sample(filtered, fixed, per_step, key)
 
 
 def hmm_predict_states(filtered_last_probs, transition_matrix, num_steps: int):

@@ -612,11 +612,17 @@ class LinearAutoregressiveHMM(HMMBase):
         cov = symmetrize(scatter / safe[:, None, None]) + eye
         return ARHMMEmissions(weights, biases, jnp.where(keep, emissions.covs, cov))
 
-    def em_warnings(self, params, y, mask, inputs) -> list[str]:
-        """States that ended EM with (almost) no weight on the *scored* steps (the first
+    def em_state_masses(self, stats, mask):
+        """``(K,)`` posterior weight of each state on the *scored* steps (the first
         ``num_lags`` steps carry state probabilities but no emission information)."""
-        stats, _ = _e_step(self, params, y, mask, inputs)
-        mass = np.asarray(stats["emissions"]["sum_w"])
+        return stats["emissions"]["sum_w"]
+
+    def em_warnings(self, params, y, mask, inputs, masses=None) -> list[str]:
+        """States that ended EM with (almost) no weight on the scored steps."""
+        if masses is None:
+            stats, _ = _e_step(self, params, y, mask, inputs)
+            masses = self.em_state_masses(stats, mask)
+        mass = np.asarray(masses)
         total = float(np.sum(mass))
         return [
             f"state {k} has almost no posterior mass ({m:.3g} of {total:.0f} scored steps): "

@@ -714,8 +714,19 @@ class HMMBase(SequenceModel):
     def initialize_emissions(self, y, mask, *, key, method):
         """Emission parameters from a flat batch of data (numpy arrays)."""
 
-    def em_warnings(self, params, y, mask, inputs) -> list[str]:
-        """Warnings about the fitted parameters (states that lost their mass)."""
+    def em_state_masses(self, stats, mask):
+        """``(K,)`` posterior mass of each state on the observed, scored steps, from the
+        statistics of `e_step` (traced: `fit_em` keeps the last E-step's masses in its
+        loop, so the warnings need no second E-step)."""
+        observed = jnp.reshape(mask, mask.shape[:2] + (-1,)).any(axis=-1)
+        observed = observed.at[:, : self.num_conditioned_steps].set(False)
+        return jnp.sum(jnp.where(observed[..., None], stats["weights"], 0.0), axis=(0, 1))
+
+    def em_warnings(self, params, y, mask, inputs, masses=None) -> list[str]:
+        """Warnings about the fitted parameters (states that lost their mass); ``masses``
+        from `em_state_masses` when the caller has them (else one E-step at ``params``)."""
+        if masses is not None:
+            return mass_messages(np.asarray(masses), "observed steps")
         return mass_warnings(self, params, y, mask, inputs)
 
 
@@ -854,13 +865,15 @@ def mass_warnings(model, params, y, mask, inputs) -> list[str]:
 
     bound_cache(_e_step)  # one program per length (fit_em): keep only the latest ones
     stats, _ = _e_step(model, params, y, mask, inputs)
-    observed = np.asarray(mask).reshape(mask.shape[:2] + (-1,)).any(axis=-1)
-    observed[:, : model.num_conditioned_steps] = False  # conditioned steps carry no weight
-    weights = np.asarray(stats["weights"]) * observed[..., None]
-    mass = weights.sum(axis=(0, 1))
+    return mass_messages(np.asarray(model.em_state_masses(stats, jnp.asarray(mask))),
+                         "observed steps")
+
+
+def mass_messages(mass, steps: str) -> list[str]:
+    """One message per state whose posterior ``mass`` is below ``1e-6`` of the total."""
     total = float(np.sum(mass))
     return [
-        f"state {k} has almost no posterior mass on observed steps ({m:.3g} of "
+        f"state {k} has almost no posterior mass on {steps} ({m:.3g} of "
         f"{total:.0f}): its emission parameters were kept at their previous values (or set "
         "to the prior mode when a prior is given); consider fewer states"
         for k, m in enumerate(mass) if m < 1e-6 * max(total, 1.0)

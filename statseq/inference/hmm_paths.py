@@ -1,0 +1,327 @@
+"""Kernels behind `hmm_viterbi` and `hmm_posterior_sample`: blocked max-product and FFBS.
+
+Both public functions reduce to the same two pieces:
+
+1. a **pointer table** ``P[t, j]``, ``t = 0, ..., T-2``: the state at ``t`` chosen when
+   the state at ``t+1`` is ``j``;
+2. **backtracking** ``z_{T-1} = last``, ``z_t = P[t, z_{t+1}]``.
+
+For Viterbi ``P[t, j] = argmax_i (delta_t[i] + log A_t[i, j])`` (ties to the lowest
+``i``), where ``delta`` is the max-product message. For posterior sampling (forward
+filtering, backward sampling) an exponential race (the Gumbel-max trick without its
+logarithms) turns the backward draws into the same form: with independent ``E_t[i] ~
+Exp(1)``,
+
+    P[t, j] = argmax_i f_t(i) A_t[i, j] / E_t[i]
+
+is a draw from ``p(z_t = i | y_{<=t}, z_{t+1} = j)``, proportional to ``f_t(i) A_t[i, j]``,
+for every ``j`` at once. The noise does not depend on ``j``, so the whole table is
+computed without any sequential step, and following it from a draw of ``z_{T-1} ~
+f_{T-1}`` yields one exact sample of ``p(z_{0:T-1} | y_{0:T-1})`` (the draws at different
+``t`` use independent noise). (Rows of ``f / E`` and columns of ``A`` are rescaled to a
+maximum of one first; only if every product ``f_t(i) A_t[i, j]`` of a column were below the
+smallest normal float relative to the largest would the draw fall to state 0.)
+
+Sequential work is cut by **blocking** the time axis into ``C`` chunks of ``L`` steps
+(``C L >= T - 1``, ``L`` about ``sqrt(T)``, padded in front with steps that change
+nothing):
+
+* backtracking: every chunk follows its pointers for all ``K`` possible states after its
+  end at once (one ``(C, K)`` gather per step, ``L`` steps), then a scan over the ``C``
+  chunks, from the last, picks which of the ``K`` chunk paths is taken;
+* Viterbi's forward pass (``blocked=True``; not the default, see
+  `BLOCKED_VITERBI_BY_DEFAULT`): every chunk but the first starts
+  from a flat message and all chunks run their ``L`` steps at once; then each chunk
+  restarts from its predecessor's end message, again all at once, until no chunk start
+  changes bit for bit. A max-product chain forgets its start after a few steps (the
+  max-plus products become rank one), so this usually takes two sweeps; at the fixed
+  point every message is the one the sequential scan computes, bit for bit (the same
+  operations on the same values), so the path is identical, ties included. Without a
+  fixed point after `MAX_PASSES` sweeps (a chain that never forgets, such as ``A = I``)
+  the chunk starts are corrected one chunk after the other (sequential cost). A last
+  sweep records the pointers.
+
+All messages are shifted to a maximum of zero at every step, so float32 keeps its
+resolution. The functions take already checked arrays (`statseq.inference.hmm` checks
+shapes and dtypes); they are traced inside the caller's ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+#: sequences shorter than this run unblocked (the scans are short anyway)
+MIN_BLOCKED_STEPS = 256
+#: the largest number of states whose Viterbi forward pass is blocked by default (at
+#: K = 16 the sequential scan measured faster on CPU)
+BLOCKED_VITERBI_MAX_STATES = 4
+#: whether `viterbi` blocks by default. Off: in same-round timings on a 2-core CPU
+#: (benchmarks/RESULTS.md, "HMM paths") the blocked forward pass and backtracking were
+#: 2.5x (K=2, T=10^6) slower than the plain step-by-step scan, which is therefore the default
+BLOCKED_VITERBI_BY_DEFAULT = False
+#: sweeps over all chunks before the blocked Viterbi falls back to one sequential scan
+MAX_PASSES = 6
+
+
+def chunk_length(num_steps: int) -> int:
+    """The chunk length ``L`` for ``num_steps`` transitions: about ``sqrt(num_steps)``,
+    which balances the ``L``-step passes over all chunks against the ``C``-step scans
+    over chunk boundaries.
+
+    Args:
+        num_steps: the number of transitions ``T - 1``.
+
+    Returns:
+        ``L >= 8``.
+
+    Examples:
+        >>> chunk_length(10**6 - 1)
+        1000
+    """
+    return max(8, math.isqrt(max(num_steps - 1, 0)) + 1)
+
+
+def _argmax_rows(scores):
+    """``(max, argmax)`` over axis -2 of ``scores`` ``(..., K, K)``, ties to the lowest
+    index, as one unrolled pass of elementwise maxima (no ``(K, K)`` reduction tree)."""
+    num = scores.shape[-2]
+    best = scores[..., 0, :]
+    arg = jnp.zeros(best.shape, jnp.int32)
+    for i in range(1, num):
+        s = scores[..., i, :]
+        better = s > best
+        best = jnp.where(better, s, best)
+        arg = jnp.where(better, jnp.int32(i), arg)
+    return best, arg
+
+
+def _take(table, index):
+    """``out[c, m] = table[c, index[c, m]]`` for ``table`` ``(C, K)`` and ``index``
+    ``(C, M)``: a chain of selects for small ``K`` (cheaper than a gather on CPU),
+    ``take_along_axis`` otherwise."""
+    num = table.shape[-1]
+    if num > 8:
+        return jnp.take_along_axis(table, index, axis=-1)
+    out = jnp.broadcast_to(table[:, :1], index.shape)
+    for k in range(1, num):
+        out = jnp.where(index == k, table[:, k:k + 1], out)
+    return out
+
+
+def _shift(x):
+    """``x - max(x)`` over the last axis (max-product messages are defined up to a
+    constant)."""
+    return x - jnp.max(x, axis=-1, keepdims=True)
+
+
+# ------------------------------------------------------------------------------------------
+# backtracking
+
+
+def _pad_front(x, pad, value):
+    if pad == 0:
+        return x
+    fill = jnp.broadcast_to(value, (pad,) + x.shape[1:]).astype(x.dtype)
+    return jnp.concatenate([fill, x])
+
+
+def backtrack(pointers, last, *, blocked: bool = True):
+    """Follow ``z_t = pointers[t, z_{t+1}]`` back from ``z_{T-1} = last``.
+
+    Args:
+        pointers: ``(T-1, K)`` int32.
+        last: scalar int32, the state at ``T-1``.
+        blocked: blocked (chunks at once) when ``T - 1 >= MIN_BLOCKED_STEPS``, else one
+            step at a time.
+
+    Returns:
+        ``(T,)`` int32 path.
+    """
+    num_steps, num_states = pointers.shape
+    if num_steps == 0:
+        return last[None]
+    if not blocked or num_steps < MIN_BLOCKED_STEPS:
+        def step(state_next, pointers_t):
+            state = pointers_t[state_next]
+            return state, state
+
+        _, states = jax.lax.scan(step, last, pointers, reverse=True)
+        return jnp.concatenate([states, last[None]])
+    length = chunk_length(num_steps)
+    num_chunks = -(-num_steps // length)
+    pad = num_chunks * length - num_steps
+    ident = jnp.arange(num_states, dtype=jnp.int32)
+    table = _pad_front(pointers, pad, ident).reshape(num_chunks, length, num_states)
+    table = jnp.swapaxes(table, 0, 1)  # (L, C, K): step l of every chunk
+
+    # every chunk, for every state k after its end, follows its own pointers back
+    def inside(cur, pointers_l):  # cur (C, K): the state at step l+1 per hypothesis
+        state = _take(pointers_l, cur)
+        return state, state
+
+    start = jnp.broadcast_to(ident, (num_chunks, num_states))
+    firsts, paths = jax.lax.scan(inside, start, table, reverse=True)  # paths (L, C, K)
+
+    # which hypothesis each chunk takes: the state after chunk c is the first of chunk c+1
+    def pick(after, firsts_c):
+        return firsts_c[after], after
+
+    _, chosen = jax.lax.scan(pick, last, firsts, reverse=True)  # (C,)
+    num_chunks_l = paths.shape[0] * paths.shape[1]
+    states = _take(paths.reshape(num_chunks_l, num_states),
+                   jnp.broadcast_to(chosen, paths.shape[:2]).reshape(num_chunks_l, 1))
+    states = states.reshape(paths.shape[:2])  # (L, C)
+    states = jnp.swapaxes(states, 0, 1).reshape(-1)[pad:]
+    return jnp.concatenate([states, last[None]])
+
+
+# ------------------------------------------------------------------------------------------
+# Viterbi
+
+
+def _viterbi_sequential(delta0, log_fixed, log_per_step, ll_rest):
+    def forward(delta_prev, xs):
+        ll_t, log_a_t = xs
+        log_a = log_fixed if log_a_t is None else log_a_t
+        scores = delta_prev[:, None] + log_a
+        delta = jnp.max(scores, axis=0) + ll_t
+        return delta - jnp.max(delta), jnp.argmax(scores, axis=0).astype(jnp.int32)
+
+    return jax.lax.scan(forward, delta0, (ll_rest, log_per_step))
+
+
+def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
+    num_steps, num_states = ll_rest.shape
+    length = chunk_length(num_steps)
+    num_chunks = -(-num_steps // length)
+    pad = num_chunks * length - num_steps
+    dtype = ll_rest.dtype
+    # padded steps in front leave the message unchanged (and point to the same state)
+    real = _pad_front(jnp.ones((num_steps,), bool), pad, False)
+    real = jnp.swapaxes(real.reshape(num_chunks, length), 0, 1)  # (L, C)
+    ll = _pad_front(ll_rest, pad, jnp.zeros((), dtype))
+    ll = jnp.swapaxes(ll.reshape(num_chunks, length, num_states), 0, 1)  # (L, C, K)
+    if log_per_step is None:
+        log_a = None
+    else:
+        log_a = _pad_front(log_per_step, pad, jnp.zeros((), dtype))
+        log_a = jnp.swapaxes(
+            log_a.reshape(num_chunks, length, num_states, num_states), 0, 1)
+
+    def pick(log_a_l):
+        return log_fixed if log_a_l is None else log_a_l
+
+    states = jnp.arange(num_states, dtype=jnp.int32)
+
+    def inside(delta, xs):
+        real_l, ll_l, log_a_l = xs
+        a = pick(log_a_l)
+        best, arg = _argmax_rows(delta[:, :, None] + a)
+        new = jnp.where(real_l[:, None], _shift(best + ll_l), delta)
+        return new, jnp.where(real_l[:, None], arg, states)
+
+    def sweep(starts):  # the messages at the chunk ends, from the given chunk starts
+        ends, _ = jax.lax.scan(lambda d, xs: (inside(d, xs)[0], None), starts,
+                               (real, ll, log_a))
+        return ends
+
+    # speculate: every chunk but the first starts from a flat message; then each chunk
+    # restarts from its predecessor's end until no start changes (bit for bit)
+    def cond(carry):
+        _, done, passes = carry
+        return ~done & (passes < MAX_PASSES)
+
+    def body(carry):
+        starts, _, passes = carry
+        ends = sweep(starts)
+        new = jnp.concatenate([delta0[None], ends[:-1]])
+        return new, jnp.all(new == starts), passes + 1
+
+    first = jnp.concatenate([delta0[None], jnp.zeros((num_chunks - 1, num_states), dtype)])
+    starts, done, _ = jax.lax.while_loop(cond, body, (first, jnp.asarray(False), 0))
+
+    # no fixed point within MAX_PASSES (a chain that never forgets, e.g. A = I): correct
+    # the starts chunk by chunk, in order (as slow as one sequential scan; skipped when done)
+    def fix(carry):
+        c, starts = carry
+        xs = jax.tree.map(lambda x: x[:, c - 1], (real, ll, log_a))
+        end, _ = jax.lax.scan(lambda d, x: (inside(d[None], jax.tree.map(
+            lambda v: v[None], x))[0][0], None), starts[c - 1], xs)
+        return c + 1, starts.at[c].set(end)
+
+    _, starts = jax.lax.while_loop(lambda cs: ~done & (cs[0] < num_chunks), fix, (1, starts))
+    ends, pointers = jax.lax.scan(inside, starts, (real, ll, log_a))  # (L, C, K)
+    return ends[-1], jnp.swapaxes(pointers, 0, 1).reshape(-1, num_states)[pad:]
+
+
+def viterbi(pi, fixed, per_step, ll, *, blocked=None):
+    """The Viterbi path of checked inputs (see `statseq.inference.hmm.hmm_viterbi`).
+
+    Args:
+        pi: ``(K,)``.
+        fixed: ``(K, K)`` or ``None``.
+        per_step: ``(T-1, K, K)`` or ``None`` (exactly one of the two is given).
+        ll: ``(T, K)``.
+        blocked: force (``True``) or forbid (``False``) the blocked forward pass;
+            ``None`` chooses by ``K`` and ``T``.
+
+    Returns:
+        ``(T,)`` int32 states.
+    """
+    num_timesteps, num_states = ll.shape
+    if blocked is None:
+        blocked = (BLOCKED_VITERBI_BY_DEFAULT and num_states <= BLOCKED_VITERBI_MAX_STATES
+                   and num_timesteps - 1 >= MIN_BLOCKED_STEPS)
+    log_fixed = None if fixed is None else jnp.log(fixed)
+    log_per_step = None if per_step is None else jnp.log(per_step)
+    delta0 = _shift(jnp.log(pi) + ll[0])
+    if num_timesteps == 1:
+        return jnp.argmax(delta0).astype(jnp.int32)[None]
+    run = _viterbi_blocked if blocked else _viterbi_sequential
+    delta_last, pointers = run(delta0, log_fixed, log_per_step, ll[1:])
+    last = jnp.argmax(delta_last).astype(jnp.int32)
+    return backtrack(pointers, last, blocked=blocked)
+
+
+# ------------------------------------------------------------------------------------------
+# forward filtering, backward sampling
+
+
+def posterior_sample(filtered, fixed, per_step, key):
+    """One path from ``p(z | y)`` given the filtered probabilities (Gumbel-max FFBS).
+
+    Args:
+        filtered: ``(T, K)`` ``p(z_t | y_{<=t})``.
+        fixed: ``(K, K)`` or ``None``.
+        per_step: ``(T-1, K, K)`` or ``None``.
+        key: a ``jax.random`` key; the same key gives the same path.
+
+    Returns:
+        ``(T,)`` int32 states.
+    """
+    num_timesteps, num_states = filtered.shape
+    key_last, key_noise = jax.random.split(key)
+    last = jax.random.categorical(key_last, jnp.log(filtered[-1])).astype(jnp.int32)
+    if num_timesteps == 1:
+        return last[None]
+    # exponential race: argmax_i w_i / E_i with E_i ~ Exp(1) is a draw from w / sum(w)
+    # (the Gumbel-max trick with exp taken); rows and columns are rescaled to a maximum of
+    # one (this does not move the argmax) so that the products do not underflow
+    race = jax.random.exponential(key_noise, (num_timesteps - 1, num_states), filtered.dtype)
+    h = filtered[:-1] / race
+    h = h / jnp.max(h, axis=1, keepdims=True)
+    a = fixed if per_step is None else per_step
+    col = jnp.max(a, axis=-2, keepdims=True)
+    a = a / jnp.where(col > 0, col, 1.0)  # an all-zero column (unreachable j) stays 0
+    # pointers[t, j] = argmax_i h[t, i] a_t[i, j]: a draw of z_t given z_{t+1} = j
+    best = h[:, 0, None] * a[..., 0, :]
+    pointers = jnp.zeros(best.shape, jnp.int32)
+    for i in range(1, num_states):
+        s = h[:, i, None] * a[..., i, :]
+        better = s > best
+        best = jnp.where(better, s, best)
+        pointers = jnp.where(better, jnp.int32(i), pointers)
+    return backtrack(pointers, last)
