@@ -690,22 +690,13 @@ def em_cases(kind, shape_label, datasets):
 
     def ss_fixed(params_of):
         # fit_em(tol=0) stops when the log joint repeats exactly (a numerical fixed
-        # point), often after 15-25 iterations here, and tol < 0 is rejected. For the
-        # same work as the peers this row calls the same compiled loop with tol = -1
-        # (never converged): exactly EM_ITERS iterations, without fit_em's eager
-        # validation and its closing E-step for the mass warnings.
-        from statseq.core.params import trainable_mask
-        from statseq.core.validation import float_dtype, prepare_data
-        from statseq.fit.em import _fit_em_compiled
-
+        # point), often after 15-25 iterations here. For the same work as the peers this
+        # row asks the public fit_em for exactly EM_ITERS iterations (tol=None).
         def fit(ds):
-            params = params_of(ds)
-            data = prepare_data(model, ds["y"])
-            trainable = jax.tree.map(jnp.asarray, trainable_mask(params, None))
-            i, p, _, _ = _fit_em_compiled(
-                model, params, trainable, None, data.y, data.mask, data.inputs,
-                jnp.asarray(-1.0, float_dtype()), num_iters=EM_ITERS, progress_every=0)
-            p = jax.block_until_ready(p)
+            res = ss.fit_em(model, params_of(ds), ds["y"], num_iters=EM_ITERS, tol=None,
+                            progress=False)
+            p = jax.block_until_ready(res.params)
+            i = res.num_iterations
             return unpack(p), int(i)
         return fit
 
@@ -1320,7 +1311,7 @@ def diagnose(log, quick=False):
     trainable = jax.tree.map(jnp.asarray, trainable_mask(start, None))
 
     def em():
-        return _fit_em_compiled(model, start, trainable, None, data.y, data.mask,
+        return _fit_em_compiled(model, start, trainable, None, None, data.y, data.mask,
                                 data.inputs, jnp.asarray(-1.0, float_dtype()),
                                 num_iters=EM_ITERS, progress_every=0)[1]
 
@@ -1477,7 +1468,7 @@ def diagnose(log, quick=False):
     data = prepare_data(model, y)
     jax.clear_caches()
     t0 = time.perf_counter()
-    _loop.lower(model, start, jax.tree.map(jnp.asarray, _tm(start, None)), None, data.y,
+    _loop.lower(model, start, jax.tree.map(jnp.asarray, _tm(start, None)), None, None, data.y,
                 data.mask, data.inputs, jnp.asarray(0.0, _fd()), num_iters=EM_ITERS,
                 progress_every=0).compile()
     t_loop = time.perf_counter() - t0
