@@ -144,11 +144,35 @@ def _unflatten(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-def _run(model, params, y, mask, inputs, return_carries, need_final=True):
+@partial(jax.jit, static_argnames=("model", "return_carries", "complete", "need_final",
+                                   "batch_shape", "total_only"))
+def _filter_public(model, params, y, mask, inputs, num_valid=None, *, return_carries,
+                   complete, need_final, batch_shape, total_only):
+    """`_filter_flat` with the batch shape restored inside the same compiled program.
+
+    The public `log_prob` and `filter` call this once: one dispatch per call, no eager
+    reshape per output leaf. ``total_only`` returns only the totals (XLA then drops the
+    per-step outputs it does not need).
+    """
+    out = _filter_flat(model, params, y, mask, inputs, num_valid,
+                       return_carries=return_carries, complete=complete,
+                       need_final=need_final)
+    if total_only:
+        out = out[0]
+    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+
+
+def _run(model, params, y, mask, inputs, return_carries, need_final=True, total_only=False):
+    """Validate (remembered for arrays passed again), then one compiled call."""
     validate_params(model, params)
     model, data = prepare_sized(model, y, mask, inputs, bucket=True)
-    out = run_prepared(model, params, data, return_carries=return_carries,
-                       need_final=need_final)
+    padded = data.num_valid is not None
+    out = _filter_public(
+        model, params, data.y, data.mask, data.inputs,
+        np.int32(data.num_valid) if padded else None, return_carries=return_carries,
+        complete=data.valid_complete if padded else data.complete,
+        need_final=need_final if padded else True, batch_shape=data.batch_shape,
+        total_only=total_only)
     return data, out
 
 
@@ -182,8 +206,6 @@ def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) ->
     """
     data, (total, log_probs, carries, final) = _run(model, params, y, mask, inputs,
                                                     return_carries)
-    total, log_probs, carries, final = _unflatten((total, log_probs, carries, final),
-                                                  data.batch_shape)
     if data.num_valid is not None:  # padded to a bucket length: cut back to the real one
         axis = len(data.batch_shape)
         log_probs = cut_time(log_probs, data.num_valid, axis)
@@ -216,8 +238,7 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
         >>> ss.log_prob(model, params, np.stack([y, y[::-1]])).shape   # a batch of series
         (2,)
     """
-    data, out = _run(model, params, y, mask, inputs, False, need_final=False)
-    return _unflatten(out[0], data.batch_shape)  # compiled: a third of an eager reshape
+    return _run(model, params, y, mask, inputs, False, need_final=False, total_only=True)[1]
 
 
 def _simulate(model, params, carry, key, inputs):
