@@ -162,6 +162,38 @@ def _filter_public(model, params, y, mask, inputs, num_valid=None, *, return_car
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
 
 
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _reshaped(fn, batch_shape, static, dynamic):
+    out = fn(**dynamic, **dict(static))
+    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+
+
+def reshaped_call(fn, batch_shape, dynamic, **static):
+    """``fn(**dynamic, **static)`` with every output leaf's leading axis reshaped to
+    ``batch_shape``, as one compiled program (one dispatch per call).
+
+    For the public wrappers (``model.smoother``, ``model.filter_states``, ...): an
+    eager reshape per output leaf costs a dispatch each, more than a short filter.
+
+    Args:
+        fn: a function of arrays (typically already a ``jax.jit``); hashable.
+        batch_shape: the batch shape that replaces each output's leading (flat) axis.
+        dynamic: ``{name: array or pytree}``, the traced arguments of ``fn``.
+        **static: hashable arguments of ``fn`` (the model, options).
+
+    Returns:
+        ``fn``'s output with batch shapes restored.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> def f(x, *, scale):
+        ...     return x * scale
+        >>> reshaped_call(f, (2, 3), {"x": jnp.ones((6, 4))}, scale=2.0).shape
+        (2, 3, 4)
+    """
+    return _reshaped(fn, tuple(batch_shape), tuple(sorted(static.items())), dynamic)
+
+
 def _run(model, params, y, mask, inputs, return_carries, need_final=True, total_only=False):
     """Validate (remembered for arrays passed again), then one compiled call."""
     validate_params(model, params)

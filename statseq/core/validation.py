@@ -327,13 +327,22 @@ def prepare_sized(model, y, mask=None, inputs=None, *, trailing: bool = False,
     sizer = getattr(model, "for_mask", None)
     if sizer is None:
         return model, prepare_data(model, y, mask, inputs, **kwargs)
+    given = (y, mask, inputs)
+    key = ("sized", model, trailing, tuple(sorted(kwargs.items())),
+           tuple(a is None for a in given), float_dtype())
+    arrays = tuple(a for a in given if a is not None)
+    done = _PREPARED.get(key, arrays)  # arrays passed again: no mask read back, no sizing
+    if done is not None:
+        return done
     data = prepare_data(sizer(None), y, mask, inputs, **kwargs)
     if _is_tracer(data.mask):
         return model, prepare_data(model, y, mask, inputs, **kwargs)
     real = np.asarray(data.mask)
     if data.num_valid is not None:
         real = real[:, : data.num_valid]
-    return sizer(real, trailing=trailing), data
+    done = (sizer(real, trailing=trailing), data)
+    _PREPARED.put(key, arrays, done)
+    return done
 
 
 def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:

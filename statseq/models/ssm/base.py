@@ -28,6 +28,7 @@ from jax.scipy.special import ndtri
 from statseq.core.buckets import cut_steps
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
+from statseq.core.recurrence import reshaped_call
 from statseq.core.validation import (
     check_key,
     check_positive_int,
@@ -308,9 +309,10 @@ class GaussianSSMBase(SequenceModel):
         data = prepare_data(self, y, mask, inputs, bucket=True)
         self._check_num_timesteps(data.num_timesteps)
         # complete data (known eagerly) may use the steady-state smoother
-        out = _ssm_posterior(self, params, data.y, data.mask, data.inputs, what=what,
-                             kind=kind, complete=data.complete)
-        out = jax.tree.map(lambda a: jnp.reshape(a, data.batch_shape + a.shape[1:]), out)
+        # one compiled call, batch shape restored inside (no eager reshape per leaf)
+        out = reshaped_call(_ssm_posterior, data.batch_shape,
+                            dict(params=params, y=data.y, mask=data.mask, inputs=data.inputs),
+                            model=self, what=what, kind=kind, complete=data.complete)
         if data.num_valid is None:
             return out
         steps = [f for f in out._fields if f not in ("marginal_log_lik", "smoothed_cross_covs")]
