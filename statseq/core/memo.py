@@ -28,12 +28,11 @@ import numpy as np
 MAX_SNAPSHOT_BYTES = 1 << 23
 
 
-def _snapshot(a):
-    """What must be unchanged for a remembered check to hold: ``None`` for an (immutable)
-    JAX array, else the NumPy array's shape, dtype and bytes."""
-    if isinstance(a, jax.Array):
-        return None
-    return (a.shape, a.dtype.str, a.tobytes())
+def _snapshots(arrays) -> tuple:
+    """What must be unchanged for a remembered check to hold: for each NumPy array (JAX
+    arrays are immutable), its position, shape, dtype and bytes."""
+    return tuple((i, a.shape, a.dtype, a.tobytes()) for i, a in enumerate(arrays)
+                 if not isinstance(a, jax.Array))
 
 
 def _rememberable(a) -> bool:
@@ -87,20 +86,21 @@ class IdentityMemo:
 
     def get(self, key, arrays: tuple):
         """The value stored for ``key`` and these very array objects, else ``None``."""
-        full = self._key(key, arrays)
-        if full is None:
-            return None
+        # no type checks here (only `put` stores, and only rememberable arrays): a stored
+        # entry matches only the very objects it holds weak references to
+        full = (key, tuple(map(id, arrays)))
         try:
             refs, stamps, value = self._entries[full]
         except (KeyError, TypeError):  # TypeError: an unhashable part of ``key``
             return None
-        if any(r() is not a for r, a in zip(refs, arrays, strict=True)):
-            del self._entries[full]
-            return None
-        for a, stamp in zip(arrays, stamps, strict=True):
-            if stamp is not None and (a.shape != stamp[0] or a.dtype.str != stamp[1]
-                                      or a.tobytes() != stamp[2]):
-                del self._entries[full]  # mutated since: check again
+        for r, a in zip(refs, arrays, strict=True):
+            if r() is not a:
+                del self._entries[full]
+                return None
+        for i, shape, dtype, data in stamps:
+            a = arrays[i]
+            if a.shape != shape or a.dtype != dtype or a.tobytes() != data:
+                del self._entries[full]  # changed in place since: check again
                 return None
         self._entries.move_to_end(full)
         return value
@@ -112,8 +112,8 @@ class IdentityMemo:
         full = self._key(key, arrays)
         if full is None:
             return
-        self._entries[full] = (tuple(weakref.ref(a) for a in arrays),
-                               tuple(map(_snapshot, arrays)), value)
+        self._entries[full] = (tuple(weakref.ref(a) for a in arrays), _snapshots(arrays),
+                               value)
         self._entries.move_to_end(full)
         while len(self._entries) > self.maxsize:
             self._entries.popitem(last=False)

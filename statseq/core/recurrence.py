@@ -14,12 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.buckets import cut_time
+from statseq.core.memo import IdentityMemo
 from statseq.core.params import validate_params
 from statseq.core.results import FilterResult
 from statseq.core.validation import (
+    Prepared,
+    bucket_key,
     check_key,
     check_positive_int,
     float_dtype,
+    prepare_data,
     prepare_sized,
 )
 
@@ -154,6 +158,7 @@ def _filter_public(model, params, y, mask, inputs, num_valid=None, *, return_car
     reshape per output leaf. ``total_only`` returns only the totals (XLA then drops the
     per-step outputs it does not need).
     """
+    mask, inputs = _filled(y, mask, inputs)  # None: built here (`device_args`)
     out = _filter_flat(model, params, y, mask, inputs, num_valid,
                        return_carries=return_carries, complete=complete,
                        need_final=need_final)
@@ -162,13 +167,78 @@ def _filter_public(model, params, y, mask, inputs, num_valid=None, *, return_car
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _reshaped(fn, batch_shape, static, dynamic):
+#: (model, parameter leaves, data arrays) already checked together (`checked_data`)
+_CHECKED = IdentityMemo(maxsize=16)
+
+
+def checked_data(model, params, y, mask=None, inputs=None, *, bucket: bool = True,
+                 sized: bool = True) -> tuple:
+    """`validate_params` and `prepare_sized` (``sized=False``: `prepare_data`) in one
+    check that is remembered for the arrays passed: ``(model, data)``.
+
+    A public call on parameters and data passed again (the same JAX arrays, or the same
+    NumPy arrays with unchanged contents, `statseq.core.memo`) skips both checks, the
+    host-side copies and the device transfer: one lookup instead. A NumPy array changed
+    in place since is checked again, with the same errors as on a first call.
+
+    Args:
+        model: a statseq model.
+        params: its parameters.
+        y: the data, as for `statseq.core.validation.prepare_data`.
+        mask: optional observation mask.
+        inputs: covariates, when the model takes them.
+        bucket: whether the time axis may be padded to a bucket length.
+        sized: size a ``for_mask`` model for the data's mask (`prepare_sized`).
+
+    Returns:
+        ``(model, data)``: the (possibly resized) model and the `Prepared` data.
+    """
+    leaves, treedef = jax.tree.flatten(params)
+    arrays = (*leaves, y) + tuple(a for a in (mask, inputs) if a is not None)
+    key = (model, treedef, mask is None, inputs is None, float_dtype(), bucket_key(bucket),
+           sized)
+    done = _CHECKED.get(key, arrays)
+    if done is None:
+        validate_params(model, params)
+        done = (prepare_sized(model, y, mask, inputs, bucket=bucket) if sized
+                else (model, prepare_data(model, y, mask, inputs, bucket=bucket)))
+        _CHECKED.put(key, arrays, done)  # ignored for tracers and non-array inputs
+    return done
+
+
+def device_args(data: Prepared, num_inputs: int) -> tuple[dict, bool]:
+    """The arrays of prepared ``data`` to pass to a compiled call: ``(dynamic, fill)``.
+
+    For complete, unpadded data of a model without inputs, the all-True mask and the
+    empty inputs are built inside the compiled program (``fill=True``, `reshaped_call`)
+    rather than passed: fewer arguments to dispatch on every call, same values.
+    """
+    fill = data.complete and data.num_valid is None and num_inputs == 0
+    if fill:
+        return dict(y=data.y, mask=None, inputs=None), True
+    return dict(y=data.y, mask=data.mask, inputs=data.inputs), False
+
+
+def _filled(y, mask, inputs):
+    """The all-True mask and empty inputs of `device_args` (``fill=True``)."""
+    if mask is None:
+        mask = jnp.ones(y.shape, bool)
+    if inputs is None:
+        inputs = jnp.zeros(y.shape[:2] + (0,), float_dtype())
+    return mask, inputs
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _reshaped(fn, batch_shape, static, fill, dynamic):
+    if fill:
+        dynamic = dict(dynamic)
+        dynamic["mask"], dynamic["inputs"] = _filled(dynamic["y"], dynamic["mask"],
+                                                     dynamic["inputs"])
     out = fn(**dynamic, **dict(static))
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
 
 
-def reshaped_call(fn, batch_shape, dynamic, **static):
+def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
     """``fn(**dynamic, **static)`` with every output leaf's leading axis reshaped to
     ``batch_shape``, as one compiled program (one dispatch per call).
 
@@ -179,6 +249,8 @@ def reshaped_call(fn, batch_shape, dynamic, **static):
         fn: a function of arrays (typically already a ``jax.jit``); hashable.
         batch_shape: the batch shape that replaces each output's leading (flat) axis.
         dynamic: ``{name: array or pytree}``, the traced arguments of ``fn``.
+        fill: build ``dynamic["mask"]`` and ``dynamic["inputs"]`` (given as ``None``) inside
+            the program from ``dynamic["y"]`` (`device_args`).
         **static: hashable arguments of ``fn`` (the model, options).
 
     Returns:
@@ -191,16 +263,16 @@ def reshaped_call(fn, batch_shape, dynamic, **static):
         >>> reshaped_call(f, (2, 3), {"x": jnp.ones((6, 4))}, scale=2.0).shape
         (2, 3, 4)
     """
-    return _reshaped(fn, tuple(batch_shape), tuple(sorted(static.items())), dynamic)
+    return _reshaped(fn, tuple(batch_shape), tuple(sorted(static.items())), fill, dynamic)
 
 
 def _run(model, params, y, mask, inputs, return_carries, need_final=True, total_only=False):
     """Validate (remembered for arrays passed again), then one compiled call."""
-    validate_params(model, params)
-    model, data = prepare_sized(model, y, mask, inputs, bucket=True)
+    model, data = checked_data(model, params, y, mask, inputs)
     padded = data.num_valid is not None
+    arrays, _ = device_args(data, model.num_inputs)
     out = _filter_public(
-        model, params, data.y, data.mask, data.inputs,
+        model, params, arrays["y"], arrays["mask"], arrays["inputs"],
         np.int32(data.num_valid) if padded else None, return_carries=return_carries,
         complete=data.valid_complete if padded else data.complete,
         need_final=need_final if padded else True, batch_shape=data.batch_shape,

@@ -340,10 +340,7 @@ class HMMBase(SequenceModel):
             `statseq.inference.hmm.HMMFilterResult` with a leading batch shape
             when ``y`` is a batch.
         """
-        from statseq.core.params import validate_params
-
-        validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs, bucket=True)  # statseq.core.buckets
+        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
         out = _posterior_call(self, params, data, kind="filter",
                               parallel=use_parallel(parallel))
         return _cut_padding(out, data,
@@ -355,10 +352,7 @@ class HMMBase(SequenceModel):
         Returns:
             `statseq.inference.hmm.HMMPosterior` (batch shape leading).
         """
-        from statseq.core.params import validate_params
-
-        validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs, bucket=True)  # statseq.core.buckets
+        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
         out = _posterior_call(self, params, data, kind="smoother",
                               parallel=use_parallel(parallel))
         _check_possible(out.marginal_log_lik, "smoother")
@@ -381,10 +375,7 @@ class HMMBase(SequenceModel):
             ``batch_shape + (T,)`` ints, or ``(states, log_joint)`` with ``log_joint`` of
             shape ``batch_shape`` when ``return_log_prob``.
         """
-        from statseq.core.params import validate_params
-
-        validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs)
+        data = _checked(self, params, y, mask, inputs, bucket=False)
         states, path_log_prob = _posterior_call(self, params, data, kind="viterbi",
                                                 parallel=False)
         # the best path has probability zero exactly when the data have (every path has)
@@ -765,6 +756,8 @@ def _log_dirichlet(prior, probs):
 def _check_possible(marginal_log_lik, method: str) -> None:
     """``ValueError`` when some sequence has probability zero under the model (a posterior
     over states given impossible data is undefined; the filter scores it ``-inf``)."""
+    if isinstance(marginal_log_lik, jax.core.Tracer):  # under a user's jit: nothing to check
+        return
     lp = np.asarray(marginal_log_lik).reshape(-1)  # flat: sequence numbers as in a batch
     if np.any(lp == -np.inf):
         which = int(np.argwhere(lp == -np.inf)[0][0])
@@ -775,14 +768,22 @@ def _check_possible(marginal_log_lik, method: str) -> None:
             "exists")
 
 
+def _checked(model, params, y, mask, inputs, *, bucket):
+    """`validate_params` and `prepare_data`, remembered for arrays passed again
+    (`statseq.core.recurrence.checked_data`): the prepared data."""
+    from statseq.core.recurrence import checked_data
+
+    return checked_data(model, params, y, mask, inputs, bucket=bucket, sized=False)[1]
+
+
 def _posterior_call(model, params, data, *, kind, parallel):
     """`_hmm_posterior` on prepared data, batch shape restored, as one compiled call."""
-    from statseq.core.recurrence import reshaped_call
+    from statseq.core.recurrence import device_args, reshaped_call
 
-    dynamic = dict(params=params, y=data.y, mask=data.mask, inputs=data.inputs,
-                   num_valid=_num_valid(data))
-    return reshaped_call(_hmm_posterior, data.batch_shape, dynamic, model=model, kind=kind,
-                         parallel=parallel)
+    dynamic, fill = device_args(data, model.num_inputs)
+    dynamic.update(params=params, num_valid=_num_valid(data))
+    return reshaped_call(_hmm_posterior, data.batch_shape, dynamic, fill, model=model,
+                         kind=kind, parallel=parallel)
 
 
 def _num_valid(data):

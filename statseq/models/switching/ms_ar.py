@@ -572,12 +572,14 @@ class MarkovSwitchingAR(SequenceModel):
 
     def _prepare(self, params, y, mask):
         from statseq.core.params import validate_params
+        from statseq.core.recurrence import checked_data
 
-        validate_params(self, params)
+        validate_params(self, params)  # remembered for arrays passed again (memo)
         if self.gap_capacity:
             raise ValueError("the regime posteriors need observed lags; this model is sized "
                              "for masked lags (for_mask): use the model it came from")
-        return prepare_data(self, y, mask, None)  # (runs validate_data)
+        # (runs validate_data); remembered for arrays passed again
+        return checked_data(self, params, y, mask, None, bucket=False, sized=False)[1]
 
     def filter_states(self, params, y, *, mask=None) -> RegimeFilterResult:
         """Filtered and predicted regime probabilities ``p(s_t | y_{<=t})``,
