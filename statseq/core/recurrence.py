@@ -212,6 +212,14 @@ def device_args(data: Prepared, num_inputs: int) -> tuple[dict, bool]:
     For complete, unpadded data of a model without inputs, the all-True mask and the
     empty inputs are built inside the compiled program (``fill=True``, `reshaped_call`)
     rather than passed: fewer arguments to dispatch on every call, same values.
+
+    Args:
+        data: the output of `statseq.core.validation.prepare_data`.
+        num_inputs: the model's ``num_inputs``.
+
+    Returns:
+        ``({"y": ..., "mask": ..., "inputs": ...}, fill)``; with ``fill`` the mask and
+        inputs are ``None``.
     """
     fill = data.complete and data.num_valid is None and num_inputs == 0
     if fill:
