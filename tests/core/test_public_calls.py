@@ -107,14 +107,17 @@ def _case(name, T=23):
     return model, params, y, u
 
 
-def _calls(model, params, u):
-    """(name, public call of y) for every public entry point of the model."""
-    calls = [("log_prob", lambda y: ss.log_prob(model, params, y, inputs=u)),
-             ("filter", lambda y: ss.filter(model, params, y, inputs=u))]
+def _calls(model, params, u, every=False):
+    """(name, public call of y): ``log_prob`` and ``smoother``, and with ``every`` also
+    ``filter`` and ``filter_states``."""
+    kw = {} if u is None else {"inputs": u}
+    calls = [("log_prob", lambda y: ss.log_prob(model, params, y, **kw))]
+    if every:
+        calls.append(("filter", lambda y: ss.filter(model, params, y, **kw)))
     if hasattr(model, "smoother"):
-        kw = {} if u is None else {"inputs": u}
         calls.append(("smoother", lambda y: model.smoother(params, y, **kw)))
-        calls.append(("filter_states", lambda y: model.filter_states(params, y, **kw)))
+        if every:
+            calls.append(("filter_states", lambda y: model.filter_states(params, y, **kw)))
     return calls
 
 
@@ -126,20 +129,15 @@ def _assert_tree_equal(a, b, rtol=1e-12):
         np.testing.assert_allclose(np.asarray(x), np.asarray(z), rtol=rtol, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
-def test_public_equals_jitted_core_and_repeats_cost_one_program(name, monkeypatch):
-    """Every family: the public call equals one ``jax.jit`` of it over device arrays, and
-    a repeat with the same NumPy arrays compiles nothing, dispatches one program and
-    transfers nothing to the device."""
-    index = [f[0] for f in FAMILIES].index(name)
-    model, params, y, u = _case(name, T=59 + 2 * index)  # lengths seen nowhere else
+def _check_repeats(name, T, monkeypatch, every=False, core=True):
+    model, params, y, u = _case(name, T=T)
     y_dev = jax.device_put(y.astype(np.int32) if y.dtype.kind in "iu" else y)
     with counting(monkeypatch) as counts:
-        for what, call in _calls(model, params, u):
+        for what, call in _calls(model, params, u, every):
             first = call(y)
-            if what in ("log_prob", "smoother"):
-                core = jax.jit(lambda p, yy, what=what: dict(_calls(model, p, u))[what](yy))
-                _assert_tree_equal(first, core(params, y_dev))
+            if core:
+                jitted = jax.jit(lambda p, yy, what=what: dict(_calls(model, p, u))[what](yy))
+                _assert_tree_equal(first, jitted(params, y_dev))
             before = counts()
             with jax.transfer_guard_host_to_device("disallow_explicit"):
                 again = call(y)
@@ -149,6 +147,21 @@ def test_public_equals_jitted_core_and_repeats_cost_one_program(name, monkeypatc
             assert compiles == 0, (name, what)
             # 0 would mean a fast path stored before this test: a test problem
             assert programs == 1, (name, what, programs)
+
+
+@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
+def test_public_equals_jitted_core_and_repeats_cost_one_program(name, monkeypatch):
+    """Every family: ``log_prob`` (and ``smoother``) equal one ``jax.jit`` of the same call
+    over device arrays, and a repeat with the same NumPy arrays compiles nothing,
+    dispatches one program and transfers nothing to the device."""
+    index = [f[0] for f in FAMILIES].index(name)
+    _check_repeats(name, 59 + 2 * index, monkeypatch)  # lengths seen nowhere else
+
+
+@pytest.mark.parametrize("name", ["poisson_hmm", "local_level", "ms_ar"])
+def test_filter_and_filter_states_repeat_as_one_program(name, monkeypatch):
+    index = [f[0] for f in FAMILIES].index(name)
+    _check_repeats(name, 101 + 2 * index, monkeypatch, every=True, core=False)
 
 
 def test_batch_with_mask_matches_per_sequence_calls():
