@@ -149,22 +149,53 @@ def _unflatten(tree, batch_shape):
 
 
 @partial(jax.jit, static_argnames=("model", "return_carries", "complete", "need_final",
-                                   "batch_shape", "total_only"))
+                                   "batch_shape"))
 def _filter_public(model, params, y, mask, inputs, num_valid=None, *, return_carries,
-                   complete, need_final, batch_shape, total_only):
+                   complete, need_final, batch_shape):
     """`_filter_flat` with the batch shape restored inside the same compiled program.
 
-    The public `log_prob` and `filter` call this once: one dispatch per call, no eager
-    reshape per output leaf. ``total_only`` returns only the totals (XLA then drops the
-    per-step outputs it does not need).
+    The public `log_prob`, `filter` and `statseq.forecast` call this once
+    (`_call_public`): one dispatch per call, no eager reshape per output leaf, and one
+    compiled program per (model, shapes) shared by the three.
     """
     mask, inputs = _filled(y, mask, inputs)  # None: built here (`device_args`)
     out = _filter_flat(model, params, y, mask, inputs, num_valid,
                        return_carries=return_carries, complete=complete,
                        need_final=need_final)
-    if total_only:
-        out = out[0]
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+
+
+def _call_public(model, params, data, return_carries=False, need_final=True):
+    """`_filter_public` on prepared data (unpadded: the same static arguments for every
+    caller, so that they share one program)."""
+    padded = data.num_valid is not None
+    arrays, _ = device_args(data, model.num_inputs)
+    return _filter_public(
+        model, params, arrays["y"], arrays["mask"], arrays["inputs"],
+        np.int32(data.num_valid) if padded else None, return_carries=return_carries,
+        complete=data.valid_complete if padded else data.complete,
+        need_final=need_final if padded else True, batch_shape=data.batch_shape)
+
+
+@partial(jax.jit, static_argnums=1)
+def _flatten_batch(tree, batch_ndim):
+    return jax.tree.map(lambda a: jnp.reshape(a, (-1,) + a.shape[batch_ndim:]), tree)
+
+
+def final_carries(model, params, data):
+    """The final carry of every sequence, flat ``(num_sequences, ...)``, from the compiled
+    program `log_prob` and `filter` use on the same data (none compiled for a forecast).
+
+    Args:
+        model: a statseq model (sized for the data, `prepare_sized`).
+        params: its parameters.
+        data: `statseq.core.validation.prepare_data` output.
+
+    Returns:
+        The final carries with one leading axis over the flattened batch.
+    """
+    final = _call_public(model, params, data)[3]
+    return _flatten_batch(final, len(data.batch_shape))
 
 
 #: (model, parameter leaves, data arrays) already checked together (`checked_data`)
@@ -274,18 +305,10 @@ def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
     return _reshaped(fn, tuple(batch_shape), tuple(sorted(static.items())), fill, dynamic)
 
 
-def _run(model, params, y, mask, inputs, return_carries, need_final=True, total_only=False):
+def _run(model, params, y, mask, inputs, return_carries, need_final=True):
     """Validate (remembered for arrays passed again), then one compiled call."""
     model, data = checked_data(model, params, y, mask, inputs)
-    padded = data.num_valid is not None
-    arrays, _ = device_args(data, model.num_inputs)
-    out = _filter_public(
-        model, params, arrays["y"], arrays["mask"], arrays["inputs"],
-        np.int32(data.num_valid) if padded else None, return_carries=return_carries,
-        complete=data.valid_complete if padded else data.complete,
-        need_final=need_final if padded else True, batch_shape=data.batch_shape,
-        total_only=total_only)
-    return data, out
+    return data, _call_public(model, params, data, return_carries, need_final)
 
 
 def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001
@@ -350,7 +373,7 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
         >>> ss.log_prob(model, params, np.stack([y, y[::-1]])).shape   # a batch of series
         (2,)
     """
-    return _run(model, params, y, mask, inputs, False, need_final=False, total_only=True)[1]
+    return _run(model, params, y, mask, inputs, False, need_final=False)[1][0]
 
 
 def _simulate(model, params, carry, key, inputs):
