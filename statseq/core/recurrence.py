@@ -177,9 +177,11 @@ def _call_public(model, params, data, return_carries=False, need_final=True):
         need_final=need_final if padded else True, batch_shape=data.batch_shape)
 
 
-@partial(jax.jit, static_argnums=1)
-def _flatten_batch(tree, batch_ndim):
-    return jax.tree.map(lambda a: jnp.reshape(a, (-1,) + a.shape[batch_ndim:]), tree)
+@partial(jax.jit, static_argnums=(1, 2))
+def _flatten_batch(tree, batch_ndim, num_sequences):
+    # the number of sequences spelled out: a carry leaf may be empty (no -1 to infer)
+    return jax.tree.map(lambda a: jnp.reshape(a, (num_sequences,) + a.shape[batch_ndim:]),
+                        tree)
 
 
 def final_carries(model, params, data):
@@ -195,7 +197,7 @@ def final_carries(model, params, data):
         The final carries with one leading axis over the flattened batch.
     """
     final = _call_public(model, params, data)[3]
-    return _flatten_batch(final, len(data.batch_shape))
+    return _flatten_batch(final, len(data.batch_shape), int(data.y.shape[0]))
 
 
 #: (model, parameter leaves, data arrays) already checked together (`checked_data`)
