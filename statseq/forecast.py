@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.params import validate_params
-from statseq.core.recurrence import _future_inputs, _sample_from, run_prepared
+from statseq.core.recurrence import _future_inputs, _sample_from, final_carries
 from statseq.core.validation import (
     check_key,
     check_positive_int,
@@ -245,7 +245,7 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
             f"{type(model).__name__} conditions on its first {model.num_conditioned_steps} "
             f"values, so a forecast needs at least that many; y has {data.num_timesteps}"
         )
-    _, _, _, final = run_prepared(model, params, data)
+    final = final_carries(model, params, data)  # log_prob's and filter's program
     u = _future_inputs(model, future_inputs, data.batch_shape, num_steps)
     num_seq = data.y.shape[0]
     keys = jax.random.split(key, (num_samples, num_seq))

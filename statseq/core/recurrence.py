@@ -14,12 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from statseq.core.buckets import cut_time
+from statseq.core.memo import IdentityMemo
 from statseq.core.params import validate_params
 from statseq.core.results import FilterResult
 from statseq.core.validation import (
+    Prepared,
+    bucket_key,
     check_key,
     check_positive_int,
     float_dtype,
+    prepare_data,
     prepare_sized,
 )
 
@@ -144,12 +148,169 @@ def _unflatten(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-def _run(model, params, y, mask, inputs, return_carries, need_final=True):
-    validate_params(model, params)
-    model, data = prepare_sized(model, y, mask, inputs, bucket=True)
-    out = run_prepared(model, params, data, return_carries=return_carries,
+@partial(jax.jit, static_argnames=("model", "return_carries", "complete", "need_final",
+                                   "batch_shape"))
+def _filter_public(model, params, y, mask, inputs, num_valid=None, *, return_carries,
+                   complete, need_final, batch_shape):
+    """`_filter_flat` with the batch shape restored inside the same compiled program.
+
+    The public `log_prob`, `filter` and `statseq.forecast` call this once
+    (`_call_public`): one dispatch per call, no eager reshape per output leaf, and one
+    compiled program per (model, shapes) shared by the three.
+    """
+    mask, inputs = _filled(y, mask, inputs)  # None: built here (`device_args`)
+    out = _filter_flat(model, params, y, mask, inputs, num_valid,
+                       return_carries=return_carries, complete=complete,
                        need_final=need_final)
-    return data, out
+    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+
+
+def _call_public(model, params, data, return_carries=False, need_final=True):
+    """`_filter_public` on prepared data (unpadded: the same static arguments for every
+    caller, so that they share one program)."""
+    padded = data.num_valid is not None
+    arrays, _ = device_args(data, model.num_inputs)
+    return _filter_public(
+        model, params, arrays["y"], arrays["mask"], arrays["inputs"],
+        np.int32(data.num_valid) if padded else None, return_carries=return_carries,
+        complete=data.valid_complete if padded else data.complete,
+        need_final=need_final if padded else True, batch_shape=data.batch_shape)
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _flatten_batch(tree, batch_ndim, num_sequences):
+    # the number of sequences spelled out: a carry leaf may be empty (no -1 to infer)
+    return jax.tree.map(lambda a: jnp.reshape(a, (num_sequences,) + a.shape[batch_ndim:]),
+                        tree)
+
+
+def final_carries(model, params, data):
+    """The final carry of every sequence, flat ``(num_sequences, ...)``, from the compiled
+    program `log_prob` and `filter` use on the same data (none compiled for a forecast).
+
+    Args:
+        model: a statseq model (sized for the data, `prepare_sized`).
+        params: its parameters.
+        data: `statseq.core.validation.prepare_data` output.
+
+    Returns:
+        The final carries with one leading axis over the flattened batch.
+    """
+    final = _call_public(model, params, data)[3]
+    return _flatten_batch(final, len(data.batch_shape), int(data.y.shape[0]))
+
+
+#: (model, parameter leaves, data arrays) already checked together (`checked_data`)
+_CHECKED = IdentityMemo(maxsize=16)
+
+
+def checked_data(model, params, y, mask=None, inputs=None, *, bucket: bool = True,
+                 sized: bool = True) -> tuple:
+    """`validate_params` and `prepare_sized` (``sized=False``: `prepare_data`) in one
+    check that is remembered for the arrays passed: ``(model, data)``.
+
+    A public call on parameters and data passed again (the same JAX arrays, or the same
+    NumPy arrays with unchanged contents, `statseq.core.memo`) skips both checks, the
+    host-side copies and the device transfer: one lookup instead. A NumPy array changed
+    in place since is checked again, with the same errors as on a first call.
+
+    Args:
+        model: a statseq model.
+        params: its parameters.
+        y: the data, as for `statseq.core.validation.prepare_data`.
+        mask: optional observation mask.
+        inputs: covariates, when the model takes them.
+        bucket: whether the time axis may be padded to a bucket length.
+        sized: size a ``for_mask`` model for the data's mask (`prepare_sized`).
+
+    Returns:
+        ``(model, data)``: the (possibly resized) model and the `Prepared` data.
+    """
+    leaves, treedef = jax.tree.flatten(params)
+    arrays = (*leaves, y) + tuple(a for a in (mask, inputs) if a is not None)
+    key = (model, treedef, mask is None, inputs is None, float_dtype(), bucket_key(bucket),
+           sized)
+    done = _CHECKED.get(key, arrays)
+    if done is None:
+        validate_params(model, params)
+        done = (prepare_sized(model, y, mask, inputs, bucket=bucket) if sized
+                else (model, prepare_data(model, y, mask, inputs, bucket=bucket)))
+        _CHECKED.put(key, arrays, done)  # ignored for tracers and non-array inputs
+    return done
+
+
+def device_args(data: Prepared, num_inputs: int) -> tuple[dict, bool]:
+    """The arrays of prepared ``data`` to pass to a compiled call: ``(dynamic, fill)``.
+
+    For complete, unpadded data of a model without inputs, the all-True mask and the
+    empty inputs are built inside the compiled program (``fill=True``, `reshaped_call`)
+    rather than passed: fewer arguments to dispatch on every call, same values.
+
+    Args:
+        data: the output of `statseq.core.validation.prepare_data`.
+        num_inputs: the model's ``num_inputs``.
+
+    Returns:
+        ``({"y": ..., "mask": ..., "inputs": ...}, fill)``; with ``fill`` the mask and
+        inputs are ``None``.
+    """
+    fill = data.complete and data.num_valid is None and num_inputs == 0
+    if fill:
+        return dict(y=data.y, mask=None, inputs=None), True
+    return dict(y=data.y, mask=data.mask, inputs=data.inputs), False
+
+
+def _filled(y, mask, inputs):
+    """The all-True mask and empty inputs of `device_args` (``fill=True``)."""
+    if mask is None:
+        mask = jnp.ones(y.shape, bool)
+    if inputs is None:
+        inputs = jnp.zeros(y.shape[:2] + (0,), float_dtype())
+    return mask, inputs
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _reshaped(fn, batch_shape, static, fill, dynamic):
+    if fill:
+        dynamic = dict(dynamic)
+        dynamic["mask"], dynamic["inputs"] = _filled(dynamic["y"], dynamic["mask"],
+                                                     dynamic["inputs"])
+    out = fn(**dynamic, **dict(static))
+    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+
+
+def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
+    """``fn(**dynamic, **static)`` with every output leaf's leading axis reshaped to
+    ``batch_shape``, as one compiled program (one dispatch per call).
+
+    For the public wrappers (``model.smoother``, ``model.filter_states``, ...): an
+    eager reshape per output leaf costs a dispatch each, more than a short filter.
+
+    Args:
+        fn: a function of arrays (typically already a ``jax.jit``); hashable.
+        batch_shape: the batch shape that replaces each output's leading (flat) axis.
+        dynamic: ``{name: array or pytree}``, the traced arguments of ``fn``.
+        fill: build ``dynamic["mask"]`` and ``dynamic["inputs"]`` (given as ``None``) inside
+            the program from ``dynamic["y"]`` (`device_args`).
+        **static: hashable arguments of ``fn`` (the model, options).
+
+    Returns:
+        ``fn``'s output with batch shapes restored.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> def f(x, *, scale):
+        ...     return x * scale
+        >>> reshaped_call(f, (2, 3), {"x": jnp.ones((6, 4))}, scale=2.0).shape
+        (2, 3, 4)
+    """
+    return _reshaped(fn, tuple(batch_shape), tuple(sorted(static.items())), fill, dynamic)
+
+
+def _run(model, params, y, mask, inputs, return_carries, need_final=True):
+    """Validate (remembered for arrays passed again), then one compiled call."""
+    model, data = checked_data(model, params, y, mask, inputs)
+    return data, _call_public(model, params, data, return_carries, need_final)
 
 
 def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001
@@ -182,8 +343,6 @@ def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) ->
     """
     data, (total, log_probs, carries, final) = _run(model, params, y, mask, inputs,
                                                     return_carries)
-    total, log_probs, carries, final = _unflatten((total, log_probs, carries, final),
-                                                  data.batch_shape)
     if data.num_valid is not None:  # padded to a bucket length: cut back to the real one
         axis = len(data.batch_shape)
         log_probs = cut_time(log_probs, data.num_valid, axis)
@@ -216,8 +375,7 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
         >>> ss.log_prob(model, params, np.stack([y, y[::-1]])).shape   # a batch of series
         (2,)
     """
-    data, out = _run(model, params, y, mask, inputs, False, need_final=False)
-    return _unflatten(out[0], data.batch_shape)  # compiled: a third of an eager reshape
+    return _run(model, params, y, mask, inputs, False, need_final=False)[1][0]
 
 
 def _simulate(model, params, carry, key, inputs):

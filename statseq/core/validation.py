@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core.buckets import _state as _bucket_state
 from statseq.core.memo import IdentityMemo
 
 
@@ -299,7 +300,7 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y",
     (`statseq.core.buckets`); the result's ``num_valid`` then holds the real length.
     """
     given = (y, mask, inputs)
-    key = (model, name, tuple(a is None for a in given), float_dtype(), bucket)
+    key = (model, name, tuple(a is None for a in given), float_dtype(), bucket_key(bucket))
     arrays = tuple(a for a in given if a is not None)
     done = _PREPARED.get(key, arrays)
     if done is None:
@@ -309,8 +310,17 @@ def prepare_data(model, y, mask=None, inputs=None, *, name: str = "y",
     return done
 
 
-#: data (by the identity of its JAX arrays) already checked and normalized for a model
+#: data (JAX arrays by identity, NumPy arrays by identity and contents, `statseq.core.memo`)
+#: already checked and normalized for a model
 _PREPARED = IdentityMemo(maxsize=8)
+
+
+def bucket_key(bucket: bool):
+    """What a remembered `prepare_data` result depends on besides the data: the length
+    bucket policy (`statseq.set_length_buckets`) when ``bucket`` (else ``False``)."""
+    if not bucket:
+        return False
+    return (_bucket_state["mode"], _bucket_state["exact_lengths"])
 
 
 def prepare_sized(model, y, mask=None, inputs=None, *, trailing: bool = False,
@@ -327,13 +337,22 @@ def prepare_sized(model, y, mask=None, inputs=None, *, trailing: bool = False,
     sizer = getattr(model, "for_mask", None)
     if sizer is None:
         return model, prepare_data(model, y, mask, inputs, **kwargs)
+    given = (y, mask, inputs)
+    key = ("sized", model, trailing, tuple(sorted(kwargs.items())),
+           tuple(a is None for a in given), float_dtype(), bucket_key(kwargs.get("bucket")))
+    arrays = tuple(a for a in given if a is not None)
+    done = _PREPARED.get(key, arrays)  # arrays passed again: no mask read back, no sizing
+    if done is not None:
+        return done
     data = prepare_data(sizer(None), y, mask, inputs, **kwargs)
     if _is_tracer(data.mask):
         return model, prepare_data(model, y, mask, inputs, **kwargs)
     real = np.asarray(data.mask)
     if data.num_valid is not None:
         real = real[:, : data.num_valid]
-    return sizer(real, trailing=trailing), data
+    done = (sizer(real, trailing=trailing), data)
+    _PREPARED.put(key, arrays, done)
+    return done
 
 
 def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:

@@ -1,5 +1,5 @@
-"""Checks passed by the same immutable JAX arrays are remembered (`statseq.core.memo`);
-mutable inputs and failed checks never are."""
+"""Checks passed by the same JAX arrays, or the same NumPy arrays with unchanged bytes, are
+remembered (`statseq.core.memo`); changed NumPy arrays and failed checks never are."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ def test_identity_memo_matches_objects_not_values():
     assert memo.get("k", (x,)) == 1
     assert memo.get("k", (y,)) is None  # equal values, another object
     assert memo.get("other", (x,)) is None
-    memo.put("k", (np.ones(3),), 2)  # NumPy arrays are mutable: never stored
-    assert len(memo._entries) == 1
+    z = np.ones(3)
+    memo.put("k", (z,), 2)  # NumPy: stored with a snapshot of its bytes
+    assert memo.get("k", (z,)) == 2 and memo.get("k", (z.copy(),)) is None
+    z[0] = 2.0  # changed in place: no longer matches (and the entry is dropped)
+    assert memo.get("k", (z,)) is None and len(memo._entries) == 1
     memo.put("k", (y,), 3)
     memo.put("k2", (y,), 4)  # maxsize 2: the least recently used entry (x) goes
     assert memo.get("k", (x,)) is None and memo.get("k", (y,)) == 3
@@ -36,7 +39,7 @@ def test_identity_memo_forgets_freed_arrays():
     (full,) = memo._entries
     del x
     # whatever object gets the freed id next, the dead weak reference cannot match it
-    refs, _ = memo._entries[full]
+    refs, _, _ = memo._entries[full]
     assert refs[0]() is None
 
 
@@ -54,9 +57,12 @@ def test_validate_params_runs_once_per_set_of_arrays(monkeypatch):
     assert len(calls) == 1
     ss.log_prob(model, p._replace(coeffs=jnp.asarray(p.coeffs) * 0.5), y)
     assert len(calls) == 2
-    # NumPy leaves are mutable: checked on every call
-    p_np = p._replace(coeffs=np.asarray(p.coeffs))
+    # NumPy leaves: remembered while their bytes are unchanged, checked again once changed
+    p_np = p._replace(coeffs=np.array(p.coeffs))
     ss.log_prob(model, p_np, y)
+    ss.log_prob(model, p_np, y)
+    assert len(calls) == 3
+    p_np.coeffs[...] *= 0.5
     ss.log_prob(model, p_np, y)
     assert len(calls) == 4
 
@@ -83,8 +89,12 @@ def test_prepare_data_is_remembered_for_the_same_arrays():
     b = validation.prepare_data(model, y, mask)
     assert b is not a and not b.complete
     assert validation.prepare_data(model, y, mask) is b
-    y_np = np.asarray(y)
-    assert validation.prepare_data(model, y_np) is not validation.prepare_data(model, y_np)
+    y_np = np.array(y)
+    c = validation.prepare_data(model, y_np)
+    assert validation.prepare_data(model, y_np) is c  # unchanged bytes: remembered
+    y_np[2] += 1.0
+    d = validation.prepare_data(model, y_np)
+    assert d is not c and float(d.y[0, 2]) == y_np[2]
 
 
 def test_log_prob_inside_jit_with_a_captured_series_leaks_no_tracer():

@@ -340,13 +340,10 @@ class HMMBase(SequenceModel):
             `statseq.inference.hmm.HMMFilterResult` with a leading batch shape
             when ``y`` is a batch.
         """
-        from statseq.core.params import validate_params
-
-        validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs, bucket=True)  # statseq.core.buckets
-        out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
-                             _num_valid(data), kind="filter", parallel=use_parallel(parallel))
-        return _cut_padding(_reshape_batch(out, data.batch_shape), data,
+        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
+        out = _posterior_call(self, params, data, kind="filter",
+                              parallel=use_parallel(parallel))
+        return _cut_padding(out, data,
                             ("log_normalizers", "predicted_probs", "filtered_probs"))
 
     def smoother(self, params, y, *, mask=None, inputs=None, parallel=None):
@@ -355,16 +352,11 @@ class HMMBase(SequenceModel):
         Returns:
             `statseq.inference.hmm.HMMPosterior` (batch shape leading).
         """
-        from statseq.core.params import validate_params
-
-        validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs, bucket=True)  # statseq.core.buckets
-        out = _hmm_posterior(self, params, data.y, data.mask, data.inputs,
-                             _num_valid(data), kind="smoother",
-                             parallel=use_parallel(parallel))
+        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
+        out = _posterior_call(self, params, data, kind="smoother",
+                              parallel=use_parallel(parallel))
         _check_possible(out.marginal_log_lik, "smoother")
-        return _cut_padding(_reshape_batch(out, data.batch_shape), data,
-                            ("filtered_probs", "smoothed_probs"))
+        return _cut_padding(out, data, ("filtered_probs", "smoothed_probs"))
 
     def most_likely_states(self, params, y, *, mask=None, inputs=None,
                            return_log_prob: bool = False):
@@ -383,16 +375,12 @@ class HMMBase(SequenceModel):
             ``batch_shape + (T,)`` ints, or ``(states, log_joint)`` with ``log_joint`` of
             shape ``batch_shape`` when ``return_log_prob``.
         """
-        from statseq.core.params import validate_params
-
-        validate_params(self, params)
-        data = prepare_data(self, y, mask, inputs)
-        states, path_log_prob = _hmm_posterior(self, params, data.y, data.mask,
-                                               data.inputs, kind="viterbi", parallel=False)
+        data = _checked(self, params, y, mask, inputs, bucket=False)
+        states, path_log_prob = _posterior_call(self, params, data, kind="viterbi",
+                                                parallel=False)
         # the best path has probability zero exactly when the data have (every path has)
         _check_possible(path_log_prob, "most_likely_states")
-        out = (states, path_log_prob) if return_log_prob else states
-        return _reshape_batch(out, data.batch_shape)
+        return (states, path_log_prob) if return_log_prob else states
 
     def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
                                 inputs=None):
@@ -779,7 +767,9 @@ def _log_dirichlet(prior, probs):
 def _check_possible(marginal_log_lik, method: str) -> None:
     """``ValueError`` when some sequence has probability zero under the model (a posterior
     over states given impossible data is undefined; the filter scores it ``-inf``)."""
-    lp = np.asarray(marginal_log_lik)
+    if isinstance(marginal_log_lik, jax.core.Tracer):  # under a user's jit: nothing to check
+        return
+    lp = np.asarray(marginal_log_lik).reshape(-1)  # flat: sequence numbers as in a batch
     if np.any(lp == -np.inf):
         which = int(np.argwhere(lp == -np.inf)[0][0])
         raise ValueError(
@@ -789,8 +779,22 @@ def _check_possible(marginal_log_lik, method: str) -> None:
             "exists")
 
 
-def _reshape_batch(tree, batch_shape):
-    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
+def _checked(model, params, y, mask, inputs, *, bucket):
+    """`validate_params` and `prepare_data`, remembered for arrays passed again
+    (`statseq.core.recurrence.checked_data`): the prepared data."""
+    from statseq.core.recurrence import checked_data
+
+    return checked_data(model, params, y, mask, inputs, bucket=bucket, sized=False)[1]
+
+
+def _posterior_call(model, params, data, *, kind, parallel):
+    """`_hmm_posterior` on prepared data, batch shape restored, as one compiled call."""
+    from statseq.core.recurrence import device_args, reshaped_call
+
+    dynamic, fill = device_args(data, model.num_inputs)
+    dynamic.update(params=params, num_valid=_num_valid(data))
+    return reshaped_call(_hmm_posterior, data.batch_shape, dynamic, fill, model=model,
+                         kind=kind, parallel=parallel)
 
 
 def _num_valid(data):

@@ -28,6 +28,7 @@ from jax.scipy.special import ndtri
 from statseq.core.buckets import cut_steps
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
+from statseq.core.recurrence import checked_data, device_args, reshaped_call
 from statseq.core.validation import (
     check_key,
     check_positive_int,
@@ -309,15 +310,17 @@ class GaussianSSMBase(SequenceModel):
                                _kind(parallel, square_root))
 
     def _posterior(self, params, y, mask, inputs, what, kind):
-        validate_params(self, params)
         # a time axis padded to a bucket length has masked steps at its end, which leave
-        # the moments of the real steps unchanged (statseq.core.buckets); cut off below
-        data = prepare_data(self, y, mask, inputs, bucket=True)
+        # the moments of the real steps unchanged (statseq.core.buckets); cut off below.
+        # validate_params and prepare_data, remembered for arrays passed again
+        data = checked_data(self, params, y, mask, inputs, sized=False)[1]
         self._check_num_timesteps(data.num_timesteps)
-        # complete data (known eagerly) may use the steady-state smoother
-        out = _ssm_posterior(self, params, data.y, data.mask, data.inputs, what=what,
-                             kind=kind, complete=data.complete)
-        out = jax.tree.map(lambda a: jnp.reshape(a, data.batch_shape + a.shape[1:]), out)
+        # complete data (known eagerly) may use the steady-state smoother; one compiled
+        # call, batch shape restored inside (no eager reshape per leaf)
+        dynamic, fill = device_args(data, self.num_inputs)
+        dynamic.update(params=params)
+        out = reshaped_call(_ssm_posterior, data.batch_shape, dynamic, fill, model=self,
+                            what=what, kind=kind, complete=data.complete)
         if data.num_valid is None:
             return out
         steps = [f for f in out._fields if f not in ("marginal_log_lik", "smoothed_cross_covs")]

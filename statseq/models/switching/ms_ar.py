@@ -572,33 +572,32 @@ class MarkovSwitchingAR(SequenceModel):
 
     def _prepare(self, params, y, mask):
         from statseq.core.params import validate_params
+        from statseq.core.recurrence import checked_data
 
-        validate_params(self, params)
+        validate_params(self, params)  # remembered for arrays passed again (memo)
         if self.gap_capacity:
             raise ValueError("the regime posteriors need observed lags; this model is sized "
                              "for masked lags (for_mask): use the model it came from")
-        return prepare_data(self, y, mask, None)  # (runs validate_data)
+        # (runs validate_data); remembered for arrays passed again
+        return checked_data(self, params, y, mask, None, bucket=False, sized=False)[1]
 
     def filter_states(self, params, y, *, mask=None) -> RegimeFilterResult:
         """Filtered and predicted regime probabilities ``p(s_t | y_{<=t})``,
         ``p(s_t | y_{<t})`` (``K`` regimes) and the conditional log-likelihood."""
         data = self._prepare(params, y, mask)
-        out = _regime_posterior(self, params, data.y, data.mask, kind="filter")
-        return _reshape(out, data.batch_shape)
+        return _regime_call(self, params, data, "filter")
 
     def smoother(self, params, y, *, mask=None) -> RegimePosterior:
         """Smoothed regime probabilities ``p(s_t | y_{0:T-1})`` (``K`` regimes), filtered
         ones, and the expanded-chain posterior."""
         data = self._prepare(params, y, mask)
-        out = _regime_posterior(self, params, data.y, data.mask, kind="smoother")
-        return _reshape(out, data.batch_shape)
+        return _regime_call(self, params, data, "smoother")
 
     def most_likely_regimes(self, params, y, *, mask=None):
         """The Viterbi path of regimes ``argmax p(s_{0:T-1} | y)``: ``batch_shape + (T,)``
         ints (the expanded path's current regimes)."""
         data = self._prepare(params, y, mask)
-        out = _regime_posterior(self, params, data.y, data.mask, kind="viterbi")
-        return jnp.reshape(out, data.batch_shape + out.shape[1:])
+        return _regime_call(self, params, data, "viterbi")
 
     # ---- EM (ECM) -------------------------------------------------------------------------
     def e_step(self, params, y, mask, inputs):
@@ -819,8 +818,12 @@ class MarkovSwitchingAR(SequenceModel):
                                          jnp.sqrt(c[..., 0, 0]).reshape(shape + w.shape[-1:])))
 
 
-def _reshape(tree, batch_shape):
-    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
+def _regime_call(model, params, data, kind):
+    """`_regime_posterior` with the batch shape restored, as one compiled call."""
+    from statseq.core.recurrence import reshaped_call
+
+    return reshaped_call(_regime_posterior, data.batch_shape,
+                         dict(params=params, y=data.y, mask=data.mask), model=model, kind=kind)
 
 
 @partial(jax.jit, static_argnames=("model", "kind"))

@@ -1,0 +1,262 @@
+"""Public calls without eager tax (issue 13, point 2).
+
+A public call (`ss.log_prob`, `ss.filter`, ``model.smoother``, ...) on arrays passed again
+must compile nothing, dispatch one compiled program and transfer nothing to the device,
+while a NumPy array changed in place since is checked again (same error as on a first
+call, or the new result). Counts, not timings: programs are counted by routing every
+``jax.jit`` call through JAX's Python dispatch path (no C++ fast path) and counting it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import statseq as ss
+from statseq.core import memo, recurrence
+
+pjit = pytest.importorskip("jax._src.pjit")
+
+_COMPILES = [0]
+
+
+def _on_duration(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@contextlib.contextmanager
+def counting(monkeypatch):
+    """Yield ``counts()`` -> (programs dispatched, backend compiles) so far."""
+    if not hasattr(pjit, "_get_fastpath_data") or not hasattr(pjit, "_run_python_pjit"):
+        pytest.skip("this JAX has no Python jit dispatch hooks to count with")
+    runs = [0]
+    original = pjit._run_python_pjit
+
+    def run(*args, **kwargs):
+        runs[0] += 1
+        return original(*args, **kwargs)
+
+    # no C++ fast path: every jitted call (eager ops included) goes through Python. Calls
+    # whose fast path was stored before (same function, static arguments and shapes earlier
+    # in the process) would escape the count: callers use lengths no other test uses
+    monkeypatch.setattr(pjit, "_get_fastpath_data", lambda *a, **k: None)
+    monkeypatch.setattr(pjit, "_run_python_pjit", run)
+    yield lambda: (runs[0], _COMPILES[0])
+
+
+@pytest.fixture(autouse=True)
+def _exact_lengths():
+    previous = ss.set_length_buckets("never")  # padded lengths add a cut (documented)
+    yield
+    ss.set_length_buckets(**previous)
+
+
+def _series(kind, T, seed=0):
+    rng = np.random.default_rng(seed)
+    if kind == "real":
+        return np.cumsum(rng.normal(size=T)) * 0.2 + rng.normal(size=T)
+    if kind == "real2":
+        return np.cumsum(rng.normal(size=(T, 2)), axis=0) * 0.2 + rng.normal(size=(T, 2))
+    if kind == "count":
+        return rng.poisson(3.0, size=T)
+    if kind == "category":
+        return rng.integers(0, 3, size=T)
+    return (rng.random((T, 2)) < 0.4).astype(int)  # binary
+
+
+FAMILIES = [
+    ("ar", lambda: ss.AR(order=2), "real", False),
+    ("poisson_hmm", lambda: ss.PoissonHMM(num_states=2), "count", False),
+    ("gaussian_hmm", lambda: ss.GaussianHMM(num_states=2, emission_dim=2), "real2", False),
+    ("categorical_hmm", lambda: ss.CategoricalHMM(num_states=2, num_classes=3), "category",
+     False),
+    ("bernoulli_hmm", lambda: ss.BernoulliHMM(num_states=2, emission_dim=2), "binary", False),
+    ("ar_hmm", lambda: ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2), "real2",
+     False),
+    ("input_hmm", lambda: ss.PoissonHMM(num_states=2, input_dim=1), "count", True),
+    ("lgssm", lambda: ss.LinearGaussianSSM(state_dim=2, emission_dim=None), "real", False),
+    ("local_level", lambda: ss.LocalLevel(), "real", False),
+    ("structural", lambda: ss.StructuralModel((ss.Trend(slope=True), ss.Seasonal(period=4))),
+     "real", False),
+    ("ms_ar", lambda: ss.MarkovSwitchingAR(num_regimes=2, order=1), "real", False),
+    ("elman", lambda: ss.ElmanRNN(hidden_dim=3), "real", False),
+    ("esn", lambda: ss.ElmanRNN(hidden_dim=3, echo_state=True), "real", False),
+    ("gru", lambda: ss.GRU(hidden_dim=3), "real", False),
+    ("lstm", lambda: ss.LSTM(hidden_dim=3), "real", False),
+    ("mamba", lambda: ss.Mamba(hidden_dim=4, state_dim=2), "real", False),
+    ("lru", lambda: ss.LRU(hidden_dim=4, state_dim=2), "real", False),
+]
+
+
+def _case(name, T=23):
+    make, kind, with_inputs = next((m, k, w) for n, m, k, w in FAMILIES if n == name)
+    model = make()
+    y = _series(kind, T)
+    u = np.random.default_rng(5).normal(size=(T, 1)) if with_inputs else None
+    key = jax.random.key(0)
+    params = (model.initialize(y, key=key, inputs=u) if with_inputs
+              else model.initialize(y, key=key))
+    return model, params, y, u
+
+
+def _calls(model, params, u, every=False):
+    """(name, public call of y): ``log_prob`` and ``smoother``, and with ``every`` also
+    ``filter`` and ``filter_states``."""
+    kw = {} if u is None else {"inputs": u}
+    calls = [("log_prob", lambda y: ss.log_prob(model, params, y, **kw))]
+    if every:
+        calls.append(("filter", lambda y: ss.filter(model, params, y, **kw)))
+    if hasattr(model, "smoother"):
+        calls.append(("smoother", lambda y: model.smoother(params, y, **kw)))
+        if every:
+            calls.append(("filter_states", lambda y: model.filter_states(params, y, **kw)))
+    return calls
+
+
+def _assert_tree_equal(a, b, rtol=1e-12):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, z in zip(la, lb, strict=True):
+        assert np.shape(x) == np.shape(z)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(z), rtol=rtol, atol=1e-12)
+
+
+#: families whose smoother is also compared with its jitted core (the state space models'
+#: smoother programs compile slowly; their smoothers' repeats are still counted)
+SMOOTHER_CORE = {"poisson_hmm", "gaussian_hmm", "categorical_hmm", "bernoulli_hmm", "ar_hmm",
+                 "input_hmm", "local_level", "ms_ar"}
+
+
+def _check_repeats(name, T, monkeypatch, every=False, core=True):
+    model, params, y, u = _case(name, T=T)
+    y_dev = jax.device_put(y.astype(np.int32) if y.dtype.kind in "iu" else y)
+    with counting(monkeypatch) as counts:
+        for what, call in _calls(model, params, u, every):
+            first = call(y)
+            if core and (what == "log_prob" or name in SMOOTHER_CORE):
+                jitted = jax.jit(lambda p, yy, what=what: dict(_calls(model, p, u))[what](yy))
+                _assert_tree_equal(first, jitted(params, y_dev))
+            before = counts()
+            with jax.transfer_guard_host_to_device("disallow_explicit"):
+                again = call(y)
+                jax.block_until_ready(again)
+            programs, compiles = np.subtract(counts(), before)
+            _assert_tree_equal(first, again, rtol=0)
+            assert compiles == 0, (name, what)
+            # 0 would mean a fast path stored before this test: a test problem
+            assert programs == 1, (name, what, programs)
+
+
+@pytest.mark.parametrize("name", [f[0] for f in FAMILIES])
+def test_public_equals_jitted_core_and_repeats_cost_one_program(name, monkeypatch):
+    """Every family: ``log_prob`` (and the ``smoother`` of `SMOOTHER_CORE`) equal one
+    ``jax.jit`` of the same call over device arrays, and a repeat with the same NumPy
+    arrays compiles nothing, dispatches one program and transfers nothing to the device."""
+    index = [f[0] for f in FAMILIES].index(name)
+    _check_repeats(name, 59 + 2 * index, monkeypatch)  # lengths seen nowhere else
+
+
+@pytest.mark.parametrize("name", ["poisson_hmm", "ms_ar"])
+def test_filter_and_filter_states_repeat_as_one_program(name, monkeypatch):
+    index = [f[0] for f in FAMILIES].index(name)
+    _check_repeats(name, 101 + 2 * index, monkeypatch, every=True, core=False)
+
+
+def test_batch_with_mask_matches_per_sequence_calls():
+    """A batch with a mask (no fill-in of mask or inputs) and its batch shape restored in
+    the compiled call: equal to the sequences taken one at a time."""
+    model = ss.PoissonHMM(num_states=2)
+    y = np.random.default_rng(3).poisson(2.0, size=(2, 3, 17))
+    mask = np.random.default_rng(4).random((2, 3, 17)) > 0.2
+    params = model.initialize(y.reshape(-1, 17), key=jax.random.key(1))
+    lp = ss.log_prob(model, params, y, mask=mask)
+    post = model.smoother(params, y, mask=mask)
+    assert lp.shape == (2, 3) and post.smoothed_probs.shape == (2, 3, 17, 2)
+    for i in range(2):
+        for j in range(3):
+            one = model.smoother(params, y[i, j], mask=mask[i, j])
+            np.testing.assert_allclose(lp[i, j], ss.log_prob(model, params, y[i, j],
+                                                             mask=mask[i, j]), rtol=1e-12)
+            _assert_tree_equal(jax.tree.map(lambda a, i=i, j=j: a[i, j], post), one)
+
+
+@pytest.mark.parametrize("name", ["ar", "poisson_hmm", "local_level", "ms_ar", "gru"])
+def test_numpy_changed_in_place_is_checked_again(name):
+    """A NaN written into y after a first call raises the error of a first call; a valid
+    change gives the new result, never the remembered one."""
+    model, params, y, u = _case(name)
+    if y.dtype.kind in "iu":
+        y = y.astype(float)
+    calls = _calls(model, params, u)
+    for _, call in calls:
+        call(y)
+    fresh = y.copy()
+    fresh[5] = np.nan
+    for what, call in calls:
+        with pytest.raises(ValueError) as first_time:
+            call(fresh)
+        y[5] = np.nan  # the remembered array, changed in place
+        with pytest.raises(ValueError) as again:
+            call(y)
+        assert str(again.value) == str(first_time.value), what
+        y[5] = 1.0
+    changed = y.copy()
+    for what, call in calls:
+        _assert_tree_equal(call(y), call(changed))  # a new array object: no memo hit
+        y[7] += 1.0
+        changed[7] += 1.0
+        _assert_tree_equal(call(y), call(changed))  # changed in place: checked again
+        assert what
+
+
+def test_numpy_params_changed_in_place_are_checked_again():
+    model = ss.AR(order=1)
+    p = model.default_params()
+    p = p._replace(cov=np.asarray(p.cov, float).copy())
+    y = _series("real", 20)
+    ss.log_prob(model, p, y)
+    p.cov[...] = -1.0  # no longer positive definite
+    with pytest.raises(ValueError, match="cov"):
+        ss.log_prob(model, p, y)
+    p.cov[...] = 4.0
+    expected = ss.log_prob(model, p._replace(cov=jnp.asarray(p.cov)), y)
+    np.testing.assert_allclose(ss.log_prob(model, p, y), expected, rtol=1e-12)
+
+
+def test_large_numpy_arrays_are_not_remembered(monkeypatch):
+    """Above `memo.MAX_SNAPSHOT_BYTES` no snapshot is kept: checked on every call."""
+    monkeypatch.setattr(memo, "MAX_SNAPSHOT_BYTES", 64)
+    model = ss.AR(order=1)
+    p = model.default_params()
+    y = _series("real", 40)  # 320 bytes
+    calls = []
+    original = recurrence.prepare_sized
+    monkeypatch.setattr(recurrence, "prepare_sized",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    ss.log_prob(model, p, y)
+    ss.log_prob(model, p, y)
+    assert len(calls) == 2
+
+
+def test_bucket_policy_change_is_not_served_from_memory():
+    """The remembered preparation depends on the length-bucket policy."""
+    model = ss.AR(order=1)
+    p = model.default_params()
+    y = _series("real", 29)
+    res = ss.filter(model, p, y)
+    previous = ss.set_length_buckets("always")
+    try:
+        data = recurrence.checked_data(model, p, y)[1]
+        assert data.num_valid == 29 and data.y.shape[1] > 29  # padded now
+        padded = ss.filter(model, p, y)
+    finally:
+        ss.set_length_buckets(**previous)
+    _assert_tree_equal(res.log_probs, padded.log_probs)
