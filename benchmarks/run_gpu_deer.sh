@@ -22,6 +22,7 @@ out=${1:?output folder}
 mkdir -p "$out"
 work=/tmp/gpu_deer_results; rm -rf "$work"; mkdir -p "$work"
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
+export STATSEQ_NO_COMPILATION_CACHE=1  # honest compile times (steps share shapes)
 py=${PYTHON:-python3}
 if [ "${DEER_QUICK:-0}" = 1 ]; then  # CPU-sized: every path of the script, in minutes
   H="4"; HM="4"; T="100,300"; TM="100"; HE="4"; TE="100"
