@@ -15,8 +15,12 @@
 #          evaluation=, H = 16, 64, T = 10^4, 10^5.
 #   elk    ELK and quasi-ELK against the sequential scan at a few points (H = 16, 64,
 #          T = 10^4).
+#   probe  first: GRU, H = 16, T = 10^3 compiled in 6 threads; if it fails or hangs (45 s),
+#          the steps above compile serially (fewer cases fit in the time).
 # The programs of one case compile in 6 threads at once (the host has 16 cores).
-# Everything ends up in OUTDIR/results.tgz, plus the Markdown tables in OUTDIR.
+# Worst case (every step to its limit) about 6 minutes. Everything ends up in
+# OUTDIR/results.tgz (JSON, logs), plus the Markdown tables in OUTDIR, both refreshed after
+# every step in case the run is cut off.
 set -u
 out=${1:?output folder}
 mkdir -p "$out"
@@ -27,14 +31,13 @@ py=${PYTHON:-python3}
 if [ "${DEER_QUICK:-0}" = 1 ]; then  # CPU-sized: every path of the script, in minutes
   H="4"; HM="4"; T="100,300"; TM="100"; HE="4"; TE="100"
   LIM="--mem-limit-gb 0.00025 --max-call-s 0.005 --extrapolate-s 0.002"
-  B1=100; B2=10; B3=10; S1=900; S2=600; S3=400; THREADS=2
+  B1=100; B2=10; B3=10; S0=300; S1=900; S2=600; S3=400; THREADS=2; HP=4; TP=100
 else
   H="16,64,256"; HM="16,64"; T="10000,100000,1000000,1000"; TM="10000,100000"
   HE="16,64"; TE="10000"
   LIM="--mem-limit-gb 40 --max-call-s 1 --extrapolate-s 5"
-  B1=150; B2=45; B3=15; S1=190; S2=80; S3=40; THREADS=6
+  B1=140; B2=45; B3=15; S0=45; S1=180; S2=80; S3=40; THREADS=6; HP=16; TP=1000
 fi
-common="--batch 1 --min-time-s 0.1 --compile-threads $THREADS $LIM"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
   timeout 60 $py -c "import jax, statseq; print(jax.__version__, jax.devices(), statseq.__file__)" 2>&1
   nproc; } > "$work/gpu.txt"
@@ -43,7 +46,17 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output
   echo "== $name ($(date -u +%H:%M:%S))"
   timeout "$limit" "$@" > "$work/$name.out" 2> "$work/$name.err"; echo "rc=$?" >> "$work/$name.out"
   tail -n 2 "$work/$name.out"; tail -n 3 "$work/$name.err"
+  tar czf "$out/results.tgz" -C "$work" .; cp "$work"/*.md "$out"/ 2>/dev/null  # if cut off
+  grep -q "^rc=0" "$work/$name.out"
 }
+# probe: the T = 10^3 GRU case, compiled in $THREADS threads; if that fails or hangs
+# (parallel XLA:GPU compiles autotune on the one device), the other steps compile serially
+if ! step probe "$S0" $py benchmarks/bench_deer.py --cells gru --hidden "$HP" --lengths "$TP" \
+    --methods sequential,deer,quasi-deer --batch 1 --min-time-s 0.1 --compile-threads "$THREADS" \
+    $LIM --out "$work/probe.json"; then
+  echo "probe failed: compiling serially"; THREADS=1
+fi
+common="--batch 1 --min-time-s 0.1 --compile-threads $THREADS $LIM"
 step deer "$S1" $py benchmarks/bench_deer.py --cells gru,lstm --hidden "$H" --lengths "$T" \
   --methods sequential,deer,quasi-deer $common --budget-s "$B1" --out "$work/deer.json"
 step model "$S2" $py benchmarks/bench_deer.py --model --cells gru,lstm --hidden "$HM" \
