@@ -369,7 +369,13 @@ def run_case(cell, hid, num_t, batch, args, dtype, mem_limit, seq_times=None):
                 continue
             todo[mode, method] = None
     if todo:
-        progs = _programs(cell, hid, num_t, batch, args, dtype)
+        try:
+            progs = _programs(cell, hid, num_t, batch, args, dtype)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory for the inputs
+            print(traceback.format_exc(limit=2), file=sys.stderr)
+            for k in todo:
+                rows[k]["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            return list(rows.values())
         todo = {k: progs[k] for k in todo}
         t0 = time.perf_counter()
         compiled = _compile_all(todo, args.compile_threads)
