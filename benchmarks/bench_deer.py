@@ -247,6 +247,11 @@ def build(cell, hid, num_t, batch, dtype, max_iter):
     return params, xs, ys, fwds, loss_of
 
 
+def _err(e):
+    """A one-line row status for an exception."""
+    return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
+
+
 def rel_err(a, b):
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     num = max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(la, lb, strict=True) if x.size)
@@ -374,7 +379,7 @@ def run_case(cell, hid, num_t, batch, args, dtype, mem_limit, seq_times=None):
         except Exception as e:  # noqa: BLE001 - e.g. out of memory for the inputs
             print(traceback.format_exc(limit=2), file=sys.stderr)
             for k in todo:
-                rows[k]["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                rows[k]["status"] = _err(e)
             return list(rows.values())
         todo = {k: progs[k] for k in todo}
         t0 = time.perf_counter()
@@ -390,7 +395,7 @@ def run_case(cell, hid, num_t, batch, args, dtype, mem_limit, seq_times=None):
             prog, c_s = got
             run_s, n, out = run_program(prog, fn_args[1], args.min_time_s, args.max_call_s)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: record, go on
-            row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            row["status"] = _err(e)
             print(traceback.format_exc(limit=2), file=sys.stderr)
             continue
         value, iters, ok = out
