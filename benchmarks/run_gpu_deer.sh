@@ -15,7 +15,7 @@
 #          evaluation=, H = 16, 64, T = 10^4, 10^5.
 #   elk    ELK and quasi-ELK against the sequential scan at a few points (H = 16, 64,
 #          T = 10^4).
-#   probe  first: GRU, H = 16, T = 10^3 compiled in 6 threads; if it fails or hangs (45 s),
+#   probe  first: GRU, H = 16, T = 10^3 compiled in 6 threads; if it fails or hangs (40 s),
 #          the steps above compile serially (fewer cases fit in the time).
 # The programs of one case compile in 6 threads at once (the host has 16 cores).
 # Worst case (every step to its limit) about 6 minutes. Everything ends up in
@@ -36,10 +36,10 @@ else
   H="16,64,256"; HM="16,64"; T="10000,100000,1000000,1000"; TM="10000,100000"
   HE="16,64"; TE="10000"
   LIM="--mem-limit-gb 40 --max-call-s 1 --extrapolate-s 5"
-  B1=140; B2=45; B3=15; S0=45; S1=180; S2=80; S3=40; THREADS=6; HP=16; TP=1000
+  B1=135; B2=45; B3=15; S0=40; S1=175; S2=75; S3=40; THREADS=6; HP=16; TP=1000
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
-  timeout 60 $py -c "import jax, statseq; print(jax.__version__, jax.devices(), statseq.__file__)" 2>&1
+  timeout 30 $py -c "import jax, statseq; print(jax.__version__, jax.devices(), statseq.__file__)" 2>&1
   nproc; } > "$work/gpu.txt"
 step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output
   local name=$1 limit=$2; shift 2
