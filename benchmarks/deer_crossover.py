@@ -8,17 +8,17 @@ at more than one length, fits the two costs as straight lines in ``T``:
   divided by its iterations: a dense associative scan over ``T`` Jacobians of ``H' x H'``,
   ``H' = H`` for the GRU and ``2H`` for the LSTM's ``(h, c)``);
 
-and the iterations ``k(T)`` as measured (a contractive cell needs a few, growing at most
-like ``log T``). DEER wins where ``k(T) t_it(T) < t_seq(T)``. Both costs are linear in
-``T`` on a machine whose cores are already busy (an associative scan saves depth, not
-work: it does about twice the work of a sequential pass), so on such a machine the ratio
-tends to ``k b_i / b_s`` and there is a crossover in ``T`` only if that is below 1; the
-table reports the ratio at each measured length, its limit, and ``W = k b_i / b_s``: the
-number of idle lanes (cores, SIMD units, GPU threads) one Newton iteration's work must be
-spread over, at perfect efficiency, for DEER to break even. The per-step costs ``b_s`` and
-``b_i`` are reported too: a sequential GRU step does ``O(H^2)`` work and a dense DEER step
-``O(H'^3)`` (Jacobian products), so ``W`` grows like ``H`` (dense) and quasi-DEER's like 1
-(diagonal: ``O(H')`` per step).
+and the iterations ``k`` as measured at the longest length (a contractive cell needs a
+few, growing at most like ``log T``). DEER wins where ``k t_it(T) < t_seq(T)``. Both costs
+are linear in ``T`` on a machine whose cores are already busy (an associative scan saves
+depth, not work: it does about twice the work of a sequential pass), so the ratio tends
+to the slope ratio ``k b_i / b_s``, and there is a crossover at a finite ``T`` (reported,
+from the fitted lines) only if that is below 1. The table also reports the per-step costs
+at the longest length and ``W = k t_it / t_seq`` there: the number of idle lanes (cores,
+SIMD units, GPU threads) one Newton iteration's work must be spread over, at perfect
+efficiency, for DEER to break even. A sequential step does ``O(H'^2)`` work (one
+matrix-vector product) and a dense DEER step ``O(H'^3)`` (Jacobian products in the scan),
+so ``W`` grows like ``H'``.
 
 Usage:
     python benchmarks/deer_crossover.py deer_cpu.json [--record]
@@ -63,17 +63,24 @@ def crossover(rows):
             lengths = sorted(set(seq) & set(its))
             if len(lengths) < 2:
                 continue
+            top = lengths[-1]
+            k = its[top][1]
             a_s, b_s = fit_line([(t, seq[t]) for t in lengths])
             a_i, b_i = fit_line([(t, its[t][0]) for t in lengths])
-            k = its[lengths[-1]][1]
+            # k (a_i + b_i T) < a_s + b_s T: a crossover at finite T only if b_s > k b_i
+            if b_s > k * b_i:
+                cross = max((k * a_i - a_s) / (b_s - k * b_i), 0.0)
+            else:
+                cross = None
             out.append(dict(
                 cell=cell, H=hid, B=batch, mode=mode, method=method,
-                state=2 * hid if cell == "lstm" else hid,
-                lengths=lengths,
+                state=2 * hid if cell == "lstm" else hid, lengths=lengths,
                 ratio={t: its[t][2] / seq[t] for t in lengths},
                 iterations={t: its[t][1] for t in lengths},
-                seq_per_step=b_s, iter_per_step=b_i, per_iter_over_seq=b_i / b_s,
-                limit_ratio=k * b_i / b_s, lanes_to_break_even=k * b_i / b_s))
+                seq_per_step=seq[top] / top, iter_per_step=its[top][0] / top,
+                lanes_to_break_even=k * its[top][0] / seq[top],
+                slope_ratio=k * b_i / b_s if b_s > 0 else float("inf"),
+                crossover_t=cross))
     return out
 
 
@@ -83,8 +90,8 @@ def fmt_s(x):
 
 def table(res):
     head = ["cell", "H", "H'", "mode", "method", "iters (by T)", "DEER / seq (by T)",
-            "seq per step", "1 iter per step", "iter / seq step", "limit DEER / seq",
-            "break-even lanes W"]
+            "seq per step", "1 iter per step", "W = iters × iter / seq",
+            "slope ratio (fit)", "crossover T here"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in res:
         lines.append("| " + " | ".join(str(v) for v in [
@@ -92,8 +99,8 @@ def table(res):
             ", ".join(f"{c['iterations'][t]}" for t in c["lengths"]),
             ", ".join(f"{c['ratio'][t]:.3g}" for t in c["lengths"]),
             fmt_s(c["seq_per_step"]), fmt_s(c["iter_per_step"]),
-            f"{c['per_iter_over_seq']:.3g}", f"{c['limit_ratio']:.3g}",
-            f"{c['lanes_to_break_even']:.3g}"]) + " |")
+            f"{c['lanes_to_break_even']:.3g}", f"{c['slope_ratio']:.3g}",
+            "none" if c["crossover_t"] is None else f"{c['crossover_t']:.3g}"]) + " |")
     return "\n".join(lines)
 
 
