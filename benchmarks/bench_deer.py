@@ -22,19 +22,40 @@ scan when it needs fewer iterations than that.
 Memory: XLA's own estimate for each compiled program (arguments + outputs + temporaries,
 ``compiled.memory_analysis()``) and, where the device reports it (GPU),
 ``jax.devices()[0].memory_stats()["peak_bytes_in_use"]`` (a process-wide running peak,
-so cases run in increasing order of size). Dense DEER holds ``T B`` Jacobians of
-``H x H``; cases whose estimate exceeds ``--mem-limit-gb`` are skipped and marked.
+so a row's value is the largest of every program run before it in the same process).
+Dense DEER holds ``T B`` Jacobians of ``H x H`` (``2H x 2H`` for the LSTM); cases whose
+estimate exceeds ``--mem-limit-gb`` are skipped, with the estimate printed and recorded.
 
 float32 by default (``--float64`` for float64); matmuls at ``"highest"`` precision (on
 GPUs, XLA's default float32 matmul uses TF32, whose 1e-3 relative error would stall
 Newton's residual far above the tolerance). ``--budget-s`` stops starting new cases once the
 elapsed time exceeds it (the table lists the skipped ones).
 
-Usage (``--out`` writes the JSON; the table goes to stdout, progress to stderr):
+Long sequences: ``--max-call-s S`` records a single timing (``runs = 1``) when the warm-up
+call already took more than ``S`` seconds (a sequential scan at ``T = 10^6`` on a GPU costs
+tens of seconds per call); ``--extrapolate-s S`` does not run a sequential program whose
+time, extrapolated linearly in ``T`` from the same case at a shorter length of this run,
+exceeds ``S`` seconds, and records the extrapolation instead (marked ``≈`` and
+``extrapolated``; a sequential scan's time is linear in ``T``). ``--order length`` (the
+default) runs the lengths in the order given, each over every hidden size, so that the most
+informative cases (``T = 10^4, 10^5``) finish first; ``--order hidden`` runs each hidden
+size over every length. ``--compile-threads N`` compiles the programs of one case in ``N``
+threads at once (XLA compiles one program on one core; a GPU host has idle cores): compile
+times are then each program's wall time while the others compiled too.
+
+``--model``: the model-level training step instead, the value and gradient of the
+log-likelihood of `statseq.GRU` / `statseq.LSTM` (``evaluation=`` each method) on one long
+series, through the compiled filter that `statseq.fit_sgd` differentiates
+(`statseq.core.recurrence.run_filter` with ``complete=True``): ``--methods`` are then the
+models' ``evaluation=`` values.
+
+Usage (``--out`` writes the JSON and, next to it, the Markdown table after every case; the
+table goes to stdout, progress to stderr):
     python benchmarks/bench_deer.py --quick --out deer_cpu.json
     python benchmarks/bench_deer.py --lengths 10000,100000 --budget-s 240 \
         --out $OUT/deer_gpu.json                                   # on a GPU, ~5 minutes
     python benchmarks/bench_deer.py --hidden 16,64 --lengths 1000,10000 --batch 1 --long
+    python benchmarks/bench_deer.py --model --hidden 16,64 --lengths 10000,100000
 """
 
 from __future__ import annotations
@@ -82,6 +103,19 @@ def parse_args(argv=None):
                          "the device's memory where known, else 4)")
     ap.add_argument("--min-time-s", type=float, default=0.5,
                     help="repeat each steady-state timing until this long (and >= 3 runs)")
+    ap.add_argument("--max-call-s", type=float, default=None,
+                    help="if the warm-up call takes longer, record it alone (runs = 1)")
+    ap.add_argument("--extrapolate-s", type=float, default=None,
+                    help="do not run a sequential program whose time extrapolated from a "
+                         "shorter T of this run exceeds this; record the extrapolation")
+    ap.add_argument("--order", choices=("length", "hidden"), default="length",
+                    help="length: every H at the first length, then the next length; "
+                         "hidden: every length at the first H, then the next H")
+    ap.add_argument("--compile-threads", type=int, default=1,
+                    help="compile the programs of one case in this many threads at once")
+    ap.add_argument("--model", action="store_true",
+                    help="model-level training step: value and gradient of ss.GRU / "
+                         "ss.LSTM's log-likelihood under each evaluation= (--methods)")
     ap.add_argument("--matmul-precision", default="highest")
     ap.add_argument("--out", default=None, help="write the JSON results here")
     args = ap.parse_args(argv)
@@ -94,6 +128,8 @@ def parse_args(argv=None):
     if args.long and 10**6 not in args.lengths:
         args.lengths.append(10**6)
     args.methods = [m for m in args.methods.split(",") if m]
+    if args.model:
+        args.modes, args.batch = "value+grad", [1]
     args.modes = [m for m in args.modes.split(",") if m]
     return args
 
@@ -116,29 +152,51 @@ def program_bytes(compiled):
 
 
 def estimate_bytes(method, cell, hid, num_t, batch, itemsize):
-    """Rough peak memory of one case: dense DEER holds several (T B, H', H') arrays."""
+    """Rough peak memory of one case: dense DEER holds a few (T B, H', H') arrays
+    (``H' = H``, ``2 H`` for the LSTM's (h, c))."""
     state = 2 * hid if cell == "lstm" else hid
-    if method == "deer":
-        return 8 * num_t * batch * state * state * itemsize
+    if method == "deer":  # measured (H100, H = 16): XLA's program estimate ~2.9 such arrays
+        return 4 * num_t * batch * state * state * itemsize
     if method == "elk":  # the parallel Kalman smoother holds about a dozen (T, n, n)
         return 24 * num_t * batch * state * state * itemsize
     if method == "quasi-elk":
         return 400 * num_t * batch * state * itemsize
-    return 40 * num_t * batch * state * itemsize
+    # sequential and quasi-DEER: measured (H100, H = 16) 10-14 (T B, H') arrays
+    return 20 * num_t * batch * state * itemsize
 
 
-def timed(fn, args, min_time_s):
-    """Compile seconds, steady-state median seconds, number of runs, and the output."""
+def compile_program(fn, args):
+    """Lower and compile ``jax.jit(fn)`` at ``args``: (compiled, lower + compile seconds)."""
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
+    return compiled, time.perf_counter() - t0
+
+
+def run_program(compiled, args, min_time_s, max_call_s=None):
+    """Steady-state median seconds, number of runs, and the output of a compiled program.
+
+    The warm-up call is timed too: when it took longer than ``max_call_s`` it is the one
+    timing recorded (``runs = 1``).
+    """
+    t0 = time.perf_counter()
     out = jax.block_until_ready(compiled(*args))  # warm-up
+    first = time.perf_counter() - t0
+    if max_call_s is not None and first > max_call_s:
+        return first, 1, out
     times, start = [], time.perf_counter()
     while len(times) < 3 or (time.perf_counter() - start < min_time_s and len(times) < 50):
         t0 = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - t0)
-    return compile_s, statistics.median(times), len(times), out, program_bytes(compiled)
+    return statistics.median(times), len(times), out
+
+
+def timed(fn, args, min_time_s, max_call_s=None):
+    """Compile seconds, steady-state median seconds, number of runs, the output, and
+    XLA's memory estimate of the program."""
+    compiled, compile_s = compile_program(fn, args)
+    run_s, n, out = run_program(compiled, args, min_time_s, max_call_s)
+    return compile_s, run_s, n, out, program_bytes(compiled)
 
 
 def build(cell, hid, num_t, batch, dtype, max_iter):
@@ -189,6 +247,11 @@ def build(cell, hid, num_t, batch, dtype, max_iter):
     return params, xs, ys, fwds, loss_of
 
 
+def _err(e):
+    """A one-line row status for an exception."""
+    return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
+
+
 def rel_err(a, b):
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     num = max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(la, lb, strict=True) if x.size)
@@ -196,48 +259,179 @@ def rel_err(a, b):
     return num / max(den, 1e-300)
 
 
-def run_case(cell, hid, num_t, batch, args, dtype, mem_limit):
+def build_model(cell, hid, num_t, methods, dtype):
+    """The model-level training step: value and gradient of ``ss.GRU`` / ``ss.LSTM``'s
+    log-likelihood of one series of length ``num_t`` under each ``evaluation=``.
+
+    The same compiled filter `statseq.fit_sgd` differentiates
+    (`statseq.core.recurrence.run_filter`, ``complete=True``: a fully observed series).
+    Returns ``{method: (fn, args)}``; every ``fn`` returns ``((value, grad), 0, True)``
+    (the model does not expose the solver's iterations; the fallback would warn).
+    """
+    import statseq as ss
+    from statseq.core.recurrence import run_filter
+
+    cls = {"gru": ss.GRU, "lstm": ss.LSTM}[cell]
+    y = np.asarray(jax.random.normal(jax.random.key(2), (num_t,)), dtype)
+    y = np.cumsum(y) * 0.05 + 0.5 * y  # a persistent series, scaled near 1
+    out = {}
+    for method in methods:
+        model = cls(hidden_dim=hid, evaluation=method)
+        params = model.initialize(y, key=jax.random.key(0))
+        params = jax.tree_util.tree_map(
+            lambda v: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v,
+            params)
+        ys = jnp.asarray(y)[None]
+        mask = jnp.ones(ys.shape, bool)
+        inputs = jnp.zeros((1, num_t, 0), dtype)
+
+        def vg(p, ys, mask, inputs, model=model):
+            def loglik(p):
+                lp, *_ = run_filter(model, p, ys, mask, inputs, complete=True)
+                return jnp.sum(lp)
+            return jax.value_and_grad(loglik)(p), jnp.int32(0), jnp.bool_(True)
+
+        out[method] = (vg, (params, ys, mask, inputs))
+    return out
+
+
+def _programs(cell, hid, num_t, batch, args, dtype):
+    """``{(mode, method): (fn, fargs)}`` for one case, in the order to run."""
+    if args.model:
+        progs = build_model(cell, hid, num_t, args.methods, dtype)
+        return {("value+grad", m): progs[m] for m in args.methods}
     params, xs, ys, fwds, loss_of = build(cell, hid, num_t, batch, dtype, args.max_iter)
+    return {(mode, method): ((fwds[method], (params, xs)) if mode == "forward"
+                             else (loss_of(fwds[method]), (params, xs, ys)))
+            for mode in args.modes for method in args.methods}
+
+
+def _compile_all(todo, threads):
+    """Compile every ``(fn, fargs)`` of ``todo``: ``{key: (compiled, seconds) | exception}``.
+
+    With ``threads > 1`` the programs are traced and lowered one after another in this
+    thread and only XLA's ``compile()`` runs in a pool (it releases the GIL); a program's
+    seconds are then its lowering plus its compile, while others compiled too.
+    """
+    def lower(item):
+        fn, fargs = item
+        t0 = time.perf_counter()
+        try:
+            return jax.jit(fn).lower(*fargs), time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - recorded in the row
+            print(traceback.format_exc(limit=2), file=sys.stderr)
+            return e, 0.0
+
+    def finish(lowered):
+        low, low_s = lowered
+        if isinstance(low, Exception):
+            return low
+        t0 = time.perf_counter()
+        try:
+            return low.compile(), low_s + time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - recorded in the row
+            print(traceback.format_exc(limit=2), file=sys.stderr)
+            return e
+
+    if threads <= 1 or len(todo) <= 1:
+        return {k: finish(lower(v)) for k, v in todo.items()}
+    from concurrent.futures import ThreadPoolExecutor
+
+    lowered = {k: lower(v) for k, v in todo.items()}
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return dict(zip(lowered, pool.map(finish, lowered.values()), strict=True))
+
+
+def run_case(cell, hid, num_t, batch, args, dtype, mem_limit, seq_times=None):
+    """The rows of one case. ``seq_times`` maps ``(cell, H, B, mode)`` to the sequential
+    ``(T, seconds)`` measured at the longest length so far (for ``--extrapolate-s``)."""
+    seq_times = {} if seq_times is None else seq_times
     itemsize = jnp.dtype(dtype).itemsize
-    rows, ref = [], {}
+    rows, ref = {}, {}
+    todo = {}
     for mode in args.modes:
         for method in args.methods:
             row = dict(cell=cell, H=hid, T=num_t, B=batch, mode=mode, method=method)
+            if args.model:
+                row["level"] = "model"
+            rows[mode, method] = row
+            prev = seq_times.get((cell, hid, batch, mode))
+            if (method == "sequential" and args.extrapolate_s is not None and prev
+                    and prev[1] * num_t / prev[0] > args.extrapolate_s):
+                guess = prev[1] * num_t / prev[0]
+                row.update(status="ok", extrapolated=True, run_s=guess, runs=0,
+                           compile_s=None, program_bytes=None,
+                           extrapolated_from=f"T={prev[0]}: {prev[1]:.4g} s")
+                print(f"  {mode} sequential: not run, {guess:.1f} s extrapolated from "
+                      f"T={prev[0]}", file=sys.stderr)
+                continue
             est = estimate_bytes(method, cell, hid, num_t, batch, itemsize)
             row["est_bytes"] = est
             if est > mem_limit:
-                row["status"] = f"skipped: est. {est / 2**30:.1f} GiB > limit"
-                rows.append(row)
+                row["status"] = (f"skipped: est. {est / 2**30:.3g} GiB > limit "
+                                 f"{mem_limit / 2**30:.3g} GiB")
+                print(f"  skip {mode} {method}: estimated {est / 2**30:.1f} GiB", file=sys.stderr)
                 continue
-            fn = fwds[method] if mode == "forward" else loss_of(fwds[method])
-            fargs = (params, xs) if mode == "forward" else (params, xs, ys)
-            try:
-                c_s, run_s, n, out, pbytes = timed(fn, fargs, args.min_time_s)
-            except Exception as e:  # noqa: BLE001 - e.g. out of memory: record, go on
-                row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                print(traceback.format_exc(limit=2), file=sys.stderr)
-                rows.append(row)
-                continue
-            value, iters, ok = out
-            row.update(status="ok", compile_s=c_s, run_s=run_s, runs=n, program_bytes=pbytes)
-            mem = device_memory()
-            row["peak_bytes_in_use"] = mem.get("peak_bytes_in_use") if mem else None
-            if method == "sequential":
-                ref[mode] = value
-            else:
+            todo[mode, method] = None
+    if todo:
+        try:
+            progs = _programs(cell, hid, num_t, batch, args, dtype)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory for the inputs
+            print(traceback.format_exc(limit=2), file=sys.stderr)
+            for k in todo:
+                rows[k]["status"] = _err(e)
+            return list(rows.values())
+        todo = {k: progs[k] for k in todo}
+        t0 = time.perf_counter()
+        compiled = _compile_all(todo, args.compile_threads)
+        print(f"  compiled {len(todo)} programs in {time.perf_counter() - t0:.1f} s "
+              f"({args.compile_threads} threads)", file=sys.stderr, flush=True)
+    for (mode, method), fn_args in todo.items():
+        row = rows[mode, method]
+        got = compiled[mode, method]
+        try:
+            if isinstance(got, Exception):
+                raise got
+            prog, c_s = got
+            run_s, n, out = run_program(prog, fn_args[1], args.min_time_s, args.max_call_s)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: record, go on
+            row["status"] = _err(e)
+            print(traceback.format_exc(limit=2), file=sys.stderr)
+            continue
+        value, iters, ok = out
+        row.update(status="ok", compile_s=c_s, run_s=run_s, runs=n,
+                   program_bytes=program_bytes(prog))
+        if args.compile_threads > 1:
+            row["compile_threads"] = args.compile_threads
+        mem = device_memory()
+        row["peak_bytes_in_use"] = mem.get("peak_bytes_in_use") if mem else None
+        if method == "sequential":
+            ref[mode] = value
+            seq_times[cell, hid, batch, mode] = (num_t, run_s)
+        else:
+            if not args.model:
                 row.update(iterations=int(iters), converged=bool(ok),
                            s_per_iter=run_s / max(int(iters), 1))
-                if mode in ref:
-                    row["err_vs_sequential"] = (
-                        float(jnp.max(jnp.abs(value - ref[mode]))) if mode == "forward"
-                        else rel_err(ref[mode][1], value[1]))
-            rows.append(row)
-            del out, value
-    seq = {r["mode"]: r.get("run_s") for r in rows if r["method"] == "sequential"}
+            if mode in ref:
+                row["err_vs_sequential"] = (
+                    float(jnp.max(jnp.abs(value - ref[mode]))) if mode == "forward"
+                    else rel_err(ref[mode][1], value[1]))
+        print(f"  {mode} {method}: compile {c_s:.2f} s, run {run_s:.4g} s x{n}"
+              + (f", {int(iters)} iters" if method != "sequential" and not args.model
+                 else ""), file=sys.stderr, flush=True)
+        todo[mode, method] = compiled[mode, method] = None  # free the executable
+        del out, value, prog
+    rows = list(rows.values())
+    seq = {r["mode"]: r.get("run_s") for r in rows
+           if r["method"] == "sequential" and r.get("status") == "ok"}
+    guessed = {r["mode"] for r in rows if r["method"] == "sequential" and r.get("extrapolated")}
     for r in rows:
-        if r.get("s_per_iter") and seq.get(r["mode"]):
+        if r["method"] != "sequential" and r.get("run_s") and seq.get(r["mode"]):
             r["speedup"] = seq[r["mode"]] / r["run_s"]
-            r["break_even_iters"] = seq[r["mode"]] / r["s_per_iter"]
+            if r["mode"] in guessed:
+                r["vs_extrapolated"] = True
+            if r.get("s_per_iter"):
+                r["break_even_iters"] = seq[r["mode"]] / r["s_per_iter"]
     return rows
 
 
@@ -253,7 +447,7 @@ def fmt_b(x):
 
 
 def table(rows):
-    head = ["cell", "H", "T", "B", "mode", "method", "compile", "run", "vs seq", "iters",
+    head = ["cell", "H", "T", "B", "mode", "method", "compile", "run", "runs", "vs seq", "iters",
             "conv", "err vs seq", "per iter", "break-even iters", "program mem", "peak mem"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -262,10 +456,13 @@ def table(rows):
                      r["status"]] + [""] * (len(head) - 7)
         else:
             sp = r.get("speedup")
+            approx = "≈ " if r.get("extrapolated") or r.get("vs_extrapolated") else ""
             cells = [r["cell"], r["H"], r["T"], r["B"], r["mode"], r["method"],
-                     fmt_t(r["compile_s"]), fmt_t(r["run_s"]),
-                     "–" if sp is None else (f"{sp:.3g}× faster" if sp >= 1
-                                            else f"{1 / sp:.3g}× slower"),
+                     fmt_t(r["compile_s"]),
+                     ("≈ " if r.get("extrapolated") else "") + fmt_t(r["run_s"]),
+                     r.get("runs", "–"),
+                     "–" if sp is None else approx + (f"{sp:.3g}× faster" if sp >= 1
+                                                     else f"{1 / sp:.3g}× slower"),
                      r.get("iterations", "–"), r.get("converged", "–"),
                      "–" if r.get("err_vs_sequential") is None
                      else f"{r['err_vs_sequential']:.1e}",
@@ -298,11 +495,13 @@ def main(argv=None):
                 mem_limit_bytes=mem_limit, command=" ".join(sys.argv),
                 date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
     print(json.dumps(info, indent=1), file=sys.stderr)
-    # small hidden sizes first (DEER's regime), every length for each: a --budget-s cut
-    # then drops the largest (most memory-bound) cases
-    cases = [(c, h, t, b) for h in args.hidden for t in args.lengths
-             for b in args.batch for c in args.cells]
-    rows, start = [], time.perf_counter()
+    if args.order == "length":  # every H at the first (most informative) length first
+        cases = [(c, h, t, b) for t in args.lengths for h in args.hidden
+                 for b in args.batch for c in args.cells]
+    else:  # small hidden sizes first (DEER's regime), every length for each
+        cases = [(c, h, t, b) for h in args.hidden for t in args.lengths
+                 for b in args.batch for c in args.cells]
+    rows, start, seq_times = [], time.perf_counter(), {}
     for cell, hid, num_t, batch in cases:
         elapsed = time.perf_counter() - start
         if args.budget_s is not None and elapsed > args.budget_s:
@@ -312,7 +511,7 @@ def main(argv=None):
             continue
         print(f"[{elapsed:6.1f} s] {cell} H={hid} T={num_t} B={batch}", file=sys.stderr,
               flush=True)
-        rows += run_case(cell, hid, num_t, batch, args, dtype, mem_limit)
+        rows += run_case(cell, hid, num_t, batch, args, dtype, mem_limit, seq_times)
         if args.out:  # keep partial results if the run is cut off
             write(args.out, info, rows, time.perf_counter() - start)
     elapsed = time.perf_counter() - start
@@ -334,6 +533,9 @@ def write(path, info, rows, elapsed):
                 rows=[{k: clean(v) for k, v in r.items()} for r in rows])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=1))
+    Path(path).with_suffix(".md").write_text(
+        f"{info['device_kind']} ({info['backend']}), jax {info['jax']}, {info['dtype']}, "
+        f"{info['date']}, {elapsed:.0f} s so far\n`{info['command']}`\n\n{table(rows)}\n")
 
 
 if __name__ == "__main__":
