@@ -35,9 +35,13 @@ after which one vectorized `jax.vjp` of ``f`` at ``(h_{t-1}, x_t)`` with cotange
 With ``method="deer"`` the adjoint is a reverse associative scan with the dense
 Jacobians (``O(log T)`` depth, ``O(T H^2)`` memory, as the forward pass). With
 ``method="quasi-deer"`` the adjoint must still be exact (a diagonal approximation would
-give a wrong gradient), and it is a sequential reverse `jax.lax.scan` of vector-Jacobian
-products ``J_{t+1}^T λ_{t+1}``: exact, ``O(T H)`` memory like the forward pass, ``O(T)``
-depth (the cost of backpropagation through time without its forward pass). ELK and
+give a wrong gradient): on CPU a sequential reverse `jax.lax.scan` of vector-Jacobian
+products ``J_{t+1}^T λ_{t+1}`` (exact, ``O(T H)`` memory like the forward pass, ``O(T)``
+depth: the cost of backpropagation through time without its forward pass); on GPU/TPU
+quasi-DEER's own iteration applied to that linear system (diagonal reverse associative
+scans plus one vectorized VJP per sweep, ``O(T H)`` memory, ``O(log T)`` depth per sweep;
+its fixed point is the exact adjoint, and the sequential scan is the fallback when the
+sweeps do not converge in ``T``). ELK and
 quasi-ELK (``method="elk"``, ``"quasi-elk"``, damped steps by a Kalman smoother: see
 `statseq.inference.elk`) converge to the same trajectory and share DEER's and
 quasi-DEER's adjoints.
@@ -306,6 +310,67 @@ def _levenberg_marquardt(f, params, h0, xs, init, method, tol, max_iter, damping
     return hs, i, r, ok
 
 
+def _quasi_adjoint_parallel_enabled() -> bool:
+    """Whether quasi-DEER's adjoint is solved by parallel sweeps (GPU/TPU) or by a
+    sequential reverse scan (CPU, where the scan is cheaper): `use_parallel`'s rule."""
+    from statseq.inference._backend import use_parallel
+
+    return use_parallel(None)
+
+
+def _quasi_adjoint_sequential(f, params, hs, x_next, g):
+    """λ_{T-1} = g_{T-1}, λ_t = g_t + J_{t+1}^T λ_{t+1}: a reverse `lax.scan` of VJPs."""
+    def body(lam_next, inp):
+        g_t, h_t, x = inp
+        lam = g_t + jax.vjp(lambda h: f(params, h, x), h_t)[1](lam_next)[0]
+        return lam, lam
+
+    lam_last = g[-1]
+    _, lam = jax.lax.scan(body, lam_last, (g[:-1], hs[:-1], x_next), reverse=True)
+    return jnp.concatenate([lam, lam_last[None]], axis=0)
+
+
+def _quasi_adjoint_parallel(f, params, hs, x_next, g):
+    """The same adjoint by quasi-DEER's own iteration on the (linear) adjoint system.
+
+    With ``D_t`` the diagonal of ``J_t``, each sweep solves
+    ``λ^{(k+1)}_t = g_t + D_{t+1} λ^{(k+1)}_{t+1} + (J_{t+1}^T - D_{t+1}) λ^{(k)}_{t+1}``:
+    one vectorized VJP over all steps and one diagonal reverse associative scan, so
+    ``O(T H)`` memory and ``O(log T)`` depth per sweep. Its fixed point is the exact
+    adjoint; sweep ``k`` makes ``λ_{T-k}, ..., λ_{T-1}`` exact (so at most ``T`` sweeps
+    in exact arithmetic), and on contractive cells the error shrinks geometrically.
+    Stops when a sweep changes ``λ`` by at most quasi-DEER's tolerance relative to
+    ``max(1, max |λ|)``; returns ``(λ, converged)`` (the caller falls back to the
+    sequential adjoint when not converged).
+    """
+    num_t, hid = hs.shape
+    prev = hs[:-1]
+    diag = _jacobians(f, params, prev, x_next, "quasi-deer")  # D_{t+1}, t = 0..T-2
+    vjps = jax.vmap(lambda h, x, lam: jax.vjp(lambda h: f(params, h, x), h)[1](lam)[0])
+    a = jnp.concatenate([jnp.zeros((1, hid), hs.dtype), diag[::-1]], axis=0)
+    tol = _default_tol(hs.dtype)
+
+    def sweep(lam):
+        off = vjps(prev, x_next, lam[1:]) - diag * lam[1:]
+        b = jnp.concatenate([g[-1:], (g[:-1] + off)[::-1]], axis=0)
+        return linear_recurrence(a, b, jnp.zeros(hid, hs.dtype), parallel=True)[::-1]
+
+    def cond(carry):
+        i, _, change, ok = carry
+        return (i < num_t) & ~ok & jnp.isfinite(change)
+
+    def body(carry):
+        i, lam, _, _ = carry
+        new = sweep(lam)
+        change = jnp.max(jnp.abs(new - lam))
+        return i + 1, new, change, change <= tol * jnp.maximum(1.0, jnp.max(jnp.abs(new)))
+
+    big = jnp.asarray(jnp.finfo(hs.dtype).max, hs.dtype)
+    init = (jnp.int32(0), g, big, jnp.bool_(False))
+    _, lam, change, ok = jax.lax.while_loop(cond, body, init)
+    return lam, ok & jnp.isfinite(change) & jnp.all(jnp.isfinite(lam))
+
+
 def _adjoint(f, params, h0, xs, hs, g, method):
     """Cotangents of ``(params, h0, xs)`` from cotangents ``g`` ``(T, H)`` on ``hs``."""
     prev = jnp.concatenate([h0[None], hs[:-1]], axis=0)
@@ -316,15 +381,16 @@ def _adjoint(f, params, h0, xs, hs, g, method):
         a = jnp.concatenate([jnp.zeros((1,) + jt.shape[1:], jt.dtype), jt[::-1]], axis=0)
         lam = dense_linear_recurrence(a, g[::-1])[::-1]
     else:
-        def body(lam_next, inp):
-            g_t, h_t, x_next = inp
-            lam = g_t + jax.vjp(lambda h: f(params, h, x_next), h_t)[1](lam_next)[0]
-            return lam, lam
-
         x_next = jax.tree_util.tree_map(lambda v: v[1:], xs)
-        lam_last = g[-1]
-        _, lam = jax.lax.scan(body, lam_last, (g[:-1], hs[:-1], x_next), reverse=True)
-        lam = jnp.concatenate([lam, lam_last[None]], axis=0)
+
+        def sequential_adjoint():
+            return _quasi_adjoint_sequential(f, params, hs, x_next, g)
+
+        if _quasi_adjoint_parallel_enabled() and hs.shape[0] > 1:
+            lam, ok = _quasi_adjoint_parallel(f, params, hs, x_next, g)
+            lam = jax.lax.cond(ok, lambda: lam, sequential_adjoint)
+        else:
+            lam = sequential_adjoint()
     _, vjp = jax.vjp(lambda p, hp, x: jax.vmap(f, (None, 0, 0))(p, hp, x), params, prev, xs)
     dparams, dprev, dxs = vjp(lam)
     return dparams, dprev[0], dxs
