@@ -8,8 +8,9 @@ size ``H``, length ``T`` and batch ``B`` (sequences of ``I = 4`` random inputs),
   (a log-likelihood-like loss of the whole trajectory; DEER's gradient is implicit);
 
 for three evaluations: ``sequential`` (the library's own whole-sequence path,
-`RNNBackbone.scan_time_major`: one `lax.scan` over the batch, input projections hoisted,
-the LSTM's hand-written backward pass), ``deer`` and ``quasi-deer``
+`RNNBackbone.scan_time_major` with ``evaluation="sequential"`` whatever the backend: one
+`lax.scan` over the batch, input projections hoisted, the LSTM's hand-written backward
+pass), ``deer`` and ``quasi-deer``
 (`statseq.inference.deer.deer` on the cell's ``step``, vmapped over the batch). Every
 program is jitted; compile time (lower + compile) is reported separately from the steady
 state (median of repeated calls, each ended by `jax.block_until_ready`). Each DEER row
@@ -204,7 +205,12 @@ def build(cell, hid, num_t, batch, dtype, max_iter):
     from statseq.inference.deer import deer
     from statseq.models.neural.cells import RNNBackbone
 
-    rnn = RNNBackbone(cell, input_dim=INPUT_DIM, hidden_dim=hid)
+    # evaluation="sequential" explicitly: the backbone's default (None) resolves to DEER on
+    # a GPU for T >= 1000 (`statseq.models.neural.evaluation.resolve_evaluation`), which
+    # would make the "sequential" reference a DEER run (the bug of the first H100 run of
+    # session 15; tests/test_bench_deer.py). The solvers below call `deer` on the cell's
+    # `step` with an explicit method, so no path depends on the backend's default.
+    rnn = RNNBackbone(cell, input_dim=INPUT_DIM, hidden_dim=hid, evaluation="sequential")
     params = jax.tree_util.tree_map(lambda v: v.astype(dtype),
                                     rnn.init_params(jax.random.key(0)))
     kx, ky = jax.random.split(jax.random.key(1))
