@@ -180,8 +180,30 @@ class LRUBackbone(ResidualStack):
 
     def layer_scan(self, p, state, vs):
         lam = lru_eigenvalues(p.nu_log, p.theta_log)
-        hs = linear_recurrence(lam, self._input(p, vs), state, parallel=self.parallel)
+        hs = linear_recurrence(lam, self._input(p, vs), state,
+                               parallel=self.recurrence_parallel)
         return hs[-1], self._output(p, hs, vs)
+
+    def layer_recurrence_inputs(self, p, state, vs):
+        """``(h0, u, ())`` for the Newton solvers, in real coordinates (the solvers take
+        real states): ``h0 = [Re h, Im h]`` ``(2, N)``, ``u_t = [Re, Im](γ B v_t)``
+        ``(T, 2N)``."""
+        u = self._input(p, vs)
+        return (jnp.stack([jnp.real(state), jnp.imag(state)]),
+                jnp.concatenate([jnp.real(u), jnp.imag(u)], axis=-1), ())
+
+    def layer_recurrence_step(self, p, h, u_t):
+        """``h_t = λ * h_{t-1} + u_t`` in real coordinates: per state a 2 x 2 block
+        ``[[Re λ, -Im λ], [Im λ, Re λ]]`` (the Jacobian; not diagonal, so quasi-DEER, which
+        keeps only ``Re λ``, converges linearly where DEER takes one step)."""
+        lam = lru_eigenvalues(p.nu_log, p.theta_log)
+        lr, li, n = jnp.real(lam), jnp.imag(lam), self.state_dim
+        re, im = h[0], h[1]
+        return jnp.stack([lr * re - li * im + u_t[:n], li * re + lr * im + u_t[n:]])
+
+    def layer_recurrence_outputs(self, p, state, vs, hs, aux):
+        h = jax.lax.complex(hs[:, 0], hs[:, 1])
+        return (h[-1] if h.shape[0] else state), self._output(p, h, vs)
 
 
 @register_model
@@ -223,6 +245,8 @@ class LRU(ResidualStackModel):
     r_max: float = 0.99
     max_phase: float = math.pi
     parallel: bool | None = None
+    evaluation: str | None = None
+    evaluation_max_iter: int | None = None
 
     @property
     def backbone(self) -> LRUBackbone:
@@ -230,5 +254,6 @@ class LRU(ResidualStackModel):
             input_dim=self.backbone_input_dim, hidden_dim=self.hidden_dim,
             num_layers=self.num_layers, parallel=self.parallel, state_dim=self.state_dim,
             r_min=float(self.r_min), r_max=float(self.r_max),
-            max_phase=float(self.max_phase),
+            max_phase=float(self.max_phase), evaluation=self.evaluation,
+            evaluation_max_iter=self.evaluation_max_iter,
         )

@@ -186,7 +186,9 @@ class MambaBackbone(ResidualStack):
         y = h @ cc + p.d_skip * c
         return MambaLayerState(h, window[1:]), self._output(p, y, z)
 
-    def layer_scan(self, p, state, vs):
+    def _prepare(self, p, state, vs):
+        """The non-recurrent part of the layer over a whole sequence ``vs`` ``(T, d)``:
+        ``(z, c, Δ, B, C, conv_tail)``."""
         e, k, t_len = self.inner_dim, self.conv_width, vs.shape[0]
         xz = vs @ p.in_proj
         x, z = xz[:, :e], xz[:, e:]
@@ -194,10 +196,34 @@ class MambaBackbone(ResidualStack):
         conv = sum(padded[j:j + t_len] * p.conv_weight[j] for j in range(k))
         c = jax.nn.silu(conv + p.conv_bias)
         delta, b, cc = self._selective(p, c)
+        return z, c, delta, b, cc, padded[t_len:]
+
+    def layer_scan(self, p, state, vs):
+        z, c, delta, b, cc, conv_tail = self._prepare(p, state, vs)
         y, h_last = selective_scan(delta, c, -jnp.exp(p.a_log), b, cc, state.ssm,
-                                   parallel=self.parallel)
+                                   parallel=self.recurrence_parallel)
         y = y + p.d_skip * c
-        return MambaLayerState(h_last, padded[t_len:]), self._output(p, y, z)
+        return MambaLayerState(h_last, conv_tail), self._output(p, y, z)
+
+    def layer_recurrence_inputs(self, p, state, vs):
+        """``(h0, u, aux)`` for the Newton solvers: ``h0`` the SSM state ``(E, N)``,
+        ``u_t = [Δ_t, Δ_t c_t, B_t]`` ``(T, 2E + N)``."""
+        z, c, delta, b, cc, conv_tail = self._prepare(p, state, vs)
+        return state.ssm, jnp.concatenate([delta, delta * c, b], axis=-1), (z, c, cc,
+                                                                            conv_tail)
+
+    def layer_recurrence_step(self, p, h, u_t):
+        """``h_t = exp(Δ_t A) * h_{t-1} + (Δ_t c_t) B_t``: linear in ``h``, with the
+        diagonal Jacobian ``exp(Δ_t A)`` (so DEER and quasi-DEER are exact in one step)."""
+        e = self.inner_dim
+        delta, dc, b = u_t[:e], u_t[e:2 * e], u_t[2 * e:]
+        return jnp.exp(delta[:, None] * -jnp.exp(p.a_log)) * h + dc[:, None] * b[None, :]
+
+    def layer_recurrence_outputs(self, p, state, vs, hs, aux):
+        z, c, cc, conv_tail = aux
+        y = jnp.einsum("ten,tn->te", hs, cc) + p.d_skip * c
+        h_last = hs[-1] if hs.shape[0] else state.ssm
+        return MambaLayerState(h_last, conv_tail), self._output(p, y, z)
 
 
 @register_model
@@ -241,6 +267,8 @@ class Mamba(ResidualStackModel):
     conv_width: int = 4
     dt_rank: int | None = None
     parallel: bool | None = None
+    evaluation: str | None = None
+    evaluation_max_iter: int | None = None
 
     @property
     def backbone(self) -> MambaBackbone:
@@ -248,4 +276,5 @@ class Mamba(ResidualStackModel):
             input_dim=self.backbone_input_dim, hidden_dim=self.hidden_dim,
             num_layers=self.num_layers, parallel=self.parallel, state_dim=self.state_dim,
             expand=self.expand, conv_width=self.conv_width, dt_rank=self.dt_rank,
+            evaluation=self.evaluation, evaluation_max_iter=self.evaluation_max_iter,
         )
