@@ -21,6 +21,14 @@ residual connections (`statseq.models.neural.residual`). Initialization as in th
 Whole sequences use the same linear recurrence as Mamba
 (`statseq.inference.linear_recurrence`, a constant multiplier ``λ``), parallel or
 sequential; generation carries each layer's complex state ``h`` one step at a time.
+``evaluation="deer"`` (``"quasi-deer"``, ``"elk"``, ``"quasi-elk"``) solves each layer's
+recurrence by parallel Newton iterations instead
+(`statseq.models.neural.evaluation.evaluate_layer`), in real coordinates ``[Re h, Im h]``
+(the solvers take real states), where ``h ↦ λ * h`` is the block-diagonal map with the
+2 x 2 blocks ``[[Re λ, -Im λ], [Im λ, Re λ]]``. That map is the Jacobian at every guess,
+so DEER's first Newton step is the associative scan and it converges after one
+iteration. quasi-DEER keeps only the diagonal ``Re λ`` and so converges linearly, in up
+to ``T`` iterations (measured: ``T``), and ELK's damped steps take several (8 measured).
 """
 
 from __future__ import annotations
@@ -105,6 +113,10 @@ class LRUBackbone(ResidualStack):
         num_layers: number of layers.
         parallel: whole sequences by associative scan (``True``), ``lax.scan`` (``False``)
             or by backend (``None``).
+        evaluation: ``None`` (as ``parallel``), ``"sequential"`` or a Newton solver
+            (``"deer"``, ``"quasi-deer"``, ``"elk"``, ``"quasi-elk"``) on each layer's
+            recurrence (`statseq.models.neural.residual`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
         state_dim: ``N``, complex state dimensions per layer.
         r_min: smallest initial ``|λ|``.
         r_max: largest initial ``|λ|`` (< 1).
@@ -231,6 +243,16 @@ class LRU(ResidualStackModel):
         max_phase: largest initial eigenvalue phase.
         parallel: recurrence as an associative scan (``True``), ``lax.scan`` (``False``) or
             by backend (``None``: sequential on CPU, parallel on GPU).
+        evaluation: how whole, fully observed sequences (``log_prob``, ``fit_sgd``, the
+            Bayesian entry points) are evaluated: ``None`` (the linear recurrence, as
+            ``parallel`` says), ``"sequential"`` (``lax.scan``, as ``parallel=False``), or
+            by parallel Newton iterations on each layer's recurrence, ``"deer"``
+            (exact after one step), ``"quasi-deer"`` (linear convergence: the diagonal
+            drops the rotation), ``"elk"``, ``"quasi-elk"`` (module docstring), with the
+            sequential fallback and warning of `statseq.models.neural.evaluation` when
+            a solver does not converge. A Newton method needs ``parallel=None``;
+            ``"sequential"`` refuses ``parallel=True``.
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss

@@ -22,10 +22,18 @@ are stacked with pre-norm residual connections (`statseq.models.neural.residual`
 **Two modes, one model.** Whole sequences (training, `statseq.log_prob` on complete data)
 evaluate the selective recurrence with `statseq.inference.linear_recurrence.selective_scan`
 for all ``T`` steps at once, as an associative scan (``parallel=True``, GPU default) or one
-fused ``lax.scan`` (CPU default). Generation (`statseq.sample`, `statseq.forecast`, the filter
-with missing data) runs one step at a time, carrying each layer's SSM state ``h``
-``(E, N)`` and its convolution buffer (the last ``K - 1`` conv inputs, ``(K - 1, E)``).
-Tests show the modes give the same log-probabilities to float64 precision.
+fused ``lax.scan`` (CPU default, or ``evaluation="sequential"``). ``evaluation="deer"``,
+``"quasi-deer"``, ``"elk"`` or ``"quasi-elk"`` hand the recurrence ``h_t = exp(Δ_t A) *
+h_{t-1} + (Δ_t c_t) B_t`` of each layer to the parallel Newton solver instead
+(`statseq.models.neural.evaluation.evaluate_layer`, as for the RNN cells), for
+comparison: the recurrence is linear in ``h`` given the layer's inputs, its Jacobian is
+the diagonal ``exp(Δ_t A)`` whatever the guess, so DEER's (and quasi-DEER's) first Newton
+step from zeros is exactly the associative scan and the solver reports convergence after
+one iteration; ELK's damped steps take several (8 to 9 measured). Generation
+(`statseq.sample`, `statseq.forecast`, the filter with missing data) runs one step at a
+time, carrying each layer's SSM state ``h`` ``(E, N)`` and its convolution buffer (the
+last ``K - 1`` conv inputs, ``(K - 1, E)``). Tests show the modes give the same
+log-probabilities to float64 precision.
 """
 
 from __future__ import annotations
@@ -99,6 +107,10 @@ class MambaBackbone(ResidualStack):
         num_layers: number of layers.
         parallel: whole sequences by associative scan (``True``), ``lax.scan`` (``False``)
             or by backend (``None``).
+        evaluation: ``None`` (as ``parallel``), ``"sequential"`` or a Newton solver
+            (``"deer"``, ``"quasi-deer"``, ``"elk"``, ``"quasi-elk"``) on each layer's
+            recurrence (`statseq.models.neural.residual`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
         state_dim: ``N``, state dimensions per channel.
         expand: ``E = expand * d``.
         conv_width: ``K``, taps of the causal depthwise convolution.
@@ -253,6 +265,17 @@ class Mamba(ResidualStackModel):
         dt_rank: rank ``R`` of the Δ projection (``None``: ``ceil(d / 16)``).
         parallel: selective scan as an associative scan (``True``), ``lax.scan``
             (``False``) or by backend (``None``: sequential on CPU, parallel on GPU).
+        evaluation: how whole, fully observed sequences (``log_prob``, ``fit_sgd``, the
+            Bayesian entry points) are evaluated: ``None`` (the selective scan, as
+            ``parallel`` says), ``"sequential"`` (``lax.scan``, as ``parallel=False``), or
+            by parallel Newton iterations on each layer's recurrence, ``"deer"``,
+            ``"quasi-deer"``, ``"elk"``, ``"quasi-elk"`` (module docstring; exact after
+            one DEER step here, with the sequential fallback and warning of
+            `statseq.models.neural.evaluation` when a solver does not converge). A Newton
+            method needs ``parallel=None``; ``"sequential"`` refuses ``parallel=True``.
+            DEER forms dense ``(E N, E N)`` Jacobians per step: use quasi-DEER (exact
+            here too, ``O(T E N)`` memory) beyond toy sizes.
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
