@@ -38,6 +38,8 @@ from statseq.inference.deer import METHODS, deer
 
 EVALUATIONS = ("sequential",) + METHODS
 PARALLEL_MIN_TIMESTEPS = 1000
+_UNDAMPED = {"deer": "deer", "quasi-deer": "quasi-deer", "elk": "deer",
+             "quasi-elk": "quasi-deer"}
 
 
 def check_evaluation(evaluation: str | None, max_iter: int | None = None) -> None:
@@ -153,8 +155,16 @@ def evaluate_layer(step: Callable, params: Any, state: Any, xs: jax.Array, *, me
         lambda ok, r, i: None if ok else _warn(method, r, i), ok, residual, iterations)
     solution = jax.tree.map(lambda v: jnp.where(jnp.isfinite(v), v, 0.0), res.states)
 
+    def rebuild(s, x, init):
+        # deer with max_iter=0 at the solution: no iteration, only the implicit adjoint
+        # (ELK's is DEER's, quasi-ELK's quasi-DEER's), so the damped solver's Kalman
+        # smoother is not traced a second time
+        with jax.default_matmul_precision("highest"):
+            return deer(step, params, s, x, method=_UNDAMPED[method], max_iter=0,
+                        init=init)
+
     def parallel():
-        states = over_batch(lambda s, x, init: solve(s, x, init, 0).states, state, xs,
+        states = over_batch(lambda s, x, init: rebuild(s, x, init).states, state, xs,
                             solution)
         if batched:  # the solver's states are (N, T, H): back to time-major
             states = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), states)

@@ -21,6 +21,14 @@ residual connections (`statseq.models.neural.residual`). Initialization as in th
 Whole sequences use the same linear recurrence as Mamba
 (`statseq.inference.linear_recurrence`, a constant multiplier ``λ``), parallel or
 sequential; generation carries each layer's complex state ``h`` one step at a time.
+``evaluation="deer"`` (``"quasi-deer"``, ``"elk"``, ``"quasi-elk"``) solves each layer's
+recurrence by parallel Newton iterations instead
+(`statseq.models.neural.evaluation.evaluate_layer`), in real coordinates ``[Re h, Im h]``
+(the solvers take real states), where ``h ↦ λ * h`` is the block-diagonal map with the
+2 x 2 blocks ``[[Re λ, -Im λ], [Im λ, Re λ]]``. That map is the Jacobian at every guess,
+so DEER's first Newton step is the associative scan and it converges after one
+iteration. quasi-DEER keeps only the diagonal ``Re λ`` and so converges linearly, in up
+to ``T`` iterations (measured: ``T``), and ELK's damped steps take several (8 measured).
 """
 
 from __future__ import annotations
@@ -105,6 +113,10 @@ class LRUBackbone(ResidualStack):
         num_layers: number of layers.
         parallel: whole sequences by associative scan (``True``), ``lax.scan`` (``False``)
             or by backend (``None``).
+        evaluation: ``None`` (as ``parallel``), ``"sequential"`` or a Newton solver
+            (``"deer"``, ``"quasi-deer"``, ``"elk"``, ``"quasi-elk"``) on each layer's
+            recurrence (`statseq.models.neural.residual`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
         state_dim: ``N``, complex state dimensions per layer.
         r_min: smallest initial ``|λ|``.
         r_max: largest initial ``|λ|`` (< 1).
@@ -180,8 +192,30 @@ class LRUBackbone(ResidualStack):
 
     def layer_scan(self, p, state, vs):
         lam = lru_eigenvalues(p.nu_log, p.theta_log)
-        hs = linear_recurrence(lam, self._input(p, vs), state, parallel=self.parallel)
+        hs = linear_recurrence(lam, self._input(p, vs), state,
+                               parallel=self.recurrence_parallel)
         return hs[-1], self._output(p, hs, vs)
+
+    def layer_recurrence_inputs(self, p, state, vs):
+        """``(h0, u, ())`` for the Newton solvers, in real coordinates (the solvers take
+        real states): ``h0 = [Re h, Im h]`` ``(2, N)``, ``u_t = [Re, Im](γ B v_t)``
+        ``(T, 2N)``."""
+        u = self._input(p, vs)
+        return (jnp.stack([jnp.real(state), jnp.imag(state)]),
+                jnp.concatenate([jnp.real(u), jnp.imag(u)], axis=-1), ())
+
+    def layer_recurrence_step(self, p, h, u_t):
+        """``h_t = λ * h_{t-1} + u_t`` in real coordinates: per state a 2 x 2 block
+        ``[[Re λ, -Im λ], [Im λ, Re λ]]`` (the Jacobian; not diagonal, so quasi-DEER, which
+        keeps only ``Re λ``, converges linearly where DEER takes one step)."""
+        lam = lru_eigenvalues(p.nu_log, p.theta_log)
+        lr, li, n = jnp.real(lam), jnp.imag(lam), self.state_dim
+        re, im = h[0], h[1]
+        return jnp.stack([lr * re - li * im + u_t[:n], li * re + lr * im + u_t[n:]])
+
+    def layer_recurrence_outputs(self, p, state, vs, hs, aux):
+        h = jax.lax.complex(hs[:, 0], hs[:, 1])
+        return (h[-1] if h.shape[0] else state), self._output(p, h, vs)
 
 
 @register_model
@@ -209,6 +243,16 @@ class LRU(ResidualStackModel):
         max_phase: largest initial eigenvalue phase.
         parallel: recurrence as an associative scan (``True``), ``lax.scan`` (``False``) or
             by backend (``None``: sequential on CPU, parallel on GPU).
+        evaluation: how whole, fully observed sequences (``log_prob``, ``fit_sgd``, the
+            Bayesian entry points) are evaluated: ``None`` (the linear recurrence, as
+            ``parallel`` says), ``"sequential"`` (``lax.scan``, as ``parallel=False``), or
+            by parallel Newton iterations on each layer's recurrence, ``"deer"``
+            (exact after one step), ``"quasi-deer"`` (linear convergence: the diagonal
+            drops the rotation), ``"elk"``, ``"quasi-elk"`` (module docstring), with the
+            sequential fallback and warning of `statseq.models.neural.evaluation` when
+            a solver does not converge. A Newton method needs ``parallel=None``;
+            ``"sequential"`` refuses ``parallel=True``.
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -223,6 +267,8 @@ class LRU(ResidualStackModel):
     r_max: float = 0.99
     max_phase: float = math.pi
     parallel: bool | None = None
+    evaluation: str | None = None
+    evaluation_max_iter: int | None = None
 
     @property
     def backbone(self) -> LRUBackbone:
@@ -230,5 +276,6 @@ class LRU(ResidualStackModel):
             input_dim=self.backbone_input_dim, hidden_dim=self.hidden_dim,
             num_layers=self.num_layers, parallel=self.parallel, state_dim=self.state_dim,
             r_min=float(self.r_min), r_max=float(self.r_max),
-            max_phase=float(self.max_phase),
+            max_phase=float(self.max_phase), evaluation=self.evaluation,
+            evaluation_max_iter=self.evaluation_max_iter,
         )

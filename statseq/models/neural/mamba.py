@@ -22,10 +22,18 @@ are stacked with pre-norm residual connections (`statseq.models.neural.residual`
 **Two modes, one model.** Whole sequences (training, `statseq.log_prob` on complete data)
 evaluate the selective recurrence with `statseq.inference.linear_recurrence.selective_scan`
 for all ``T`` steps at once, as an associative scan (``parallel=True``, GPU default) or one
-fused ``lax.scan`` (CPU default). Generation (`statseq.sample`, `statseq.forecast`, the filter
-with missing data) runs one step at a time, carrying each layer's SSM state ``h``
-``(E, N)`` and its convolution buffer (the last ``K - 1`` conv inputs, ``(K - 1, E)``).
-Tests show the modes give the same log-probabilities to float64 precision.
+fused ``lax.scan`` (CPU default, or ``evaluation="sequential"``). ``evaluation="deer"``,
+``"quasi-deer"``, ``"elk"`` or ``"quasi-elk"`` hand the recurrence ``h_t = exp(Δ_t A) *
+h_{t-1} + (Δ_t c_t) B_t`` of each layer to the parallel Newton solver instead
+(`statseq.models.neural.evaluation.evaluate_layer`, as for the RNN cells), for
+comparison: the recurrence is linear in ``h`` given the layer's inputs, its Jacobian is
+the diagonal ``exp(Δ_t A)`` whatever the guess, so DEER's (and quasi-DEER's) first Newton
+step from zeros is exactly the associative scan and the solver reports convergence after
+one iteration; ELK's damped steps take several (8 to 9 measured). Generation
+(`statseq.sample`, `statseq.forecast`, the filter with missing data) runs one step at a
+time, carrying each layer's SSM state ``h`` ``(E, N)`` and its convolution buffer (the
+last ``K - 1`` conv inputs, ``(K - 1, E)``). Tests show the modes give the same
+log-probabilities to float64 precision.
 """
 
 from __future__ import annotations
@@ -99,6 +107,10 @@ class MambaBackbone(ResidualStack):
         num_layers: number of layers.
         parallel: whole sequences by associative scan (``True``), ``lax.scan`` (``False``)
             or by backend (``None``).
+        evaluation: ``None`` (as ``parallel``), ``"sequential"`` or a Newton solver
+            (``"deer"``, ``"quasi-deer"``, ``"elk"``, ``"quasi-elk"``) on each layer's
+            recurrence (`statseq.models.neural.residual`).
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
         state_dim: ``N``, state dimensions per channel.
         expand: ``E = expand * d``.
         conv_width: ``K``, taps of the causal depthwise convolution.
@@ -186,7 +198,9 @@ class MambaBackbone(ResidualStack):
         y = h @ cc + p.d_skip * c
         return MambaLayerState(h, window[1:]), self._output(p, y, z)
 
-    def layer_scan(self, p, state, vs):
+    def _prepare(self, p, state, vs):
+        """The non-recurrent part of the layer over a whole sequence ``vs`` ``(T, d)``:
+        ``(z, c, Δ, B, C, conv_tail)``."""
         e, k, t_len = self.inner_dim, self.conv_width, vs.shape[0]
         xz = vs @ p.in_proj
         x, z = xz[:, :e], xz[:, e:]
@@ -194,10 +208,34 @@ class MambaBackbone(ResidualStack):
         conv = sum(padded[j:j + t_len] * p.conv_weight[j] for j in range(k))
         c = jax.nn.silu(conv + p.conv_bias)
         delta, b, cc = self._selective(p, c)
+        return z, c, delta, b, cc, padded[t_len:]
+
+    def layer_scan(self, p, state, vs):
+        z, c, delta, b, cc, conv_tail = self._prepare(p, state, vs)
         y, h_last = selective_scan(delta, c, -jnp.exp(p.a_log), b, cc, state.ssm,
-                                   parallel=self.parallel)
+                                   parallel=self.recurrence_parallel)
         y = y + p.d_skip * c
-        return MambaLayerState(h_last, padded[t_len:]), self._output(p, y, z)
+        return MambaLayerState(h_last, conv_tail), self._output(p, y, z)
+
+    def layer_recurrence_inputs(self, p, state, vs):
+        """``(h0, u, aux)`` for the Newton solvers: ``h0`` the SSM state ``(E, N)``,
+        ``u_t = [Δ_t, Δ_t c_t, B_t]`` ``(T, 2E + N)``."""
+        z, c, delta, b, cc, conv_tail = self._prepare(p, state, vs)
+        return state.ssm, jnp.concatenate([delta, delta * c, b], axis=-1), (z, c, cc,
+                                                                            conv_tail)
+
+    def layer_recurrence_step(self, p, h, u_t):
+        """``h_t = exp(Δ_t A) * h_{t-1} + (Δ_t c_t) B_t``: linear in ``h``, with the
+        diagonal Jacobian ``exp(Δ_t A)`` (so DEER and quasi-DEER are exact in one step)."""
+        e = self.inner_dim
+        delta, dc, b = u_t[:e], u_t[e:2 * e], u_t[2 * e:]
+        return jnp.exp(delta[:, None] * -jnp.exp(p.a_log)) * h + dc[:, None] * b[None, :]
+
+    def layer_recurrence_outputs(self, p, state, vs, hs, aux):
+        z, c, cc, conv_tail = aux
+        y = jnp.einsum("ten,tn->te", hs, cc) + p.d_skip * c
+        h_last = hs[-1] if hs.shape[0] else state.ssm
+        return MambaLayerState(h_last, conv_tail), self._output(p, y, z)
 
 
 @register_model
@@ -227,6 +265,17 @@ class Mamba(ResidualStackModel):
         dt_rank: rank ``R`` of the Δ projection (``None``: ``ceil(d / 16)``).
         parallel: selective scan as an associative scan (``True``), ``lax.scan``
             (``False``) or by backend (``None``: sequential on CPU, parallel on GPU).
+        evaluation: how whole, fully observed sequences (``log_prob``, ``fit_sgd``, the
+            Bayesian entry points) are evaluated: ``None`` (the selective scan, as
+            ``parallel`` says), ``"sequential"`` (``lax.scan``, as ``parallel=False``), or
+            by parallel Newton iterations on each layer's recurrence, ``"deer"``,
+            ``"quasi-deer"``, ``"elk"``, ``"quasi-elk"`` (module docstring; exact after
+            one DEER step here, with the sequential fallback and warning of
+            `statseq.models.neural.evaluation` when a solver does not converge). A Newton
+            method needs ``parallel=None``; ``"sequential"`` refuses ``parallel=True``.
+            DEER forms dense ``(E N, E N)`` Jacobians per step: use quasi-DEER (exact
+            here too, ``O(T E N)`` memory) beyond toy sizes.
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss
@@ -241,6 +290,8 @@ class Mamba(ResidualStackModel):
     conv_width: int = 4
     dt_rank: int | None = None
     parallel: bool | None = None
+    evaluation: str | None = None
+    evaluation_max_iter: int | None = None
 
     @property
     def backbone(self) -> MambaBackbone:
@@ -248,4 +299,5 @@ class Mamba(ResidualStackModel):
             input_dim=self.backbone_input_dim, hidden_dim=self.hidden_dim,
             num_layers=self.num_layers, parallel=self.parallel, state_dim=self.state_dim,
             expand=self.expand, conv_width=self.conv_width, dt_rank=self.dt_rank,
+            evaluation=self.evaluation, evaluation_max_iter=self.evaluation_max_iter,
         )

@@ -11,6 +11,25 @@ initialization, initial state, one step (generation mode) and a whole-sequence f
 (training mode) that must give the same outputs and final state as repeated steps. The
 per-layer parameters and states are stacked along a leading ``num_layers`` axis and the
 layers run as a `jax.lax.scan` over that axis (one traced layer however deep the stack).
+
+**Whole-sequence evaluation** (``evaluation=``, as the recurrent cells' `RNNBackbone`). A
+layer whose recurrence is linear in its state given the inputs,
+
+    h_t = a_t * h_{t-1} + u_t      (a_t, u_t functions of the layer's inputs only),
+
+is evaluated by its own linear-recurrence scan: an associative scan (``parallel=True``),
+a `jax.lax.scan` (``parallel=False`` or ``evaluation="sequential"``) or by backend
+(``parallel=None``, ``evaluation=None``). ``evaluation="deer"``, ``"quasi-deer"``, ``"elk"``
+or ``"quasi-elk"`` instead hand the recurrence to the generic parallel Newton solver
+(`statseq.models.neural.evaluation.evaluate_layer`, layer after layer, with its
+sequential fallback and warning). The Jacobian ``∂h_t/∂h_{t-1}`` of a linear recurrence is
+its own multiplier ``a_t``, whatever the guess, so DEER's linearization is the recurrence
+itself and its first iterate from the zero guess, ``h_t = a_t h_{t-1} + u_t`` by an
+associative scan, *is* the associative scan: DEER (and quasi-DEER where ``a_t`` is
+diagonal in the solver's real coordinates) converges after one Newton step, the second
+evaluation of the residual only confirming it. A subclass opts in by splitting its layer
+at the recurrence (`ResidualStack.layer_recurrence_inputs`, `layer_recurrence_step`,
+`layer_recurrence_outputs`).
 """
 
 from __future__ import annotations
@@ -25,6 +44,7 @@ from numpyro.distributions import constraints
 
 from statseq.core.validation import check_positive_int, float_dtype
 from statseq.models.neural.base import Backbone, NeuralSequenceModel
+from statseq.models.neural.evaluation import check_evaluation, evaluate_layer
 
 #: Added to the mean square in `rms_norm`.
 RMS_EPS = 1e-5
@@ -78,12 +98,25 @@ class ResidualStack(Backbone):
         num_layers: number of residual layers ``L``.
         parallel: whole sequences by an associative scan (``True``), ``lax.scan``
             (``False``) or by backend (``None``: sequential on CPU).
+        evaluation: ``None`` (the layer's own scan, as ``parallel`` says), ``"sequential"``
+            (``lax.scan``, the same as ``parallel=False``) or a parallel Newton solver on
+            the layers' recurrences (``"deer"``, ``"quasi-deer"``, ``"elk"``,
+            ``"quasi-elk"``; module docstring). ``parallel`` and ``evaluation`` choose the
+            same thing: a Newton method needs ``parallel=None``, ``"sequential"`` refuses
+            ``parallel=True``.
+        evaluation_max_iter: the solver's maximum number of iterations (default ``T``).
+
+    Raises:
+        ValueError: for an unknown ``evaluation``, a bad ``evaluation_max_iter`` or an
+            ``evaluation`` that contradicts ``parallel``.
     """
 
     input_dim: int
     hidden_dim: int
     num_layers: int = 1
     parallel: bool | None = None
+    evaluation: str | None = None
+    evaluation_max_iter: int | None = None
 
     def __post_init__(self):
         check_positive_int(self.input_dim, "input_dim")
@@ -91,6 +124,26 @@ class ResidualStack(Backbone):
         check_positive_int(self.num_layers, "num_layers")
         if self.parallel is not None and not isinstance(self.parallel, bool):
             raise TypeError(f"parallel must be True, False or None, got {self.parallel!r}")
+        check_evaluation(self.evaluation, self.evaluation_max_iter)
+        if self.evaluation == "sequential" and self.parallel:
+            raise ValueError("evaluation='sequential' (lax.scan) contradicts parallel=True "
+                             "(the associative scan): pass one of them")
+        if self.evaluation not in (None, "sequential") and self.parallel is not None:
+            raise ValueError(
+                f"evaluation={self.evaluation!r} (parallel Newton iterations) and "
+                f"parallel={self.parallel} (the layer's own associative scan or lax.scan) "
+                "choose the same thing: leave parallel=None")
+
+    @property
+    def newton_method(self) -> str | None:
+        """The parallel Newton solver that evaluates whole sequences, or ``None`` for the
+        layers' own linear-recurrence scan (`recurrence_parallel`)."""
+        return None if self.evaluation in (None, "sequential") else self.evaluation
+
+    @property
+    def recurrence_parallel(self) -> bool | None:
+        """``parallel`` of the layers' own scan: ``False`` for ``evaluation="sequential"``."""
+        return False if self.evaluation == "sequential" else self.parallel
 
     # ---- one layer (subclass hooks) --------------------------------------------------
     @abc.abstractmethod
@@ -112,6 +165,42 @@ class ResidualStack(Backbone):
     @abc.abstractmethod
     def layer_scan(self, layer_params, state, xs):
         """A whole sequence ``(T, hidden_dim)`` -> ``(final_state, outputs (T, hidden_dim))``."""
+
+    # ---- one layer split at its recurrence (for the Newton solvers) ------------------
+    def layer_recurrence_inputs(self, layer_params, state, xs):
+        """Everything before the recurrence: ``(h0, us, aux)`` with ``h0`` the real
+        recurrent state before the first step, ``us`` ``(T, P)`` the per-step inputs of
+        `layer_recurrence_step` and ``aux`` what `layer_recurrence_outputs` needs."""
+        raise NotImplementedError(f"{type(self).__name__} has no parallel Newton "
+                                  "evaluation: use evaluation=None or 'sequential'")
+
+    def layer_recurrence_step(self, layer_params, h, u_t):
+        """The recurrence, ``h_t = step(layer_params, h_{t-1}, u_t)`` (real ``h``)."""
+        raise NotImplementedError
+
+    def layer_recurrence_outputs(self, layer_params, state, xs, hs, aux):
+        """Everything after the recurrence: ``(final_state, outputs (T, hidden_dim))``
+        from the states ``hs`` (leading time axis ``T``)."""
+        raise NotImplementedError
+
+    def _layer_newton(self, layer_params, state, xs):
+        """`layer_scan` with the recurrence solved by `evaluate_layer` (the Newton method
+        `newton_method`, sequential fallback). ``xs`` ``(T, d)`` with the layer's state, or
+        a time-major batch ``(T, N, d)`` with state leaves ``(N, ...)``: the solver then
+        runs on the whole batch (one convergence test, so that only the taken branch of
+        the fallback runs)."""
+        method, max_iter = self.newton_method, self.evaluation_max_iter
+        if xs.ndim == 2:
+            h0, us, aux = self.layer_recurrence_inputs(layer_params, state, xs)
+            hs = evaluate_layer(self.layer_recurrence_step, layer_params, h0, us,
+                                method=method, max_iter=max_iter)
+            return self.layer_recurrence_outputs(layer_params, state, xs, hs, aux)
+        h0, us, aux = jax.vmap(self.layer_recurrence_inputs, (None, 0, 1), (0, 1, 0))(
+            layer_params, state, xs)
+        hs = evaluate_layer(self.layer_recurrence_step, layer_params, h0, us, method=method,
+                            max_iter=max_iter)  # time-major (T, N, ...)
+        return jax.vmap(self.layer_recurrence_outputs, (None, 0, 1, 1, 0), (0, 1))(
+            layer_params, state, xs, hs, aux)
 
     # ---- the stack -------------------------------------------------------------------
     @property
@@ -158,7 +247,20 @@ class ResidualStack(Backbone):
         return self._run(self.layer_step, params, state, x_t)
 
     def scan(self, params, state, xs):
-        return self._run(self.layer_scan, params, state, xs)
+        """A whole sequence ``xs`` ``(T, input_dim)``: every layer by its own scan, or by
+        the Newton solver `newton_method` (module docstring)."""
+        layer_fn = self.layer_scan if self.newton_method is None else self._layer_newton
+        return self._run(layer_fn, params, state, xs)
+
+    def scan_time_major(self, params, state, xs):
+        """A time-major batch ``xs`` ``(T, N, input_dim)``, state leaves ``(N, L, ...)``:
+        `scan` vmapped over the sequences, or with a Newton solver the whole batch layer
+        after layer (`_layer_newton`)."""
+        if self.newton_method is None:
+            return super().scan_time_major(params, state, xs)
+        swap = lambda tree: jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), tree)  # noqa: E731
+        final, hs = self._run(self._layer_newton, params, swap(state), xs)
+        return swap(final), hs
 
 
 @dataclasses.dataclass(frozen=True)
