@@ -151,8 +151,6 @@ def evaluate_layer(step: Callable, params: Any, state: Any, xs: jax.Array, *, me
     ok = jnp.all(res.converged)
     residual = jnp.max(jnp.where(jnp.isnan(res.residual), jnp.inf, res.residual))
     iterations = jnp.max(res.iterations)
-    jax.debug.callback(
-        lambda ok, r, i: None if ok else _warn(method, r, i), ok, residual, iterations)
     solution = jax.tree.map(lambda v: jnp.where(jnp.isfinite(v), v, 0.0), res.states)
 
     def rebuild(s, x, init):
@@ -170,4 +168,11 @@ def evaluate_layer(step: Callable, params: Any, state: Any, xs: jax.Array, *, me
             states = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), states)
         return states
 
-    return jax.lax.cond(ok, parallel, lambda: sequential_scan(params, state, xs))
+    def fallback():
+        # the warning's host callback sits in this branch only, so a converged solve
+        # (the common case) never waits on the host (on a GPU a callback in the taken
+        # path costs a device-host round trip per call)
+        jax.debug.callback(lambda r, i: _warn(method, r, i), residual, iterations)
+        return sequential_scan(params, state, xs)
+
+    return jax.lax.cond(ok, parallel, fallback)
