@@ -69,7 +69,7 @@ from statseq.inference.lyapunov import lyapunov_exponent  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)  # float64: differences below show rounding only
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
-NUM_STEPS = 30 if SMOKE else 150  # Adam steps
+NUM_STEPS = 30 if SMOKE else 120  # Adam steps
 NUM_MONTHS = 600 if SMOKE else None  # the smoke mode uses the first 600 months only
 CHAOTIC_CAP = 120 if SMOKE else 400  # Newton iterations tried on the chaotic cell
 
@@ -82,7 +82,7 @@ CHAOTIC_CAP = 120 if SMOKE else 400  # Newton iterations tried on the chaotic ce
 # whether a GRU forecasts them better than an autoregression; here the network is the
 # object of study, so it is fitted to the whole series: a GRU with 8 hidden units and a
 # Gaussian head, $y_t \mid y_{<t} \sim \mathcal{N}(\mu(h_t), \sigma(h_t)^2)$, trained by
-# Adam for 150 steps (a few seconds).
+# Adam for 120 steps (a few seconds).
 
 # %%
 monthly = ss.datasets.load_sunspots_monthly()
@@ -209,6 +209,8 @@ def newton(method, step=gru_step, p=layer, g=gs, max_iter=200, tol=TOL, keep_goi
 
 
 METHODS = ("deer", "quasi-deer", "elk", "quasi-elk")
+if SMOKE:  # the tests' fast mode compiles DEER and quasi-DEER only
+    METHODS = METHODS[:2]
 solved = {m: newton(m) for m in METHODS}
 
 # %% [markdown]
@@ -247,7 +249,8 @@ assert table["converged"].all()
 assert (table["|diff|"] < LL_TOL).all(), table["|diff|"]
 assert (table["max |h - h_seq|"].dropna() < 1e-10).all()
 it = table["iterations"]
-assert it["deer"] < it["quasi-deer"] and it["elk"] < it["quasi-elk"]
+assert it["deer"] < it["quasi-deer"] and it.get("elk", 0) < it.get("quasi-elk", 1)
+assert 0 <= it.get("elk", it["deer"]) - it["deer"] <= 4 and it["quasi-deer"] >= 2 * it["deer"]
 assert it["deer"] <= 10
 
 # %% [markdown]
@@ -265,7 +268,7 @@ assert it["deer"] <= 10
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 3.6))
-for m, marker in zip(METHODS, "osD^", strict=True):
+for m, marker in zip(METHODS, "osD^", strict=False):  # (2 in smoke mode)
     r = solved[m][1].max(axis=1)
     ax.semilogy(np.arange(1, r.size + 1), r, marker=marker, ms=4, label=m)
 ax.axhline(TOL, color="k", ls=":", lw=0.8, label="tolerance")
@@ -290,7 +293,8 @@ assert 0.1 < np.median(rates) < 0.95  # linear
 # solution, then collapses: each of the last steps roughly squares it (Newton's quadratic
 # convergence; the printed ratio $\log r_{i+1} / \log r_i$ is close to 2 before rounding
 # stops it). Quasi-DEER's falls by a roughly constant factor per iteration (the printed
-# median ratio): linear convergence. ELK's damped first steps are visible as a slower start.
+# median ratio): linear convergence. ELK's first steps are damped (its $\lambda$ starts
+# at 1 and shrinks tenfold with every accepted step), after which it behaves like DEER.
 #
 # ## 4. The ELK step is a Kalman smoother
 #
@@ -345,7 +349,6 @@ def step_from_guess(method, lam):
     return np.asarray(iteration(gru_step, method, layer, gs, guess, jnp.float64(lam))[0])
 
 
-kalman_step = step_from_guess("elk", 1.0)
 deer_step = step_from_guess("deer", 1.0)
 jac, b = jax.jit(lambda p: (  # the J_t and b_t of the zero guess, for the direct solve
     jax.vmap(jax.jacfwd(lambda hp, g: gru_step(p, hp, g)), (None, 0))(h_init, gs),
@@ -359,13 +362,14 @@ A = sp.eye(T * H, format="csr") - sp.csr_matrix(
 c = b_np.reshape(-1).copy()
 c[:H] += jac_np[0] @ np.asarray(h_init)
 lsq = spsolve((A.T @ A + sp.eye(T * H)).tocsc(), A.T @ c + np.asarray(guess).reshape(-1))
-gap_lsq = np.max(np.abs(lsq.reshape(T, H) - kalman_step))
-gap_small = np.max(np.abs(step_from_guess("elk", 1e-10) - deer_step))
-gap_large = np.max(np.abs(step_from_guess("elk", 1e10) - np.asarray(guess)))
-print(f"Kalman smoother vs sparse least squares (lambda = 1): max |diff| = {gap_lsq:.1e}")
-print(f"lambda = 1e-10: max |ELK step - DEER step| = {gap_small:.1e}")
-print(f"lambda = 1e10:  max |ELK step - guess| = {gap_large:.1e}")
-assert gap_lsq < 1e-10 and gap_small < 1e-6 and gap_large < 1e-8
+if "elk" in METHODS:  # always, except in the tests' smoke mode (DEER and quasi-DEER)
+    gap_lsq = np.max(np.abs(lsq.reshape(T, H) - step_from_guess("elk", 1.0)))
+    gap_small = np.max(np.abs(step_from_guess("elk", 1e-10) - deer_step))
+    gap_large = np.max(np.abs(step_from_guess("elk", 1e10) - np.asarray(guess)))
+    print(f"Kalman smoother vs sparse least squares (lambda = 1): max |diff| = {gap_lsq:.1e}")
+    print(f"lambda = 1e-10: max |ELK step - DEER step| = {gap_small:.1e}")
+    print(f"lambda = 1e10:  max |ELK step - guess| = {gap_large:.1e}")
+    assert gap_lsq < 1e-10 and gap_small < 1e-6 and gap_large < 1e-8
 
 # %% [markdown]
 # The Kalman smoother and the direct sparse solve agree to rounding, and the two limits
@@ -390,10 +394,11 @@ assert gap_lsq < 1e-10 and gap_small < 1e-6 and gap_large < 1e-8
 # al., 2025).
 #
 # **Scaling the GRU's weights does not make it chaotic.** Multiplying the fitted
-# recurrent weights by a factor saturates the gates rather than making the cell unstable:
+# recurrent weights by a factor drives the gates into saturation rather than making the
+# cell unstable:
 
 # %%
-lyap_fitted = float(lyapunov_exponent(gru_step, layer, h_init, gs, states=h_seq))
+lyap_fitted = float(lyapunov_exponent(gru_step, layer, h_init, gs))
 scales = (1.0, 2.0, 4.0, 8.0, 16.0)
 gru_scaled = pd.Series(
     {s: float(lyapunov_exponent(gru_step, layer._replace(w_rec=s * layer.w_rec), h_init, gs))
@@ -401,16 +406,21 @@ gru_scaled = pd.Series(
 gru_scaled.index.name = "scale of the GRU's recurrent weights"
 print(f"fitted GRU: largest Lyapunov exponent {lyap_fitted:.3f} per month")
 print(gru_scaled.round(3).to_string())
-assert lyap_fitted < -0.05 and (gru_scaled < 0).all()
+assert lyap_fitted < -0.1 and (gru_scaled[gru_scaled.index <= 4] < -0.1).all()
+assert gru_scaled.max() < 0.05  # near zero at most: never clearly chaotic
 
 # %% [markdown]
 # The fitted cell is clearly contractive (a perturbation shrinks by a factor
-# $e^{\lambda_{\max}}$ per month on average), and so is every scaled version: a GRU's
-# gates saturate, and saturated gates have small derivatives. For a chaotic cell we
-# therefore take the classic one, an Elman cell $h_t = \tanh(g W h_{t-1} + u\, y_{t-1})$
-# with a random $8 \times 8$ matrix $W$ (entries $\mathcal{N}(0, 1/8)$) and the same
-# sunspot series as input: its gain $g$ is the scaled weight. With $g = 1$ it is
-# contractive, with $g = 3$ chaotic.
+# $e^{\lambda_{\max}}$ per month on average), and so are its versions with weights scaled
+# by 2 and 4; with larger scales the exponent approaches zero but does not become clearly
+# positive: a GRU's gates saturate, and saturated gates have small derivatives. For a
+# chaotic cell we therefore take the classic one, an Elman cell
+# $h_t = \tanh(g W h_{t-1} + 0.5\, u\, y_{t-1})$ with a random $8 \times 8$ matrix $W$
+# (entries $\mathcal{N}(0, 1/8)$) and random $u$, driven by the same sunspot series: its
+# gain $g$ is the scaled weight. With $g = 1$ it is contractive, with $g = 3$ chaotic
+# (the table below prints both exponents). We write it as a GRU whose reset gate is held
+# open and update gate shut (then $h_t = n_t$), so that it runs through the same
+# compiled programs as the fitted network, and check one step against the plain cell.
 #
 # **Iterations against $T$.** DEER is causal: iteration $i$ on the first $T'$ steps
 # computes exactly the first $T'$ entries of iteration $i$ on all $T$ steps (each
@@ -422,11 +432,27 @@ assert lyap_fitted < -0.05 and (gru_scaled < 0).all()
 # %%
 W = jax.random.normal(jax.random.key(1), (H, H)) / np.sqrt(H)
 u = jax.random.normal(jax.random.key(2), (H,))
-drive = 0.5 * jnp.asarray(y)[:, None] * u  # (T, H): the Elman cell's input u y_{t-1}
+drive = 0.5 * jnp.asarray(xs[:, :1]) * u  # (T, H): the Elman cell's input u y_{t-1}
+SHUT = 40.0  # sigmoid(-40) = 4e-18: a gate held shut (and at +40, held open)
 
 
-def elman_step(p, h, x):
-    return jnp.tanh(p @ h + x)
+def elman_as_gru(gain):
+    """The Elman cell tanh(gain W h + u y_{t-1}) as a GRU whose reset gate is held open
+    and update gate shut (then h_t = n_t): the same step function, so the same compiled
+    programs."""
+    p = layer._replace(w_rec=jnp.concatenate([jnp.zeros((2 * H, H)), gain * W]),
+                       bias_rec=jnp.zeros(H))
+    g = jnp.concatenate([jnp.full((T, H), SHUT), jnp.full((T, H), -SHUT), drive], axis=1)
+    return p, g
+
+
+elman_1, elman_3 = elman_as_gru(1.0), elman_as_gru(3.0)
+h_elman = jax.lax.scan(lambda h, x: (jnp.tanh(3.0 * W @ h + x),) * 2, h_init, drive)[1]
+prev_elman = jnp.concatenate([h_init[None], h_elman[:-1]])  # one step from every state:
+gap_elman = float(jnp.max(jnp.abs(h_elman - jax.vmap(  # (a whole chaotic trajectory
+    lambda h, g: gru_step(elman_3[0], h, g))(prev_elman, elman_3[1]))))  # would amplify
+print(f"Elman step vs the GRU step with gates held: max |diff| = {gap_elman:.1e}")  # ulps)
+assert gap_elman < 1e-14
 
 
 def iterations_by_length(history, lengths, tol=TOL):
@@ -441,13 +467,14 @@ def iterations_by_length(history, lengths, tol=TOL):
 
 
 lengths = [n for n in (10, 30, 100, 300, 1000, 3177) if n <= T]
-cells = {"fitted GRU": (gru_step, layer, gs, 50),
-         "Elman, g = 1": (elman_step, 1.0 * W, drive, 50),
-         "Elman, g = 3": (elman_step, 3.0 * W, drive, CHAOTIC_CAP)}
+cells = {"fitted GRU": (layer, gs), "Elman, g = 1": elman_1, "Elman, g = 3": elman_3}
 sweep = {}
-for name, (step, p, inputs, cap) in cells.items():
-    _, history, _ = newton("deer", step=step, p=p, g=inputs, max_iter=cap, keep_going=True)
-    lyap = float(lyapunov_exponent(step, p, h_init, inputs))
+for name, (p, g) in cells.items():
+    if name == "fitted GRU":
+        history = solved["deer"][1]  # section 2's run
+    else:
+        history = newton("deer", p=p, g=g, max_iter=CHAOTIC_CAP, keep_going=True)[1]
+    lyap = float(lyapunov_exponent(gru_step, p, h_init, g))
     sweep[name] = {"Lyapunov exponent": lyap, **iterations_by_length(history, lengths)}
 sweep = pd.DataFrame(sweep).T
 sweep.columns = ["Lyapunov exponent"] + [f"T = {n}" for n in lengths]
@@ -498,7 +525,8 @@ assert chaos.isna().any()
 # GRU both ways.
 
 # %%
-deer_model = dataclasses.replace(model, evaluation="deer")
+deer_model = dataclasses.replace(model, evaluation="deer",  # the table's (compiled) model
+                                 evaluation_max_iter=int(table.loc["deer", "iterations"]))
 
 
 def best_time(fn, repeats=5):
@@ -516,10 +544,10 @@ t_deer = best_time(lambda: ss.log_prob(deer_model, params, y).block_until_ready(
 print(f"{jax.default_backend().upper()}, T = {T}: sequential {t_seq * 1e3:.2f} ms, "
       f"DEER {t_deer * 1e3:.2f} ms ({t_deer / t_seq:.1f} times the sequential time)")
 if jax.default_backend() == "cpu":
-    assert t_seq < t_deer
+    assert 2 * t_seq < t_deer
 
 # %% [markdown]
-# On this CPU the sequential scan wins by a wide margin (the numbers printed above): the
+# On this CPU the sequential scan is several times faster (the numbers printed above): the
 # machine has no parallel width to spend on the associative scan's extra work, which is
 # why statseq's default (`evaluation=None`) is the sequential scan on a CPU.
 #
