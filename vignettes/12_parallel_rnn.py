@@ -106,10 +106,10 @@ print(f"{T} months; GRU({H}) log-likelihood {float(ss.log_prob(model, params, y)
 # $g_t = W_x x_t + b$ does not depend on the state, so it is computed for every step at
 # once, and what remains is the GRU cell
 #
-# $$\begin{aligned} r_t &= \sigma(g^r_t + W^r h_{t-1}), \quad
-# z_t = \sigma(g^z_t + W^z h_{t-1}), \\
-# n_t &= \tanh\big(g^n_t + r_t \odot (W^n h_{t-1} + b^n)\big), \quad
-# h_t = (1 - z_t) \odot n_t + z_t \odot h_{t-1}. \end{aligned}$$
+# $$r_t = \sigma(g^r_t + W^r h_{t-1}), \qquad z_t = \sigma(g^z_t + W^z h_{t-1}),$$
+#
+# $$n_t = \tanh(g^n_t + r_t \odot (W^n h_{t-1} + b^n)), \qquad
+# h_t = (1 - z_t) \odot n_t + z_t \odot h_{t-1}.$$
 #
 # We write it out, and check that its sequential scan is the model's own trajectory.
 
@@ -382,7 +382,7 @@ if "elk" in METHODS:  # always, except in the tests' smoke mode (DEER and quasi-
 # conditioning is governed by how fast the cell amplifies perturbations: its **largest
 # Lyapunov exponent**
 #
-# $$\lambda_{\max} = \lim_{T \to \infty} \frac{1}{T} \log \lVert J_{T-1} \cdots J_1 J_0 v \rVert,$$
+# $$\lambda_{\max} = \lim_{T \to \infty} \frac{1}{T} \log | J_{T-1} \cdots J_1 J_0 v |,$$
 #
 # estimated along a trajectory by `statseq.inference.lyapunov.lyapunov_exponent`
 # (Benettin's power iteration, with Jacobian-vector products). When $\lambda_{\max} < 0$
@@ -563,7 +563,7 @@ if jax.default_backend() == "cpu":
 # | value and gradient | 375 ms | 0.90 ms (417x faster) | 73.7 ms (5.1x faster) | – |
 #
 # (DEER's paper reports 68x for a GRU at $T = 10^4$ on a V100.) That is why
-# `evaluation=None` picks DEER on a GPU for $T \ge 1000$. The gradient is implicit: the
+# `evaluation=None` picks DEER on a GPU for $T \geq 1000$. The gradient is implicit: the
 # adjoint of the converged trajectory is one more linear recursion, solved by a reverse
 # associative scan, so training gains even more than evaluation. ELK's Kalman smoother is
 # the price of its robustness: on this contractive cell plain DEER is the right choice.
