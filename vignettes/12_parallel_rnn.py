@@ -25,8 +25,9 @@
 # which an associative scan evaluates in $O(\log T)$ sequential depth (DEER: Lim et al.,
 # 2023, "Parallelizing non-linear sequential models over the sequence length"). Damping
 # the Newton step turns each iteration into a **Kalman smoother** (ELK: Gonzalez et al.,
-# 2024, "Towards scalable and stable parallelization of nonlinear RNNs"), the same
-# smoother that vignette 03 ("State space models") runs on the Nile.
+# 2024, "Towards scalable and stable parallelization of nonlinear RNNs"): the Kalman
+# smoother that vignette 03 ("State space models") runs on the Nile, here in its
+# parallel form.
 #
 # This tutorial takes a GRU fitted to a long real series and
 #

@@ -375,7 +375,8 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
             rounding level above ``tol``; on GPUs float32 matmuls default to TF32, whose
             ``1e-3`` relative error stalls it far above ``1e-5``: run under
             ``jax.default_matmul_precision("highest")`` or loosen ``tol``). For ELK a
-            rejected step counts as an iteration.
+            rejected step counts as an iteration. ``0`` only checks ``init`` (its
+            residual and the tolerance; no loop is compiled).
         damping: initial Levenberg-Marquardt damping ``λ`` of ELK / quasi-ELK (divided by
             10 after each accepted step, multiplied by 10 after a rejected one); unused by
             DEER.
