@@ -270,6 +270,15 @@ def _newton(f, params, h0, xs, init, method, tol, max_iter):
     return hs, i, r, ok
 
 
+def _no_iteration(f, params, h0, xs, init, tol):
+    """What `_newton` and `_levenberg_marquardt` return with ``max_iter = 0``: the guess,
+    its residual and whether it satisfies the tolerance, without compiling a loop."""
+    prev = jnp.concatenate([h0[None], init[:-1]], axis=0)
+    r = jnp.max(jnp.abs(jax.vmap(f, (None, 0, 0))(params, prev, xs) - init))
+    ok = (r <= tol * jnp.maximum(1.0, jnp.max(jnp.abs(init)))) & jnp.isfinite(r)
+    return init, jnp.int32(0), r, ok & jnp.all(jnp.isfinite(init))
+
+
 def _levenberg_marquardt(f, params, h0, xs, init, method, tol, max_iter, damping):
     """ELK / quasi-ELK: damped Newton steps by a Kalman smoother, adaptive damping."""
     from statseq.inference.elk import elk_step, lm_update
@@ -432,7 +441,8 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
             rounding level above ``tol``; on GPUs float32 matmuls default to TF32, whose
             ``1e-3`` relative error stalls it far above ``1e-5``: run under
             ``jax.default_matmul_precision("highest")`` or loosen ``tol``). For ELK a
-            rejected step counts as an iteration.
+            rejected step counts as an iteration. ``0`` only checks ``init`` (its
+            residual and the tolerance; no loop is compiled).
         damping: initial Levenberg-Marquardt damping ``λ`` of ELK / quasi-ELK (divided by
             10 after each accepted step, multiplied by 10 after a rejected one); unused by
             DEER.
@@ -484,7 +494,9 @@ def deer(step: Callable, params, h0, xs, *, method: str = "deer", init=None,
     stop = jax.lax.stop_gradient
     solver_args = (f, stop(params), stop(h0_flat), stop(xs), stop(init_flat), method, tol,
                    max_iter)
-    if method in ("elk", "quasi-elk"):
+    if max_iter == 0:  # no loop to compile (the models rebuild a solution this way)
+        hs, iters, r, ok = _no_iteration(*solver_args[:5], tol)
+    elif method in ("elk", "quasi-elk"):
         hs, iters, r, ok = _levenberg_marquardt(*solver_args, damping)
     else:
         hs, iters, r, ok = _newton(*solver_args)

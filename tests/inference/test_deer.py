@@ -220,6 +220,28 @@ def test_warm_start_and_batching():
         assert _max_abs(one, _SEQ(step, params, h0, xs[i])) < 1e-10
 
 
+@pytest.mark.parametrize("method", ("deer", "quasi-deer", "elk", "quasi-elk"))
+def test_max_iter_zero_checks_the_guess_without_a_loop(method):
+    # the models rebuild a converged solution with max_iter=0 (its implicit gradient):
+    # the result is the guess, its true residual and the tolerance test, and the
+    # program has no while loop to compile
+    step, params, h0 = _elman, _orthogonal(3, 0.8), jnp.zeros(3)
+    xs = _normal(8, (40, 3))
+    exact = _SEQ(step, params, h0, xs)
+    solve = jax.jit(lambda p, init: deer(step, p, h0, xs, method=method, init=init,
+                                         max_iter=0))
+    assert "while" not in solve.lower(params, exact).as_text()
+    res = solve(params, exact)
+    assert int(res.iterations) == 0 and bool(res.converged)
+    assert _max_abs(res.states, exact) == 0.0
+    off = exact + 1e-3
+    res = solve(params, off)
+    r = jnp.max(jnp.abs(jax.vmap(step, (None, 0, 0))(
+        params, jnp.concatenate([h0[None], off[:-1]]), xs) - off))
+    assert not bool(res.converged) and float(res.residual) == pytest.approx(float(r))
+    assert not bool(solve(params, exact.at[3, 1].set(jnp.nan)).converged)
+
+
 def test_dense_linear_recurrence_and_combine():
     rng = np.random.default_rng(0)
     a, b, h0 = rng.normal(size=(9, 3, 3)) * 0.5, rng.normal(size=(9, 3)), rng.normal(size=3)
