@@ -15,6 +15,7 @@ missing steps.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -77,6 +78,7 @@ def _cases():
 CASES = dict(_cases())
 
 
+@functools.cache  # the exact rational references are reused by several tests (read only)
 def _get(spec):
     if spec[0] == "extreme":
         return _case(spec[1], 1.0, spec[2])

@@ -12,6 +12,10 @@ import pytest
 import statseq as ss
 
 STATE, EMIT, INPUT, T = 2, 3, 1, 120
+# ``num_iters`` is a static argument of the EM program (the length of its trace), and each
+# new value compiles a new one (~4 s at -O0 against ~1 ms per iteration run): every fit_em
+# of the fixture's model below runs this many, so they share one program (CI time)
+EM_ITERS = 1000
 
 
 def truth(model=None):
@@ -82,7 +86,11 @@ def test_one_em_step_matches_dynamax(data):
     _, props = dyn.initialize(jax.random.key(0))
     ref, lls = dyn.fit_em(to_dynamax(start), props, jnp.asarray(y), inputs=jnp.asarray(u),
                           num_iters=1, verbose=False)
-    fit = ss.fit_em(model, start, y, inputs=u, num_iters=1, tol=0, progress=False)
+    # tol=inf: the step from ``start`` is taken at iteration 0 and iteration 1 declares
+    # convergence, which returns the parameters that produced its value, i.e. exactly one EM
+    # step; the same compiled program as the EM_ITERS fits below (CI time)
+    fit = ss.fit_em(model, start, y, inputs=u, num_iters=EM_ITERS, tol=np.inf, progress=False)
+    assert fit.converged and fit.num_iterations == 2
     new = fit.params
     np.testing.assert_allclose(fit.log_joint[0], lls[0], rtol=1e-10)
     pairs = [(new.dynamics_weights, ref.dynamics.weights), (new.dynamics_cov, ref.dynamics.cov),
@@ -107,9 +115,10 @@ def test_em_is_monotone_and_keeps_covariances_positive_definite_for_hundreds_of_
     mask = rng.random(y.shape) > 0.15  # partially observed steps
     mask[40:45] = False
     start = model.initialize(y, key=jax.random.key(1), inputs=u)
-    fit = ss.fit_em(model, start, y, mask=mask, inputs=u, num_iters=400, tol=0, progress=False)
+    fit = ss.fit_em(model, start, y, mask=mask, inputs=u, num_iters=EM_ITERS, tol=0,
+                    progress=False)
     trace = fit.log_joint[: fit.num_iterations]
-    assert fit.num_iterations == 400 and np.all(np.isfinite(trace))
+    assert fit.num_iterations == EM_ITERS and np.all(np.isfinite(trace))
     # non-decreasing up to float64 rounding of a sum of ~400 terms
     assert np.min(np.diff(trace)) > -1e-8 * np.abs(trace).max()
     assert trace[-1] > trace[0] + 10
@@ -128,7 +137,7 @@ def test_em_with_frozen_leaves_is_an_exact_conditional_maximization(data):
     start = start._replace(dynamics_weights=p.dynamics_weights)
     trainable = jax.tree.map(lambda _: True, start)._replace(
         dynamics_weights=False, emission_weights=False, emission_cov=False)
-    fit = ss.fit_em(model, start, y, inputs=u, num_iters=60, tol=0, trainable=trainable,
+    fit = ss.fit_em(model, start, y, inputs=u, num_iters=EM_ITERS, tol=0, trainable=trainable,
                     progress=False)
     trace = fit.log_joint[: fit.num_iterations]
     assert np.min(np.diff(trace)) > -1e-9 * np.abs(trace).max()
@@ -137,8 +146,8 @@ def test_em_with_frozen_leaves_is_an_exact_conditional_maximization(data):
     # with one free block EM converges fast, and its fixed point is a stationary point of
     # the likelihood in that block: the conditional M-step used the frozen values
     only_bias = jax.tree.map(lambda _: False, start)._replace(dynamics_bias=True)
-    fit = ss.fit_em(model, start, y, inputs=u, num_iters=500, tol=1e-14, trainable=only_bias,
-                    progress=False)
+    fit = ss.fit_em(model, start, y, inputs=u, num_iters=EM_ITERS, tol=1e-14,
+                    trainable=only_bias, progress=False)
     grad = jax.grad(lambda b: ss.log_prob(model, fit.params._replace(dynamics_bias=b), y,
                                           inputs=u))(fit.params.dynamics_bias)
     assert np.max(np.abs(np.asarray(grad))) < 1e-4
@@ -149,7 +158,7 @@ def test_quasi_newton_and_em_reach_the_same_optimum(data):
     L-BFGS then polishes from EM's end point; adam from there finds nothing better."""
     model, _, y, u = data
     start = model.initialize(y, key=jax.random.key(1), inputs=u)
-    em = ss.fit_em(model, start, y, inputs=u, num_iters=1000, tol=1e-12, progress=False)
+    em = ss.fit_em(model, start, y, inputs=u, num_iters=EM_ITERS, tol=1e-12, progress=False)
     ll_em = float(ss.log_prob(model, em.params, y, inputs=u))
     qn = ss.fit_lbfgs(model, em.params, y, inputs=u, num_iters=300, progress=False)
     ll_qn = float(ss.log_prob(model, qn.params, y, inputs=u))
@@ -240,42 +249,53 @@ def test_validation_errors(data):
         model.smoother(p, y, inputs=u)
 
 
-@pytest.mark.parametrize("case", ["inputs", "diffuse", "slow_convergence"])
+class _SteadyFrom256LGSSM(ss.LinearGaussianSSM):
+    """`steady_state_min_timesteps` lowered to 256 (from 1024), so that 700 steps take the
+    steady-state path. A class of its own (a model is a static argument, compared with its
+    class) instead of a patched attribute: its programs are traced here, never found in the
+    caches, so the spy below sees them without clearing every cache (CI time)."""
+
+    steady_state_min_timesteps = 256
+
+
+@pytest.mark.parametrize("case", ["inputs", "diffuse_then_slow_convergence"])
 def test_steady_state_fast_path_equals_the_step_by_step_filter(case, monkeypatch):
     """``log_prob`` on complete data switches to the steady-state gain after 128 exact steps
     (or keeps filtering exactly when the covariance has not converged by then). The path
     starts at `steady_state_min_timesteps` (1024) steps; lowered to 256 here, so 700 steps
-    take it (a spy checks)."""
+    take it (a spy checks). The diffuse and the slowly converging model share their shapes,
+    hence their programs: the second reuses the traced program (no new trace)."""
     from statseq.inference import kalman_steady
 
     rng = np.random.default_rng(11)
     num_t = 700
-    monkeypatch.setattr(ss.LinearGaussianSSM, "steady_state_min_timesteps", 256)
     calls = []
-    jax.clear_caches()  # the spy sees only traces; the cases share their programs
     original = kalman_steady.steady_state_log_probs
     monkeypatch.setattr(kalman_steady, "steady_state_log_probs",
                         lambda *a, **k: calls.append(1) or original(*a, **k))
     if case == "inputs":
-        model, p = truth()
-        u = rng.normal(size=(num_t, INPUT))
+        model = _SteadyFrom256LGSSM(state_dim=STATE, emission_dim=EMIT, input_dim=INPUT)
+        _, p = truth(model)
+        settings = [(p, rng.normal(size=(num_t, INPUT)))]
     else:
-        model = ss.LinearGaussianSSM(state_dim=2, emission_dim=None, initial="diffuse")
-        p = model.default_params()._replace(
+        model = _SteadyFrom256LGSSM(state_dim=2, emission_dim=None, initial="diffuse")
+        settings = [(model.default_params()._replace(
             dynamics_weights=jnp.array([[1.0, 1.0], [0.0, 1.0]]),
             emission_weights=jnp.array([[1.0, 0.0]]),
-            dynamics_cov=jnp.diag(jnp.array([0.5, 0.01 if case == "diffuse" else 1e-9])))
-        u = None
-    y = np.asarray(ss.sample(model, p, num_timesteps=num_t, key=jax.random.key(3), inputs=u))
-    fast = ss.filter(model, p, y, inputs=u)
-    exact = ss.filter(model, p, y, inputs=u, return_carries=True)
-    assert exact.carries is not None and fast.carries is None
-    assert calls, "the steady-state path was not taken"
-    np.testing.assert_allclose(fast.log_probs, exact.log_probs, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(fast.log_prob, exact.log_prob, rtol=1e-11)
-    np.testing.assert_allclose(fast.final_carry.mean, exact.final_carry.mean, rtol=1e-8,
-                               atol=1e-8)
-    np.testing.assert_allclose(fast.final_carry.cov, exact.final_carry.cov, rtol=1e-8, atol=1e-10)
+            dynamics_cov=jnp.diag(jnp.array([0.5, q_slope]))), None) for q_slope in (0.01, 1e-9)]
+    for p, u in settings:
+        y = np.asarray(ss.sample(model, p, num_timesteps=num_t, key=jax.random.key(3),
+                                 inputs=u))
+        fast = ss.filter(model, p, y, inputs=u)
+        exact = ss.filter(model, p, y, inputs=u, return_carries=True)
+        assert exact.carries is not None and fast.carries is None
+        assert len(calls) == 1, "the steady-state path was not taken (or traced again)"
+        np.testing.assert_allclose(fast.log_probs, exact.log_probs, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(fast.log_prob, exact.log_prob, rtol=1e-11)
+        np.testing.assert_allclose(fast.final_carry.mean, exact.final_carry.mean, rtol=1e-8,
+                                   atol=1e-8)
+        np.testing.assert_allclose(fast.final_carry.cov, exact.final_carry.cov, rtol=1e-8,
+                                   atol=1e-10)
 
 
 def test_em_on_an_unbounded_likelihood_stops_and_returns_valid_parameters():

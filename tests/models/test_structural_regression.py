@@ -163,31 +163,6 @@ def _restricted(model, y, x, variances):
     return beta, np.linalg.inv(-hess), f0 + 0.5 * grad @ beta - 0.5 * np.linalg.slogdet(-hess)[1]
 
 
-def test_durbin_koopman_estimates_with_the_regression_in_the_state():
-    """D&K's printed coefficients and standard errors, reproduced from statseq's likelihood.
-
-    Their model: level + trigonometric seasonal with its own variance, the regression
-    coefficients diffuse states (statsmodels' ``mle_regression=False``). The likelihood
-    built from statseq's ``log_prob`` equals statsmodels' at two parameter values; its
-    maximum (Nelder-Mead over the log variances) gives -0.29140 (0.09832) and -0.23773
-    (0.04632) to 2e-5 (measured: within 1e-5).
-    """
-    y, x = seatbelt()
-    model = ss.StructuralModel((ss.Trend(), ss.TrigSeasonal(12)), input_dim=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ref = UnobservedComponents(y, "llevel", freq_seasonal=[{"period": 12}], exog=x,
-                                   mle_regression=False, use_exact_diffuse=True)
-    for v in ([0.0038, 2.7e-4, 1.2e-6], [0.003, 5e-4, 1e-5]):
-        assert abs(_restricted(model, y, x, v)[2] - ref.loglike(v)) < 1e-7
-    best = optimize.minimize(lambda lv: -_restricted(model, y, x, np.exp(lv))[2],
-                             np.log([0.0038, 2.7e-4, 1.2e-6]), method="Nelder-Mead",
-                             options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
-    beta, cov, _ = _restricted(model, y, x, np.exp(best.x))
-    np.testing.assert_allclose(beta, [DK_PETROL[0], DK_LAW[0]], atol=2e-5)
-    np.testing.assert_allclose(np.sqrt(np.diag(cov)), [DK_PETROL[1], DK_LAW[1]], atol=2e-5)
-
-
 def test_durbin_koopman_basic_structural_model_variances():
     """Without regressors, statseq's log-likelihood at D&K's printed variances equals
     statsmodels' (1e-7), and those variances are a local maximum of it: moving any one by
@@ -280,3 +255,33 @@ def test_configuration_and_errors():
         ss.StructuralModel((ss.Trend(),), input_dim=1.5)
     with pytest.raises(ValueError, match="future_inputs"):
         model.forecast_moments(params, y, inputs=x, num_steps=3)
+
+
+# Runtime-bound (Nelder-Mead: ~150 evaluations of six log-likelihoods of a 14-state model):
+# compiled with full XLA optimization, which runs them ~3x faster than the suite's -O0 (CPU
+# time: ~10 s -> ~4 s). The fixture is module-scoped, so this test comes last: nothing after
+# it compiles optimized programs.
+@pytest.mark.usefixtures("xla_optimized")
+def test_durbin_koopman_estimates_with_the_regression_in_the_state():
+    """D&K's printed coefficients and standard errors, reproduced from statseq's likelihood.
+
+    Their model: level + trigonometric seasonal with its own variance, the regression
+    coefficients diffuse states (statsmodels' ``mle_regression=False``). The likelihood
+    built from statseq's ``log_prob`` equals statsmodels' at two parameter values; its
+    maximum (Nelder-Mead over the log variances) gives -0.29140 (0.09832) and -0.23773
+    (0.04632) to 2e-5 (measured: within 1e-5).
+    """
+    y, x = seatbelt()
+    model = ss.StructuralModel((ss.Trend(), ss.TrigSeasonal(12)), input_dim=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = UnobservedComponents(y, "llevel", freq_seasonal=[{"period": 12}], exog=x,
+                                   mle_regression=False, use_exact_diffuse=True)
+    for v in ([0.0038, 2.7e-4, 1.2e-6], [0.003, 5e-4, 1e-5]):
+        assert abs(_restricted(model, y, x, v)[2] - ref.loglike(v)) < 1e-7
+    best = optimize.minimize(lambda lv: -_restricted(model, y, x, np.exp(lv))[2],
+                             np.log([0.0038, 2.7e-4, 1.2e-6]), method="Nelder-Mead",
+                             options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
+    beta, cov, _ = _restricted(model, y, x, np.exp(best.x))
+    np.testing.assert_allclose(beta, [DK_PETROL[0], DK_LAW[0]], atol=2e-5)
+    np.testing.assert_allclose(np.sqrt(np.diag(cov)), [DK_PETROL[1], DK_LAW[1]], atol=2e-5)
