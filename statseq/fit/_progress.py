@@ -40,6 +40,12 @@ def progress_bar(total: int, description: str, enabled: bool):
         bar.close()
 
 
+def trace_capacity(num_iters: int) -> int:
+    """Static length of a fit's trace buffer: a power of two >= 256, so fits that differ
+    only in ``num_iters`` (passed to the compiled loop as an array) share one program."""
+    return max(256, 1 << (num_iters - 1).bit_length())
+
+
 def update_every(num_steps: int) -> int:
     """How often (in iterations) the compiled loop reports: about 100 updates per fit."""
     return max(1, num_steps // 100)

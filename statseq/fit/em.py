@@ -170,9 +170,9 @@ def _rounding_tolerance(dtype) -> float:
     return 1e-5 if jnp.dtype(dtype) == jnp.float32 else 1e-10
 
 
-@partial(jax.jit, static_argnames=("model", "num_iters", "progress_every"))
-def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inputs, tol, *,
-                     num_iters, progress_every):
+@partial(jax.jit, static_argnames=("model", "capacity", "progress"))
+def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inputs, tol,
+                     num_iters, progress_every, *, capacity, progress):
     dtype = float_dtype()
     noise = _rounding_tolerance(dtype)
 
@@ -216,7 +216,7 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
         failed = broken | decreased
         # a failed step is not recorded: the last finite entry is that of the returned params
         trace = trace.at[i].set(jnp.where(decreased, jnp.nan, value))
-        if progress_every:
+        if progress:
             jax.lax.cond(
                 (i % progress_every == 0) | (i == num_iters - 1),
                 lambda: jax.debug.callback(_progress.report, i, value),
@@ -234,7 +234,7 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
 
     num_masses = getattr(model, "num_states", 0) if carry_masses else 0
     init = (jnp.zeros((), jnp.int32), params, params,
-            jnp.full((num_iters,), jnp.nan, dtype), jnp.asarray(_RUNNING, jnp.int32),
+            jnp.full((capacity,), jnp.nan, dtype), jnp.asarray(_RUNNING, jnp.int32),
             jnp.zeros((num_masses,), dtype))
     return jax.lax.while_loop(cond, body, init)
 
@@ -330,7 +330,6 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100,
     m_step_tree, mask_tree, restriction = _em_masks(model, params, trainable, ties)
     if restriction is not None:  # tied entries start at their common value (as in fit_lbfgs)
         params = restriction.expand(model, restriction.z0)
-    progress_every = _progress.update_every(num_iters) if progress else 0
     # one program per data shape; EM's statistics would see padded steps, so instead of
     # length buckets a loop over many lengths keeps only the latest programs
     bound_cache(_fit_em_compiled)
@@ -339,7 +338,9 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100,
             model, params, jax.tree.map(jnp.asarray, m_step_tree), restriction, priors,
             data.y, data.mask,
             data.inputs, jnp.asarray(tol_value, float_dtype()),
-            num_iters=num_iters, progress_every=progress_every,
+            jnp.asarray(num_iters, jnp.int32),
+            jnp.asarray(_progress.update_every(num_iters), jnp.int32),
+            capacity=_progress.trace_capacity(num_iters), progress=bool(progress),
         )
         i, fitted, other, trace, status, masses = jax.block_until_ready(out)
     num_iterations, status = int(i), int(status)
@@ -350,7 +351,7 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100,
             tree, params, mask_tree)
 
     fitted = restore_frozen(fitted)
-    trace = np.asarray(trace)
+    trace = np.asarray(trace)[:num_iters]
     if status == _NONFINITE:
         warnings.warn(
             f"fit_em stopped at iteration {num_iterations - 1}: the log joint became "

@@ -47,12 +47,6 @@ _RUNNING, _CONVERGED, _STALLED, _NONFINITE = 0, 1, 2, 3
 _SOLVER = optax.lbfgs()
 
 
-def _trace_capacity(num_iters: int) -> int:
-    """Static length of the trace buffer: a power of two >= 256, so fits with different
-    ``num_iters`` (an array argument) share one compiled program."""
-    return max(256, 1 << (num_iters - 1).bit_length())
-
-
 @partial(jax.jit, static_argnames=("model", "capacity", "progress", "complete"))
 def _fit_lbfgs_compiled(model, restriction, x0, priors, y, mask, inputs, tol, num_iters,
                         progress_every, *, capacity, progress, complete):
@@ -195,7 +189,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
             data.mask, data.inputs, jnp.asarray(tol, float_dtype()),
             jnp.asarray(num_iters, jnp.int32),
             jnp.asarray(_progress.update_every(num_iters), jnp.int32),
-            capacity=_trace_capacity(num_iters), progress=bool(progress),
+            capacity=_progress.trace_capacity(num_iters), progress=bool(progress),
             complete=data.complete,
         )
         i, z, trace, stop = jax.block_until_ready(out)
