@@ -52,8 +52,10 @@ def test_poisson_hmm_posterior_concentrates_near_the_truth():
     truth = ss.HMMParams(jnp.array([0.5, 0.5]), jnp.array([[0.9, 0.1], [0.15, 0.85]]),
                          PoissonEmissions(jnp.array([2.0, 9.0])))
     y = ss.sample(model, truth, num_timesteps=300, key=jax.random.key(2))
+    # (no pointwise log-likelihood group: nothing here reads it, and it is one more
+    # compiled program; test_conjugate_poisson_posterior_is_exact checks that group)
     idata = fit_nuts(model, y, key=jax.random.key(3), num_warmup=300, num_samples=300,
-                     num_chains=2, ordered="emissions.rates")
+                     num_chains=2, ordered="emissions.rates", log_likelihood=False)
     post = idata.posterior
     assert post["transitions"].dims == ("chain", "draw", "state", "state_to")
     assert post["emissions.rates"].dims == ("chain", "draw", "state")
@@ -77,7 +79,7 @@ def test_local_level_posterior_concentrates_and_svi_agrees():
     # chains of 300 gave ~160-230), so the posterior mean and sd below carry Monte Carlo
     # errors of under 0.1 sd and ~6%: far inside the 4 sd, 0.4 * true and SVI margins.
     idata = fit_nuts(model, y, key=jax.random.key(5), num_warmup=200, num_samples=400,
-                     num_chains=1)
+                     num_chains=1, log_likelihood=False)  # (the group is not read here)
     post = idata.posterior
     for name, true in [("obs_var", 1.0), ("level_var", 0.4)]:
         v = post[name].values

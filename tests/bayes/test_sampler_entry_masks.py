@@ -6,6 +6,8 @@ the exact posterior (likelihood by the forward filter, the conditional Dirichlet
 hand). A covariance's free block is ``L L^T``: its Jacobian against autodiff, the
 point-mass (delta) guide against the L-BFGS MAP under the same prior."""
 
+import functools
+
 import arviz as az
 import jax
 import jax.numpy as jnp
@@ -21,8 +23,14 @@ from statseq.models.hmm.categorical import CategoricalEmissions
 # row 0 of A: (p, 0.1 fixed, 0.9 - p); every other parameter fixed
 _CONC = np.array([[3.0, 1.0, 2.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
 _REST = 0.9
+# the exact posterior of q = A[0, 0] is evaluated on Gauss-Legendre nodes (quadrature, NUTS
+# check) and on a grid of step 1e-4 (its mode, delta-guide check)
+_NODES, _WEIGHTS = roots_legendre(200)
+_Q_NODES = 0.5 * _REST * (_NODES + 1.0)
+_Q_GRID = np.linspace(1e-4, _REST - 1e-4, 8999)
 
 
+@functools.cache
 def _problem():
     model = ss.CategoricalHMM(num_states=3, num_classes=2)
     a = jnp.array([[0.5, 0.1, 0.4], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]])
@@ -47,11 +55,18 @@ def _log_post(model, p, y, q):
     return ll + (_CONC[0, 0] - 1) * np.log(q) + (_CONC[0, 2] - 1) * np.log(_REST - q)
 
 
-def _quadrature(model, p, y):
-    x, w = roots_legendre(200)
-    q = 0.5 * _REST * (x + 1.0)
-    lp = _log_post(model, p, y, q)
-    dens = w * np.exp(lp - lp.max())
+@functools.cache
+def _log_post_tables():
+    """`_log_post` on `_Q_NODES` and on `_Q_GRID`, in one vmapped evaluation (one
+    compiled program for both tests instead of one per grid size)."""
+    model, p, y, *_ = _problem()
+    lp = _log_post(model, p, y, np.concatenate([_Q_NODES, _Q_GRID]))
+    return lp[: len(_Q_NODES)], lp[len(_Q_NODES):]
+
+
+def _quadrature():
+    q, lp = _Q_NODES, _log_post_tables()[0]
+    dens = _WEIGHTS * np.exp(lp - lp.max())
     mean = float(dens @ q / dens.sum())
     sd = float(np.sqrt(dens @ (q - mean) ** 2 / dens.sum()))
     return mean, sd
@@ -61,13 +76,13 @@ def test_nuts_with_a_fixed_transition_entry_matches_quadrature():
     model, p, y, tr, priors = _problem()
     idata = ss.fit_nuts(model, y, key=jax.random.key(1), init_params=p, trainable=tr,
                         priors=priors, num_warmup=300, num_samples=500, num_chains=2,
-                        progress=False)
+                        progress=False, log_likelihood=False)  # (that group is not read)
     draws = ss.posterior_params(model, idata).transitions  # (chain, draw, 3, 3)
     assert np.all(np.asarray(draws[..., 0, 1]) == 0.1)  # fixed: bit-equal in every draw
     assert np.all(np.asarray(draws[..., 1:, :]) == np.asarray(p.transitions[1:]))
     np.testing.assert_allclose(np.asarray(draws.sum(-1)), 1.0, atol=1e-14)
     q = np.asarray(draws[..., 0, 0])
-    mean, sd = _quadrature(model, p, y)
+    mean, sd = _quadrature()
     ess = float(az.ess(idata, var_names=["transitions"])["transitions"].values[0])
     assert ess > 200
     # Monte Carlo error of the mean: sd / sqrt(ESS); 4 of them
@@ -90,8 +105,7 @@ def test_svi_delta_with_a_fixed_transition_entry_finds_the_map():
     lb = ss.fit_lbfgs(model, p, y, trainable=tr, priors=priors, progress=False)
     np.testing.assert_allclose(a[:, 0], np.broadcast_to(lb.params.transitions[0], (5, 3)),
                                atol=1e-5)
-    q = np.linspace(1e-4, _REST - 1e-4, 8999)
-    mode = q[np.argmax(_log_post(model, p, y, q))]
+    mode = _Q_GRID[np.argmax(_log_post_tables()[1])]
     np.testing.assert_allclose(a[:, 0, 0], np.full(5, mode), atol=2e-4)
 
 
@@ -179,7 +193,8 @@ def test_covariance_with_fixed_entries_svi_map_and_nuts_draws():
     # the draws' checks below are structural (fixed entries bit-equal, symmetric, positive
     # definite, the free entry moves): they hold for any number of draws, so a short chain
     idata = ss.fit_nuts(model, y, key=jax.random.key(4), init_params=p, trainable=tr,
-                        num_warmup=50, num_samples=50, num_chains=1, progress=False)
+                        num_warmup=50, num_samples=50, num_chains=1, progress=False,
+                        log_likelihood=False)
     draws = np.asarray(ss.posterior_params(model, idata).emission_cov)  # (1, 50, 3, 3)
     assert np.all(draws[..., 2, :2] == 0.0) and np.all(draws[..., 2, 2] == 0.5)
     assert np.all(draws == np.swapaxes(draws, -1, -2))

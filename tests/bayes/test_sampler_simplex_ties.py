@@ -8,6 +8,8 @@ posterior (likelihood by the forward filter), the delta guide with the MAP on a 
 with restricted L-BFGS. Tied variances ``emission_cov = v I`` get the whole covariance
 prior at ``v I`` as their density."""
 
+import functools
+
 import arviz as az
 import jax
 import jax.numpy as jnp
@@ -20,8 +22,14 @@ import statseq as ss
 from statseq.models.hmm.categorical import CategoricalEmissions
 
 _CONC = np.array([[2.0, 3.0], [1.5, 2.5]])
+# the exact posterior of p is evaluated on Gauss-Legendre nodes (quadrature, NUTS check)
+# and on a grid of step 1e-4 (its mode, delta-guide check)
+_NODES, _WEIGHTS = roots_legendre(200)
+_Q_NODES = 0.5 * (_NODES + 1.0)
+_Q_GRID = np.linspace(1e-4, 1 - 1e-4, 9999)
 
 
+@functools.cache
 def _problem():
     model = ss.CategoricalHMM(num_states=2, num_classes=2)
     a = jnp.array([[0.7, 0.3], [0.2, 0.8]])  # the tie starts at (0.3 + 0.2) / 2
@@ -45,18 +53,27 @@ def _log_post(model, p, y, q):
             + (_CONC[0, 0] + _CONC[1, 1] - 2) * np.log1p(-q))
 
 
+@functools.cache
+def _log_post_tables():
+    """`_log_post` on `_Q_NODES` and on `_Q_GRID`, in one vmapped evaluation (one
+    compiled program for both tests instead of one per grid size)."""
+    model, p, y, *_ = _problem()
+    lp = _log_post(model, p, y, np.concatenate([_Q_NODES, _Q_GRID]))
+    return lp[: len(_Q_NODES)], lp[len(_Q_NODES):]
+
+
 def test_nuts_with_a_tied_switching_probability_matches_quadrature():
     model, p, y, tr, ties, priors = _problem()
+    # (log_likelihood=False: the pointwise group is not read here, and it would be one
+    # more compiled program)
     idata = ss.fit_nuts(model, y, key=jax.random.key(1), init_params=p, trainable=tr,
                         ties=ties, priors=priors, num_warmup=150, num_samples=300,
-                        num_chains=2, progress=False)
+                        num_chains=2, progress=False, log_likelihood=False)
     draws = np.asarray(ss.posterior_params(model, idata).transitions)  # (2, 300, 2, 2)
     assert np.all(draws[..., 0, 1] == draws[..., 1, 0])  # tied: equal in every draw
     np.testing.assert_allclose(draws.sum(-1), 1.0, atol=1e-14)
-    x, w = roots_legendre(200)
-    q = 0.5 * (x + 1.0)
-    lp = _log_post(model, p, y, q)
-    dens = w * np.exp(lp - lp.max())
+    q, lp = _Q_NODES, _log_post_tables()[0]
+    dens = _WEIGHTS * np.exp(lp - lp.max())
     mean = float(dens @ q / dens.sum())
     sd = float(np.sqrt(dens @ (q - mean) ** 2 / dens.sum()))
     ess = float(np.min(az.ess(idata, var_names=["transitions"])["transitions"].values))
@@ -72,8 +89,7 @@ def test_svi_delta_with_a_tied_switching_probability_finds_the_map():
                      ties=ties, priors=priors, guide="delta", num_steps=1500, num_samples=3)
     a = np.asarray(res.draws.transitions)
     assert np.all(a[:, 0, 1] == a[:, 1, 0])
-    q = np.linspace(1e-4, 1 - 1e-4, 9999)
-    mode = q[np.argmax(_log_post(model, p, y, q))]
+    mode = _Q_GRID[np.argmax(_log_post_tables()[1])]
     np.testing.assert_allclose(a[:, 0, 1], np.full(3, mode), atol=2e-4)
     lb = ss.fit_lbfgs(model, p, y, trainable=tr, ties=ties, priors=priors, progress=False)
     np.testing.assert_allclose(a[:, 0, 1], float(lb.params.transitions[0, 1]), atol=1e-5)
@@ -112,7 +128,7 @@ def test_tied_covariance_variances_nuts_matches_quadrature():
     priors = ss.bayes.default_priors(model, y)
     idata = ss.fit_nuts(model, y, key=jax.random.key(3), init_params=p, trainable=tr,
                         ties=ties, priors=priors, num_warmup=100, num_samples=400,
-                        num_chains=1, progress=False)
+                        num_chains=1, progress=False, log_likelihood=False)
     cov = np.asarray(ss.posterior_params(model, idata).emission_cov)
     assert np.all(cov[..., 0, 0] == cov[..., 1, 1]) and np.all(cov[..., 0, 1] == 0.0)
     prior = priors.emission_cov

@@ -23,7 +23,6 @@ from statsmodels.tsa.regime_switching.markov_autoregression import MarkovAutoreg
 from statsmodels.tsa.regime_switching.markov_regression import MarkovRegression
 
 import statseq as ss
-from statseq.core.validation import prepare_data
 from statseq.datasets import load_us_gnp_growth
 from statseq.models.hmm import stationary_distribution
 from statseq.models.switching import MarkovSwitchingAR, MSARParams
@@ -86,17 +85,17 @@ def random_params(model, rng):
     )
 
 
-def ecm_step(model, params, y):
-    """One ECM step (E-step, then every closed-form M-step block) at ``params``, compiled
-    as one program: run eagerly, op by op, it took ~20 s of dispatch per call on 2 CPU
-    cores; jitted it gives identical numbers (checked to 1e-15) in a few seconds."""
-    data = prepare_data(model, y)
-
-    def step(p):
-        stats_, lp = model.e_step(p, data.y, data.mask, data.inputs)
-        return model.m_step(p, stats_, None, data.inputs), lp
-
-    return jax.jit(step)(params)
+def ecm_step(model, params, y, num_iters):
+    """One ECM step (E-step, then every closed-form M-step block) at ``params`` and the
+    log-likelihood there: the first iteration of `fit_em`, stopped by a tolerance that the
+    first change always meets (``params`` enter iteration 0, its M-step's output enters
+    iteration 1, where the fit converges and returns them; ``log_joint[0]`` is ``log p(y |
+    params)``, no priors). With the ``num_iters`` of the test's own `fit_em` call this
+    reuses that compiled loop: a jitted E-step + M-step of its own was one more program
+    (~1 s of compile per test) for the same numbers."""
+    fit = ss.fit_em(model, params, y, num_iters=num_iters, tol=1e10, progress=False)
+    assert fit.num_iterations == 2
+    return fit.params, fit.log_joint[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -152,7 +151,7 @@ def test_hamilton_mle_by_lbfgs_matches_published_estimates():
     np.testing.assert_allclose(got, HAMILTON, atol=2e-5)
     # the MLE is a fixed point of the ECM step: each closed-form block (transitions, means,
     # phi, variance) maximizes given the others, so none moves at a stationary point
-    again, lp = ecm_step(HAM_MODEL, fit.params, y)
+    again, lp = ecm_step(HAM_MODEL, fit.params, y, num_iters=300)  # (test_hamilton_mle_by_em's)
     np.testing.assert_allclose(float(lp), llf, rtol=1e-12)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(fit.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
@@ -190,7 +189,7 @@ def test_em_is_monotone_and_reaches_a_stationary_point(model):
     assert np.all(np.diff(trace) > -1e-10 * np.abs(trace[1:]))
     polish = ss.fit_lbfgs(model, fit.params, y, progress=False)
     assert polish.converged
-    again, _ = ecm_step(model, polish.params, y)
+    again, _ = ecm_step(model, polish.params, y, num_iters=200)  # (the fit_em above)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(polish.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
 
