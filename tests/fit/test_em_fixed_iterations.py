@@ -87,3 +87,23 @@ def test_carried_masses_equal_a_separate_e_step(kind):
     assert separate[2] < 1e-6 * separate.sum()
     assert model.em_warnings(fit.params, data.y, data.mask, data.inputs) == \
         model.em_warnings(fit.params, data.y, data.mask, data.inputs, masses=separate)
+
+
+def test_fits_differing_only_in_num_iters_share_one_program():
+    # num_iters is an array argument and the trace a buffer of capacity >= 256 (a power
+    # of two), so 3, 9 and 200 iterations reuse one compiled loop; the trace is cut back
+    # to num_iters entries; 300 iterations need the next capacity (512): one new program
+    from statseq.fit.em import _fit_em_compiled
+
+    y = np.asarray(ss.datasets.load_discoveries().to_numpy(), float)
+    model = ss.PoissonHMM(num_states=2)
+    start = _start(model, y)
+    first = ss.fit_em(model, start, y, num_iters=3, tol=None, progress=False)
+    size = _fit_em_compiled._cache_size()
+    longer = ss.fit_em(model, start, y, num_iters=9, tol=None, progress=False)
+    ss.fit_em(model, start, y, num_iters=200, progress=False)
+    assert _fit_em_compiled._cache_size() == size
+    assert first.log_joint.shape == (3,) and longer.log_joint.shape == (9,)
+    np.testing.assert_array_equal(first.log_joint, longer.log_joint[:3])
+    ss.fit_em(model, start, y, num_iters=300, progress=False)
+    assert _fit_em_compiled._cache_size() == size + 1
