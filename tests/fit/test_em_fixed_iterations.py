@@ -98,8 +98,10 @@ def test_fits_differing_only_in_num_iters_share_one_program():
     y = np.asarray(ss.datasets.load_discoveries().to_numpy(), float)
     model = ss.PoissonHMM(num_states=2)
     start = _start(model, y)
+    _fit_em_compiled.clear_cache()  # bound_cache clears the cache only above its bound
     first = ss.fit_em(model, start, y, num_iters=3, tol=None, progress=False)
     size = _fit_em_compiled._cache_size()
+    assert size == 1
     longer = ss.fit_em(model, start, y, num_iters=9, tol=None, progress=False)
     ss.fit_em(model, start, y, num_iters=200, progress=False)
     assert _fit_em_compiled._cache_size() == size
