@@ -13,6 +13,8 @@ dense Gaussian conditioning of a VAR (K = 1), `statseq.AR`'s exact masked-lag ma
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,13 +100,19 @@ def _old_route(model, params, y, origin, horizon):
     """The masked-step propagation origin_forecasts used before (predict, then update with
     an all-false mask), written out here."""
     carry = filtered_carry(model, params, y[:origin])
+    return np.asarray(_old_steps(model, params, carry, y[origin:origin + horizon]))
+
+
+@partial(jax.jit, static_argnums=0)  # one program (eager, each op compiles on its own)
+def _old_steps(model, params, carry, y_future):
     out = []
     u = jnp.zeros((0,))
-    for k in range(horizon):
+    for k in range(y_future.shape[0]):
         d = model.predict(params, carry, u)
-        out.append(float(d.log_prob(y[origin + k])))
-        carry = model.update(params, carry, y[origin + k], jnp.zeros(y.shape[1:], bool), u)
-    return np.array(out)
+        out.append(d.log_prob(y_future[k]))
+        carry = model.update(params, carry, y_future[k], jnp.zeros(y_future.shape[1:], bool),
+                             u)
+    return jnp.stack(out)
 
 
 def test_arhmm_input_driven_transitions(series):
@@ -171,10 +179,17 @@ def test_arhmm_two_dims_against_monte_carlo_and_dense_var():
     sd = np.sqrt(np.array([np.diag(g @ noise @ g.T) for g in maps]))
     dense_d = scipy.stats.norm(np.array(means), sd).logpdf(y[54:54 + h])
     np.testing.assert_allclose(np.asarray(lps_d[0]), dense_d, rtol=0, atol=1e-10)
-    d = var.h_step_marginals(vp, filtered_carry(var, vp, y[:54]), jnp.zeros((h, 0)))
-    np.testing.assert_allclose(np.asarray(d.mean), np.array(means), rtol=0, atol=1e-10)
-    np.testing.assert_allclose(np.asarray(d.variance), sd**2, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(np.asarray(marginal_cdf(d, jnp.asarray(y[54:54 + h]))),
+
+    @jax.jit  # one program (eager, the mixture's ops compile one by one)
+    def moments_and_cdf(carry, y_future):
+        d = var.h_step_marginals(vp, carry, jnp.zeros((h, 0)))
+        return d.mean, d.variance, marginal_cdf(d, y_future)
+
+    d_mean, d_var, d_cdf = moments_and_cdf(filtered_carry(var, vp, y[:54]),
+                                           jnp.asarray(y[54:54 + h]))
+    np.testing.assert_allclose(np.asarray(d_mean), np.array(means), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(d_var), sd**2, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(d_cdf),
                                scipy.stats.norm(np.array(means), sd).cdf(y[54:54 + h]),
                                rtol=0, atol=1e-10)
 
@@ -233,8 +248,9 @@ def test_msar_means_and_statsmodels_one_step():
         d1 = model.h_step_marginals(params, c, jnp.zeros((1, 0)))
         return d1.mean[0], d1.log_prob(y_next)[0]
 
-    got, lps = jax.vmap(one_step)(jax.tree.map(lambda a: a[1:-1], carries),
-                                  jnp.asarray(y[2:]))  # origins 2..T-1
+    # origins 2..T-1, one compiled program (eager, the vmapped mixture's ops compile singly)
+    got, lps = jax.jit(jax.vmap(one_step))(jax.tree.map(lambda a: a[1:-1], carries),
+                                           jnp.asarray(y[2:]))
     np.testing.assert_allclose(float(np.sum(lps)), res.llf, rtol=0, atol=1e-8)
     np.testing.assert_allclose(np.asarray(got), np.asarray(res.predict(
         probabilities="predicted")), rtol=0, atol=1e-8)
@@ -249,10 +265,12 @@ def test_backtest_log_scores_equal_independent_computation(series, fitted):
     res = ss.backtest(model, params, y, key=jax.random.key(0), horizon=3, initial=151,
                       step=3, num_samples=50)
     table = res.table
+    # the one-step predictive's density, one program for every origin (eager, its ops
+    # would compile one by one)
+    one_step = jax.jit(lambda c, y_o: model.predict(params, c, jnp.zeros((0,))).log_prob(y_o))
     for o in res.origins:
         carry = filtered_carry(model, params, y[:o])
-        ref = [float(model.predict(params, carry, jnp.zeros((0,))).log_prob(y[o])),
-               grid_two_step(model, params, carry, y[o:o + 2])]
+        ref = [float(one_step(carry, y[o])), grid_two_step(model, params, carry, y[o:o + 2])]
         got = table[table.origin == o].sort_values("horizon").log_score.to_numpy()
         np.testing.assert_allclose(got[:2], ref, rtol=0, atol=1e-6)
         mc, se = rb_monte_carlo(model, params, carry, y[o:o + 3], key=jax.random.key(o))
@@ -276,12 +294,18 @@ def test_distribution_methods_against_forecast_samples(series, fitted):
     m4 = np.mean((draws - mean) ** 4, axis=0)
     assert np.all(np.abs(draws.var(0) - var) < 4 * np.sqrt((m4 - var**2) / n))
     qs = np.array([0.05, 0.5, 0.95])
-    quant = np.asarray(jax.vmap(d.icdf)(jnp.broadcast_to(qs[:, None], (3, h))))  # (3, h)
-    np.testing.assert_allclose(np.asarray(jax.vmap(d.cdf)(jnp.asarray(quant))),
-                               np.broadcast_to(qs[:, None], (3, h)), atol=1e-9)
+
+    @jax.jit  # the quantiles, their cdf and the cdf of the draws in one program (eager,
+    def methods(levels, x):  # the bisection's and the mixture's ops compiled one by one)
+        quant = jax.vmap(d.icdf)(levels)
+        return quant, jax.vmap(d.cdf)(quant), d.cdf(x)
+
+    quant, back, u = (np.asarray(a) for a in methods(jnp.broadcast_to(qs[:, None], (3, h)),
+                                                     jnp.asarray(draws)))  # (3, h) x 2, (n, h)
+    np.testing.assert_allclose(back, np.broadcast_to(qs[:, None], (3, h)), atol=1e-9)
     freq = (draws[None] <= quant[:, None, :]).mean(1)
     assert np.all(np.abs(freq - qs[:, None]) < 4 * np.sqrt(qs * (1 - qs) / n)[:, None])
-    u = np.asarray(d.cdf(jnp.asarray(draws)))  # (n, h): uniform if the cdf is right
+    # u = F(draws), (n, h): uniform if the cdf is right
     for k in range(h):
         assert scipy.stats.kstest(u[:, k], "uniform").pvalue > 1e-3
 
