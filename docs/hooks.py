@@ -131,8 +131,9 @@ nbformat.write(nb, dst)
 """
 
 
-# Full-mode CPU seconds of each vignette (one process, fresh compilation cache, measured
-# Nov 26 on the CI machine's cores; `_execute_all` logs each one's wall time in every build).
+# Full-mode CPU seconds of each vignette (run as a script, one process, a fresh compilation
+# cache; measured Nov 26 on the shared 2-core machine under load, so inflated alike; the
+# rest were not measured yet). `_execute_all` logs each one's wall time in every build.
 # Only the order of execution uses them: longest first, so that with two kernels the build
 # is not left waiting on one long vignette started last (the longest-processing-time rule).
 # A vignette missing here (a new one) starts right after the longest known one.
