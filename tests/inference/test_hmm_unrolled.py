@@ -74,12 +74,15 @@ def test_unrolled_matches_brute_force(time_varying):
 @pytest.mark.parametrize("num_states", [8, 16])
 def test_unrolled_equals_plain_at_every_length(num_states):
     """Lengths around the unroll of 4 (T - 1 steps in the scan), fixed transitions."""
-    for num_timesteps in (1, 2, 4, 5, 6, 9):
-        rng = np.random.default_rng(num_states * 100 + num_timesteps)
-        pi, trans, ll = random_hmm(rng, num_states, num_timesteps, scale=3.0)
-        # filter and smoother in one program per length (the smoother needs T > 1)
-        pairs = (_plain_and_unrolled("both", pi, trans, ll) if num_timesteps > 1
-                 else [_plain_and_unrolled("filter", pi, trans, ll)])
+    problems = [random_hmm(np.random.default_rng(num_states * 100 + t), num_states, t,
+                           scale=3.0) for t in (1, 2, 4, 5, 6, 9)]
+
+    @jax.jit  # every length, filter and smoother (which needs T > 1), in one program
+    def every_length(problems):
+        return [_plain_and_unrolled("both", *p) if p[2].shape[0] > 1
+                else [_plain_and_unrolled("filter", *p)] for p in problems]
+
+    for pairs in every_length(problems):
         for plain, unrolled in pairs:
             for a, b in zip(plain, unrolled, strict=True):
                 np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
