@@ -140,6 +140,7 @@ nbformat.write(nb, dst)
 FULL_MODE_CPU_S = {
     "03_state_space_models": 99,
     "04_neural_sequence_models": 86,
+    "08_seatbelt_intervention": 69,
     "02_hmms_are_rnns": 62,
     "06_markov_switching": 38,
     "01_autoregressive_likelihoods": 28,
