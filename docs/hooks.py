@@ -142,6 +142,7 @@ FULL_MODE_CPU_S = {
     "04_neural_sequence_models": 86,
     "08_seatbelt_intervention": 69,
     "02_hmms_are_rnns": 62,
+    "10_many_sequences": 59,
     "06_markov_switching": 38,
     "01_autoregressive_likelihoods": 28,
 }
