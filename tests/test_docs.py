@@ -269,3 +269,26 @@ def test_importing_statseq_in_a_notebook_kernel_shows_no_tqdm_warning():
         pytest.skip("ipywidgets is installed: tqdm.auto does not warn")
     assert _import_in_fake_kernel("tqdm.auto") == "['TqdmWarning']"  # the control warns
     assert _import_in_fake_kernel("statseq") == "[]"
+
+
+# ---- the docs build runs the vignettes longest first -----------------------------------------
+
+
+def test_vignettes_execute_longest_first(monkeypatch):
+    """docs/hooks.py starts the longest vignette first, a vignette without a measured cost
+    right after it (a new one may be long), then the rest by decreasing cost: with two
+    kernels the build then never waits on one long vignette started last."""
+    import importlib.util
+
+    pytest.importorskip("mkdocs")
+    spec = importlib.util.spec_from_file_location("statseq_docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    # the table names only vignettes that exist, with positive costs
+    names = {p.stem for p in (ROOT / "vignettes").glob("*.py")}
+    assert set(hooks.FULL_MODE_CPU_S) <= names
+    assert all(c > 0 for c in hooks.FULL_MODE_CPU_S.values())
+    monkeypatch.setattr(hooks, "FULL_MODE_CPU_S", {"a": 10, "b": 90, "c": 30, "d": 30})
+    paths = [Path(f"{n}.py") for n in ("a", "b", "c", "d", "new", "newer")]
+    order = [p.stem for p in hooks._schedule(paths)]
+    assert order == ["b", "new", "newer", "c", "d", "a"]

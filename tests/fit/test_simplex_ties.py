@@ -61,8 +61,17 @@ def _forward_loglik(x, y):
 
 
 @pytest.fixture(scope="module")
-def brute_force():
-    model, start, y, _, _ = _symmetric_hmm()
+def problem():
+    """The problem and its restricted L-BFGS fit, shared by the tests that need them (the
+    fit's program is cached, but its run is not)."""
+    model, start, y, trainable, ties = _symmetric_hmm()
+    lb = ss.fit_lbfgs(model, start, y, trainable=trainable, ties=ties, progress=False)
+    return model, start, y, trainable, ties, lb
+
+
+@pytest.fixture(scope="module")
+def brute_force(problem):
+    model, start, y, _, _, _ = problem
     x0 = np.array([special.logit(0.2), -0.5, 1.0, 0.0, 0.0])
     res = optimize.minimize(lambda x: -_forward_loglik(x, y), x0, method="BFGS",
                             options={"gtol": 1e-7})
@@ -70,13 +79,12 @@ def brute_force():
     return res
 
 
-def test_em_and_lbfgs_reach_the_brute_force_restricted_mle(brute_force):
-    model, start, y, trainable, ties = _symmetric_hmm()
+def test_em_and_lbfgs_reach_the_brute_force_restricted_mle(problem, brute_force):
+    model, start, y, trainable, ties, lb = problem
     ref_ll = -brute_force.fun
     ref_p = special.expit(brute_force.x[0])
     em = ss.fit_em(model, start, y, trainable=trainable, ties=ties, num_iters=500,
                    tol=1e-13, progress=False)
-    lb = ss.fit_lbfgs(model, start, y, trainable=trainable, ties=ties, progress=False)
     for fit in (em, lb):
         a = np.asarray(fit.params.transitions)
         assert a[0, 1] == a[1, 0]  # tied: exactly equal
@@ -92,12 +100,11 @@ def test_em_and_lbfgs_reach_the_brute_force_restricted_mle(brute_force):
     assert np.array_equal(em.params.initial_probs, start.initial_probs)
 
 
-def test_standard_errors_of_a_tied_switching_probability_match_finite_differences():
+def test_standard_errors_of_a_tied_switching_probability_match_finite_differences(problem):
     """The observed-information standard error of ``p`` (restricted to the tie) against a
     central finite-difference Hessian of the NumPy forward algorithm in the natural
     parameters ``(p, mu_0, mu_1, var_0, var_1)``."""
-    model, start, y, trainable, ties = _symmetric_hmm()
-    lb = ss.fit_lbfgs(model, start, y, trainable=trainable, ties=ties, progress=False)
+    model, start, y, trainable, ties, lb = problem
     se = ss.standard_errors(model, lb.params, y, trainable=trainable, ties=ties)
     a, em = np.asarray(lb.params.transitions), lb.params.emissions
     theta = np.array([a[0, 1], *np.ravel(em.means), *np.ravel(em.covs)])
@@ -120,8 +127,8 @@ def test_standard_errors_of_a_tied_switching_probability_match_finite_difference
     np.testing.assert_allclose(np.ravel(se.emissions.means), ref[1:3], rtol=1e-3)
 
 
-def test_sgd_keeps_tied_simplex_entries_equal():
-    model, start, y, trainable, ties = _symmetric_hmm()
+def test_sgd_keeps_tied_simplex_entries_equal(problem):
+    model, start, y, trainable, ties, _ = problem
     fit = ss.fit_sgd(model, start, y, trainable=trainable, ties=ties, num_steps=30,
                      optimizer=optax.adam(0.05), key=jax.random.key(0), progress=False)
     a = np.asarray(fit.params.transitions)

@@ -94,14 +94,19 @@ def test_viterbi_is_the_brute_force_argmax(time_varying):
         assert tuple(got) == paths[int(np.argmax(logp))]
 
 
-def _paths_equal(pi, a, ll):
-    ref = np.asarray(jax.jit(reference_viterbi)(pi, a, ll))
-    got = np.asarray(jax.jit(hmm_viterbi)(pi, a, ll))
+@jax.jit
+def _four_paths(pi, a, ll):
+    """The reference, the default and both kernels (whatever the default picks), in one
+    compiled program per problem shape (compile time dominates these tests)."""
     prepared = _prepare_inputs(pi, a, ll)
-    for blocked in (False, True):  # both kernels, whatever the default picks
-        forced = np.asarray(jax.jit(
-            lambda *p, b=blocked: hmm_paths.viterbi(*p, blocked=b))(*prepared))
-        np.testing.assert_array_equal(forced, ref)
+    forced = [hmm_paths.viterbi(*prepared, blocked=b) for b in (False, True)]
+    return reference_viterbi(pi, a, ll), hmm_viterbi(pi, a, ll), *forced
+
+
+def _paths_equal(pi, a, ll):
+    ref, got, *forced = (np.asarray(x) for x in _four_paths(pi, a, ll))
+    for path in forced:
+        np.testing.assert_array_equal(path, ref)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, ref)
     return got
@@ -149,12 +154,18 @@ def test_viterbi_float32_and_vmap():
     rng = np.random.default_rng(5)
     pi, a, ll = random_problem(rng, 2, 3000)
     args = [jnp.asarray(x, jnp.float32) for x in (pi, a, ll)]
-    np.testing.assert_array_equal(np.asarray(hmm_viterbi(*args)),
-                                  np.asarray(reference_viterbi(*args)))
     lls = jnp.stack([args[2], args[2][::-1]])
-    batched = jax.vmap(lambda l: hmm_viterbi(args[0], args[1], l))(lls)
-    np.testing.assert_array_equal(np.asarray(batched[1]),
-                                  np.asarray(reference_viterbi(args[0], args[1], lls[1])))
+
+    @jax.jit  # one compiled program for the four paths
+    def paths(pi, a, lls):
+        batched = jax.vmap(lambda l: hmm_viterbi(pi, a, l))(lls)
+        return (hmm_viterbi(pi, a, lls[0]), reference_viterbi(pi, a, lls[0]), batched[1],
+                reference_viterbi(pi, a, lls[1]))
+
+    got, ref, got_batched, ref_reversed = (np.asarray(x) for x in paths(*args[:2], lls))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(got_batched, ref_reversed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -202,7 +213,7 @@ def test_sample_pair_marginals_match_the_smoother():
     k, t, num = 3, 400, 3000
     pi, a, ll = random_problem(rng, k, t, sticky=1.0)
     ll[::17] = 0.0
-    post = hmm_smoother(pi, a, ll)
+    post = jax.jit(hmm_smoother)(pi, a, ll)
     draws = _sample_many(pi, a, ll, num, seed=1)
     onehot = draws[..., None] == np.arange(k)  # (N, T, K)
     freq = onehot.mean(0)
@@ -217,11 +228,12 @@ def test_sample_pair_marginals_match_the_smoother():
 def test_sampling_is_deterministic_per_key():
     rng = np.random.default_rng(8)
     pi, a, ll = random_problem(rng, 4, 500, time_varying=True)
-    z1 = hmm_posterior_sample(pi, a, ll, key=jax.random.key(0))
-    z2 = hmm_posterior_sample(pi, a, ll, key=jax.random.key(0))
-    z3 = hmm_posterior_sample(pi, a, ll, key=jax.random.key(1))
+    # jitted (one compile per shape; op-by-op dispatch of the blocked kernels cost more)
+    sample = jax.jit(lambda pi, a, ll, key: hmm_posterior_sample(pi, a, ll, key=key))
+    z1 = sample(pi, a, ll, jax.random.key(0))
+    z2 = sample(pi, a, ll, jax.random.key(0))
+    z3 = sample(pi, a, ll, jax.random.key(1))
     np.testing.assert_array_equal(np.asarray(z1), np.asarray(z2))
     assert np.any(np.asarray(z1) != np.asarray(z3))
-    single = hmm_posterior_sample(pi[:1] / pi[0], np.ones((1, 1)), ll[:1, :1],
-                                  key=jax.random.key(0))
+    single = sample(pi[:1] / pi[0], np.ones((1, 1)), ll[:1, :1], jax.random.key(0))
     assert np.asarray(single).tolist() == [0]

@@ -12,6 +12,8 @@ steps.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,12 +25,19 @@ from tests.inference.test_hmm import brute_force, random_hmm
 UNROLLED_K = 8  # the smallest state count on the unrolled form
 
 
-def _plain_and_unrolled(fn_name, pi, trans, ll, **kw):
+@partial(jax.jit, static_argnames=("fn_name", "sum_transitions"))
+def _plain_and_unrolled(fn_name, pi, trans, ll, sum_transitions=True):
+    """Both forms in one compiled program per shape (compile time dominates these tests;
+    one program instead of two, and no op-by-op dispatch around the scans)."""
     args = hmm._prepare_inputs(pi, trans, ll)
-    if fn_name == "filter":
-        return hmm._filter(*args, unrolled=False), hmm._filter(*args, unrolled=True)
-    st = kw.get("sum_transitions", True)
-    return hmm._smoother(*args, st, unrolled=False), hmm._smoother(*args, st, unrolled=True)
+    out = {}
+    if fn_name in ("filter", "both"):
+        out["filter"] = hmm._filter(*args, unrolled=False), hmm._filter(*args, unrolled=True)
+    if fn_name in ("smoother", "both"):
+        st = sum_transitions
+        out["smoother"] = (hmm._smoother(*args, st, unrolled=False),
+                           hmm._smoother(*args, st, unrolled=True))
+    return tuple(out.values()) if fn_name == "both" else out[fn_name]
 
 
 def test_the_unrolled_form_is_chosen_for_8_to_32_states():
@@ -53,8 +62,9 @@ def test_unrolled_matches_brute_force(time_varying):
     for name in ("marginal_log_lik", "log_normalizers", "predicted_probs", "filtered_probs"):
         np.testing.assert_allclose(getattr(filt, name), ref[name], rtol=1e-12, atol=1e-13)
     for smoother in (hmm.hmm_smoother, hmm.hmm_smoother_by_gradient):
-        summed = smoother(pi, trans, ll)
-        per = smoother(pi, trans, ll, sum_transitions=False)
+        # both layouts of the transitions in one compiled program per smoother
+        summed, per = jax.jit(lambda *a, f=smoother: (f(*a), f(*a, sum_transitions=False)))(
+            pi, trans, ll)
         np.testing.assert_allclose(summed.marginal_log_lik, ref["marginal_log_lik"], rtol=1e-12)
         np.testing.assert_allclose(summed.smoothed_probs, ref["smoothed_probs"], atol=1e-12)
         np.testing.assert_allclose(per.expected_transitions, ref["pairs"], atol=1e-12)
@@ -64,14 +74,16 @@ def test_unrolled_matches_brute_force(time_varying):
 @pytest.mark.parametrize("num_states", [8, 16])
 def test_unrolled_equals_plain_at_every_length(num_states):
     """Lengths around the unroll of 4 (T - 1 steps in the scan), fixed transitions."""
-    for num_timesteps in (1, 2, 4, 5, 6, 9):
-        rng = np.random.default_rng(num_states * 100 + num_timesteps)
-        pi, trans, ll = random_hmm(rng, num_states, num_timesteps, scale=3.0)
-        plain, unrolled = _plain_and_unrolled("filter", pi, trans, ll)
-        for a, b in zip(plain, unrolled, strict=True):
-            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
-        if num_timesteps > 1:
-            plain, unrolled = _plain_and_unrolled("smoother", pi, trans, ll)
+    problems = [random_hmm(np.random.default_rng(num_states * 100 + t), num_states, t,
+                           scale=3.0) for t in (1, 2, 4, 5, 6, 9)]
+
+    @jax.jit  # every length, filter and smoother (which needs T > 1), in one program
+    def every_length(problems):
+        return [_plain_and_unrolled("both", *p) if p[2].shape[0] > 1
+                else [_plain_and_unrolled("filter", *p)] for p in problems]
+
+    for pairs in every_length(problems):
+        for plain, unrolled in pairs:
             for a, b in zip(plain, unrolled, strict=True):
                 np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
 
@@ -85,8 +97,9 @@ def test_unrolled_equals_plain_time_varying_with_masks_and_zeros():
     trans /= trans.sum(-1, keepdims=True)
     ll[rng.random(num_timesteps) < 0.2] = 0.0  # masked steps
     ll[rng.random((num_timesteps, num_states)) < 0.2] = -np.inf  # impossible states
-    for st in (True, False):
-        plain, unrolled = _plain_and_unrolled("smoother", pi, trans, ll, sum_transitions=st)
+    both = jax.jit(lambda *a: [_plain_and_unrolled("smoother", *a, sum_transitions=st)
+                               for st in (True, False)])  # one program for both layouts
+    for plain, unrolled in both(pi, trans, ll):
         for a, b in zip(plain, unrolled, strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
 
@@ -112,7 +125,8 @@ def test_unrolled_gradients_equal_plain():
             return hmm._filter(*hmm._prepare_inputs(pi, trans, ll), unrolled=unrolled)[0]
         return jax.grad(f, argnums=(0, 1, 2))
 
-    for a, b in zip(total(False)(pi, trans, ll), total(True)(pi, trans, ll), strict=True):
+    both = jax.jit(lambda *a: (total(False)(*a), total(True)(*a)))  # one compiled program
+    for a, b in zip(*both(pi, trans, ll), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-13)
 
 
@@ -120,9 +134,10 @@ def test_unrolled_vmaps_over_a_batch():
     rng = np.random.default_rng(6)
     pi, trans, _ = random_hmm(rng, 8, 17)
     lls = rng.normal(size=(3, 17, 8)) * 2
-    batched = jax.vmap(lambda ll: hmm.hmm_smoother(pi, trans, ll))(lls)
+    batched = jax.jit(jax.vmap(lambda ll: hmm.hmm_smoother(pi, trans, ll)))(lls)
+    single = jax.jit(hmm.hmm_smoother)
     for i in range(3):
-        one = hmm.hmm_smoother(pi, trans, lls[i])
+        one = single(pi, trans, lls[i])
         for a, b in zip(one, batched, strict=True):
             np.testing.assert_allclose(b[i], a, rtol=1e-12, atol=1e-14)
 

