@@ -54,6 +54,8 @@ from statseq.models.neural import (  # noqa: E402
     Mamba,
     NeuralParams,
     NeuralSequenceModel,
+    WaveNet,
+    WaveNetBackbone,
 )
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
@@ -173,6 +175,8 @@ __all__ = [
     "LSTM",
     "LRU",
     "Mamba",
+    "WaveNet",
+    "WaveNetBackbone",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",

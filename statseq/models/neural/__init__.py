@@ -10,6 +10,7 @@ from statseq.models.neural.heads import EMISSIONS, Head, make_head
 from statseq.models.neural.lru import LRU, LRUBackbone
 from statseq.models.neural.mamba import Mamba, MambaBackbone
 from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
+from statseq.models.neural.wavenet import WaveNet, WaveNetBackbone
 
 __all__ = [
     "EMISSIONS",
@@ -27,4 +28,6 @@ __all__ = [
     "NeuralSequenceModel",
     "make_head",
     "readout_only",
+    "WaveNet",
+    "WaveNetBackbone",
 ]
