@@ -50,6 +50,8 @@ from statseq.models.neural import (  # noqa: E402
     GRU,
     LRU,
     LSTM,
+    MLSTM,
+    RWKV,
     ElmanRNN,
     Mamba,
     NeuralParams,
@@ -177,6 +179,9 @@ __all__ = [
     "Mamba",
     "WaveNet",
     "WaveNetBackbone",
+
+    "MLSTM",
+    "RWKV",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",
