@@ -55,6 +55,8 @@ from statseq.models.neural import (  # noqa: E402
     NeuralParams,
     NeuralSequenceModel,
 )
+from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
+from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
     LGSSMParams,
@@ -173,6 +175,10 @@ __all__ = [
     "LSTM",
     "LRU",
     "Mamba",
+    "S4D",
+    "S4DBackbone",
+    "S5",
+    "S5Backbone",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",

@@ -10,6 +10,8 @@ from statseq.models.neural.heads import EMISSIONS, Head, make_head
 from statseq.models.neural.lru import LRU, LRUBackbone
 from statseq.models.neural.mamba import Mamba, MambaBackbone
 from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
+from statseq.models.neural.s4 import S4D, S4DBackbone
+from statseq.models.neural.s5 import S5, S5Backbone
 
 __all__ = [
     "EMISSIONS",
@@ -19,6 +21,10 @@ __all__ = [
     "LRUBackbone",
     "Mamba",
     "MambaBackbone",
+    "S4D",
+    "S4DBackbone",
+    "S5",
+    "S5Backbone",
     "Backbone",
     "ElmanRNN",
     "Head",
