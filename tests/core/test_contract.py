@@ -86,6 +86,10 @@ EXAMPLES = {
         ss.LRU(hidden_dim=3, state_dim=2, num_layers=1, emission="bernoulli",
                emission_dim=2, parallel=True),
     ],
+    "S4D": [ss.S4D(hidden_dim=3, state_dim=2, num_layers=2, emission="poisson", input_dim=1,
+                   mode="convolution")],
+    "S5": [ss.S5(hidden_dim=3, state_dim=4, num_layers=1, emission="categorical",
+                 num_classes=3, mode="scan")],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

@@ -146,7 +146,7 @@ def test_layer_kernel_is_the_impulse_response(name):
 
 def _model(name, **kw):
     cls = ss.S4D if name == "S4D" else ss.S5
-    return cls(**({"hidden_dim": 4, "state_dim": 4, "num_layers": 2} | kw))
+    return cls(**({"hidden_dim": 4, "state_dim": 4, "num_layers": 1} | kw))
 
 
 def _case(name, t_len):
@@ -227,10 +227,8 @@ def test_long_float32_sequence_is_finite_in_every_mode():
         assert np.all(np.isfinite(np.asarray(out)))
 
 
-@pytest.mark.parametrize("name", ["S4D", "S5"])
-def test_fit_sgd_decreases_the_loss_and_save_load_round_trip(name, tmp_path):
-    model, params, _ = _case(name, 1)
-    model = dataclasses.replace(model, emission="poisson", mode="scan")
+def test_fit_sgd_decreases_the_loss():
+    model = _model("S4D", emission="poisson", mode="scan")
     y = np.random.default_rng(8).poisson(np.exp(1.0 + np.sin(np.arange(60) / 4.0)))
     params = model.initialize(y, key=jax.random.key(9))
     fit = ss.fit_sgd(model, params, y, optimizer=optax.adam(0.03), num_steps=20,
@@ -238,10 +236,20 @@ def test_fit_sgd_decreases_the_loss_and_save_load_round_trip(name, tmp_path):
     before = float(ss.log_prob(model, params, y))
     after = float(ss.log_prob(model, fit.params, y))
     assert after > before + 1.0
-    path = ss.save(tmp_path / name, model, fit.params)
+
+
+@pytest.mark.parametrize("name", ["S4D", "S5"])
+def test_save_load_round_trip(name, tmp_path):
+    model = _model(name, init="lin") if name == "S4D" else _model(name, output="gelu")
+    model = dataclasses.replace(model, discretization="bilinear", mode="convolution",
+                                dt_min=0.01)
+    params = model.initialize(np.zeros(5), key=jax.random.key(3))
+    path = ss.save(tmp_path / name, model, params)
     model2, params2 = ss.load(path)
     assert model2 == model
-    assert float(ss.log_prob(model2, params2, y)) == after
+    for a, b in zip(jax.tree.leaves(params2), jax.tree.leaves(params), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_sequence_distribution_uses_the_mode():
