@@ -59,6 +59,8 @@ from statseq.models.neural import (  # noqa: E402
     WaveNet,
     WaveNetBackbone,
 )
+from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
+from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
     LGSSMParams,
@@ -182,6 +184,11 @@ __all__ = [
 
     "MLSTM",
     "RWKV",
+
+    "S4D",
+    "S4DBackbone",
+    "S5",
+    "S5Backbone",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",

@@ -90,6 +90,10 @@ EXAMPLES = {
         ss.WaveNet(hidden_dim=3, num_layers=2, gate_dim=2, emission="gaussian",
                    emission_dim=2, input_dim=1),
     ],
+    "S4D": [ss.S4D(hidden_dim=3, state_dim=2, num_layers=2, emission="poisson", input_dim=1,
+                   mode="convolution")],
+    "S5": [ss.S5(hidden_dim=3, state_dim=4, num_layers=1, emission="categorical",
+                 num_classes=3, mode="scan")],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

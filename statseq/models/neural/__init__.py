@@ -12,6 +12,8 @@ from statseq.models.neural.mamba import Mamba, MambaBackbone
 from statseq.models.neural.mlstm import MLSTM, MLSTMBackbone
 from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
 from statseq.models.neural.rwkv import RWKV, RWKVBackbone
+from statseq.models.neural.s4 import S4D, S4DBackbone
+from statseq.models.neural.s5 import S5, S5Backbone
 from statseq.models.neural.wavenet import WaveNet, WaveNetBackbone
 
 __all__ = [
@@ -26,6 +28,11 @@ __all__ = [
     "MLSTMBackbone",
     "RWKV",
     "RWKVBackbone",
+
+    "S4D",
+    "S4DBackbone",
+    "S5",
+    "S5Backbone",
     "Backbone",
     "ElmanRNN",
     "Head",

@@ -40,6 +40,8 @@ BACKBONES = {
     "lru": ss.LRU(hidden_dim=3, state_dim=2),
     "mamba": ss.Mamba(hidden_dim=3, state_dim=2, num_layers=1),
     "wavenet": ss.WaveNet(hidden_dim=3, num_layers=2),
+    "s4d": ss.S4D(hidden_dim=3, state_dim=2, num_layers=1),
+    "s5": ss.S5(hidden_dim=3, state_dim=2, num_layers=1),
     "esn": ss.ElmanRNN(hidden_dim=4, echo_state=True),
 }
 
