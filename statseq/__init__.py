@@ -78,6 +78,7 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrendParams,
     TrigSeasonal,
 )
+from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
@@ -177,6 +178,8 @@ __all__ = [
     "Mamba",
     "WaveNet",
     "WaveNetBackbone",
+    "NGRC",
+    "NGRCParams",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",
