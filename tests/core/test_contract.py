@@ -90,6 +90,7 @@ EXAMPLES = {
         ss.WaveNet(hidden_dim=3, num_layers=2, gate_dim=2, emission="gaussian",
                    emission_dim=2, input_dim=1),
     ],
+    "NGRC": [ss.NGRC(num_lags=2, degree=2, target="level")],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

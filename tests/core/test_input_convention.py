@@ -52,6 +52,7 @@ def _specs():
         "LRU": (ss.LRU(hidden_dim=3, state_dim=2), y),
         "Mamba": (ss.Mamba(hidden_dim=3, state_dim=2), y),
         "WaveNet": (ss.WaveNet(hidden_dim=3, num_layers=2), y),
+        "NGRC": (ss.NGRC(num_lags=2), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),

@@ -35,6 +35,8 @@ LinearAutoregressiveHMM        tests/models/test_h_step_exact.py (engineer "arfc
 MarkovSwitchingAR              tests/models/test_h_step_exact.py (engineer "arfc")
 ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
 Mamba, WaveNet                 "neural-mc"; Monte Carlo estimates with standard errors)
+NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
+                               errors: nonlinear features)
 =============================  =========================================================
 """
 
@@ -69,6 +71,7 @@ CLAIMS = {
     "LRU": "tests/models/neural/test_h_step_mc.py",
     "Mamba": "tests/models/neural/test_h_step_mc.py",
     "WaveNet": "tests/models/neural/test_h_step_mc.py",
+    "NGRC": "tests/models/test_ngrc.py",
 }
 
 T, H = 24, 8
