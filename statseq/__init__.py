@@ -82,6 +82,7 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrendParams,
     TrigSeasonal,
 )
+from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
@@ -189,6 +190,9 @@ __all__ = [
     "S4DBackbone",
     "S5",
     "S5Backbone",
+
+    "NGRC",
+    "NGRCParams",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",

@@ -94,6 +94,8 @@ EXAMPLES = {
                    mode="convolution")],
     "S5": [ss.S5(hidden_dim=3, state_dim=4, num_layers=1, emission="categorical",
                  num_classes=3, mode="scan")],
+
+    "NGRC": [ss.NGRC(num_lags=2, degree=2, target="level")],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

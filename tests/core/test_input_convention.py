@@ -54,6 +54,8 @@ def _specs():
         "WaveNet": (ss.WaveNet(hidden_dim=3, num_layers=2), y),
         "S4D": (ss.S4D(hidden_dim=3, state_dim=2), y),
         "S5": (ss.S5(hidden_dim=3, state_dim=2), y),
+
+        "NGRC": (ss.NGRC(num_lags=2), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),

@@ -81,6 +81,8 @@ def _cases():
         "WaveNet": (ss.WaveNet(hidden_dim=2, num_layers=2), real, False),
         "S4D": (ss.S4D(hidden_dim=2, state_dim=2), real, False),
         "S5": (ss.S5(hidden_dim=2, state_dim=2), real, False),
+
+        "NGRC": (ss.NGRC(num_lags=2, degree=2), real, True),
     }
 
 
