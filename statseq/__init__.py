@@ -76,7 +76,7 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrendParams,
     TrigSeasonal,
 )
-from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
+from statseq.models.switching import MarkovSwitchingAR, MSARParams, SLDSParams, SwitchingLDS  # noqa: E402  # noqa: E402
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
 # script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax
@@ -184,6 +184,8 @@ __all__ = [
     "LinearAutoregressiveHMM",
     "MarkovSwitchingAR",
     "MSARParams",
+    "SLDSParams",
+    "SwitchingLDS",
     "GaussianForecast",
     "LGSSMParams",
     "LinearGaussianSSM",
