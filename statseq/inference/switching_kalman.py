@@ -260,7 +260,12 @@ def kim_smoother(arrays: SwitchingArrays, y, mask, inputs) -> KimSmootherResult:
 
     and ``(m_{t|T}^j, V_{t|T}^j)`` collapse the pairs over ``k`` with weights
     ``p(z_{t+1} = k | z_t = j, y)``. With ``K = 1`` this is the Rauch-Tung-Striebel
-    smoother.
+    smoother, and with an observed state in intercept form (``y_{t+1:}`` independent of
+    ``z_t`` given ``z_{t+1}`` and ``y_{0:t}``) the regime probabilities are exact. Otherwise
+    the approximation ignores what later data say about ``z_t`` through ``x_t``: on a
+    two-regime model with 7 steps the regime probabilities were off by up to 0.06 with
+    complete data and 0.44 at a missing step, against the exact enumeration
+    (tests/models/test_slds.py).
 
     Args and shapes as in `kim_filter`.
 
