@@ -96,7 +96,8 @@ class _Particles(NamedTuple):
 
 
 def rao_blackwellized_particle_filter(
-        arrays: SwitchingArrays, y, mask, inputs, *, key, num_particles: int,
+        arrays: SwitchingArrays, y: jax.Array, mask: jax.Array, inputs: jax.Array, *,
+        key: jax.Array, num_particles: int,
         resampling: str = "systematic", ess_threshold: float = 1.0,
         proposal: str = "optimal") -> RBPFResult:
     """Filter one sequence with ``num_particles`` regime paths and exact Kalman beliefs.

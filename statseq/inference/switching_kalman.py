@@ -135,7 +135,7 @@ def initial_carry(arrays: SwitchingArrays) -> KimCarry:
                     reg.initial_cov, jnp.zeros((), jnp.int32))
 
 
-def pair_priors(arrays: SwitchingArrays, carry: KimCarry, u_t):
+def pair_priors(arrays: SwitchingArrays, carry: KimCarry, u_t: jax.Array) -> tuple:
     """Prior weights and predicted moments of the ``K x K`` pairs ``(z_{t-1}, z_t)``.
 
     Returns:
@@ -160,7 +160,8 @@ def pair_priors(arrays: SwitchingArrays, carry: KimCarry, u_t):
     return weights, means, covs
 
 
-def pair_updates(arrays: SwitchingArrays, means, covs, y_t, mask_t, u_t):
+def pair_updates(arrays: SwitchingArrays, means: jax.Array, covs: jax.Array, y_t: jax.Array,
+                 mask_t: jax.Array, u_t: jax.Array) -> tuple:
     """Kalman updates of every pair with the emission of ``z_t = j``.
 
     Returns:
@@ -207,7 +208,8 @@ def _mixture_moments(probs, means, covs):
     return collapse(probs, means, covs)
 
 
-def kim_filter(arrays: SwitchingArrays, y, mask, inputs) -> KimFilterResult:
+def kim_filter(arrays: SwitchingArrays, y: jax.Array, mask: jax.Array,
+               inputs: jax.Array) -> KimFilterResult:
     """Kim's collapsing filter over one sequence (see the module docstring).
 
     Args:
@@ -247,7 +249,8 @@ def kim_filter(arrays: SwitchingArrays, y, mask, inputs) -> KimFilterResult:
     return KimFilterResult(pairwise_sum(lp), lp, pred, probs, means, covs, mean, cov)
 
 
-def kim_smoother(arrays: SwitchingArrays, y, mask, inputs) -> KimSmootherResult:
+def kim_smoother(arrays: SwitchingArrays, y: jax.Array, mask: jax.Array,
+                 inputs: jax.Array) -> KimSmootherResult:
     """Kim's (1994) smoother of regimes and states, after `kim_filter`.
 
     Backward from the filtered law at ``T - 1``, with ``p_t`` the filtered and ``s_t`` the

@@ -261,7 +261,8 @@ class SwitchingLDS(SequenceModel):
     def update(self, params, carry, y_t, mask_t, inputs_t) -> kim.KimCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
 
-    def sample_step(self, params, carry, key, inputs_t):
+    def sample_step(self, params: Any, carry: kim.KimCarry, key: jax.Array,
+                    inputs_t: jax.Array) -> tuple:
         """One exact ancestral step: draw ``(z_{t-1}, x_{t-1})`` from the carry's belief
         (a point mass once sampling is under way), then ``z_t``, ``x_t`` and ``y_t`` from
         the model; the new carry is the point mass at the drawn ``(z_t, x_t)``.
