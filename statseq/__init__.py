@@ -85,6 +85,8 @@ from statseq.models.ssm.structural import (  # noqa: E402
 from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
 
+from statseq.models.switching import MarkovSwitchingAR, MSARParams, SLDSParams, SwitchingLDS  # noqa: E402  # noqa: E402
+
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
 # script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax
 # (fit_lbfgs, fit_sgd, fit_svi), numpyro's samplers, matplotlib (plotting), dynamax.
@@ -204,6 +206,8 @@ __all__ = [
     "LinearAutoregressiveHMM",
     "MarkovSwitchingAR",
     "MSARParams",
+    "SLDSParams",
+    "SwitchingLDS",
     "GaussianForecast",
     "LGSSMParams",
     "LinearGaussianSSM",
