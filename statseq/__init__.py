@@ -61,6 +61,7 @@ from statseq.models.neural import (  # noqa: E402
 )
 from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
 from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
+from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
     LGSSMParams,
@@ -82,10 +83,12 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrendParams,
     TrigSeasonal,
 )
-from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
-from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
-
-from statseq.models.switching import MarkovSwitchingAR, MSARParams, SLDSParams, SwitchingLDS  # noqa: E402  # noqa: E402
+from statseq.models.switching import (  # noqa: E402
+    MarkovSwitchingAR,
+    MSARParams,
+    SLDSParams,
+    SwitchingLDS,
+)
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
 # script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax
@@ -184,15 +187,12 @@ __all__ = [
     "Mamba",
     "WaveNet",
     "WaveNetBackbone",
-
     "MLSTM",
     "RWKV",
-
     "S4D",
     "S4DBackbone",
     "S5",
     "S5Backbone",
-
     "NGRC",
     "NGRCParams",
     "ElmanRNN",

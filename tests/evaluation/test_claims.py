@@ -35,8 +35,6 @@ LinearAutoregressiveHMM        tests/models/test_h_step_exact.py (engineer "arfc
 MarkovSwitchingAR              tests/models/test_h_step_exact.py (engineer "arfc")
 ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
 Mamba, WaveNet, S4D, S5        "neural-mc"; Monte Carlo estimates with standard errors)
-
-Mamba, WaveNet                 "neural-mc"; Monte Carlo estimates with standard errors)
 NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
                                errors: nonlinear features)
 =============================  =========================================================
