@@ -86,6 +86,14 @@ EXAMPLES = {
         ss.LRU(hidden_dim=3, state_dim=2, num_layers=1, emission="bernoulli",
                emission_dim=2, parallel=True),
     ],
+    "LinearAttention": [
+        ss.LinearAttention(hidden_dim=4, num_heads=2, num_layers=2, decay="learned",
+                           emission="poisson", input_dim=1, chunk_size=5),
+    ],
+    "AFT": [  # T = 16 > max_len: the last row of biases is reused
+        ss.AFT(hidden_dim=3, num_layers=2, variant="local", window=3, max_len=8,
+               emission="gaussian", emission_dim=2, input_dim=1),
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

@@ -51,6 +51,8 @@ def _specs():
         "AR": (ss.AR(order=1), y),
         "LRU": (ss.LRU(hidden_dim=3, state_dim=2), y),
         "Mamba": (ss.Mamba(hidden_dim=3, state_dim=2), y),
+        "LinearAttention": (ss.LinearAttention(hidden_dim=4, num_heads=2), y),
+        "AFT": (ss.AFT(hidden_dim=3), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),

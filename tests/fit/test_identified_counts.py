@@ -78,6 +78,9 @@ def _cases():
                             cats, False),
         "Mamba": (ss.Mamba(hidden_dim=2, state_dim=2), _real(rng, (12, 30)), False),
         "LRU": (ss.LRU(hidden_dim=2, state_dim=2), real, False),
+        "LinearAttention": (ss.LinearAttention(hidden_dim=2, num_heads=1, num_layers=1),
+                            real, False),
+        "AFT": (ss.AFT(hidden_dim=2, num_layers=1), real, False),
     }
 
 
