@@ -47,12 +47,17 @@ from statseq.models.hmm import (  # noqa: E402
     TransitionRegression,
 )
 from statseq.models.neural import (  # noqa: E402
+    AFT,
     GRU,
     LRU,
     LSTM,
     MLSTM,
     RWKV,
+
+    AFTBackbone,
     ElmanRNN,
+    LinearAttention,
+    LinearAttentionBackbone,
     Mamba,
     NeuralParams,
     NeuralSequenceModel,
@@ -181,6 +186,10 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AFT",
+    "AFTBackbone",
+    "LinearAttention",
+    "LinearAttentionBackbone",
     "GRU",
     "LSTM",
     "LRU",

@@ -96,6 +96,15 @@ EXAMPLES = {
                  num_classes=3, mode="scan")],
 
     "NGRC": [ss.NGRC(num_lags=2, degree=2, target="level")],
+
+    "LinearAttention": [
+        ss.LinearAttention(hidden_dim=4, num_heads=2, num_layers=2, decay="learned",
+                           emission="poisson", input_dim=1, chunk_size=5),
+    ],
+    "AFT": [  # T = 16 > max_len: the last row of biases is reused
+        ss.AFT(hidden_dim=3, num_layers=2, variant="local", window=3, max_len=8,
+               emission="gaussian", emission_dim=2, input_dim=1),
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

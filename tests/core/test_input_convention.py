@@ -56,6 +56,9 @@ def _specs():
         "S5": (ss.S5(hidden_dim=3, state_dim=2), y),
 
         "NGRC": (ss.NGRC(num_lags=2), y),
+
+        "LinearAttention": (ss.LinearAttention(hidden_dim=4, num_heads=2), y),
+        "AFT": (ss.AFT(hidden_dim=3), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),

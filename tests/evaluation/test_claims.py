@@ -37,6 +37,8 @@ ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
 Mamba, WaveNet, S4D, S5        "neural-mc"; Monte Carlo estimates with standard errors)
 NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
                                errors: nonlinear features)
+
+Mamba, LinearAttention, AFT    "neural-mc"; Monte Carlo estimates with standard errors)
 =============================  =========================================================
 """
 
@@ -75,6 +77,9 @@ CLAIMS = {
     "S5": "tests/models/neural/test_h_step_mc.py",
 
     "NGRC": "tests/models/test_ngrc.py",
+
+    "LinearAttention": "tests/models/neural/test_h_step_mc.py",
+    "AFT": "tests/models/neural/test_h_step_mc.py",
 }
 
 T, H = 24, 8

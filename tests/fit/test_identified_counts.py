@@ -83,6 +83,10 @@ def _cases():
         "S5": (ss.S5(hidden_dim=2, state_dim=2), real, False),
 
         "NGRC": (ss.NGRC(num_lags=2, degree=2), real, True),
+
+        "LinearAttention": (ss.LinearAttention(hidden_dim=2, num_heads=1, num_layers=1),
+                            real, False),
+        "AFT": (ss.AFT(hidden_dim=2, num_layers=1), real, False),
     }
 
 

@@ -42,6 +42,9 @@ BACKBONES = {
     "wavenet": ss.WaveNet(hidden_dim=3, num_layers=2),
     "s4d": ss.S4D(hidden_dim=3, state_dim=2, num_layers=1),
     "s5": ss.S5(hidden_dim=3, state_dim=2, num_layers=1),
+
+    "linear_attention": ss.LinearAttention(hidden_dim=2, num_heads=1, num_layers=1),
+    "aft": ss.AFT(hidden_dim=3, num_layers=1, variant="local", window=2, max_len=16),
     "esn": ss.ElmanRNN(hidden_dim=4, echo_state=True),
 }
 
