@@ -86,6 +86,10 @@ EXAMPLES = {
         ss.LRU(hidden_dim=3, state_dim=2, num_layers=1, emission="bernoulli",
                emission_dim=2, parallel=True),
     ],
+    "RWKV": [ss.RWKV(hidden_dim=3, num_layers=2, ffn_dim=4, emission="gaussian",
+                     emission_dim=2, input_dim=1, mode="parallel")],
+    "MLSTM": [ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=2, emission="categorical",
+                       num_classes=3)],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

@@ -51,6 +51,8 @@ def _specs():
         "AR": (ss.AR(order=1), y),
         "LRU": (ss.LRU(hidden_dim=3, state_dim=2), y),
         "Mamba": (ss.Mamba(hidden_dim=3, state_dim=2), y),
+        "RWKV": (ss.RWKV(hidden_dim=3, num_layers=1, ffn_dim=3), y),
+        "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),

@@ -78,6 +78,8 @@ def _cases():
                             cats, False),
         "Mamba": (ss.Mamba(hidden_dim=2, state_dim=2), _real(rng, (12, 30)), False),
         "LRU": (ss.LRU(hidden_dim=2, state_dim=2), real, False),
+        "RWKV": (ss.RWKV(hidden_dim=2, num_layers=1, ffn_dim=2), real, False),
+        "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), real, False),
     }
 
 

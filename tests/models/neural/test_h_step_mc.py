@@ -39,6 +39,8 @@ BACKBONES = {
     "stacked": ss.GRU(hidden_dim=3, num_layers=2),
     "lru": ss.LRU(hidden_dim=3, state_dim=2),
     "mamba": ss.Mamba(hidden_dim=3, state_dim=2, num_layers=1),
+    "rwkv": ss.RWKV(hidden_dim=3, num_layers=1, ffn_dim=3),
+    "mlstm": ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1),
     "esn": ss.ElmanRNN(hidden_dim=4, echo_state=True),
 }
 
