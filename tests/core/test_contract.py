@@ -105,6 +105,11 @@ EXAMPLES = {
         ss.AFT(hidden_dim=3, num_layers=2, variant="local", window=3, max_len=8,
                emission="gaussian", emission_dim=2, input_dim=1),
     ],
+
+    "RWKV": [ss.RWKV(hidden_dim=3, num_layers=2, ffn_dim=4, emission="gaussian",
+                     emission_dim=2, input_dim=1, mode="parallel")],
+    "MLSTM": [ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=2, emission="categorical",
+                       num_classes=3)],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

@@ -59,6 +59,9 @@ def _specs():
 
         "LinearAttention": (ss.LinearAttention(hidden_dim=4, num_heads=2), y),
         "AFT": (ss.AFT(hidden_dim=3), y),
+
+        "RWKV": (ss.RWKV(hidden_dim=3, num_layers=1, ffn_dim=3), y),
+        "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),

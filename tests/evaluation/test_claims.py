@@ -39,6 +39,8 @@ NGRC                           tests/models/test_ngrc.py (Monte Carlo with stand
                                errors: nonlinear features)
 
 Mamba, LinearAttention, AFT    "neural-mc"; Monte Carlo estimates with standard errors)
+
+Mamba, RWKV, MLSTM             "neural-mc"; Monte Carlo estimates with standard errors)
 =============================  =========================================================
 """
 
@@ -80,6 +82,9 @@ CLAIMS = {
 
     "LinearAttention": "tests/models/neural/test_h_step_mc.py",
     "AFT": "tests/models/neural/test_h_step_mc.py",
+
+    "RWKV": "tests/models/neural/test_h_step_mc.py",
+    "MLSTM": "tests/models/neural/test_h_step_mc.py",
 }
 
 T, H = 24, 8

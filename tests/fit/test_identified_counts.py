@@ -87,6 +87,9 @@ def _cases():
         "LinearAttention": (ss.LinearAttention(hidden_dim=2, num_heads=1, num_layers=1),
                             real, False),
         "AFT": (ss.AFT(hidden_dim=2, num_layers=1), real, False),
+
+        "RWKV": (ss.RWKV(hidden_dim=2, num_layers=1, ffn_dim=2), real, False),
+        "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), real, False),
     }
 
 
