@@ -57,6 +57,7 @@ from statseq.models.neural import (  # noqa: E402
     WaveNet,
     WaveNetBackbone,
 )
+from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
     LGSSMParams,
@@ -78,7 +79,6 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrendParams,
     TrigSeasonal,
 )
-from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
