@@ -38,8 +38,8 @@ a case whose time, extrapolated from the shorter lengths of this run (slope in l
 the last two, at least 1 and, for the quadratic modes, at least 2), exceeds
 ``--max-step-s`` is neither compiled nor run; the attention reference is not even compiled
 when its ``B x heads x T^2`` score matrices alone exceed the memory cap. Each skip is a row
-whose status says why. A warm-up call longer than ``--max-call-s`` is the one timing
-(``runs = 1``).
+whose status says why; so is every case left when ``--budget-s`` has passed. A warm-up
+call longer than ``--max-call-s`` is the one timing (``runs = 1``).
 
 Usage (the table goes to stdout and, with ``--out``, a JSON of rows and the Markdown table
 are written after every length):
@@ -520,6 +520,9 @@ def parse_args(argv=None):
                     help="a warm-up call longer than this is the one timing")
     ap.add_argument("--min-time-s", type=float, default=0.5,
                     help="interleaved rounds until this long (and >= 3)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new case after this many seconds (the rest are rows "
+                         "marked skipped)")
     ap.add_argument("--out", default=None, help="JSON of rows (and .md next to it)")
     args = ap.parse_args(argv)
     args.backbones = [b.strip().lower() for b in args.backbones.split(",") if b.strip()]
@@ -551,6 +554,11 @@ def main(argv=None):
             for mode in modes:
                 case = dict(backbone=name, mode=mode, T=num_t, B=args.batch, d=args.hidden,
                             layers=args.layers, dtype="float32")
+                elapsed = time.perf_counter() - start
+                if args.budget_s is not None and elapsed > args.budget_s:
+                    case["status"] = f"skipped: budget ({elapsed:.0f} s > {args.budget_s:g} s)"
+                    rows.append(case)
+                    continue
                 quad = name == ATTENTION or mode in QUADRATIC_MODES
                 guess = extrapolate(history.get((name, mode), []), num_t, quad)
                 if guess is not None and guess > args.max_step_s:
