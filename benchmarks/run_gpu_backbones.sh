@@ -3,6 +3,7 @@
 # "Modern backbones: training step by mode and length"). Never run by CI.
 #   bash benchmarks/run_gpu_backbones.sh OUTDIR              # on an H100: about 9 minutes at most
 #   BB_QUICK=1 bash benchmarks/run_gpu_backbones.sh OUTDIR   # tiny grid, to test the script on a CPU
+#   bash benchmarks/run_gpu_backbones.sh OUTDIR --backbones s4d,s5   # extra arguments: passed on
 # What it runs: benchmarks/bench_backbones.py over every backbone installed in statseq (and
 # the causal softmax attention reference) and every evaluation mode, a training step
 # (value and gradient of -mean log p, batch 32, Gaussian head, d = 64, 2 layers, float32) at
@@ -13,7 +14,7 @@
 # memory) before and after, jax's devices, the JSON of rows and the Markdown table, in
 # OUTDIR (results.tgz and the .md), refreshed after every length in case the run is cut off.
 set -u
-out=${1:?output folder}
+out=${1:?output folder}; shift  # further arguments go to bench_backbones.py
 mkdir -p "$out"
 work=/tmp/gpu_backbones_results; rm -rf "$work"; mkdir -p "$work"
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::SyntaxWarning
@@ -33,7 +34,7 @@ smi() { nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,cloc
   echo "cores: $(nproc)"; } > "$work/gpu.txt"
 echo "== backbones ($(date -u +%H:%M:%S))"
 # shellcheck disable=SC2086
-timeout "$LIMIT" $py benchmarks/bench_backbones.py $ARGS --out "$work/backbones_gpu.json" \
+timeout "$LIMIT" $py benchmarks/bench_backbones.py $ARGS "$@" --out "$work/backbones_gpu.json" \
   > "$work/backbones.out" 2> "$work/backbones.err"
 echo "rc=$?" | tee -a "$work/backbones.out"
 { echo "== after ($(date -u +%H:%M:%S))"; smi; } >> "$work/gpu.txt"
