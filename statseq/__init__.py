@@ -50,10 +50,14 @@ from statseq.models.neural import (  # noqa: E402
     GRU,
     LRU,
     LSTM,
+    MLSTM,
+    RWKV,
     ElmanRNN,
     Mamba,
     NeuralParams,
     NeuralSequenceModel,
+    WaveNet,
+    WaveNetBackbone,
 )
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
@@ -173,6 +177,11 @@ __all__ = [
     "LSTM",
     "LRU",
     "Mamba",
+    "WaveNet",
+    "WaveNetBackbone",
+
+    "MLSTM",
+    "RWKV",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",
