@@ -34,8 +34,8 @@ Reported per (backbone, mode, T):
   ``log T``/``log ratio``), or "none in range".
 
 Caps: a case whose program XLA estimates above ``--mem-cap-gb`` is compiled but not run;
-a case whose time, extrapolated from the shorter lengths of this run (slope in log-log of
-the last two, at least 1 and, for the quadratic modes, at least 2), exceeds
+a case whose time, extrapolated from the longest shorter length of this run (linearly in
+``T``, or as ``T^2`` for the quadratic modes), exceeds
 ``--max-step-s`` is neither compiled nor run; the attention reference is not even compiled
 when its ``B x heads x T^2`` score matrices alone exceed the memory cap. Each skip is a row
 whose status says why; so is every case left when ``--budget-s`` has passed. A warm-up
@@ -368,19 +368,15 @@ def time_cases(cases, *, min_time_s=0.5, max_call_s=None, timer=None):
 
 # ---- caps -------------------------------------------------------------------------------
 def extrapolate(history, num_t, quadratic):
-    """Seconds at ``num_t`` from ``[(T, seconds), ...]`` of shorter lengths: a power law
-    through the last two points (slope at least 1, at least 2 for a quadratic mode), or
-    from the last point with that minimum slope; ``None`` without history."""
+    """Seconds at ``num_t`` from ``[(T, seconds), ...]`` of shorter lengths: the longest
+    one scaled by ``(num_t / T)`` to the mode's nominal power (1, or 2 for a quadratic
+    mode); ``None`` without history. (A slope fitted to two noisy points of a loaded
+    machine overshot by 20x, so the nominal one is used: a mode that grows faster is
+    still measured, once.)"""
     if not history:
         return None
-    floor = 2.0 if quadratic else 1.0
-    (t1, s1) = history[-1]
-    slope = floor
-    if len(history) >= 2:
-        (t0, s0) = history[-2]
-        if t1 > t0 and s0 > 0 and s1 > 0:
-            slope = max(floor, math.log(s1 / s0) / math.log(t1 / t0))
-    return s1 * (num_t / t1) ** slope
+    t1, s1 = max(history)
+    return s1 * (num_t / t1) ** (2.0 if quadratic else 1.0)
 
 
 def attention_score_bytes(batch, num_t, itemsize, heads=ATTENTION_HEADS):
@@ -398,8 +394,9 @@ def crossovers(rows):
     by_bb = {}
     for r in rows:
         if r.get("status") == "ok" and r.get("runs", 0) >= 1:
-            by_bb.setdefault(r["backbone"], {}).setdefault(r["T"], {})[r["mode"]] = r
-    for bb, per_t in by_bb.items():
+            key = (r["backbone"], r["B"])
+            by_bb.setdefault(key, {}).setdefault(r["T"], {})[r["mode"]] = r
+    for (bb, batch), per_t in by_bb.items():
         modes = sorted({m for d in per_t.values() for m in d})
         for i, a in enumerate(modes):
             for b in modes[i + 1:]:
@@ -414,7 +411,7 @@ def crossovers(rows):
                         frac = la / (la - lb)
                         cross.append(round(math.exp(math.log(t0) + frac
                                                     * (math.log(t1) - math.log(t0)))))
-                out.append(dict(backbone=bb, a=a, b=b,
+                out.append(dict(backbone=bb, B=batch, a=a, b=b,
                                 ratios={str(t): r for t, r in pts}, crossover_T=cross))
     return out
 
@@ -433,7 +430,7 @@ def fmt_b(x):
 
 
 def table(rows):
-    head = ["backbone", "mode", "T", "compile", "step (median)", "runs", "µs / step / seq",
+    head = ["backbone", "mode", "T", "B", "compile", "step (median)", "runs", "µs / step / seq",
             "vs fastest mode", "XLA mem. estimate", "status"]
     body = []
     for r in rows:
@@ -441,7 +438,7 @@ def table(rows):
         vs = r.get("vs_best")
         body.append([
             r["backbone"] + (" (flax)" if "flax" in r.get("impl", "") else ""),
-            r["mode"], r["T"], fmt_t(r.get("compile_s")),
+            r["mode"], r["T"], r["B"], fmt_t(r.get("compile_s")),
             fmt_t(r.get("step_s")) if ok else "–", r.get("runs", "–") if ok else "–",
             f"{r['us_per_step_per_seq']:.3g}" if ok and r.get("us_per_step_per_seq") else "–",
             "–" if vs is None else ("fastest" if r.get("fastest") else f"{vs:.2f}×"),
@@ -453,8 +450,8 @@ def table(rows):
 
 
 def cross_table(cross):
-    head = ["backbone", "modes a / b", "time a / time b by T (paired)", "crossover T"]
-    body = [[c["backbone"], f"{c['a']} / {c['b']}",
+    head = ["backbone", "B", "modes a / b", "time a / time b by T (paired)", "crossover T"]
+    body = [[c["backbone"], c.get("B", "–"), f"{c['a']} / {c['b']}",
              ", ".join(f"{t}: {r:.3g}" for t, r in c["ratios"].items()),
              ", ".join(f"≈ {t:.3g}" for t in c["crossover_T"]) or "none in range"]
             for c in cross]
@@ -524,16 +521,34 @@ def parse_args(argv=None):
                     help="start no new case after this many seconds (the rest are rows "
                          "marked skipped)")
     ap.add_argument("--out", default=None, help="JSON of rows (and .md next to it)")
+    ap.add_argument("--render", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: print one table (and the crossovers) of the rows of "
+                         "these --out files, in the order given")
     args = ap.parse_args(argv)
     args.backbones = [b.strip().lower() for b in args.backbones.split(",") if b.strip()]
     args.lengths = [int(float(t)) for t in args.lengths.split(",") if t]
     return args
 
 
+def render_files(paths):
+    """One Markdown table and crossover table from the rows of several ``--out`` files."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [r for run in runs for r in run["rows"]]
+    heads = "\n".join(f"- `{run['info']['command']}`: {run['info']['date']}, "
+                      f"{run['info'].get('elapsed_s', '?')} s, load average "
+                      f"{run['info']['load_average_start']} -> "
+                      f"{run['info'].get('load_average_now', '?')}" for run in runs)
+    return (f"{heads}\n\n{table(rows)}\n\nCrossovers between modes (same-run paired "
+            f"ratios):\n\n{cross_table(crossovers(rows))}\n")
+
+
 def main(argv=None):
     os.environ["STATSEQ_NO_COMPILATION_CACHE"] = "1"  # honest compile times
     jax.config.update("jax_enable_compilation_cache", False)
     args = parse_args(argv)
+    if args.render:
+        print(render_files(args.render))
+        return None
     if args.mem_cap_gb is None:
         try:
             limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
