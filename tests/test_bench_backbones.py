@@ -83,12 +83,12 @@ def test_attention_reference_is_causal_softmax(bench):
 def test_crossover_and_extrapolation(bench):
     """Ratio 2 at T = 100 and 0.5 at T = 1000 cross at sqrt(100 * 1000) (log-log
     interpolation); the extrapolation scales the longest length by T (T^2 if quadratic)."""
-    rows = [dict(backbone="X", mode=m, T=t, status="ok", runs=3, step_s=s,
+    rows = [dict(backbone="X", mode=m, T=t, B=2, status="ok", runs=3, step_s=s,
                  paired={o: r for o in ("a", "b") if o != m})
             for t, ra in ((100, 2.0), (1000, 0.5))
             for m, s, r in (("a", ra, ra), ("b", 1.0, 1 / ra))]
     (c,) = bench.crossovers(rows)
-    assert (c["a"], c["b"]) == ("a", "b")
+    assert (c["a"], c["b"], c["B"]) == ("a", "b", 2)
     assert c["crossover_T"] == [round(np.sqrt(100 * 1000))]
     assert bench.extrapolate([(100, 1.0), (1000, 3.0)], 10_000, False) == pytest.approx(30.0)
     assert bench.extrapolate([(100, 1.0)], 1000, True) == pytest.approx(100.0)
