@@ -30,6 +30,7 @@ from statseq.core.recurrence import reshaped_call
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import kalman, particle
+from statseq.inference import switching_gibbs as gibbs
 from statseq.inference import switching_kalman as kim
 from statseq.inference.gaussian import symmetrize
 
@@ -370,6 +371,57 @@ class SwitchingLDS(SequenceModel):
                              model=self, num_particles=num_particles, resampling=resampling,
                              proposal=proposal, threshold=float(ess_threshold))
 
+    def sample_posterior(self, params: Any, y: ArrayLike, *, key: jax.Array,
+                         num_samples: int, num_burnin: int = 100,
+                         mask: ArrayLike | None = None,
+                         inputs: ArrayLike | None = None) -> gibbs.GibbsSamples:
+        """Draws of regime and state paths from the exact posterior ``p(z, x | y)`` by
+        blocked Gibbs sampling (`statseq.inference.switching_gibbs`: the simulation smoother
+        for ``x`` given ``z``, HMM forward filtering backward sampling for ``z`` given
+        ``x``), started from the most probable regimes of Kim's smoother. Unlike `smoother`
+        it is exact in the limit of many draws (needs positive definite ``Q`` and ``V``).
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``, ``T >= 2``.
+            key: a ``jax.random`` key.
+            num_samples: draws kept per sequence.
+            num_burnin: sweeps discarded first.
+            mask: optional observation mask.
+            inputs: covariates, when the model takes them.
+
+        Returns:
+            `statseq.inference.switching_gibbs.GibbsSamples` with ``regimes``
+            ``(num_samples,) + batch_shape + (T,)`` and ``states``
+            ``(num_samples,) + batch_shape + (T, n)``.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+            >>> params = model.default_params()
+            >>> y = ss.sample(model, params, num_timesteps=20, key=jax.random.key(0))
+            >>> draws = model.sample_posterior(params, y, key=jax.random.key(1),
+            ...                                num_samples=50, num_burnin=20)
+            >>> draws.regimes.shape, draws.states.shape
+            ((50, 20), (50, 20, 1))
+        """
+        check_key(key)
+        num_samples = check_positive_int(num_samples, "num_samples")
+        num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
+        data = self._prepared(params, y, mask, inputs)
+        if data.num_timesteps < 2:
+            raise ValueError(f"sample_posterior needs at least 2 time steps, got "
+                             f"{data.num_timesteps}")
+        keys = jax.random.split(key, data.y.shape[0])
+        out = _slds_gibbs(self, params, data.y, data.mask, data.inputs, keys,
+                          num_samples=num_samples, num_burnin=num_burnin)
+        bs = data.batch_shape
+        return gibbs.GibbsSamples(
+            jnp.reshape(jnp.swapaxes(out.regimes, 0, 1), (num_samples,) + bs
+                        + out.regimes.shape[2:]),
+            jnp.reshape(jnp.swapaxes(out.states, 0, 1), (num_samples,) + bs
+                        + out.states.shape[2:]))
+
     def forecast_regime_probs(self, params: Any, y: ArrayLike, *, num_steps: int,
                               mask: ArrayLike | None = None,
                               inputs: ArrayLike | None = None) -> jax.Array:
@@ -422,5 +474,20 @@ def _slds_particles(model, params, y, mask, inputs, keys, *, num_particles, resa
         return particle.rao_blackwellized_particle_filter(
             arrays, y_s, m_s, u_s.astype(dtype), key=k, num_particles=num_particles,
             resampling=resampling, ess_threshold=threshold, proposal=proposal)
+
+    return jax.vmap(one)(y, mask, inputs, keys)
+
+
+@partial(jax.jit, static_argnames=("model", "num_samples", "num_burnin"))
+def _slds_gibbs(model, params, y, mask, inputs, keys, *, num_samples, num_burnin):
+    arrays = model.to_arrays(params)
+    dtype = arrays.regimes.initial_cov.dtype
+
+    def one(y_s, m_s, u_s, k):
+        y_s, m_s = _one_seq(model, y_s, m_s, dtype)
+        u_s = u_s.astype(dtype)
+        start = jnp.argmax(kim.kim_smoother(arrays, y_s, m_s, u_s).smoothed_probs, axis=-1)
+        return gibbs.switching_gibbs(arrays, y_s, m_s, u_s, start, key=k,
+                                     num_samples=num_samples, num_burnin=num_burnin)
 
     return jax.vmap(one)(y, mask, inputs, keys)
