@@ -53,7 +53,6 @@ from statseq.models.neural import (  # noqa: E402
     LSTM,
     MLSTM,
     RWKV,
-
     AFTBackbone,
     ElmanRNN,
     LinearAttention,
@@ -66,7 +65,6 @@ from statseq.models.neural import (  # noqa: E402
 )
 from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
 from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
-
 from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
@@ -95,8 +93,6 @@ from statseq.models.switching import (  # noqa: E402
     SLDSParams,
     SwitchingLDS,
 )
-
-from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
 # script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax

@@ -94,9 +94,7 @@ EXAMPLES = {
                    mode="convolution")],
     "S5": [ss.S5(hidden_dim=3, state_dim=4, num_layers=1, emission="categorical",
                  num_classes=3, mode="scan")],
-
     "NGRC": [ss.NGRC(num_lags=2, degree=2, target="level")],
-
     "LinearAttention": [
         ss.LinearAttention(hidden_dim=4, num_heads=2, num_layers=2, decay="learned",
                            emission="poisson", input_dim=1, chunk_size=5),
@@ -105,7 +103,6 @@ EXAMPLES = {
         ss.AFT(hidden_dim=3, num_layers=2, variant="local", window=3, max_len=8,
                emission="gaussian", emission_dim=2, input_dim=1),
     ],
-
     "RWKV": [ss.RWKV(hidden_dim=3, num_layers=2, ffn_dim=4, emission="gaussian",
                      emission_dim=2, input_dim=1, mode="parallel")],
     "MLSTM": [ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=2, emission="categorical",

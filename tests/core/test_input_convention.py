@@ -54,12 +54,9 @@ def _specs():
         "WaveNet": (ss.WaveNet(hidden_dim=3, num_layers=2), y),
         "S4D": (ss.S4D(hidden_dim=3, state_dim=2), y),
         "S5": (ss.S5(hidden_dim=3, state_dim=2), y),
-
         "NGRC": (ss.NGRC(num_lags=2), y),
-
         "LinearAttention": (ss.LinearAttention(hidden_dim=4, num_heads=2), y),
         "AFT": (ss.AFT(hidden_dim=3), y),
-
         "RWKV": (ss.RWKV(hidden_dim=3, num_layers=1, ffn_dim=3), y),
         "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
