@@ -23,7 +23,9 @@ conjugate pairs keeps one state of each pair and doubles the real part:
 ``K_j = 2 Re sum_n c_n b̄_n ā_n^j``.
 
 Powers are formed as ``exp(j log ā)`` from ``log ā`` (exactly ``Δ a`` under the
-zero-order hold), which stays finite where ``ā`` itself underflows to 0.
+zero-order hold), which stays finite where ``ā`` itself underflows to 0, and
+`KERNEL_CHUNK` taps at a time (a `jax.lax.map` over chunks, rematerialized in the backward
+pass), so the kernel's memory is ``O(T + KERNEL_CHUNK N)``, not ``O(T N)``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+#: `ssm_kernel` forms the powers ``ā^j`` for this many taps at a time (bounded memory).
+KERNEL_CHUNK = 2048
 
 __all__ = ["Discretized", "causal_convolution", "discretize_bilinear", "discretize_zoh",
            "ssm_kernel"]
@@ -162,10 +167,24 @@ def ssm_kernel(log_a_bar, b_bar, c, length: int, *, conjugate_pairs: bool = True
         raise ValueError(f"length must be a non-negative integer, got {length!r}")
     log_a_bar = _complex(log_a_bar)
     cb = jnp.asarray(c) * jnp.asarray(b_bar)
-    j = jnp.arange(length, dtype=jnp.real(log_a_bar).dtype)
-    powers = jnp.exp(j.reshape((length,) + (1,) * max(log_a_bar.ndim, cb.ndim)) * log_a_bar)
-    kernel = jnp.sum(powers * cb, axis=-1)
+    ones = (1,) * max(log_a_bar.ndim, cb.ndim)
+    dtype = jnp.real(log_a_bar).dtype
+    if length <= KERNEL_CHUNK:
+        j = jnp.arange(length, dtype=dtype).reshape((length,) + ones)
+        kernel = _vandermonde(j, log_a_bar, cb)
+    else:  # chunks of taps: O(KERNEL_CHUNK * N) powers at a time, forward and backward
+        num = -(-length // KERNEL_CHUNK)
+        j = jnp.arange(num * KERNEL_CHUNK, dtype=dtype).reshape((num, KERNEL_CHUNK) + ones)
+        kernel = jax.lax.map(lambda jc: _vandermonde(jc, log_a_bar, cb), j)
+        kernel = kernel.reshape((num * KERNEL_CHUNK,) + kernel.shape[2:])[:length]
     return 2.0 * jnp.real(kernel) if conjugate_pairs else kernel
+
+
+@jax.checkpoint
+def _vandermonde(j, log_a_bar, cb):
+    """``sum_n cb_n exp(j log ā_n)`` over the last axis. Rematerialized: the backward pass
+    recomputes the powers instead of storing them."""
+    return jnp.sum(jnp.exp(j * log_a_bar) * cb, axis=-1)
 
 
 def causal_convolution(kernel, u):

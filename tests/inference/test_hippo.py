@@ -4,12 +4,14 @@ dense NumPy algebra, direct O(T^2) sums), in float64."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from numpy.polynomial import legendre
 from scipy.linalg import expm
 
+from statseq.inference import diagonal_ssm
 from statseq.inference.diagonal_ssm import (
     causal_convolution,
     discretize_bilinear,
@@ -170,6 +172,30 @@ def test_kernel_matches_the_explicit_power_loop():
     big_a, b_bar = np.diag(np.asarray(disc.a_bar)), np.asarray(disc.b_bar)
     refm = [2 * np.real(cm @ np.linalg.matrix_power(big_a, j) @ b_bar) for j in range(length)]
     np.testing.assert_allclose(km, refm, rtol=1e-11, atol=1e-13)
+
+
+def test_kernel_in_chunks(monkeypatch):
+    """Past `KERNEL_CHUNK` taps the powers are formed chunk by chunk: the value against a
+    NumPy Vandermonde product, the gradient against the unchunked kernel."""
+    rng = np.random.default_rng(4)
+    length = 2 * diagonal_ssm.KERNEL_CHUNK + 37
+    log_a = jnp.asarray(-rng.uniform(1e-4, 1e-2, 3) + 1j * rng.normal(0.0, 0.1, 3))
+    cb = jnp.asarray(rng.normal(size=3) + 1j * rng.normal(size=3))
+    weights = jnp.asarray(rng.normal(size=length))
+
+    def value_and_grad():
+        return jax.value_and_grad(
+            lambda la, cb: jnp.sum(weights * ssm_kernel(la, cb, 1.0, length)),
+            argnums=(0, 1))(log_a, cb)
+
+    ref = 2 * np.real(np.exp(np.arange(length)[:, None] * np.asarray(log_a)) @ np.asarray(cb))
+    got = ssm_kernel(log_a, cb, 1.0, length)
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-11, atol=1e-12)
+    chunked = value_and_grad()
+    monkeypatch.setattr(diagonal_ssm, "KERNEL_CHUNK", 10**9)
+    whole = value_and_grad()
+    for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-11)
 
 
 @pytest.mark.parametrize("t_len", [1, 2, 17, 100])

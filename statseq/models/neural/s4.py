@@ -299,7 +299,23 @@ class S4DBackbone(DiagonalSSMStack):
     def kernel(self, layer_params, length: int):
         """The layer's convolution kernel ``K_j = 2 Re sum_n c_n b̄_n ā_n^j``, ``(length, H)``
         (`statseq.inference.diagonal_ssm.ssm_kernel`): the response of each channel's SSM
-        (before the skip ``D``) to a unit impulse."""
+        (before the skip ``D``) to a unit impulse.
+
+        Args:
+            layer_params: one layer's `S4DLayerParams` (index the stack's leading axis).
+            length: number of taps.
+
+        Returns:
+            ``(length, H)`` real kernel.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.S4D(hidden_dim=4, state_dim=8)
+            >>> params = model.backbone.init_params(jax.random.key(0))
+            >>> first = jax.tree.map(lambda a: a[0], params.layers)  # layer 0
+            >>> model.backbone.kernel(first, 100).shape               # e.g. to plot
+            (100, 4)
+        """
         disc, c = self.discretized(layer_params)
         return ssm_kernel(disc.log_a_bar, disc.b_bar, c, length)
 

@@ -146,7 +146,23 @@ class S5Backbone(DiagonalSSMStack):
         """The layer's MIMO convolution kernel ``K_j = 2 Re C̃ diag(λ̄^j) B̄``,
         ``(length, H, H)`` (`statseq.inference.diagonal_ssm.ssm_kernel`): ``K_j[o, i]`` is
         output ``o``'s response (before the skip ``D``) ``j`` steps after a unit impulse
-        on input ``i``."""
+        on input ``i``.
+
+        Args:
+            layer_params: one layer's `S5LayerParams` (index the stack's leading axis).
+            length: number of taps.
+
+        Returns:
+            ``(length, H, H)`` real kernel.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.S5(hidden_dim=3, state_dim=8)
+            >>> params = model.backbone.init_params(jax.random.key(0))
+            >>> first = jax.tree.map(lambda a: a[0], params.layers)  # layer 0
+            >>> model.backbone.kernel(first, 50).shape
+            (50, 3, 3)
+        """
         disc, c = self.discretized(layer_params)
         return ssm_kernel(disc.log_a_bar, disc.b_bar.T[None], c[:, None, :], length)
 
