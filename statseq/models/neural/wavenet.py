@@ -40,7 +40,8 @@ every layer at once as ``K`` shifted matrix products (the dilated convolution; t
 are unrolled so that every shift is static). ``"recurrent"``: a `jax.lax.scan` over
 time of the generation step, which is Fast WaveNet (Paine et al. 2016): each layer keeps
 a queue of its last ``P = (K - 1) max_l δ_l`` inputs, reads its taps from it and pushes
-the new input, so one step costs ``O(L)`` layer evaluations instead of recomputing the receptive field.
+the new input, so one step costs ``O(L)`` layer evaluations instead of recomputing the
+receptive field.
 This is not a recurrence: the state *is* the queues. They are one fixed-size pytree
 (`WaveNetQueue`, a circular buffer ``(L, P, d)`` per stack with a write position), so
 the filter protocol (missing data, `statseq.forecast`, `statseq.sample`) runs the queue
