@@ -82,6 +82,14 @@ class NGRCParams(NamedTuple):
     Attributes:
         weights: ``(D, F)`` the readout ``W`` (columns: constant, linear, monomials).
         cov: ``(D, D)`` the noise covariance ``Σ``.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> model = ss.NGRC(num_lags=2, degree=2)  # features [1, y1, y2, y1^2, y1 y2, y2^2]
+        >>> y = np.sin(np.arange(40.0) / 3) + 0.1 * np.cos(np.arange(40.0))
+        >>> params = model.fit_ridge(y, ridge=1e-6)
+        >>> type(params).__name__, params.weights.shape, params.cov.shape
+        ('NGRCParams', (1, 6), (1, 1))
     """
 
     weights: jax.Array

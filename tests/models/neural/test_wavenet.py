@@ -104,7 +104,7 @@ def test_convolution_continues_from_any_queue():
     full_state, full = conv(params, s0, xs)
     rec_state, _ = rec(params, s0, xs)
     pieces, s = [], s0
-    for lo, hi in ((0, 2), (2, 3), (3, 11), (11, 19)):  # queue size P = 2 * 2 = 4
+    for lo, hi in ((0, 3), (3, 11), (11, 19)):  # shorter and longer than the queue (P = 4)
         s, out = conv(params, s, xs[lo:hi])
         pieces.append(out)
     np.testing.assert_allclose(np.concatenate(pieces), full, rtol=1e-12, atol=1e-13)
