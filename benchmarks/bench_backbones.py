@@ -505,6 +505,8 @@ def parse_args(argv=None):
                     help="comma-separated, lower case (default: every one installed, plus "
                          "'attention')")
     ap.add_argument("--lengths", default="100,1000,10000,100000")
+    ap.add_argument("--modes", default="",
+                    help="comma-separated mode labels to keep (default: every mode)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -527,6 +529,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.backbones = [b.strip().lower() for b in args.backbones.split(",") if b.strip()]
     args.lengths = [int(float(t)) for t in args.lengths.split(",") if t]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     return args
 
 
@@ -559,7 +562,9 @@ def main(argv=None):
     info = machine_info(args)
     print(json.dumps(info, indent=1), file=sys.stderr)
     names = available_backbones(args.backbones).values()
-    plan = {n: modes_of(n, args.hidden, args.layers) for n in names}
+    plan = {n: {m: kw for m, kw in modes_of(n, args.hidden, args.layers).items()
+                if not args.modes or m in args.modes} for n in names}
+    plan = {n: m for n, m in plan.items() if m}
     info["backbones"] = {n: sorted(m) for n, m in plan.items()}
     print(f"backbones and modes: {info['backbones']}", file=sys.stderr, flush=True)
     rows, history, start = [], {}, time.perf_counter()
