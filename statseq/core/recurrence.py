@@ -379,11 +379,19 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
 
 
 def _simulate(model, params, carry, key, inputs):
-    """Ancestral sampling from ``carry`` over ``inputs.shape[0]`` steps: (ys, final carry)."""
+    """Ancestral sampling from ``carry`` over ``inputs.shape[0]`` steps: (ys, final carry).
+
+    A model with ``sample_step(params, carry, key, u_t) -> (y_t, carry)`` draws each step
+    itself (`statseq.SwitchingLDS`, whose filter is approximate but whose latent state can
+    be drawn exactly); otherwise predict, draw, update.
+    """
     full_mask = jnp.ones(model.event_shape, bool)
 
     def step(carry, xs):
         k, u_t = xs
+        if hasattr(model, "sample_step"):  # a model whose carry must hold drawn latents
+            y_t, new = model.sample_step(params, carry, k, u_t)
+            return new, y_t
         d = model.predict(params, carry, u_t)
         y_t = d.sample(k)
         return model.update(params, carry, y_t, full_mask, u_t), y_t

@@ -98,6 +98,12 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def _mix(m, x):
+    """Token shift ``m x_t + (1 - m) x_{t-1}`` with ``x_0 = 0``."""
+    prev = np.concatenate([np.zeros((1, x.shape[1])), x[:-1]])
+    return m * x + (1 - m) * prev
+
+
 def numpy_backbone(bb, params, xs):
     """The RWKV stack written from the paper's equations, with `direct_wkv`."""
     params = jax.tree.map(np.asarray, params)
@@ -105,16 +111,13 @@ def numpy_backbone(bb, params, xs):
     for ell in range(bb.num_layers):
         p = jax.tree.map(lambda a, ell=ell: a[ell], params.layers)
         x = _rms(zs, params.norm[ell])
-        prev = np.concatenate([np.zeros((1, x.shape[1])), x[:-1]])
-        mix = lambda m: m * x + (1 - m) * prev  # noqa: E731
-        k, v, r = mix(p.att_mix[0]) @ p.att_key, mix(p.att_mix[1]) @ p.att_value, \
-            mix(p.att_mix[2]) @ p.att_receptance
+        k, v, r = _mix(p.att_mix[0], x) @ p.att_key, _mix(p.att_mix[1], x) @ p.att_value, \
+            _mix(p.att_mix[2], x) @ p.att_receptance
         wkv = direct_wkv(np.exp(p.time_decay), p.time_first, k, v)
         zs = zs + (_sigmoid(r) * wkv) @ p.att_output
         x = _rms(zs, p.ffn_norm)
-        prev = np.concatenate([np.zeros((1, x.shape[1])), x[:-1]])
-        kk = np.maximum(mix(p.ffn_mix[0]) @ p.ffn_key, 0.0) ** 2
-        zs = zs + _sigmoid(mix(p.ffn_mix[1]) @ p.ffn_receptance) * (kk @ p.ffn_value)
+        kk = np.maximum(_mix(p.ffn_mix[0], x) @ p.ffn_key, 0.0) ** 2
+        zs = zs + _sigmoid(_mix(p.ffn_mix[1], x) @ p.ffn_receptance) * (kk @ p.ffn_value)
     return _rms(zs, params.final_norm)
 
 
@@ -124,27 +127,7 @@ def perturbed(params, seed, scale=0.3):
     return jax.tree.map(lambda x: jnp.asarray(x + scale * rng.normal(size=x.shape)), params)
 
 
-BACKBONE = RWKVBackbone(input_dim=3, hidden_dim=4, num_layers=2, ffn_dim=6)
-
-
-def test_backbone_matches_numpy_in_every_mode():
-    params = perturbed(BACKBONE.init_params(jax.random.key(0)), 1)
-    xs = np.random.default_rng(0).normal(size=(13, 3))
-    ref = numpy_backbone(BACKBONE, params, xs)
-    assert np.std(ref) > 0.1
-    for mode in ("recurrent", "parallel"):
-        bb = dataclasses.replace(BACKBONE, mode=mode)
-        got = jax.jit(bb.sequence)(params, jnp.asarray(xs))
-        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-11, atol=1e-12)
-    step = jax.jit(lambda p, s, x: BACKBONE.step(p, s, x))
-    state, hs = BACKBONE.initial_state(params), []
-    for x in xs:
-        state, h = step(params, state, jnp.asarray(x))
-        hs.append(h)
-    np.testing.assert_allclose(np.stack(hs), ref, rtol=1e-11, atol=1e-12)
-
-
-MODEL = RWKV(hidden_dim=4, num_layers=2, ffn_dim=6, emission="gaussian")
+MODEL = RWKV(hidden_dim=4, num_layers=2, ffn_dim=6, emission="gaussian", mode="recurrent")
 MODES = {mode: dataclasses.replace(MODEL, mode=mode) for mode in ("recurrent", "parallel")}
 
 
@@ -155,20 +138,34 @@ def _model_params(t_len, seed=2):
 
 
 @jax.jit
-def _both_modes(params, y):
-    """Log-likelihood and gradient of both modes: one compiled program per length."""
+def _both_modes(params, y, weights):
+    """``sum_t weights_t log p(y_t | y_{<t})`` and its gradient in both modes (one compiled
+    program per length)."""
     inputs = jnp.zeros((1, y.shape[0], 0))
 
     def loglik(model):
-        return lambda p: jnp.sum(model.complete_data_log_probs_batch(p, y[None], inputs)[0])
+        def total(p):
+            log_probs = model.complete_data_log_probs_batch(p, y[None], inputs)[0][0]
+            return jnp.sum(weights * log_probs)
+        return total
 
     return {mode: jax.value_and_grad(loglik(m))(params) for mode, m in MODES.items()}
 
 
+@pytest.fixture(scope="module")
+def long_case():
+    return _model_params(1000)
+
+
 @pytest.mark.parametrize("t_len", [1, 2, 17, 1000])
-def test_recurrent_and_parallel_modes_agree_with_gradients(t_len):
-    params, y = _model_params(t_len)
-    out = _both_modes(params, jnp.asarray(y))
+def test_recurrent_and_parallel_modes_agree_with_gradients(t_len, long_case):
+    """Log-likelihood of ``y_{1:T}`` and its gradient. T = 1 is its own program; T = 2 and
+    17 are the first T terms of the T = 1000 program (the model is causal: the first T
+    one-step log-densities of a longer series are those of ``y_{1:T}``), weighted in."""
+    params, y = long_case
+    y = y[:1] if t_len == 1 else y
+    weights = (np.arange(y.shape[0]) < t_len).astype(float)
+    out = _both_modes(params, jnp.asarray(y), jnp.asarray(weights))
     (lp_r, g_r), (lp_p, g_p) = out["recurrent"], out["parallel"]
     assert np.isfinite(float(lp_r))
     np.testing.assert_allclose(float(lp_p), float(lp_r), rtol=1e-10)
@@ -207,46 +204,58 @@ def case():
     return _model_params(40, seed=7)
 
 
-def test_generation_step_by_step_equals_whole_sequence(case):
-    params, y = case
-    step = ss.filter(MODEL, params, y, return_carries=True)  # one step at a time
-    ref = np.asarray(step.log_probs)
-    assert np.all(np.isfinite(ref)) and np.ptp(ref) > 0.1
-    last = jax.tree.map(lambda c: c[-1], step.carries)
-    for model in MODES.values():
-        got = ss.filter(model, params, y)  # whole-sequence fast path
-        np.testing.assert_allclose(np.asarray(got.log_probs), ref, rtol=1e-10, atol=1e-12)
-        fast = jax.jit(model.complete_data_log_probs)(params, jnp.asarray(y),
-                                                      jnp.zeros((40, 0)))[1]
-        for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(last), strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+@jax.jit
+def _whole_sequence(params, xs):
+    """Every mode's backbone over a whole sequence from the initial state."""
+    return {mode: m.backbone.scan(params, m.backbone.initial_state(params), xs)
+            for mode, m in MODES.items()}
 
 
-def test_missing_value_filter_equals_whole_sequence_with_indicator(case):
-    """The step-by-step filter with a missing value equals the whole-sequence backbone
-    (parallel mode) fed ``[y_{t-1} m_{t-1}, m_{t-1}]`` and scored where observed."""
+def _inputs(y, mask):
+    """The network's inputs ``x_t = [y_{t-1} m_{t-1}, m_{t-1}]``, ``x_1 = 0``."""
+    enc = np.stack([np.where(mask, y, 0.0), mask.astype(float)], -1)
+    return np.concatenate([np.zeros((1, 2)), enc[:-1]])
+
+
+def test_modes_match_numpy_and_generation_step_by_step(case):
+    """The step-by-step filter (generation) on data with missing values equals every
+    whole-sequence mode fed the same inputs, which equal the NumPy stack written from the
+    paper; on complete data the whole-sequence fast path of each mode gives them too."""
     params, y = case
+    head = MODEL.head
     mask = np.ones(40, bool)
     mask[[5, 6, 30]] = False
-    res = ss.filter(MODEL, params, y, mask=mask)
-    enc = np.stack([np.where(mask, y, 0.0), mask.astype(float)], -1)
-    xs = np.concatenate([np.zeros((1, 2)), enc[:-1]])
-    hs = MODES["parallel"].backbone.sequence(params.backbone, jnp.asarray(xs))
-    lp = MODEL.head.distribution(params.head, hs).log_prob(jnp.asarray(y))
-    ref = np.where(mask, np.asarray(lp), 0.0)
-    np.testing.assert_allclose(np.asarray(res.log_probs), ref, rtol=1e-10, atol=1e-12)
-    assert float(res.log_probs[30]) == 0.0
+    for m in (mask, np.ones(40, bool)):
+        xs = _inputs(y, m)
+        ref_h = numpy_backbone(MODEL.backbone, params.backbone, xs)
+        assert np.std(ref_h) > 0.1
+        ref = np.where(m, np.asarray(head.distribution(params.head, jnp.asarray(ref_h))
+                                     .log_prob(jnp.asarray(y))), 0.0)
+        assert np.ptp(ref) > 0.1
+        runs = _whole_sequence(params.backbone, jnp.asarray(xs))
+        for _, hs in runs.values():
+            np.testing.assert_allclose(np.asarray(hs), ref_h, rtol=1e-11, atol=1e-12)
+        if not m.all():  # the step-by-step filter
+            res = ss.filter(MODEL, params, y, mask=m)
+            assert float(res.log_probs[30]) == 0.0
+        else:  # the whole-sequence fast path
+            res = ss.filter(MODES["parallel"], params, y)
+            np.testing.assert_allclose(np.asarray(ss.filter(MODEL, params, y).log_probs),
+                                       ref, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(res.log_probs), ref, rtol=1e-10, atol=1e-12)
+        for final, _ in runs.values():  # the final state of every mode
+            for a, b in zip(jax.tree.leaves(res.final_carry.state), jax.tree.leaves(final),
+                            strict=True):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10,
+                                           atol=1e-12)
 
 
-def test_fit_sgd_decreases_the_loss_and_forecast(case):
+def test_fit_sgd_decreases_the_loss(case):
     params, y = case
     before = float(ss.log_prob(MODEL, params, y))
     fit = ss.fit_sgd(MODEL, params, y, optimizer=optax.adam(1e-2), num_steps=15,
                      key=jax.random.key(8), progress=False)
     assert float(ss.log_prob(MODEL, fit.params, y)) > before + 1.0
-    fc = ss.forecast(MODEL, fit.params, y, num_steps=3, num_samples=20,
-                     key=jax.random.key(9))
-    assert np.asarray(fc.samples).shape[-1] == 3 and np.all(np.isfinite(fc.samples))
 
 
 def test_save_load_round_trip(tmp_path, case):
