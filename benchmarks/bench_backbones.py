@@ -505,6 +505,8 @@ def parse_args(argv=None):
                     help="comma-separated, lower case (default: every one installed, plus "
                          "'attention')")
     ap.add_argument("--lengths", default="100,1000,10000,100000")
+    ap.add_argument("--modes", default="",
+                    help="comma-separated mode labels to keep (default: every mode)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -524,22 +526,36 @@ def parse_args(argv=None):
     ap.add_argument("--render", nargs="+", default=None, metavar="JSON",
                     help="run nothing: print one table (and the crossovers) of the rows of "
                          "these --out files, in the order given")
+    ap.add_argument("--hide-skipped", action="store_true",
+                    help="with --render: list skipped cases under the table, not in it")
     args = ap.parse_args(argv)
     args.backbones = [b.strip().lower() for b in args.backbones.split(",") if b.strip()]
     args.lengths = [int(float(t)) for t in args.lengths.split(",") if t]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     return args
 
 
-def render_files(paths):
-    """One Markdown table and crossover table from the rows of several ``--out`` files."""
+def render_files(paths, hide_skipped=False):
+    """One Markdown table and crossover table from the rows of several ``--out`` files;
+    ``hide_skipped`` lists the skipped cases in one line under the table instead."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     rows = [r for run in runs for r in run["rows"]]
+    order = list(dict.fromkeys(r["backbone"] for r in rows))
+    rows.sort(key=lambda r: (-r["B"], order.index(r["backbone"]), r["T"]))  # stable
     heads = "\n".join(f"- `{run['info']['command']}`: {run['info']['date']}, "
                       f"{run['info'].get('elapsed_s', '?')} s, load average "
                       f"{run['info']['load_average_start']} -> "
                       f"{run['info'].get('load_average_now', '?')}" for run in runs)
-    return (f"{heads}\n\n{table(rows)}\n\nCrossovers between modes (same-run paired "
-            f"ratios):\n\n{cross_table(crossovers(rows))}\n")
+    skipped = ""
+    if hide_skipped:
+        gone = [r for r in rows if str(r.get("status", "")).startswith("skipped")]
+        rows = [r for r in rows if r not in gone]
+        skipped = "\n\nSkipped (extrapolated step or XLA estimate over the run's cap): " + (
+            "; ".join(f"{r['backbone']} {r['mode']} T={r['T']} B={r['B']} "
+                      f"({r['status'].split(': ', 1)[1].split(' >')[0]})" for r in gone)
+            or "none") + "."
+    return (f"{heads}\n\n{table(rows)}{skipped}\n\nCrossovers between modes (same-run "
+            f"paired ratios):\n\n{cross_table(crossovers(rows))}\n")
 
 
 def main(argv=None):
@@ -547,7 +563,7 @@ def main(argv=None):
     jax.config.update("jax_enable_compilation_cache", False)
     args = parse_args(argv)
     if args.render:
-        print(render_files(args.render))
+        print(render_files(args.render, args.hide_skipped))
         return None
     if args.mem_cap_gb is None:
         try:
@@ -559,7 +575,9 @@ def main(argv=None):
     info = machine_info(args)
     print(json.dumps(info, indent=1), file=sys.stderr)
     names = available_backbones(args.backbones).values()
-    plan = {n: modes_of(n, args.hidden, args.layers) for n in names}
+    plan = {n: {m: kw for m, kw in modes_of(n, args.hidden, args.layers).items()
+                if not args.modes or m in args.modes} for n in names}
+    plan = {n: m for n, m in plan.items() if m}
     info["backbones"] = {n: sorted(m) for n, m in plan.items()}
     print(f"backbones and modes: {info['backbones']}", file=sys.stderr, flush=True)
     rows, history, start = [], {}, time.perf_counter()
