@@ -15,12 +15,6 @@ Examples:
     (100, 1871)
 """
 
-from statseq.datasets._text import (
-    TEXT_ALPHABET,
-    decode_characters,
-    encode_characters,
-    load_macbeth,
-)
 from statseq.datasets._load import (
     list_datasets,
     load_air_passengers,
@@ -36,6 +30,12 @@ from statseq.datasets._load import (
     load_uk_driver_deaths,
     load_us_gnp_growth,
     load_us_state_production,
+)
+from statseq.datasets._text import (
+    TEXT_ALPHABET,
+    decode_characters,
+    encode_characters,
+    load_macbeth,
 )
 
 __all__ = [
