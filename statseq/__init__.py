@@ -55,6 +55,7 @@ from statseq.models.neural import (  # noqa: E402
     NeuralParams,
     NeuralSequenceModel,
 )
+from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
     LGSSMParams,
@@ -177,6 +178,8 @@ __all__ = [
     "NeuralParams",
     "NeuralSequenceModel",
     "AR",
+    "NGram",
+    "NGramCounts",
     "ARParams",
     "BernoulliHMM",
     "CategoricalHMM",
