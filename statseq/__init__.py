@@ -50,10 +50,14 @@ from statseq.models.neural import (  # noqa: E402
     GRU,
     LRU,
     LSTM,
+    MLSTM,
+    RWKV,
     ElmanRNN,
     Mamba,
     NeuralParams,
     NeuralSequenceModel,
+    WaveNet,
+    WaveNetBackbone,
 )
 from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
@@ -174,6 +178,11 @@ __all__ = [
     "LSTM",
     "LRU",
     "Mamba",
+    "WaveNet",
+    "WaveNetBackbone",
+
+    "MLSTM",
+    "RWKV",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",

@@ -86,6 +86,10 @@ EXAMPLES = {
         ss.LRU(hidden_dim=3, state_dim=2, num_layers=1, emission="bernoulli",
                emission_dim=2, parallel=True),
     ],
+    "WaveNet": [
+        ss.WaveNet(hidden_dim=3, num_layers=2, gate_dim=2, emission="gaussian",
+                   emission_dim=2, input_dim=1),
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

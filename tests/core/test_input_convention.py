@@ -51,6 +51,7 @@ def _specs():
         "AR": (ss.AR(order=1), y),
         "LRU": (ss.LRU(hidden_dim=3, state_dim=2), y),
         "Mamba": (ss.Mamba(hidden_dim=3, state_dim=2), y),
+        "WaveNet": (ss.WaveNet(hidden_dim=3, num_layers=2), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),

@@ -34,7 +34,7 @@ LocalLinearTrend               this file (dense conditioning, exact diffuse star
 LinearAutoregressiveHMM        tests/models/test_h_step_exact.py (engineer "arfc")
 MarkovSwitchingAR              tests/models/test_h_step_exact.py (engineer "arfc")
 ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
-Mamba                          "neural-mc"; Monte Carlo estimates with standard errors)
+Mamba, WaveNet                 "neural-mc"; Monte Carlo estimates with standard errors)
 =============================  =========================================================
 """
 
@@ -68,6 +68,7 @@ CLAIMS = {
     "LSTM": "tests/models/neural/test_h_step_mc.py",
     "LRU": "tests/models/neural/test_h_step_mc.py",
     "Mamba": "tests/models/neural/test_h_step_mc.py",
+    "WaveNet": "tests/models/neural/test_h_step_mc.py",
 }
 
 T, H = 24, 8

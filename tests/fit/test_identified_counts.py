@@ -78,6 +78,7 @@ def _cases():
                             cats, False),
         "Mamba": (ss.Mamba(hidden_dim=2, state_dim=2), _real(rng, (12, 30)), False),
         "LRU": (ss.LRU(hidden_dim=2, state_dim=2), real, False),
+        "WaveNet": (ss.WaveNet(hidden_dim=2, num_layers=2), real, False),
     }
 
 

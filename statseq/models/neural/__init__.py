@@ -9,7 +9,10 @@ from statseq.models.neural.base import (
 from statseq.models.neural.heads import EMISSIONS, Head, make_head
 from statseq.models.neural.lru import LRU, LRUBackbone
 from statseq.models.neural.mamba import Mamba, MambaBackbone
+from statseq.models.neural.mlstm import MLSTM, MLSTMBackbone
 from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
+from statseq.models.neural.rwkv import RWKV, RWKVBackbone
+from statseq.models.neural.wavenet import WaveNet, WaveNetBackbone
 
 __all__ = [
     "EMISSIONS",
@@ -19,6 +22,10 @@ __all__ = [
     "LRUBackbone",
     "Mamba",
     "MambaBackbone",
+    "MLSTM",
+    "MLSTMBackbone",
+    "RWKV",
+    "RWKVBackbone",
     "Backbone",
     "ElmanRNN",
     "Head",
@@ -27,4 +34,6 @@ __all__ = [
     "NeuralSequenceModel",
     "make_head",
     "readout_only",
+    "WaveNet",
+    "WaveNetBackbone",
 ]

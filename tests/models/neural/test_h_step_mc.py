@@ -39,6 +39,7 @@ BACKBONES = {
     "stacked": ss.GRU(hidden_dim=3, num_layers=2),
     "lru": ss.LRU(hidden_dim=3, state_dim=2),
     "mamba": ss.Mamba(hidden_dim=3, state_dim=2, num_layers=1),
+    "wavenet": ss.WaveNet(hidden_dim=3, num_layers=2),
     "esn": ss.ElmanRNN(hidden_dim=4, echo_state=True),
 }
 
