@@ -150,3 +150,66 @@ def switching_gibbs(arrays: SwitchingArrays, y: jax.Array, mask: jax.Array,
         z, _ = jax.lax.scan(sweep, z, keys[:num_burnin])
     _, (zs, xs) = jax.lax.scan(sweep, z, keys[num_burnin:])
     return GibbsSamples(zs, xs.astype(dtype).reshape(num_samples, y.shape[0], n))
+
+
+# ---- conjugate parameter updates ---------------------------------------------------------
+def sample_inverse_wishart(key: jax.Array, df: jax.Array, scale: jax.Array) -> jax.Array:
+    """A draw of ``Sigma ~ InvWishart(df, scale)`` (mean ``scale / (df - d - 1)``), as the
+    inverse of a Wishart(``df``, ``scale^{-1}``) draw by Bartlett's decomposition.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from statseq.inference.switching_gibbs import sample_inverse_wishart
+        >>> s = sample_inverse_wishart(jax.random.key(0), jnp.asarray(5.0), jnp.eye(2))
+        >>> s.shape, bool(jnp.all(jnp.linalg.eigvalsh(s) > 0))
+        ((2, 2), True)
+    """
+    d = scale.shape[-1]
+    k_c, k_n = jax.random.split(key)
+    dof = df - jnp.arange(d, dtype=scale.dtype)  # chi2(df - i) on the diagonal
+    diag = jnp.sqrt(2.0 * jax.random.gamma(k_c, dof / 2.0, dtype=scale.dtype))
+    lower = jnp.tril(jax.random.normal(k_n, (d, d), scale.dtype), -1)
+    bart = lower + jnp.diag(diag)
+    chol = jnp.linalg.cholesky(jnp.linalg.inv(scale))  # Wishart scale scale^{-1}
+    factor = chol @ bart  # W = F F^T
+    inv_f = jax.scipy.linalg.solve_triangular(factor, jnp.eye(d, dtype=scale.dtype),
+                                              lower=True)
+    return 0.5 * ((inv_f.T @ inv_f) + (inv_f.T @ inv_f).T)
+
+
+def sample_regression(key: jax.Array, regressors: jax.Array, targets: jax.Array,
+                      weights: jax.Array, precision: jax.Array, df: jax.Array,
+                      scale: jax.Array) -> tuple:
+    """A draw of ``(W, Sigma)`` from the matrix-normal-inverse-Wishart posterior of the
+    regression ``targets_t = W regressors_t + N(0, Sigma)`` over the rows with
+    ``weights_t = 1``, under the prior ``Sigma ~ InvWishart(df, scale)``,
+    ``W | Sigma ~ MN(0, Sigma, (precision I)^{-1})``:
+
+        Lambda = precision I + X^T G X,   M = Y^T G X Lambda^{-1},
+        Sigma ~ InvWishart(df + sum(G), scale + Y^T G Y - M Lambda M^T),
+        W | Sigma ~ MN(M, Sigma, Lambda^{-1})        (G = diag(weights)).
+
+    Args:
+        key: a ``jax.random`` key.
+        regressors: ``(N, p)``.
+        targets: ``(N, d)``.
+        weights: ``(N,)`` 0/1 row selection.
+        precision: prior precision ``> 0`` of the coefficients.
+        df: prior degrees of freedom ``> d - 1``.
+        scale: ``(d, d)`` prior scale.
+
+    Returns:
+        ``(W (d, p), Sigma (d, d))``.
+    """
+    k_s, k_w = jax.random.split(key)
+    x, y, g = regressors, targets, weights[:, None]
+    p = x.shape[1]
+    lam = precision * jnp.eye(p, dtype=x.dtype) + (x * g).T @ x
+    lam_chol = jnp.linalg.cholesky(lam)
+    m = jax.scipy.linalg.cho_solve((lam_chol, True), ((x * g).T @ y)).T  # (d, p)
+    psi = scale + (y * g).T @ y - m @ lam @ m.T
+    sigma = sample_inverse_wishart(k_s, df + jnp.sum(weights), 0.5 * (psi + psi.T))
+    z = jax.random.normal(k_w, m.shape, x.dtype)
+    # W = M + chol(Sigma) Z chol(Lambda^{-1})^T, chol(Lambda^{-1})^T = Lambda_chol^{-1}...
+    right = jax.scipy.linalg.solve_triangular(lam_chol.T, z.T, lower=False).T
+    return m + jnp.linalg.cholesky(sigma) @ right, sigma

@@ -7,7 +7,7 @@ from statseq.models.switching.ms_ar import (
     RegimeFilterResult,
     RegimePosterior,
 )
-from statseq.models.switching.slds import SLDSParams, SwitchingLDS
+from statseq.models.switching.slds import SLDSGibbsPrior, SLDSParams, SwitchingLDS
 
 __all__ = [
     "MSARCarry",
@@ -15,6 +15,7 @@ __all__ = [
     "MarkovSwitchingAR",
     "RegimeFilterResult",
     "RegimePosterior",
+    "SLDSGibbsPrior",
     "SLDSParams",
     "SwitchingLDS",
 ]

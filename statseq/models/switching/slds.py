@@ -33,6 +33,7 @@ from statseq.inference import kalman, particle
 from statseq.inference import switching_gibbs as gibbs
 from statseq.inference import switching_kalman as kim
 from statseq.inference.gaussian import symmetrize
+from statseq.models.switching._slds_gibbs import SLDSGibbsPrior, resolved_prior, run_gibbs
 
 
 class SLDSParams(NamedTuple):
@@ -421,6 +422,67 @@ class SwitchingLDS(SequenceModel):
                         + out.regimes.shape[2:]),
             jnp.reshape(jnp.swapaxes(out.states, 0, 1), (num_samples,) + bs
                         + out.states.shape[2:]))
+
+    def fit_gibbs(self, params: Any, y: ArrayLike, *, key: jax.Array, num_samples: int,
+                  num_burnin: int = 100, inputs: ArrayLike | None = None,
+                  prior: SLDSGibbsPrior | None = None) -> Any:
+        """Bayesian inference of the parameters, regimes and states by blocked Gibbs
+        sampling (`statseq.models.switching._slds_gibbs`): exact conditional draws of
+        ``x | z``, ``z | x`` (as in `sample_posterior`), ``pi`` and the rows of ``P``
+        (Dirichlet), and per regime the dynamics ``([A B b], Q)`` and emission
+        ``([C D d], R)`` (matrix-normal-inverse-Wishart, `SLDSGibbsPrior`). The initial
+        laws ``m_k, V_k`` are held at ``params``. Needs complete data (no mask) and
+        ``T >= 2``; one chain, started at ``params`` with Kim's most probable regimes.
+
+        Args:
+            params: the chain's start (also fixes ``initial_means`` and ``initial_covs``).
+            y: ``batch_shape + (T,) + event_shape`` (the sequences share the parameters).
+            key: a ``jax.random`` key.
+            num_samples: sweeps kept.
+            num_burnin: sweeps discarded first.
+            inputs: covariates, when the model takes them.
+            prior: an `SLDSGibbsPrior` (``None``: the defaults).
+
+        Returns:
+            ArviZ ``InferenceData`` whose ``posterior`` holds every `SLDSParams` leaf and
+            ``regimes`` (``(chain, draw) + batch_shape + (T,)``); ``states`` too
+            (``... + (T, n)``).
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+            >>> params = model.default_params()
+            >>> y = ss.sample(model, params, num_timesteps=30, key=jax.random.key(0))
+            >>> idata = model.fit_gibbs(params, y, key=jax.random.key(1), num_samples=20,
+            ...                         num_burnin=5)
+            >>> idata.posterior["transitions"].shape
+            (1, 20, 2, 2)
+        """
+        from statseq.bayes.nuts import _from_dict
+
+        check_key(key)
+        num_samples = check_positive_int(num_samples, "num_samples")
+        num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
+        data = self._prepared(params, y, None, inputs)
+        if data.num_timesteps < 2:
+            raise ValueError(f"fit_gibbs needs at least 2 time steps, got {data.num_timesteps}")
+        dtype = self.to_arrays(params).regimes.initial_cov.dtype
+        prior = resolved_prior(self, prior, dtype)
+        y_flat = jnp.reshape(data.y, data.y.shape[:2] + (self.dim,)).astype(dtype)
+        mask = jnp.ones(y_flat.shape, bool)
+        u = data.inputs.astype(dtype)
+        start = jnp.argmax(self.smoother(params, y, inputs=inputs).smoothed_probs, axis=-1)
+        start = jnp.reshape(start, y_flat.shape[:2]).astype(jnp.int32)
+        full = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+        draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, start, key,
+                                           num_samples=num_samples, num_burnin=num_burnin)
+        bs = data.batch_shape
+        post = {name: np.asarray(getattr(draws, name))[None]
+                for name in SLDSParams._fields}
+        post["regimes"] = np.asarray(regimes).reshape((1, num_samples) + bs
+                                                      + regimes.shape[2:])
+        post["states"] = np.asarray(states).reshape((1, num_samples) + bs + states.shape[2:])
+        return _from_dict({"posterior": post}, dims=None, coords=None)
 
     def forecast_regime_probs(self, params: Any, y: ArrayLike, *, num_steps: int,
                               mask: ArrayLike | None = None,
