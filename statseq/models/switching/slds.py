@@ -471,10 +471,8 @@ class SwitchingLDS(SequenceModel):
         y_flat = jnp.reshape(data.y, data.y.shape[:2] + (self.dim,)).astype(dtype)
         mask = jnp.ones(y_flat.shape, bool)
         u = data.inputs.astype(dtype)
-        start = jnp.argmax(self.smoother(params, y, inputs=inputs).smoothed_probs, axis=-1)
-        start = jnp.reshape(start, y_flat.shape[:2]).astype(jnp.int32)
         full = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
-        draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, start, key,
+        draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, key,
                                            num_samples=num_samples, num_burnin=num_burnin)
         bs = data.batch_shape
         post = {name: np.asarray(getattr(draws, name))[None]
