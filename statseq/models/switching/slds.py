@@ -395,16 +395,6 @@ class SwitchingLDS(SequenceModel):
             `statseq.inference.switching_gibbs.GibbsSamples` with ``regimes``
             ``(num_samples,) + batch_shape + (T,)`` and ``states``
             ``(num_samples,) + batch_shape + (T, n)``.
-
-        Examples:
-            >>> import jax, statseq as ss
-            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
-            >>> params = model.default_params()
-            >>> y = ss.sample(model, params, num_timesteps=20, key=jax.random.key(0))
-            >>> draws = model.sample_posterior(params, y, key=jax.random.key(1),
-            ...                                num_samples=50, num_burnin=20)
-            >>> draws.regimes.shape, draws.states.shape
-            ((50, 20), (50, 20, 1))
         """
         check_key(key)
         num_samples = check_positive_int(num_samples, "num_samples")
@@ -447,16 +437,6 @@ class SwitchingLDS(SequenceModel):
             ArviZ ``InferenceData`` whose ``posterior`` holds every `SLDSParams` leaf and
             ``regimes`` (``(chain, draw) + batch_shape + (T,)``); ``states`` too
             (``... + (T, n)``).
-
-        Examples:
-            >>> import jax, statseq as ss
-            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
-            >>> params = model.default_params()
-            >>> y = ss.sample(model, params, num_timesteps=30, key=jax.random.key(0))
-            >>> idata = model.fit_gibbs(params, y, key=jax.random.key(1), num_samples=20,
-            ...                         num_burnin=5)
-            >>> idata.posterior["transitions"].shape
-            (1, 20, 2, 2)
         """
         from statseq.bayes.nuts import _from_dict
 
