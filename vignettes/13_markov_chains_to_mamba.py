@@ -20,15 +20,17 @@
 #
 # and they differ only in what they remember of $y_{<t}$: the last $n-1$ characters (an
 # $n$-gram Markov chain), a probability vector over $K$ hidden states (a categorical hidden
-# Markov model: the forward filter), or a learned continuous state (LSTM, Mamba). So they
+# Markov model: the forward filter), or a learned continuous state (the neural networks:
+# an LSTM, and the modern recurrences, Mamba, RWKV, mLSTM, and the dilated convolutions
+# of WaveNet). So they
 # can be compared on one number, the **held-out bits per character** (bpc), $-\frac1T
 # \log_2 p(y_{\rm test})$: 0 would be a perfect predictor and $\log_2 36 \approx 5.17$ the
 # uniform guess over our 36 symbols. We also report each model's size and its training
 # time, and let each one write a few lines of Shakespeare.
 #
-# Part 2 takes the best network to a long real series, 7,980 yearly tree-ring widths, and
-# scores it against an AR model, a structural time series model and the LSTM by held-out
-# log score, CRPS and interval coverage.
+# Part 2 takes the best of these networks (other than the LSTM) to a long real series,
+# 7,980 yearly tree-ring widths, and scores it against an AR model, a structural time
+# series model and the LSTM by held-out log score, CRPS and interval coverage.
 #
 # **Budget.** This notebook runs in about two CPU minutes (the documentation build executes
 # it), so the networks are small and briefly trained on a subset of the text. The
@@ -172,8 +174,9 @@ samples[f"{BEST_N}-gram"] = "macbeth.\n" + ss.datasets.decode_characters(
 # A categorical HMM with $K$ states remembers a *distribution* over $K$ hidden classes
 # instead of the last characters: $z_t \mid z_{t-1} \sim A_{z_{t-1}}$, $y_t \mid z_t
 # \sim B_{z_t}$. With $K = C = 36$ and $B$ the identity it *is* the bigram model; with
-# fewer states it is a soft **class-based bigram**. EM from a random start moves slowly
-# on text (the states are nearly exchangeable at first), so we start EM from a hard
+# fewer states it is a soft **class-based bigram**. EM from a generic start (sticky
+# transitions, nearly exchangeable states) moves slowly on text, whose hidden class
+# changes at almost every character, so we start EM from a hard
 # class-based bigram: the characters are clustered by their next-character
 # distributions (k-means on the rows of the bigram matrix), each state emits the
 # characters of one cluster in proportion to their frequency, and the transitions are
