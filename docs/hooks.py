@@ -14,7 +14,10 @@ another). A vignette that raises fails the build, naming the vignette and the ce
 * makes sure vignettes execute in full mode with inline figures: ``STATSEQ_SMOKE`` is removed
   from the environment (the tests set it to run vignettes quickly), and ``MPLBACKEND`` is
   removed so that ipykernel installs its inline backend (CI sets ``MPLBACKEND=Agg``, which
-  would otherwise suppress every figure);
+  would otherwise suppress every figure). With ``STATSEQ_DOCS_SMOKE=1`` (as ``.ci/run``
+  sets) the vignettes execute in smoke mode instead (``STATSEQ_SMOKE=1``): the same cells,
+  figures and failure on any error, in a fraction of the time; the published site is built
+  in full mode (``mkdocs build``, or ``bash .ci/docs``);
 * renders TeX math (``$...$`` and ``$$...$$`` in prose, never inside code) to SVG images at
   build time with matplotlib's mathtext, so equations display without MathJax or any other
   script fetched from a CDN. TeX that mathtext cannot parse is left as written (logged).
@@ -61,9 +64,18 @@ def _title(path: Path) -> str:
     return path.stem.replace("_", " ")
 
 
+def docs_smoke() -> bool:
+    """Whether this build executes the vignettes in smoke mode (``STATSEQ_DOCS_SMOKE=1``)."""
+    return os.environ.get("STATSEQ_DOCS_SMOKE", "").strip() not in ("", "0")
+
+
 def on_config(config):
-    # Vignettes render in full mode, with figures.
-    os.environ.pop("STATSEQ_SMOKE", None)
+    # Vignettes render with figures, in full mode unless STATSEQ_DOCS_SMOKE asks for smoke.
+    if docs_smoke():
+        os.environ["STATSEQ_SMOKE"] = "1"
+        log.info("STATSEQ_DOCS_SMOKE is set: vignettes execute in smoke mode")
+    else:
+        os.environ.pop("STATSEQ_SMOKE", None)
     os.environ.pop("MPLBACKEND", None)
 
     vignettes = _vignettes(config)
@@ -121,11 +133,15 @@ import jupytext
 import nbformat
 from nbclient import NotebookClient
 
-src, dst = sys.argv[1], sys.argv[2]
+src, dst, started = sys.argv[1], sys.argv[2], sys.argv[4]
 nb = jupytext.read(src)
 nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                              "language": "python"}
-NotebookClient(nb, timeout=600, kernel_name="python3",
+
+def kernel_ready(**kwargs):  # the kernel holds its ports: the next one may start
+    open(started, "w").close()
+
+NotebookClient(nb, timeout=600, kernel_name="python3", on_notebook_start=kernel_ready,
                resources={"metadata": {"path": sys.argv[3]}}).execute()
 nbformat.write(nb, dst)
 """
@@ -170,19 +186,24 @@ def _execute_all(vignettes: list[Path]) -> Path:
     running: list[tuple[Path, subprocess.Popen, float]] = []
     failed: list[str] = []
     last_launch = -float("inf")
+    last_started: Path | None = None
     while pending or running:
-        # launches at least 15 s apart: kernels started at the same moment can race for
-        # the same free TCP ports, and a client then waits on a kernel it is not talking
-        # to (seen once in CI: a vignette hung with its kernel idle)
+        # one kernel start at a time: kernels started at the same moment can race for the
+        # same free TCP ports, and a client then waits on a kernel it is not talking to
+        # (seen once in CI: a vignette hung with its kernel idle). The next launch waits
+        # until the last kernel is ready (its marker file exists), or 15 s at most.
         while (pending and len(running) < max(jobs, 1)
-               and time.monotonic() - last_launch >= 15.0):
+               and (last_started is None or last_started.exists()
+                    or time.monotonic() - last_launch >= 15.0)):
             last_launch = time.monotonic()
             path = pending.pop(0)
             log.info("executing vignette %s", path.name)
             dst = out_dir / VIGNETTE_DIR / f"{path.stem}.ipynb"
+            last_started = out_dir / f"{path.stem}.started"
             with open(out_dir / f"{path.stem}.log", "w") as out:
                 running.append((path, subprocess.Popen(
-                    [sys.executable, "-c", _EXECUTE, str(path), str(dst), str(path.parent)],
+                    [sys.executable, "-c", _EXECUTE, str(path), str(dst), str(path.parent),
+                     str(last_started)],
                     stdout=out, stderr=subprocess.STDOUT), last_launch))
         done = next((r for r in running if r[1].poll() is not None), None)
         if done is None or not running:

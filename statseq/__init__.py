@@ -47,19 +47,26 @@ from statseq.models.hmm import (  # noqa: E402
     TransitionRegression,
 )
 from statseq.models.neural import (  # noqa: E402
+    AFT,
     GRU,
     LRU,
     LSTM,
     MLSTM,
     RWKV,
+    AFTBackbone,
     ElmanRNN,
+    LinearAttention,
+    LinearAttentionBackbone,
     Mamba,
     NeuralParams,
     NeuralSequenceModel,
     WaveNet,
     WaveNetBackbone,
 )
+from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
+from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
 from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
+from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
     GaussianForecast,
     LGSSMParams,
@@ -81,7 +88,12 @@ from statseq.models.ssm.structural import (  # noqa: E402
     TrendParams,
     TrigSeasonal,
 )
-from statseq.models.switching import MarkovSwitchingAR, MSARParams  # noqa: E402
+from statseq.models.switching import (  # noqa: E402
+    MarkovSwitchingAR,
+    MSARParams,
+    SLDSParams,
+    SwitchingLDS,
+)
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
 # script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax
@@ -174,15 +186,24 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AFT",
+    "AFTBackbone",
+    "LinearAttention",
+    "LinearAttentionBackbone",
     "GRU",
     "LSTM",
     "LRU",
     "Mamba",
     "WaveNet",
     "WaveNetBackbone",
-
     "MLSTM",
     "RWKV",
+    "S4D",
+    "S4DBackbone",
+    "S5",
+    "S5Backbone",
+    "NGRC",
+    "NGRCParams",
     "ElmanRNN",
     "NeuralParams",
     "NeuralSequenceModel",
@@ -196,6 +217,8 @@ __all__ = [
     "LinearAutoregressiveHMM",
     "MarkovSwitchingAR",
     "MSARParams",
+    "SLDSParams",
+    "SwitchingLDS",
     "GaussianForecast",
     "LGSSMParams",
     "LinearGaussianSSM",

@@ -234,7 +234,7 @@ def forecast(model, params, y, *, num_steps, num_samples, key, mask=None, inputs
         (500, 10)
     """
     check_key(key)
-    validate_params(model, params)
+    params = validate_params(model, params)  # weak leaves made strong: one program
     num_steps = check_positive_int(num_steps, "num_steps")
     values, history_index, columns = pandas_values(y, len(model.event_shape))
     num_samples = check_positive_int(num_samples, "num_samples")

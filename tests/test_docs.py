@@ -292,3 +292,29 @@ def test_vignettes_execute_longest_first(monkeypatch):
     paths = [Path(f"{n}.py") for n in ("a", "b", "c", "d", "new", "newer")]
     order = [p.stem for p in hooks._schedule(paths)]
     assert order == ["b", "new", "newer", "c", "d", "a"]
+
+
+def test_docs_smoke_switch_sets_the_vignettes_mode(monkeypatch):
+    """STATSEQ_DOCS_SMOKE=1 (set by .ci/run) makes the docs build execute the vignettes in
+    smoke mode; without it the build is full mode even if the tests' STATSEQ_SMOKE is set.
+    The vignette kernels inherit this process's environment, so that is what is checked.
+    MPLBACKEND is removed in both modes so that the kernels draw inline figures."""
+    import importlib.util
+    import os
+
+    pytest.importorskip("mkdocs")
+    spec = importlib.util.spec_from_file_location("statseq_docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    config = {"config_file_path": str(ROOT / "mkdocs.yml"), "nav": [{"Vignettes": []}]}
+    for switch, smoke in (("1", "1"), ("0", None), ("", None)):
+        monkeypatch.setenv("STATSEQ_DOCS_SMOKE", switch)
+        monkeypatch.setenv("STATSEQ_SMOKE", "1")
+        monkeypatch.setenv("MPLBACKEND", "Agg")
+        out = hooks.on_config(config)
+        assert hooks.docs_smoke() is (smoke == "1")
+        assert os.environ.get("STATSEQ_SMOKE") == smoke
+        assert os.environ.get("MPLBACKEND") is None
+        assert out["nav"][0]["Vignettes"][0] == {"Overview": "vignettes/index.md"}
+    (vignettes,) = [p for p in out["nav"] if "Vignettes" in p]
+    assert len(vignettes["Vignettes"]) == 1 + len(list((ROOT / "vignettes").glob("*.py")))

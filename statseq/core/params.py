@@ -162,17 +162,76 @@ def validate_priors(model, priors) -> None:
 _PARAMS_OK = IdentityMemo(maxsize=64)
 
 
-def validate_params(model, params) -> None:
+def _is_weak(leaf) -> bool:
+    """Whether JAX would trace ``leaf`` as weakly typed (a Python number, or a JAX array
+    such as ``jnp.full(shape, 0.5)`` made from one)."""
+    if isinstance(leaf, jax.core.Tracer):
+        return False
+    if isinstance(leaf, (bool, int, float)):
+        return True
+    return bool(getattr(leaf, "weak_type", False))
+
+
+def strong_params(params):
+    """``params`` with every weakly typed leaf made strongly typed, values unchanged.
+
+    ``jax.jit`` caches a program per argument type, and a weakly typed leaf (a Python
+    float, or ``jnp.full(shape, 0.5)``) has a different type from a float array of the same
+    dtype: the same fit or ``log_prob`` would compile a second program for it. The
+    statseq entry points pass their parameters through here, so such a leaf reuses the
+    program of the strong one. Dtypes keep their meaning: a weak leaf takes the dtype a
+    computation with the other leaves would give it (float32 beside float32 leaves,
+    otherwise its own dtype, or the default float dtype for a Python number), and a
+    float32 array stays float32. Returns ``params`` itself when no leaf is weak.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, statseq as ss
+        >>> weak = ss.LocalLevelParams(obs_var=jnp.full((), 4.0), level_var=1.0)
+        >>> weak.obs_var.weak_type
+        True
+        >>> strong = strong_params(weak)
+        >>> [getattr(leaf, "weak_type", False) for leaf in jax.tree.leaves(strong)]
+        [False, False]
+        >>> float(strong.obs_var), float(strong.level_var)
+        (4.0, 1.0)
+    """
+    leaves, treedef = jax.tree.flatten(params)
+    weak = [_is_weak(leaf) for leaf in leaves]
+    if not any(weak):
+        return params
+    strong_floats = [np.dtype(leaf.dtype) for leaf, w in zip(leaves, weak, strict=True)
+                     if not w and hasattr(leaf, "dtype")
+                     and np.issubdtype(leaf.dtype, np.floating)]
+    beside = np.result_type(*strong_floats) if strong_floats else None
+
+    def strong(leaf, is_weak):
+        if not is_weak or isinstance(leaf, bool):
+            return leaf
+        own = np.dtype(float_dtype()) if isinstance(leaf, (int, float)) else leaf.dtype
+        dtype = beside if beside is not None and np.issubdtype(own, np.floating) else own
+        # on the host (no device program is compiled for the conversion)
+        return np.asarray(leaf, dtype=dtype)
+
+    return jax.tree.unflatten(
+        treedef, [strong(leaf, w) for leaf, w in zip(leaves, weak, strict=True)])
+
+
+def validate_params(model, params):
     """Eagerly check the structure, shapes, finiteness and constraints of ``params``.
 
     A check passed by the same JAX array objects (immutable) for an equal model is
-    remembered and not repeated (`statseq.core.memo`)."""
+    remembered and not repeated (`statseq.core.memo`).
+
+    Returns:
+        ``params`` with weakly typed leaves made strong (`strong_params`): the value to
+        pass on to compiled code, so that a weak leaf reuses the strong leaf's program.
+    """
     flat, treedef = jax.tree.flatten(params)
     flat = tuple(flat)
-    if _PARAMS_OK.get((model, treedef), flat):
-        return
-    _validate_params(model, params)
-    _PARAMS_OK.put((model, treedef), flat, True)
+    if not _PARAMS_OK.get((model, treedef), flat):
+        _validate_params(model, params)
+        _PARAMS_OK.put((model, treedef), flat, True)
+    return strong_params(params)
 
 
 def _param_spec(model):

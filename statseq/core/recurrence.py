@@ -15,7 +15,7 @@ import numpy as np
 
 from statseq.core.buckets import cut_time
 from statseq.core.memo import IdentityMemo
-from statseq.core.params import validate_params
+from statseq.core.params import strong_params, validate_params
 from statseq.core.results import FilterResult
 from statseq.core.validation import (
     Prepared,
@@ -169,6 +169,7 @@ def _call_public(model, params, data, return_carries=False, need_final=True):
     """`_filter_public` on prepared data (unpadded: the same static arguments for every
     caller, so that they share one program)."""
     padded = data.num_valid is not None
+    params = strong_params(params)  # a weakly typed leaf reuses the strong one's program
     arrays, _ = device_args(data, model.num_inputs)
     return _filter_public(
         model, params, arrays["y"], arrays["mask"], arrays["inputs"],
@@ -304,6 +305,8 @@ def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
         >>> reshaped_call(f, (2, 3), {"x": jnp.ones((6, 4))}, scale=2.0).shape
         (2, 3, 4)
     """
+    if "params" in dynamic:  # a weakly typed leaf reuses the strong one's program
+        dynamic = {**dynamic, "params": strong_params(dynamic["params"])}
     return _reshaped(fn, tuple(batch_shape), tuple(sorted(static.items())), fill, dynamic)
 
 
@@ -379,11 +382,19 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
 
 
 def _simulate(model, params, carry, key, inputs):
-    """Ancestral sampling from ``carry`` over ``inputs.shape[0]`` steps: (ys, final carry)."""
+    """Ancestral sampling from ``carry`` over ``inputs.shape[0]`` steps: (ys, final carry).
+
+    A model with ``sample_step(params, carry, key, u_t) -> (y_t, carry)`` draws each step
+    itself (`statseq.SwitchingLDS`, whose filter is approximate but whose latent state can
+    be drawn exactly); otherwise predict, draw, update.
+    """
     full_mask = jnp.ones(model.event_shape, bool)
 
     def step(carry, xs):
         k, u_t = xs
+        if hasattr(model, "sample_step"):  # a model whose carry must hold drawn latents
+            y_t, new = model.sample_step(params, carry, k, u_t)
+            return new, y_t
         d = model.predict(params, carry, u_t)
         y_t = d.sample(k)
         return model.update(params, carry, y_t, full_mask, u_t), y_t
@@ -446,7 +457,7 @@ def sample(model, params, *, num_timesteps, key, inputs=None, num_samples=None):
         (50,)
     """
     check_key(key)
-    validate_params(model, params)
+    params = validate_params(model, params)
     num_timesteps = check_positive_int(num_timesteps, "num_timesteps")
     n = 1 if num_samples is None else check_positive_int(num_samples, "num_samples")
     u = _future_inputs(model, inputs, (), num_timesteps)

@@ -315,7 +315,7 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100,
             f"{type(model).__name__} has no EM algorithm (no e_step/m_step); "
             "fit it with statseq.fit_sgd instead"
         )
-    validate_params(model, params)
+    params = validate_params(model, params)  # weak leaves made strong: one program
     validate_priors(model, priors)
     if hasattr(model, "validate_em_priors"):
         model.validate_em_priors(priors)

@@ -168,7 +168,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
         1.38
     """
     start = time.perf_counter()
-    validate_params(model, params)
+    params = validate_params(model, params)  # weak leaves made strong: one program
     validate_priors(model, priors)
     num_iters = check_positive_int(num_iters, "num_iters")
     try:

@@ -10,6 +10,7 @@ in the same units as the EM trace, so fits by different methods share one axis.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -78,14 +79,17 @@ def _split_validation(data, validation, key, scored=None):
 @partial(
     jax.jit,
     static_argnames=(
-        "model", "optimizer", "num_steps", "batch_size", "eval_every", "patience",
-        "min_steps", "progress_every", "train_complete", "val_complete",
+        "model", "optimizer", "num_steps", "batch_size", "eval_every", "progress_every",
+        "train_complete", "val_complete",
     ),
 )
 def _fit_sgd_compiled(model, optimizer, restriction, priors, train, val, key,
-                      clip_norm, *,
-                      num_steps, batch_size, eval_every, patience, progress_every,
-                      min_steps=0, train_complete=False, val_complete=False):
+                      clip_norm, hyper, patience, min_steps, *,
+                      num_steps, batch_size, eval_every, progress_every,
+                      train_complete=False, val_complete=False):
+    # patience, min_steps and the hyperparameters ``hyper`` (``{name: value}`` for an
+    # optimizer built by optax.inject_hyperparams, else None) are traced: fits that differ
+    # only in them share one program
     y_tr, m_tr, u_tr, s_tr = train
     num_train = y_tr.shape[0]
     scale = num_train / batch_size
@@ -168,8 +172,13 @@ def _fit_sgd_compiled(model, optimizer, restriction, priors, train, val, key,
         i, *_, stop = state
         return (i < num_steps) & (stop == _STOP_NONE)
 
+    opt_state = optimizer.init(uparams)
+    if hyper is not None:  # the learning rate (and so on) of this call, traced
+        opt_state = opt_state._replace(hyperparams={
+            **opt_state.hyperparams,
+            **{k: jnp.asarray(v, opt_state.hyperparams[k].dtype) for k, v in hyper.items()}})
     init = (
-        jnp.zeros((), jnp.int32), uparams, uparams, optimizer.init(uparams),
+        jnp.zeros((), jnp.int32), uparams, uparams, opt_state,
         jnp.full((num_steps,), jnp.nan, dtype), jnp.full((num_evals,), jnp.nan, dtype),
         uparams, jnp.asarray(-jnp.inf, dtype), jnp.zeros((), jnp.int32),
         jnp.asarray(_STOP_NONE, jnp.int32),
@@ -179,6 +188,27 @@ def _fit_sgd_compiled(model, optimizer, restriction, priors, train, val, key,
     )
     up = jax.tree.map(lambda u, g: jnp.where(stop == _STOP_NONFINITE, g, u), up, good_up)
     return i, up, trace, vtrace, best_up, best_val, stop
+
+
+def _optimizer(optimizer, learning_rate):
+    """``(optax optimizer, traced hyperparameters or None)`` for `fit_sgd`."""
+    if (optimizer is None) == (learning_rate is None):
+        raise TypeError("fit_sgd needs exactly one of optimizer= (an optax "
+                        "GradientTransformation, e.g. optax.adam(1e-2)) and learning_rate= "
+                        "(a positive number: Adam with that step size)")
+    if optimizer is not None:
+        if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+            raise TypeError("optimizer must be an optax GradientTransformation, e.g. "
+                            "optax.adam(1e-2)")
+        return optimizer, None
+    try:
+        rate = float(learning_rate)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"learning_rate must be a number, got "
+                        f"{type(learning_rate).__name__}") from err
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"learning_rate must be positive and finite, got {learning_rate}")
+    return _default_optimizer(), {"learning_rate": np.asarray(rate, float_dtype())}
 
 
 def _check_scored(scored, data):
@@ -199,10 +229,17 @@ def _check_scored(scored, data):
     return jnp.asarray(arr.reshape(-1, data.num_timesteps))
 
 
-def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=None,
-            batch_size=None, trainable=None, priors=None, clip_norm=None, validation=None,
-            eval_every=None, patience=None, min_steps=0, progress=True, scored=None,
-            ties=None) -> FitResult:
+@functools.cache
+def _default_optimizer():
+    """Adam with its learning rate injected as a hyperparameter (`fit_sgd`'s
+    ``learning_rate``): one object, so one compiled program serves every learning rate."""
+    return optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
+
+
+def fit_sgd(model, params, y, *, num_steps, key, optimizer=None, learning_rate=None,
+            mask=None, inputs=None, batch_size=None, trainable=None, priors=None,
+            clip_norm=None, validation=None, eval_every=None, patience=None, min_steps=0,
+            progress=True, scored=None, ties=None) -> FitResult:
     """Fit ``model`` by stochastic gradient ascent on the log joint, with optax.
 
     Maximizes ``log p(y | theta) + log p(theta)`` (the log-likelihood plus the log prior
@@ -214,14 +251,18 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
         model: a statseq model.
         params: starting parameters.
         y: ``batch_shape + (num_timesteps,) + event_shape``.
+        num_steps: maximum number of optimizer steps.
+        key: a ``jax.random`` key (minibatches and the validation split).
         optimizer: an optax ``GradientTransformation`` (e.g. ``optax.adam(1e-2)``). It is
             part of the compiled program: build it once and pass the same object to
             repeated fits to reuse the compilation (a new ``optax.adam(...)`` per call
             retraces; the persistent cache then saves most, not all, of the compile).
             Weight decay: ``optax.adamw(lr, weight_decay=w)`` (the optimizer receives
-            the unconstrained parameters, which it decays towards 0).
-        num_steps: maximum number of optimizer steps.
-        key: a ``jax.random`` key (minibatches and the validation split).
+            the unconstrained parameters, which it decays towards 0). Give either this or
+            ``learning_rate``.
+        learning_rate: the step size of Adam (``optax.adam(learning_rate)``, the same
+            steps), instead of ``optimizer``. The rate is an argument of the compiled
+            program, not part of it: fits that differ only in it compile once.
         mask: optional observation mask (per step or per entry).
         inputs: covariates, when the model takes them.
         batch_size: sequences per step (``None``: all; the gradient is then exact).
@@ -261,11 +302,10 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     """
     check_key(key)
     start = time.perf_counter()
-    validate_params(model, params)
+    params = validate_params(model, params)  # weak leaves made strong: one program
     validate_priors(model, priors)
     num_steps = check_positive_int(num_steps, "num_steps")
-    if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
-        raise TypeError("optimizer must be an optax GradientTransformation, e.g. optax.adam(1e-2)")
+    optimizer, hyper = _optimizer(optimizer, learning_rate)
     model, data = prepare_sized(model, y, mask, inputs)  # sized for missing lags, if any
     require_observed(data, "fit_sgd")
     scored = _check_scored(scored, data)
@@ -292,9 +332,10 @@ def fit_sgd(model, params, y, *, optimizer, num_steps, key, mask=None, inputs=No
     bound_cache(_fit_sgd_compiled)  # one program per data shape: keep only the latest
     with _progress.progress_bar(num_steps, f"fit_sgd {type(model).__name__}", progress):
         out = _fit_sgd_compiled(
-            model, optimizer, restriction, priors, train, val, batch_key, clip,
+            model, optimizer, restriction, priors, train, val, batch_key, clip, hyper,
+            np.int32(patience), np.int32(min_steps),
             num_steps=num_steps, batch_size=batch_size, eval_every=eval_every,
-            patience=patience, min_steps=min_steps, progress_every=progress_every,
+            progress_every=progress_every,
             train_complete=bool(np.all(np.asarray(train[1]))),
             val_complete=val is not None and bool(np.all(np.asarray(val[1]))),
         )

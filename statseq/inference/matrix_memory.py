@@ -26,7 +26,8 @@ which is the unstabilized formula exactly (divide its numerator and denominator 
 matrix ``D[t, i] = F_t - F_i + ĩ_i`` (``i <= t``, else ``-inf``), plus one column for the
 carried state (``F_t + m_0``), the row maximum is the same ``m_t`` as the recurrence's and
 
-    S = (q k^T) ⊙ exp(D - m),   h̃ = (S v + e^{F+m_0-m} C'_0 q) / max(|S 1 + e^{F+m_0-m} n'_0^T q|, e^{-m}).
+    S = (q k^T) ⊙ exp(D - m),   ρ = e^{F + m_0 - m},
+    h̃ = (S v + ρ C'_0 q) / max(|S 1 + ρ n'_0^T q|, e^{-m}).
 
 **Where we differ.** The lower bound ``e^{-m_t}`` of the normalizer is capped at
 ``e^{L/2}`` with ``L`` the log of the largest float (``m_t < -354`` in float64, ``< -44`` in

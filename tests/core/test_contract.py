@@ -90,6 +90,23 @@ EXAMPLES = {
         ss.WaveNet(hidden_dim=3, num_layers=2, gate_dim=2, emission="gaussian",
                    emission_dim=2, input_dim=1),
     ],
+    "S4D": [ss.S4D(hidden_dim=3, state_dim=2, num_layers=2, emission="poisson", input_dim=1,
+                   mode="convolution")],
+    "S5": [ss.S5(hidden_dim=3, state_dim=4, num_layers=1, emission="categorical",
+                 num_classes=3, mode="scan")],
+    "NGRC": [ss.NGRC(num_lags=2, degree=2, target="level")],
+    "LinearAttention": [
+        ss.LinearAttention(hidden_dim=4, num_heads=2, num_layers=2, decay="learned",
+                           emission="poisson", input_dim=1, chunk_size=5),
+    ],
+    "AFT": [  # T = 16 > max_len: the last row of biases is reused
+        ss.AFT(hidden_dim=3, num_layers=2, variant="local", window=3, max_len=8,
+               emission="gaussian", emission_dim=2, input_dim=1),
+    ],
+    "RWKV": [ss.RWKV(hidden_dim=3, num_layers=2, ffn_dim=4, emission="gaussian",
+                     emission_dim=2, input_dim=1, mode="parallel")],
+    "MLSTM": [ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=2, emission="categorical",
+                       num_classes=3)],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

@@ -34,7 +34,11 @@ LocalLinearTrend               this file (dense conditioning, exact diffuse star
 LinearAutoregressiveHMM        tests/models/test_h_step_exact.py (engineer "arfc")
 MarkovSwitchingAR              tests/models/test_h_step_exact.py (engineer "arfc")
 ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
-Mamba, WaveNet                 "neural-mc"; Monte Carlo estimates with standard errors)
+Mamba, WaveNet, S4D, S5,       "neural-mc"; Monte Carlo estimates with standard errors)
+LinearAttention, AFT, RWKV,
+MLSTM
+NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
+                               errors: nonlinear features)
 =============================  =========================================================
 """
 
@@ -69,6 +73,13 @@ CLAIMS = {
     "LRU": "tests/models/neural/test_h_step_mc.py",
     "Mamba": "tests/models/neural/test_h_step_mc.py",
     "WaveNet": "tests/models/neural/test_h_step_mc.py",
+    "S4D": "tests/models/neural/test_h_step_mc.py",
+    "S5": "tests/models/neural/test_h_step_mc.py",
+    "NGRC": "tests/models/test_ngrc.py",
+    "LinearAttention": "tests/models/neural/test_h_step_mc.py",
+    "AFT": "tests/models/neural/test_h_step_mc.py",
+    "RWKV": "tests/models/neural/test_h_step_mc.py",
+    "MLSTM": "tests/models/neural/test_h_step_mc.py",
 }
 
 T, H = 24, 8

@@ -79,6 +79,14 @@ def _cases():
         "Mamba": (ss.Mamba(hidden_dim=2, state_dim=2), _real(rng, (12, 30)), False),
         "LRU": (ss.LRU(hidden_dim=2, state_dim=2), real, False),
         "WaveNet": (ss.WaveNet(hidden_dim=2, num_layers=2), real, False),
+        "S4D": (ss.S4D(hidden_dim=2, state_dim=2), real, False),
+        "S5": (ss.S5(hidden_dim=2, state_dim=2), real, False),
+        "NGRC": (ss.NGRC(num_lags=2, degree=2), real, True),
+        "LinearAttention": (ss.LinearAttention(hidden_dim=2, num_heads=1, num_layers=1),
+                            real, False),
+        "AFT": (ss.AFT(hidden_dim=2, num_layers=1), real, False),
+        "RWKV": (ss.RWKV(hidden_dim=2, num_layers=1, ffn_dim=2), real, False),
+        "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), real, False),
     }
 
 

@@ -37,11 +37,11 @@ gradient; they are kept so that every layer has one parameter layout).
 
 **Two evaluation modes, one model** (``mode=``). ``"convolution"``: a whole sequence,
 every layer at once as ``K`` shifted matrix products (the dilated convolution; the layers
-run as a `jax.lax.scan` over depth, one traced layer however deep, with the dilation as
-a traced shift). ``"recurrent"``: a `jax.lax.scan` over time of the generation step,
-which is Fast WaveNet (Paine et al. 2016): each layer keeps a queue of its last
-``P = (K - 1) max_l δ_l`` inputs, reads its taps from it and pushes the new input, so
-one step costs ``O(L)`` layer evaluations instead of recomputing the receptive field.
+are unrolled so that every shift is static). ``"recurrent"``: a `jax.lax.scan` over
+time of the generation step, which is Fast WaveNet (Paine et al. 2016): each layer keeps
+a queue of its last ``P = (K - 1) max_l δ_l`` inputs, reads its taps from it and pushes
+the new input, so one step costs ``O(L)`` layer evaluations instead of recomputing the
+receptive field.
 This is not a recurrence: the state *is* the queues. They are one fixed-size pytree
 (`WaveNetQueue`, a circular buffer ``(L, P, d)`` per stack with a write position), so
 the filter protocol (missing data, `statseq.forecast`, `statseq.sample`) runs the queue
@@ -304,18 +304,17 @@ class WaveNetBackbone(ResidualStack):
         """A whole sequence ``(T, d)`` by the dilated convolution, continuing from the
         queue: ``(final_queue, (r (T, d), s (T, d)))``."""
         size, t_len = self.queue_size, vs.shape[0]
-        history = state.buffer[(state.position + jnp.arange(size)) % size]  # oldest first
+        history = jnp.roll(state.buffer, -state.position, axis=0)  # oldest first
         pre = dilated_causal_conv(vs, p.conv_weight, p.conv_bias, dilation, history)
         window = jnp.concatenate([history, vs], axis=0)[t_len:]  # the last P inputs
         position = (state.position + t_len) % size
-        queue = WaveNetQueue(window[(jnp.arange(size) - position) % size],
-                             position.astype(jnp.int32))
+        queue = WaveNetQueue(jnp.roll(window, position, axis=0), position.astype(jnp.int32))
         return queue, self._gate(p, pre)
 
     # ---- the stack -------------------------------------------------------------------
     def _run(self, layer_fn, params, state, x):
         """Embed, the layers with residual and skip connections (scanned over depth, the
-        dilation a traced per-layer input), RMSNorm of the summed skips."""
+        dilation a traced per-layer input: the queue step), RMSNorm of the summed skips."""
         z = x @ params.embed_weight + params.embed_bias
 
         def layer(carry, xs):
@@ -329,12 +328,30 @@ class WaveNetBackbone(ResidualStack):
                                         (params.norm, params.layers, state, dilations))
         return state, rms_norm(skip, params.final_norm)
 
+    def _run_unrolled(self, params, state, x):
+        """`_run` for the convolution, the layers unrolled in Python so that each
+        dilation is a static shift (a CPU microbenchmark on a loaded machine, six layers,
+        ``T = 10^4``: about 4x faster forward and 7x faster gradients than traced shifts
+        in the depth scan; not re-measured on a quiet machine)."""
+        z = x @ params.embed_weight + params.embed_bias
+        skip = jnp.zeros_like(z)
+        states = []
+        for ell, dilation in enumerate(self.dilations):
+            layer_params, s = jax.tree.map(lambda a, ell=ell: a[ell], (params.layers, state))
+            s, (res, sk) = self.layer_scan(layer_params, s, rms_norm(z, params.norm[ell]),
+                                           dilation)
+            z, skip = z + res, skip + sk
+            states.append(s)
+        return jax.tree.map(lambda *a: jnp.stack(a), *states), rms_norm(skip,
+                                                                       params.final_norm)
+
     def scan(self, params, state, xs):
         """A whole sequence ``xs`` ``(T, input_dim)`` in `resolved_mode`: the dilated
-        convolution, or the queue step under `jax.lax.scan` over time."""
+        convolution (layers unrolled, static shifts), or the queue step under
+        `jax.lax.scan` over time."""
         if self.resolved_mode == "recurrent":
             return jax.lax.scan(lambda s, x: self.step(params, s, x), state, xs)
-        return self._run(self.layer_scan, params, state, xs)
+        return self._run_unrolled(params, state, xs)
 
     def scan_time_major(self, params, state, xs):
         """A time-major batch: `scan` vmapped over the sequences."""

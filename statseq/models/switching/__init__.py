@@ -7,6 +7,7 @@ from statseq.models.switching.ms_ar import (
     RegimeFilterResult,
     RegimePosterior,
 )
+from statseq.models.switching.slds import SLDSGibbsPrior, SLDSParams, SwitchingLDS
 
 __all__ = [
     "MSARCarry",
@@ -14,4 +15,7 @@ __all__ = [
     "MarkovSwitchingAR",
     "RegimeFilterResult",
     "RegimePosterior",
+    "SLDSGibbsPrior",
+    "SLDSParams",
+    "SwitchingLDS",
 ]

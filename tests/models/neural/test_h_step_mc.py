@@ -40,6 +40,12 @@ BACKBONES = {
     "lru": ss.LRU(hidden_dim=3, state_dim=2),
     "mamba": ss.Mamba(hidden_dim=3, state_dim=2, num_layers=1),
     "wavenet": ss.WaveNet(hidden_dim=3, num_layers=2),
+    "s4d": ss.S4D(hidden_dim=3, state_dim=2, num_layers=1),
+    "s5": ss.S5(hidden_dim=3, state_dim=2, num_layers=1),
+    "linear_attention": ss.LinearAttention(hidden_dim=2, num_heads=1, num_layers=1),
+    "aft": ss.AFT(hidden_dim=3, num_layers=1, variant="local", window=2, max_len=16),
+    "rwkv": ss.RWKV(hidden_dim=3, num_layers=1, ffn_dim=3),
+    "mlstm": ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1),
     "esn": ss.ElmanRNN(hidden_dim=4, echo_state=True),
 }
 

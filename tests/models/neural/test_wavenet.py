@@ -104,7 +104,7 @@ def test_convolution_continues_from_any_queue():
     full_state, full = conv(params, s0, xs)
     rec_state, _ = rec(params, s0, xs)
     pieces, s = [], s0
-    for lo, hi in ((0, 2), (2, 3), (3, 11), (11, 19)):  # queue size P = 2 * 2 = 4
+    for lo, hi in ((0, 3), (3, 11), (11, 19)):  # shorter and longer than the queue (P = 4)
         s, out = conv(params, s, xs[lo:hi])
         pieces.append(out)
     np.testing.assert_allclose(np.concatenate(pieces), full, rtol=1e-12, atol=1e-13)
@@ -122,7 +122,7 @@ def test_receptive_field_is_the_set_of_inputs_that_change_the_output():
     params = perturbed_params(bb, jax.random.key(0))
     t_len = 14
     xs = jnp.asarray(np.random.default_rng(2).normal(size=(t_len, 3)))
-    jac = np.asarray(jax.jacfwd(lambda x: bb.sequence(params, x))(xs))  # (T, F, T, I)
+    jac = np.asarray(jax.jit(jax.jacfwd(lambda x: bb.sequence(params, x)))(xs))  # (T,F,T,I)
     depends = np.abs(jac).max(axis=(1, 3)) > 0
     lag = np.arange(t_len)[:, None] - np.arange(t_len)[None, :]
     np.testing.assert_array_equal(depends, (lag >= 0) & (lag < bb.receptive_field))
@@ -144,12 +144,19 @@ def _model_params(t_len=40):
 PARAMS = _model_params()
 
 
-def _value_and_grad(model):
-    return jax.jit(jax.value_and_grad(lambda p, y, u: ss.log_prob(model, p, y, inputs=u)))
+def _whole_sequence(model):
+    """Per-step log-probabilities, final carry and the gradient of their sum, by the
+    model's whole-sequence path (one compiled program per mode and length)."""
+
+    def total(params, y, u):
+        log_probs, final = model.complete_data_log_probs(params, y, u)
+        return jnp.sum(log_probs), (log_probs, final)
+
+    return jax.jit(jax.value_and_grad(total, has_aux=True))
 
 
-CONV_VG = _value_and_grad(dataclasses.replace(MODEL, mode="convolution"))
-REC_VG = _value_and_grad(dataclasses.replace(MODEL, mode="recurrent"))
+CONV = _whole_sequence(dataclasses.replace(MODEL, mode="convolution"))
+REC = _whole_sequence(dataclasses.replace(MODEL, mode="recurrent"))
 
 
 @pytest.mark.parametrize("t_len", [1, 2, 17, 1000])
@@ -161,18 +168,17 @@ def test_queue_generation_equals_the_convolution(t_len):
     y = rng.normal(size=(t_len, 2))
     u = rng.normal(size=(t_len, 1))
     step = ss.filter(MODEL, PARAMS, y, inputs=u, return_carries=True)  # one step at a time
-    conv = ss.filter(MODEL, PARAMS, y, inputs=u)  # whole sequence: the convolution
     ref = np.asarray(step.log_probs)
     assert np.all(np.isfinite(ref))
-    np.testing.assert_allclose(np.asarray(conv.log_probs), ref, rtol=1e-10, atol=1e-12)
-    fast = jax.jit(MODEL.complete_data_log_probs)(PARAMS, jnp.asarray(y), jnp.asarray(u))[1]
     last = jax.tree.map(lambda c: c[-1], step.carries)
-    for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(last), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
-    v_conv, g_conv = CONV_VG(PARAMS, y, u)
-    v_rec, g_rec = REC_VG(PARAMS, y, u)
-    assert abs(float(v_conv) - float(v_rec)) <= 1e-10 * abs(float(v_rec))
-    assert abs(float(v_conv) - float(step.log_prob)) <= 1e-10 * abs(float(v_rec))
+    grads = {}
+    for mode, run in (("convolution", CONV), ("recurrent", REC)):
+        (total, (log_probs, final)), grads[mode] = run(PARAMS, jnp.asarray(y), jnp.asarray(u))
+        np.testing.assert_allclose(np.asarray(log_probs), ref, rtol=1e-10, atol=1e-12)
+        assert abs(float(total) - float(step.log_prob)) <= 1e-10 * abs(float(step.log_prob))
+        for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(last), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    g_conv, g_rec = grads["convolution"], grads["recurrent"]
     for a, b in zip(jax.tree.leaves(g_conv), jax.tree.leaves(g_rec), strict=True):
         a, b = np.asarray(a), np.asarray(b)
         assert np.max(np.abs(a - b)) <= 1e-10 * max(np.max(np.abs(b)), 1e-300)
@@ -183,6 +189,9 @@ def test_queue_generation_equals_the_convolution(t_len):
             live = g[:-1] if name.startswith("res_") else g
             assert np.all(np.any(live != 0, axis=tuple(range(1, g.ndim)))), name
         assert np.all(np.asarray(layers.res_weight[-1]) == 0)
+    if t_len == 17:  # and the filter's whole-sequence fast path is the convolution
+        fast = ss.filter(MODEL, PARAMS, y, inputs=u)
+        np.testing.assert_allclose(np.asarray(fast.log_probs), ref, rtol=1e-10, atol=1e-12)
 
 
 def test_model_receptive_field_over_observations():
@@ -194,8 +203,8 @@ def test_model_receptive_field_over_observations():
     params = model.initialize(y, key=jax.random.key(4))
     params = params._replace(backbone=perturbed_params(model.backbone, jax.random.key(5)))
     no_inputs = jnp.zeros((12, 0))
-    jac = np.asarray(jax.jacfwd(
-        lambda v: model.complete_data_log_probs(params, v, no_inputs)[0])(y))
+    jac = np.asarray(jax.jit(jax.jacfwd(
+        lambda v: model.complete_data_log_probs(params, v, no_inputs)[0]))(y))
     lag = np.arange(12)[:, None] - np.arange(12)[None, :]
     np.testing.assert_array_equal(jac != 0, (lag >= 0) & (lag <= model.receptive_field))
 
@@ -242,29 +251,23 @@ def test_fit_sgd_decreases_the_loss():
     params = model.initialize(y, key=jax.random.key(9))
     fit = ss.fit_sgd(model, params, y, optimizer=optax.adam(3e-2), num_steps=20,
                      key=jax.random.key(10), progress=False)
-    before = float(ss.log_prob(model, params, y))
-    after = float(ss.log_prob(model, fit.params, y))
-    assert after > before + 5.0
+    trace = np.asarray(fit.log_joint)  # the log-likelihood (no priors) at each step
+    assert trace.shape == (20,) and np.all(np.isfinite(trace))
+    assert trace[-1] > trace[0] + 5.0 and np.mean(np.diff(trace) > 0) > 0.8
 
 
-def test_save_load_round_trip(tmp_path):
+def test_save_load_round_trip_and_the_bayesian_likelihood(tmp_path):
+    """`ss.save`/`ss.load`, and the Bayesian entry points' likelihood site
+    (`SequenceDistribution`, used by `fit_nuts` and `fit_svi`) equals `log_prob`."""
     y = np.random.default_rng(11).normal(size=(20, 2))
     u = np.zeros((20, 1))
     path = ss.save(tmp_path / "wavenet", MODEL, PARAMS)
     model2, params2 = ss.load(path)
     assert model2 == MODEL
-    np.testing.assert_array_equal(np.asarray(ss.log_prob(model2, params2, y, inputs=u)),
-                                  np.asarray(ss.log_prob(MODEL, PARAMS, y, inputs=u)))
-
-
-def test_sequence_distribution_is_the_likelihood():
-    """The Bayesian entry points' likelihood site (`fit_nuts`, `fit_svi`) scores with the
-    convolution and equals `log_prob`."""
-    model = WaveNet(hidden_dim=3, num_layers=2)
-    y = jnp.asarray(np.cos(np.arange(30) / 4.0))
-    params = model.initialize(y, key=jax.random.key(12))
-    got = ss.SequenceDistribution(model, params, num_timesteps=30).log_prob(y)
-    np.testing.assert_allclose(float(got), float(ss.log_prob(model, params, y)), rtol=1e-12)
+    ref = float(ss.log_prob(MODEL, PARAMS, y, inputs=u))
+    assert float(ss.log_prob(model2, params2, y, inputs=u)) == ref
+    seq = ss.SequenceDistribution(MODEL, PARAMS, num_timesteps=20, inputs=u)
+    np.testing.assert_allclose(float(seq.log_prob(jnp.asarray(y))), ref, rtol=1e-12)
 
 
 def test_no_overflow_on_long_float32_sequences():

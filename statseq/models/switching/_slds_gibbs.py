@@ -1,0 +1,126 @@
+"""Blocked Gibbs sampling of a `SwitchingLDS`'s parameters, regimes and states.
+
+One sweep (every block an exact conditional draw):
+
+1. ``x | z, y`` and ``z | x, y`` per sequence (`statseq.inference.switching_gibbs`);
+2. ``pi ~ Dirichlet(alpha + counts of z_0)``, each row ``P[i] ~ Dirichlet(alpha + n_i)``;
+3. per regime (pooled over regimes when shared) the dynamics ``([A B b], Q)`` and the
+   emission ``([C D d], R)`` from their matrix-normal-inverse-Wishart posteriors
+   (`statseq.inference.switching_gibbs.sample_regression`), the regressions
+   ``x_t ~ (x_{t-1}, u_t, 1)`` over ``t >= 1`` with ``z_t = k`` and
+   ``y_t ~ (x_t, u_t, 1)`` over ``t`` with ``z_t = k``.
+
+The initial laws ``m_k, V_k`` stay at their starting values.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from statseq.inference import switching_gibbs as gibbs
+
+
+class SLDSGibbsPrior(NamedTuple):
+    """Conjugate priors of `SwitchingLDS.fit_gibbs` (``None``: the default).
+
+    Attributes:
+        concentration: ``alpha`` of the Dirichlet priors on ``pi`` and each row of ``P``
+            (default 1).
+        dynamics_precision: precision of the zero-mean matrix-normal prior on ``[A B b]``
+            (default 0.01).
+        dynamics_df: inverse-Wishart degrees of freedom of ``Q`` (default ``n + 2``).
+        dynamics_scale: ``(n, n)`` inverse-Wishart scale of ``Q`` (default ``0.1 I``).
+        emission_precision: the same for ``[C D d]`` (default 0.01).
+        emission_df: for ``R`` (default ``D + 2``).
+        emission_scale: ``(D, D)`` for ``R`` (default ``0.1 I``).
+
+    Examples:
+        >>> from statseq.models.switching.slds import SLDSGibbsPrior
+        >>> SLDSGibbsPrior(concentration=2.0).dynamics_df is None
+        True
+    """
+
+    concentration: Any = None
+    dynamics_precision: Any = None
+    dynamics_df: Any = None
+    dynamics_scale: Any = None
+    emission_precision: Any = None
+    emission_df: Any = None
+    emission_scale: Any = None
+
+
+def resolved_prior(model, prior: SLDSGibbsPrior | None, dtype) -> SLDSGibbsPrior:
+    """Defaults filled in, as arrays of ``dtype``."""
+    prior = prior or SLDSGibbsPrior()
+    n, d = model.state_dim, model.dim
+    defaults = SLDSGibbsPrior(1.0, 0.01, n + 2.0, 0.1 * jnp.eye(n), 0.01, d + 2.0,
+                              0.1 * jnp.eye(d))
+    return SLDSGibbsPrior(*(jnp.asarray(default if value is None else value, dtype)
+                            for value, default in zip(prior, defaults, strict=True)))
+
+
+def _sweep(model, params, prior, y, mask, inputs, regimes, key):
+    """One sweep over a flat batch ``y (N, T, D)``: ``(params, regimes, states)``."""
+    arrays = model.to_arrays(params)
+    num = model.num_regimes
+    k_lat, k_pi, k_p, k_dyn, k_emi = jax.random.split(key, 5)
+    keys = jax.random.split(k_lat, y.shape[0])
+    regimes, states = jax.vmap(
+        lambda y_s, m_s, u_s, z_s, k: gibbs.gibbs_sweep(arrays, y_s, m_s, u_s, z_s, k))(
+        y, mask, inputs, regimes, keys)
+    onehot = jax.nn.one_hot(regimes, num, dtype=states.dtype)  # (N, T, K)
+    alpha = prior.concentration
+    pi = jax.random.dirichlet(k_pi, alpha + jnp.sum(onehot[:, 0], axis=0))
+    counts = jnp.einsum("ntj,ntk->jk", onehot[:, :-1], onehot[:, 1:])
+    trans = jax.random.dirichlet(k_p, alpha + counts)
+    ones = jnp.ones(states.shape[:2] + (1,), states.dtype)
+    x_dyn = jnp.concatenate([states[:, :-1], inputs[:, 1:], ones[:, 1:]], -1)
+    x_dyn = x_dyn.reshape(-1, x_dyn.shape[-1])
+    t_dyn = states[:, 1:].reshape(-1, states.shape[-1])
+    w_dyn = onehot[:, 1:].reshape(-1, num)
+    x_emi = jnp.concatenate([states, inputs, ones], -1).reshape(-1, x_dyn.shape[-1])
+    t_emi = y.reshape(-1, y.shape[-1])
+    w_emi = onehot.reshape(-1, num)
+    n, m = model.state_dim, model.input_dim
+
+    def block(key, x, t, w, switching, precision, df, scale):
+        if switching:
+            keys = jax.random.split(key, num)
+            return jax.vmap(lambda k, wk: gibbs.sample_regression(
+                k, x, t, wk, precision, df, scale))(keys, w.T)
+        return gibbs.sample_regression(key, x, t, jnp.ones(x.shape[0], x.dtype), precision,
+                                       df, scale)
+
+    w_d, q = block(k_dyn, x_dyn, t_dyn, w_dyn, model.switching_dynamics,
+                   prior.dynamics_precision, prior.dynamics_df, prior.dynamics_scale)
+    w_e, r = block(k_emi, x_emi, t_emi, w_emi, model.switching_emission,
+                   prior.emission_precision, prior.emission_df, prior.emission_scale)
+    new = params._replace(
+        initial_probs=pi, transitions=trans,
+        dynamics_weights=w_d[..., :n], dynamics_input_weights=w_d[..., n:n + m],
+        dynamics_bias=w_d[..., n + m], dynamics_cov=q,
+        emission_weights=w_e[..., :n], emission_input_weights=w_e[..., n:n + m],
+        emission_bias=w_e[..., n + m], emission_cov=r)
+    return new, regimes, states
+
+
+@partial(jax.jit, static_argnames=("model", "num_samples", "num_burnin"))
+def run_gibbs(model, params, prior, y, mask, inputs, regimes, key, *, num_samples,
+              num_burnin):
+    """``num_burnin`` discarded sweeps, then ``num_samples`` kept ones (one program)."""
+
+    def sweep(carry, k):
+        p, z = carry
+        p, z, x = _sweep(model, p, prior, y, mask, inputs, z, k)
+        return (p, z), (p, z, x)
+
+    keys = jax.random.split(key, num_burnin + num_samples)
+    carry = (params, regimes)
+    if num_burnin:
+        carry, _ = jax.lax.scan(lambda c, k: (sweep(c, k)[0], None), carry, keys[:num_burnin])
+    _, out = jax.lax.scan(sweep, carry, keys[num_burnin:])
+    return out

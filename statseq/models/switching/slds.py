@@ -1,0 +1,555 @@
+"""Switching linear dynamical system: a Markov chain choosing linear Gaussian dynamics.
+
+    z_0 ~ Categorical(pi),   z_t | z_{t-1} ~ Categorical(P[z_{t-1}]),
+    x_0 | z_0 ~ N(m_{z_0}, V_{z_0}),
+    x_t = A_{z_t} x_{t-1} + B_{z_t} u_t + b_{z_t} + N(0, Q_{z_t}),
+    y_t = C_{z_t} x_t + D_{z_t} u_t + d_{z_t} + N(0, R_{z_t}).
+
+Inference is `statseq.inference.switching_kalman` (Kim's collapsing filter and smoother,
+built on the Kalman steps of `statseq.inference.kalman`) and
+`statseq.inference.particle` (a Rao-Blackwellized particle filter); regime forecasts use
+`statseq.inference.hmm`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from jax.typing import ArrayLike
+from numpyro.distributions import constraints
+
+from statseq.core.model import SequenceModel
+from statseq.core.params import validate_params
+from statseq.core.recurrence import reshaped_call
+from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
+from statseq.inference import hmm as hmm_seq
+from statseq.inference import kalman, particle
+from statseq.inference import switching_gibbs as gibbs
+from statseq.inference import switching_kalman as kim
+from statseq.inference.gaussian import symmetrize
+from statseq.models.switching._slds_gibbs import SLDSGibbsPrior, resolved_prior, run_gibbs
+
+
+class SLDSParams(NamedTuple):
+    """Parameters of `SwitchingLDS` (``K`` regimes, ``n`` states, ``D`` series, ``m`` inputs).
+
+    Dynamics leaves (``dynamics_*``) have a leading axis ``K`` when
+    ``switching_dynamics`` (one set per regime), else none (shared); emission leaves
+    (``emission_*``) likewise with ``switching_emission``.
+
+    Attributes:
+        initial_probs: ``(K,)`` ``pi``, the law of ``z_0``.
+        transitions: ``(K, K)`` row-stochastic ``P[i, j] = p(z_t = j | z_{t-1} = i)``.
+        initial_means: ``(K, n)`` ``m_k``, the mean of ``x_0`` given ``z_0 = k``.
+        initial_covs: ``(K, n, n)`` ``V_k``.
+        dynamics_weights: ``([K,] n, n)`` ``A``.
+        dynamics_input_weights: ``([K,] n, m)`` ``B``.
+        dynamics_bias: ``([K,] n)`` ``b``.
+        dynamics_cov: ``([K,] n, n)`` ``Q`` (positive semi-definite).
+        emission_weights: ``([K,] D, n)`` ``C``.
+        emission_input_weights: ``([K,] D, m)`` ``D``.
+        emission_bias: ``([K,] D)`` ``d``.
+        emission_cov: ``([K,] D, D)`` ``R`` (positive semi-definite).
+
+    Examples:
+        >>> import statseq as ss
+        >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=2, emission_dim=1,
+        ...                         switching_emission=False)
+        >>> p = model.default_params()
+        >>> p.dynamics_weights.shape, p.emission_weights.shape     # per regime, shared
+        ((2, 2, 2), (1, 2))
+    """
+
+    initial_probs: Any
+    transitions: Any
+    initial_means: Any
+    initial_covs: Any
+    dynamics_weights: Any
+    dynamics_input_weights: Any
+    dynamics_bias: Any
+    dynamics_cov: Any
+    emission_weights: Any
+    emission_input_weights: Any
+    emission_bias: Any
+    emission_cov: Any
+
+
+_DYNAMICS = ("dynamics_weights", "dynamics_input_weights", "dynamics_bias", "dynamics_cov")
+_EMISSION = ("emission_weights", "emission_input_weights", "emission_bias", "emission_cov")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchingLDS(SequenceModel):
+    """Switching linear dynamical system (switching state space model; Kim 1994).
+
+        z_t | z_{t-1} ~ Categorical(P[z_{t-1}]),            z_0 ~ Categorical(pi),
+        x_t = A_{z_t} x_{t-1} + B_{z_t} u_t + b_{z_t} + w_t,  w_t ~ N(0, Q_{z_t}),
+        y_t = C_{z_t} x_t + D_{z_t} u_t + d_{z_t} + v_t,      v_t ~ N(0, R_{z_t}),
+
+    with ``x_0 | z_0 = k ~ N(m_k, V_k)``. ``y`` has shape ``batch_shape + (T,) +
+    event_shape``; missing entries are masked (``mask=statseq.missing_mask(y)`` for NaN).
+
+    The exact likelihood sums over ``K^T`` regime paths. `statseq.log_prob`,
+    `statseq.filter`, `filter_states` and `smoother` use **Kim's collapsing filter**
+    (`statseq.inference.switching_kalman`: ``K x K`` Kalman updates per step, one Gaussian
+    per regime kept by moment matching), an *approximation* of the likelihood; it is exact
+    with one regime (the Kalman filter of `statseq.LinearGaussianSSM`) and when ``x_t``
+    given ``z_t`` and ``y_{0:t}`` does not depend on earlier regimes (an observed state:
+    Markov-switching autoregressions in intercept form, or in Hamilton's mean form of
+    order 1; a Gaussian HMM). `particle_filter` gives an unbiased estimate of the exact
+    likelihood (a Rao-Blackwellized particle filter, `statseq.inference.particle`).
+
+    `statseq.sample` draws exactly from the model (the carry holds a drawn ``(z_t, x_t)``
+    while sampling, `sample_step`); `statseq.forecast` draws ``(z_T, x_T)`` from Kim's
+    filtered law and then simulates the model forward, so its paths mix the regimes;
+    `forecast_regime_probs` gives ``p(z_{T-1+h} | y)``.
+
+    Args:
+        num_regimes: ``K >= 1``.
+        state_dim: ``n >= 1``.
+        emission_dim: ``D`` (``y`` of shape ``(T, D)``), or ``None`` for a scalar series.
+        input_dim: ``m`` (0 for none).
+        switching_dynamics: whether ``A, B, b, Q`` depend on the regime.
+        switching_emission: whether ``C, D, d, R`` depend on the regime.
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+        >>> params = model.default_params()
+        >>> y = ss.sample(model, params, num_timesteps=30, key=jax.random.key(0))
+        >>> y.shape
+        (30,)
+        >>> post = model.smoother(params, y)                # Kim's smoother
+        >>> post.smoothed_probs.shape
+        (30, 2)
+    """
+
+    num_regimes: int = 2
+    state_dim: int = 1
+    emission_dim: int | None = 1
+    input_dim: int = 0
+    switching_dynamics: bool = True
+    switching_emission: bool = True
+
+    supports_partial_mask: ClassVar[bool] = True
+    #: covariances that may be singular (each innovation covariance must not be)
+    semidefinite_params: ClassVar[tuple[str, ...]] = ("initial_covs", "dynamics_cov",
+                                                      "emission_cov")
+
+    def __post_init__(self):
+        check_positive_int(self.num_regimes, "num_regimes")
+        check_positive_int(self.state_dim, "state_dim")
+        if self.emission_dim is not None:
+            check_positive_int(self.emission_dim, "emission_dim")
+        check_positive_int(self.input_dim, "input_dim", minimum=0)
+        for name in ("switching_dynamics", "switching_emission"):
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
+
+    # ---- static description ---------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        """``D`` (1 for a scalar series)."""
+        return 1 if self.emission_dim is None else self.emission_dim
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        return () if self.emission_dim is None else (self.emission_dim,)
+
+    # ---- parameters -------------------------------------------------------------------
+    def param_shapes(self) -> SLDSParams:
+        k, n, d, m = self.num_regimes, self.state_dim, self.dim, self.input_dim
+        lf = (k,) if self.switching_dynamics else ()
+        le = (k,) if self.switching_emission else ()
+        return SLDSParams((k,), (k, k), (k, n), (k, n, n),
+                          lf + (n, n), lf + (n, m), lf + (n,), lf + (n, n),
+                          le + (d, n), le + (d, m), le + (d,), le + (d, d))
+
+    def param_constraints(self) -> SLDSParams:
+        real, pd, simplex = constraints.real, constraints.positive_definite, constraints.simplex
+        return SLDSParams(simplex, simplex, real, pd, real, real, real, pd,
+                          real, real, real, pd)
+
+    def default_params(self, dtype=None) -> SLDSParams:
+        """Sticky transitions (0.9 on the diagonal), uniform ``pi``, ``m_k = 0``,
+        ``V_k = I``; regime ``k`` has ``A = a_k I`` with ``a_k`` spread over
+        ``[0.9, -0.5]``, ``b = 0``, ``Q = 0.1 I``; ``C`` with ones on its diagonal,
+        ``d = 0``, ``R = 0.1 I``; zero input weights."""
+        dtype = dtype or float_dtype()
+        k, n, d, m = self.num_regimes, self.state_dim, self.dim, self.input_dim
+        off = 0.1 / max(k - 1, 1)
+        trans = (np.full((k, k), off) + (0.9 - off) * np.eye(k)) if k > 1 else np.ones((1, 1))
+        coef = np.linspace(0.9, -0.5, k) if k > 1 else np.array([0.9])
+        lf = (k,) if self.switching_dynamics else ()
+        le = (k,) if self.switching_emission else ()
+
+        def tile(a, lead):
+            return jnp.asarray(np.broadcast_to(a, lead + np.shape(a)), dtype)
+
+        dyn = coef[:, None, None] * np.eye(n) if self.switching_dynamics else 0.9 * np.eye(n)
+        return SLDSParams(
+            jnp.full((k,), 1.0 / k, dtype), jnp.asarray(trans, dtype),
+            jnp.zeros((k, n), dtype), tile(np.eye(n), (k,)),
+            jnp.asarray(dyn, dtype), tile(np.zeros((n, m)), lf), tile(np.zeros(n), lf),
+            tile(0.1 * np.eye(n), lf),
+            tile(np.eye(d, n), le), tile(np.zeros((d, m)), le), tile(np.zeros(d), le),
+            tile(0.1 * np.eye(d), le))
+
+    def check_params(self, params) -> None:
+        """Eager checks beyond the constraints: none needed (shapes and PSD covariances
+        are checked by `statseq.core.params.validate_params`)."""
+
+    def to_arrays(self, params) -> kim.SwitchingArrays:
+        """The model as `statseq.inference.switching_kalman.SwitchingArrays` (every
+        regime's matrices, shared ones broadcast over ``K``)."""
+        k, n = self.num_regimes, self.state_dim
+        dtype = jnp.result_type(params.dynamics_cov, params.emission_cov, params.initial_covs)
+
+        def per_regime(a, base_ndim):
+            a = jnp.asarray(a, dtype)
+            return a if a.ndim > base_ndim else jnp.broadcast_to(a, (k,) + a.shape)
+
+        regimes = kalman.GaussianSSMArrays(
+            jnp.asarray(params.initial_means, dtype), jnp.asarray(params.initial_covs, dtype),
+            per_regime(params.dynamics_weights, 2), per_regime(params.dynamics_input_weights, 2),
+            per_regime(params.dynamics_bias, 1), per_regime(params.dynamics_cov, 2),
+            per_regime(params.emission_weights, 2), per_regime(params.emission_input_weights, 2),
+            per_regime(params.emission_bias, 1), per_regime(params.emission_cov, 2),
+            jnp.zeros((k, n, 0), dtype))
+        return kim.SwitchingArrays(jnp.asarray(params.initial_probs, dtype),
+                                   jnp.asarray(params.transitions, dtype), regimes)
+
+    # ---- the filter protocol (Kim's filter) -------------------------------------------
+    def initial_carry(self, params) -> kim.KimCarry:
+        return kim.initial_carry(self.to_arrays(params))
+
+    def _flat(self, y_t, mask_t, dtype):
+        y = jnp.reshape(jnp.asarray(y_t), (self.dim,)).astype(dtype)
+        m = jnp.reshape(jnp.asarray(mask_t, bool), (-1,)) & jnp.ones((self.dim,), bool)
+        return y, m
+
+    def predict(self, params, carry, inputs_t):
+        """Kim's one-step predictive: a mixture over the ``K x K`` pairs
+        ``(z_{t-1}, z_t)`` of ``N(C_j a_ij + D_j u_t + d_j, C_j P_ij C_j^T + R_j)``."""
+        arrays = self.to_arrays(params)
+        w, means, covs = kim.pair_priors(arrays, carry, inputs_t)
+        reg = arrays.regimes
+        c, dw, d, r = (reg.emission_weights, reg.emission_input_weights, reg.emission_bias,
+                       reg.emission_cov)
+        y_mean = jnp.einsum("jdn,ijn->ijd", c, means) + (dw @ inputs_t + d)[None]
+        y_cov = symmetrize(jnp.einsum("jdn,ijnm,jem->ijde", c, covs, c) + r[None])
+        k2 = self.num_regimes ** 2
+        mix = dist.Categorical(probs=w.reshape(k2))
+        if self.emission_dim is None:
+            comp = dist.Normal(y_mean.reshape(k2), jnp.sqrt(y_cov.reshape(k2)))
+        else:
+            comp = dist.MultivariateNormal(y_mean.reshape(k2, self.dim),
+                                           y_cov.reshape(k2, self.dim, self.dim))
+        return dist.MixtureSameFamily(mix, comp)
+
+    def step(self, params, carry, y_t, mask_t, inputs_t):
+        arrays = self.to_arrays(params)
+        y, m = self._flat(y_t, mask_t, arrays.regimes.initial_cov.dtype)
+        lp, new, _ = kim.kim_step(arrays, carry, y, m, inputs_t)
+        return lp, new
+
+    def update(self, params, carry, y_t, mask_t, inputs_t) -> kim.KimCarry:
+        return self.step(params, carry, y_t, mask_t, inputs_t)[1]
+
+    def sample_step(self, params: Any, carry: kim.KimCarry, key: jax.Array,
+                    inputs_t: jax.Array) -> tuple:
+        """One exact ancestral step: draw ``(z_{t-1}, x_{t-1})`` from the carry's belief
+        (a point mass once sampling is under way), then ``z_t``, ``x_t`` and ``y_t`` from
+        the model; the new carry is the point mass at the drawn ``(z_t, x_t)``.
+
+        Returns:
+            ``(y_t, new carry)``.
+        """
+        arrays = self.to_arrays(params)
+        reg = arrays.regimes
+        k_i, k_x, k_j, k_w, k_v = jax.random.split(key, 5)
+        i = jax.random.categorical(k_i, jnp.log(carry.probs))
+        x_prev = kalman._mvn_draw(k_x, carry.means[i], carry.covs[i])
+        first = carry.t == 0
+        j = jnp.where(first, i, jax.random.categorical(k_j, jnp.log(arrays.transition_matrix[i])))
+        arr = kim.regime(arrays, j)
+        mean = (arr.dynamics_weights @ x_prev + arr.dynamics_input_weights @ inputs_t
+                + arr.dynamics_bias)
+        x = jnp.where(first, x_prev, kalman._mvn_draw(k_w, mean, arr.dynamics_cov))
+        y = kalman._mvn_draw(k_v, arr.emission_weights @ x + arr.emission_input_weights
+                             @ inputs_t + arr.emission_bias, arr.emission_cov)
+        k, n = self.num_regimes, self.state_dim
+        new = kim.KimCarry(jax.nn.one_hot(j, k, dtype=carry.probs.dtype),
+                           jnp.broadcast_to(x, (k, n)), jnp.zeros_like(reg.initial_cov),
+                           carry.t + 1)
+        return jnp.reshape(y, self.event_shape), new
+
+    # ---- posterior inference ------------------------------------------------------------
+    def _prepared(self, params, y, mask, inputs):
+        validate_params(self, params)
+        return prepare_data(self, y, mask, inputs)
+
+    def filter_states(self, params: Any, y: ArrayLike, *, mask: ArrayLike | None = None,
+                      inputs: ArrayLike | None = None) -> kim.KimFilterResult:
+        """Kim's filter (approximate): regime probabilities and per-regime state moments.
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``.
+            mask: optional observation mask (per step or per entry).
+            inputs: covariates, when the model takes them.
+
+        Returns:
+            A `statseq.inference.switching_kalman.KimFilterResult` (batch shape leading).
+        """
+        data = self._prepared(params, y, mask, inputs)
+        return reshaped_call(_slds_posterior, data.batch_shape,
+                             dict(params=params, y=data.y, mask=data.mask,
+                                  inputs=data.inputs), model=self, what="filter")
+
+    def smoother(self, params: Any, y: ArrayLike, *, mask: ArrayLike | None = None,
+                 inputs: ArrayLike | None = None) -> kim.KimSmootherResult:
+        """Kim's smoother (approximate): smoothed regime probabilities and states.
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``.
+            mask: optional observation mask (per step or per entry).
+            inputs: covariates, when the model takes them.
+
+        Returns:
+            A `statseq.inference.switching_kalman.KimSmootherResult` (batch shape leading).
+        """
+        data = self._prepared(params, y, mask, inputs)
+        return reshaped_call(_slds_posterior, data.batch_shape,
+                             dict(params=params, y=data.y, mask=data.mask,
+                                  inputs=data.inputs), model=self, what="smoother")
+
+    def particle_filter(self, params: Any, y: ArrayLike, *, key: jax.Array,
+                        num_particles: int, mask: ArrayLike | None = None,
+                        inputs: ArrayLike | None = None, resampling: str = "systematic",
+                        ess_threshold: float = 1.0,
+                        proposal: str = "optimal") -> particle.RBPFResult:
+        """The Rao-Blackwellized particle filter
+        (`statseq.inference.particle.rao_blackwellized_particle_filter`) on every sequence;
+        ``exp(result.marginal_log_lik)`` is an unbiased estimate of the exact likelihood.
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``.
+            key: a ``jax.random`` key.
+            num_particles: ``N``.
+            mask: optional observation mask.
+            inputs: covariates, when the model takes them.
+            resampling: ``"systematic"``, ``"stratified"`` or ``"multinomial"``.
+            ess_threshold: resample when ``ESS < ess_threshold * N``.
+            proposal: ``"optimal"`` or ``"prior"``.
+
+        Returns:
+            A `statseq.inference.particle.RBPFResult` (batch shape leading).
+        """
+        check_key(key)
+        num_particles = check_positive_int(num_particles, "num_particles")
+        if resampling not in particle.RESAMPLING:
+            raise ValueError(f"resampling must be one of {particle.RESAMPLING}, "
+                             f"got {resampling!r}")
+        if proposal not in particle.PROPOSALS:
+            raise ValueError(f"proposal must be one of {particle.PROPOSALS}, got {proposal!r}")
+        if not 0.0 <= float(ess_threshold) <= 1.0:
+            raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold!r}")
+        data = self._prepared(params, y, mask, inputs)
+        keys = jax.random.split(key, data.y.shape[0])
+        return reshaped_call(_slds_particles, data.batch_shape,
+                             dict(params=params, y=data.y, mask=data.mask,
+                                  inputs=data.inputs, keys=keys),
+                             model=self, num_particles=num_particles, resampling=resampling,
+                             proposal=proposal, threshold=float(ess_threshold))
+
+    def sample_posterior(self, params: Any, y: ArrayLike, *, key: jax.Array,
+                         num_samples: int, num_burnin: int = 100,
+                         mask: ArrayLike | None = None,
+                         inputs: ArrayLike | None = None) -> gibbs.GibbsSamples:
+        """Draws of regime and state paths from the exact posterior ``p(z, x | y)`` by
+        blocked Gibbs sampling (`statseq.inference.switching_gibbs`: the simulation smoother
+        for ``x`` given ``z``, HMM forward filtering backward sampling for ``z`` given
+        ``x``), started from the most probable regimes of Kim's smoother. Unlike `smoother`
+        it is exact in the limit of many draws (needs positive definite ``Q`` and ``V``).
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``, ``T >= 2``.
+            key: a ``jax.random`` key.
+            num_samples: draws kept per sequence.
+            num_burnin: sweeps discarded first.
+            mask: optional observation mask.
+            inputs: covariates, when the model takes them.
+
+        Returns:
+            `statseq.inference.switching_gibbs.GibbsSamples` with ``regimes``
+            ``(num_samples,) + batch_shape + (T,)`` and ``states``
+            ``(num_samples,) + batch_shape + (T, n)``.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+            >>> params = model.default_params()
+            >>> y = ss.sample(model, params, num_timesteps=20, key=jax.random.key(0))
+            >>> draws = model.sample_posterior(params, y, key=jax.random.key(1),
+            ...                                num_samples=50, num_burnin=20)
+            >>> draws.regimes.shape, draws.states.shape
+            ((50, 20), (50, 20, 1))
+        """
+        check_key(key)
+        num_samples = check_positive_int(num_samples, "num_samples")
+        num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
+        data = self._prepared(params, y, mask, inputs)
+        if data.num_timesteps < 2:
+            raise ValueError(f"sample_posterior needs at least 2 time steps, got "
+                             f"{data.num_timesteps}")
+        keys = jax.random.split(key, data.y.shape[0])
+        out = _slds_gibbs(self, params, data.y, data.mask, data.inputs, keys,
+                          num_samples=num_samples, num_burnin=num_burnin)
+        bs = data.batch_shape
+        return gibbs.GibbsSamples(
+            jnp.reshape(jnp.swapaxes(out.regimes, 0, 1), (num_samples,) + bs
+                        + out.regimes.shape[2:]),
+            jnp.reshape(jnp.swapaxes(out.states, 0, 1), (num_samples,) + bs
+                        + out.states.shape[2:]))
+
+    def fit_gibbs(self, params: Any, y: ArrayLike, *, key: jax.Array, num_samples: int,
+                  num_burnin: int = 100, inputs: ArrayLike | None = None,
+                  prior: SLDSGibbsPrior | None = None) -> Any:
+        """Bayesian inference of the parameters, regimes and states by blocked Gibbs
+        sampling (`statseq.models.switching._slds_gibbs`): exact conditional draws of
+        ``x | z``, ``z | x`` (as in `sample_posterior`), ``pi`` and the rows of ``P``
+        (Dirichlet), and per regime the dynamics ``([A B b], Q)`` and emission
+        ``([C D d], R)`` (matrix-normal-inverse-Wishart, `SLDSGibbsPrior`). The initial
+        laws ``m_k, V_k`` are held at ``params``. Needs complete data (no mask) and
+        ``T >= 2``; one chain, started at ``params`` with Kim's most probable regimes.
+
+        Args:
+            params: the chain's start (also fixes ``initial_means`` and ``initial_covs``).
+            y: ``batch_shape + (T,) + event_shape`` (the sequences share the parameters).
+            key: a ``jax.random`` key.
+            num_samples: sweeps kept.
+            num_burnin: sweeps discarded first.
+            inputs: covariates, when the model takes them.
+            prior: an `SLDSGibbsPrior` (``None``: the defaults).
+
+        Returns:
+            ArviZ ``InferenceData`` whose ``posterior`` holds every `SLDSParams` leaf and
+            ``regimes`` (``(chain, draw) + batch_shape + (T,)``); ``states`` too
+            (``... + (T, n)``).
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+            >>> params = model.default_params()
+            >>> y = ss.sample(model, params, num_timesteps=30, key=jax.random.key(0))
+            >>> idata = model.fit_gibbs(params, y, key=jax.random.key(1), num_samples=20,
+            ...                         num_burnin=5)
+            >>> idata.posterior["transitions"].shape
+            (1, 20, 2, 2)
+        """
+        from statseq.bayes.nuts import _from_dict
+
+        check_key(key)
+        num_samples = check_positive_int(num_samples, "num_samples")
+        num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
+        data = self._prepared(params, y, None, inputs)
+        if data.num_timesteps < 2:
+            raise ValueError(f"fit_gibbs needs at least 2 time steps, got {data.num_timesteps}")
+        dtype = self.to_arrays(params).regimes.initial_cov.dtype
+        prior = resolved_prior(self, prior, dtype)
+        y_flat = jnp.reshape(data.y, data.y.shape[:2] + (self.dim,)).astype(dtype)
+        mask = jnp.ones(y_flat.shape, bool)
+        u = data.inputs.astype(dtype)
+        start = jnp.argmax(self.smoother(params, y, inputs=inputs).smoothed_probs, axis=-1)
+        start = jnp.reshape(start, y_flat.shape[:2]).astype(jnp.int32)
+        full = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+        draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, start, key,
+                                           num_samples=num_samples, num_burnin=num_burnin)
+        bs = data.batch_shape
+        post = {name: np.asarray(getattr(draws, name))[None]
+                for name in SLDSParams._fields}
+        post["regimes"] = np.asarray(regimes).reshape((1, num_samples) + bs
+                                                      + regimes.shape[2:])
+        post["states"] = np.asarray(states).reshape((1, num_samples) + bs + states.shape[2:])
+        return _from_dict({"posterior": post}, dims=None, coords=None)
+
+    def forecast_regime_probs(self, params: Any, y: ArrayLike, *, num_steps: int,
+                              mask: ArrayLike | None = None,
+                              inputs: ArrayLike | None = None) -> jax.Array:
+        """Regime probabilities ``h = 1..num_steps`` steps after the history,
+
+            p(z_{T-1+h} | y_{0:T-1}) = p(z_{T-1} | y_{0:T-1}) P^h,
+
+        from Kim's filtered law (`statseq.inference.hmm.hmm_predict_states`).
+
+        Returns:
+            ``batch_shape + (num_steps, K)``.
+        """
+        num_steps = check_positive_int(num_steps, "num_steps")
+        filt = self.filter_states(params, y, mask=mask, inputs=inputs)
+        last = filt.filtered_probs[..., -1, :]
+        flat = jnp.reshape(last, (-1, self.num_regimes))
+        trans = jnp.asarray(params.transitions, flat.dtype)
+        out = jax.vmap(lambda p: hmm_seq.hmm_predict_states(p, trans, num_steps))(flat)
+        return jnp.reshape(out, last.shape[:-1] + (num_steps, self.num_regimes))
+
+
+def _one_seq(model, y, mask, dtype):
+    y = jnp.reshape(y, (y.shape[0], model.dim)).astype(dtype)
+    mask = jnp.reshape(mask, (mask.shape[0], -1)) & jnp.ones((1, model.dim), bool)
+    return y, mask
+
+
+@partial(jax.jit, static_argnames=("model", "what"))
+def _slds_posterior(model, params, y, mask, inputs, *, what):
+    arrays = model.to_arrays(params)
+    dtype = arrays.regimes.initial_cov.dtype
+    fn = kim.kim_filter if what == "filter" else kim.kim_smoother
+
+    def one(y_s, m_s, u_s):
+        y_s, m_s = _one_seq(model, y_s, m_s, dtype)
+        return fn(arrays, y_s, m_s, u_s.astype(dtype))
+
+    return jax.vmap(one)(y, mask, inputs)
+
+
+@partial(jax.jit, static_argnames=("model", "num_particles", "resampling", "proposal",
+                                   "threshold"))
+def _slds_particles(model, params, y, mask, inputs, keys, *, num_particles, resampling,
+                    proposal, threshold):
+    arrays = model.to_arrays(params)
+    dtype = arrays.regimes.initial_cov.dtype
+
+    def one(y_s, m_s, u_s, k):
+        y_s, m_s = _one_seq(model, y_s, m_s, dtype)
+        return particle.rao_blackwellized_particle_filter(
+            arrays, y_s, m_s, u_s.astype(dtype), key=k, num_particles=num_particles,
+            resampling=resampling, ess_threshold=threshold, proposal=proposal)
+
+    return jax.vmap(one)(y, mask, inputs, keys)
+
+
+@partial(jax.jit, static_argnames=("model", "num_samples", "num_burnin"))
+def _slds_gibbs(model, params, y, mask, inputs, keys, *, num_samples, num_burnin):
+    arrays = model.to_arrays(params)
+    dtype = arrays.regimes.initial_cov.dtype
+
+    def one(y_s, m_s, u_s, k):
+        y_s, m_s = _one_seq(model, y_s, m_s, dtype)
+        u_s = u_s.astype(dtype)
+        start = jnp.argmax(kim.kim_smoother(arrays, y_s, m_s, u_s).smoothed_probs, axis=-1)
+        return gibbs.switching_gibbs(arrays, y_s, m_s, u_s, start, key=k,
+                                     num_samples=num_samples, num_burnin=num_burnin)
+
+    return jax.vmap(one)(y, mask, inputs, keys)

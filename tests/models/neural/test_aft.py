@@ -1,0 +1,277 @@
+"""AFT: the simple, local and full variants against the dense T x T weights in NumPy
+(including sequences longer than max_len), the recurrent and parallel modes against each
+other (log-probabilities and gradients, float64), the running-maximum stabilization at
+T = 10^5 with huge logits in float32, missing values, fitting, forecasting, save/load."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy.special import softmax
+
+import statseq as ss
+from statseq.inference import aft
+from statseq.models.neural.aft import AFT, AFTBackbone, default_mode
+from statseq.models.neural.residual import RMS_EPS
+
+MODES = ("recurrent", "parallel")
+
+
+def _rms(x, w):
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + RMS_EPS)
+
+
+def dense_weights(bb, bias, t_len):
+    """The ``T x T`` position biases ``w_{t,t'}`` (``-inf`` above the diagonal): the
+    learned ``bias[min(t, T_max - 1), t - t']`` for lags below the window, 0 beyond."""
+    w = np.full((t_len, t_len), -np.inf)
+    s = bb.window_size
+    for t in range(t_len):
+        for tp in range(t + 1):
+            lag = t - tp
+            w[t, tp] = bias[min(t, bias.shape[0] - 1), lag] if lag < s else 0.0
+    return w
+
+
+def numpy_layer(bb, p, vs):
+    """One AFT layer from the start: ``sigmoid(Q_t) * softmax_{t'}(K_{t'} + w_{t,t'}) V``
+    per channel, with the dense weights, in NumPy."""
+    p = jax.tree.map(np.asarray, p)
+    q, k, v = vs @ p.w_q, vs @ p.w_k, vs @ p.w_v
+    w = dense_weights(bb, p.bias, vs.shape[0])
+    weights = softmax(w[:, :, None] + k[None, :, :], axis=1)  # (T, T', d)
+    a = np.einsum("tsc,sc->tc", weights, v)
+    return (a / (1.0 + np.exp(-q))) @ p.w_o
+
+
+def numpy_backbone(bb, params, xs):
+    params = jax.tree.map(np.asarray, params)
+    zs = xs @ params.embed_weight + params.embed_bias
+    for ell in range(bb.num_layers):
+        layer = jax.tree.map(lambda a, ell=ell: a[ell], params.layers)
+        zs = zs + numpy_layer(bb, layer, _rms(zs, params.norm[ell]))
+    return _rms(zs, params.final_norm)
+
+
+def perturbed(params, seed, scale=0.5):
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda x: jnp.asarray(x + scale * rng.normal(size=x.shape)), params)
+
+
+def _flat(tree):
+    return np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(tree)])
+
+
+def assert_gradients_close(g, g_ref, rtol):
+    """``max |g - g_ref| <= rtol * max |g_ref|`` over the whole gradient."""
+    a, b = _flat(g), _flat(g_ref)
+    assert np.max(np.abs(b)) > 0
+    assert np.max(np.abs(a - b)) <= rtol * np.max(np.abs(b)), np.max(np.abs(a - b))
+
+
+@pytest.mark.parametrize("variant, window, max_len", [
+    ("simple", None, None), ("local", 3, 8), ("full", None, 8)])
+def test_every_mode_matches_the_dense_weights(variant, window, max_len):
+    """T = 11 > max_len = 8: the rows past max_len reuse the last one (module docstring);
+    features in both modes and by generation steps, and the gradients of both modes."""
+    bb = AFTBackbone(input_dim=3, hidden_dim=4, num_layers=2, variant=variant,
+                     window=window, max_len=max_len)
+    params = perturbed(bb.init_params(jax.random.key(0)), 1)
+    xs = np.random.default_rng(2).normal(size=(11, 3))
+    ref = numpy_backbone(bb, params, xs)
+    assert np.std(ref) > 0.1
+    readout = jnp.asarray(np.random.default_rng(3).normal(size=ref.shape))
+
+    @jax.jit
+    def run(params, xs):
+        outs, grads = [], []
+        for mode in MODES:
+            seq = dataclasses.replace(bb, mode=mode).sequence
+            outs.append(seq(params, xs))
+            grads.append(jax.grad(lambda p, seq=seq: jnp.sum(seq(p, xs) * readout))(params))
+        steps = jax.lax.scan(lambda s, x: bb.step(params, s, x), bb.initial_state(params),
+                             xs)[1]
+        return jnp.stack(outs + [steps]), grads
+
+    outs, grads = run(params, jnp.asarray(xs))
+    for got in np.asarray(outs):
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    assert_gradients_close(grads[1], grads[0], 1e-10)
+    if variant != "simple":  # bias[r, j] has a gradient exactly when j <= r (used), and
+        # r > 0 (at t = 0 the only weight is 1 whatever its bias)
+        g_bias = np.asarray(grads[0].layers.bias)  # (layers, T_max, s)
+        rows, lags = np.indices(g_bias.shape[1:])
+        np.testing.assert_array_equal(g_bias != 0, np.broadcast_to(
+            (lags <= rows) & (rows > 0), g_bias.shape))
+
+
+def test_both_modes_continue_from_any_state():
+    """Split at step 5 (inside the window, before max_len): the second part from the
+    first's final state equals the whole sequence, for both modes and every variant."""
+    xs = jnp.asarray(np.random.default_rng(5).normal(size=(12, 2)))
+    for variant, window in (("simple", None), ("local", 7)):
+        bb = AFTBackbone(input_dim=2, hidden_dim=4, variant=variant, window=window,
+                         max_len=None if window is None else 9)
+        params = perturbed(bb.init_params(jax.random.key(3)), 4)
+
+        @jax.jit
+        def split(params, xs, bb=bb):
+            runs = []
+            for mode in MODES:
+                scan = dataclasses.replace(bb, mode=mode).scan
+                mid, first = scan(params, bb.initial_state(params), xs[:5])
+                end, second = scan(params, mid, xs[5:])
+                runs.append((end, jnp.concatenate([first, second])))
+            return dataclasses.replace(bb, mode="recurrent").scan(
+                params, bb.initial_state(params), xs), runs
+
+        (full_state, full), runs = split(params, xs)
+        for end, out in runs:
+            np.testing.assert_allclose(np.asarray(out), np.asarray(full), rtol=1e-12,
+                                       atol=1e-13)
+            for a, b in zip(jax.tree.leaves(end), jax.tree.leaves(full_state), strict=True):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12,
+                                           atol=1e-13)
+
+
+MODEL = AFT(hidden_dim=4, num_layers=2, variant="local", window=3, max_len=12)
+
+
+@jax.jit
+def _value_and_grad_every_mode(params, y):
+    """``ss.log_prob`` and its gradient in both modes (one program per ``T``), and
+    through `SequenceDistribution` (the Bayesian entry points' likelihood)."""
+    out = [jax.value_and_grad(lambda p, m=m: ss.log_prob(dataclasses.replace(MODEL, mode=m),
+                                                          p, y))(params) for m in MODES]
+    seq = jax.value_and_grad(lambda p: ss.SequenceDistribution(
+        MODEL, p, num_timesteps=y.shape[0]).log_prob(y))(params)
+    return out + [seq]
+
+
+@pytest.fixture(scope="module")
+def params():
+    y = np.sin(np.arange(40) / 3.0)
+    p = MODEL.initialize(y, key=jax.random.key(6))
+    return p._replace(backbone=perturbed(p.backbone, 7))
+
+
+@pytest.mark.parametrize("t_len", [1, 2, 17, 1000])
+def test_modes_agree_in_log_prob_and_gradient(params, t_len):
+    """float64, random parameters (AFT-local, past max_len for T = 17 and 1000): 1e-10
+    relative between the modes and the `SequenceDistribution`."""
+    rng = np.random.default_rng(t_len)
+    y = jnp.asarray(np.sin(np.arange(t_len) / 4.0) + 0.5 * rng.normal(size=t_len))
+    (v_ref, g_ref), *others = _value_and_grad_every_mode(params, y)
+    assert np.isfinite(float(v_ref))
+    for v, g in others:
+        assert abs(float(v) - float(v_ref)) <= 1e-10 * abs(float(v_ref))
+        assert_gradients_close(g, g_ref, 1e-10)
+
+
+def test_running_max_stabilization_at_t_1e5_in_float32():
+    """T = 10^5, keys of scale 1000 (exp overflows float32 beyond 88): AFT-simple in
+    float32 against the exact float64 running weighted average from
+    ``np.logaddexp.accumulate`` (positive values, so the numerator is a log-sum-exp too);
+    AFT-local with biases of scale 1000 stays finite."""
+    t_len, d = 100_000, 4
+    rng = np.random.default_rng(11)
+    k = 1000.0 * rng.normal(size=(t_len, d))
+    v = rng.uniform(0.5, 2.0, size=(t_len, d))
+    ref = np.exp(np.logaddexp.accumulate(k + np.log(v), axis=0)
+                 - np.logaddexp.accumulate(k, axis=0))
+    k32, v32 = jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32)
+    bias = jnp.asarray(1000.0 * rng.normal(size=(16, 4)), jnp.float32)
+
+    @jax.jit
+    def run(k, v, bias):
+        simple = aft.aft_recurrent(aft.aft_initial_state(d, 0, jnp.float32), k, v, bias, 0)
+        local = aft.aft_recurrent(aft.aft_initial_state(d, 4, jnp.float32), k, v, bias, 4)
+        return simple[1], local[1]
+
+    simple, local = run(k32, v32, bias)
+    assert simple.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(simple), ref, rtol=1e-5)
+    local = np.asarray(local)
+    assert np.all(np.isfinite(local))
+    assert np.all((local >= 0.5 * (1 - 1e-6)) & (local <= 2.0 * (1 + 1e-6)))  # averages
+
+
+def test_missing_value_step_path_equals_whole_sequence(params):
+    """The filter with a missing value runs the generation step one step at a time (past
+    max_len = 12 here); both whole-sequence modes on the same network inputs (0 and
+    indicator 0 at the gap) give the same log-probabilities."""
+    y = np.cos(np.arange(20) / 3.0)
+    mask = np.ones(20, bool)
+    mask[7] = False
+    step = np.asarray(ss.filter(MODEL, params, y, mask=mask).log_probs)
+    assert step[7] == 0.0 and np.all(np.isfinite(step))
+    head = MODEL.head
+    enc = jax.vmap(head.encode)(jnp.asarray(y), jnp.asarray(mask))
+    xs = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]])
+
+    @jax.jit
+    def whole(p, xs):
+        return [dataclasses.replace(MODEL, mode=m).backbone.sequence(p, xs) for m in MODES]
+
+    for hs in whole(params.backbone, xs):
+        lp = np.where(mask, head.distribution(params.head, hs).log_prob(y), 0.0)
+        np.testing.assert_allclose(lp, step, rtol=1e-10, atol=1e-12)
+
+
+def test_fit_sgd_forecast_and_save_load(tmp_path, params):
+    y = np.sin(np.arange(60) / 4.0) + 0.1 * np.random.default_rng(9).normal(size=60)
+    fit = ss.fit_sgd(MODEL, params, y, optimizer=optax.adam(0.02), num_steps=10,
+                     key=jax.random.key(10), progress=False)
+    trace = np.asarray(fit.log_joint)
+    assert trace[-1] > trace[0] + 1.0
+    # generation past max_len = 12 (the last row of biases is reused)
+    fc = ss.forecast(MODEL, fit.params, y, num_steps=3, num_samples=20,
+                     key=jax.random.key(11))
+    assert np.asarray(fc.samples).shape[-1] == 3
+    assert np.all(np.isfinite(np.asarray(fc.samples)))
+    path = ss.save(tmp_path / "aft", MODEL, fit.params)
+    model2, params2 = ss.load(path)
+    assert model2 == MODEL
+    assert float(ss.log_prob(model2, params2, y)) == float(ss.log_prob(MODEL, fit.params, y))
+
+
+def test_default_mode():
+    assert default_mode(100, "cpu") == "recurrent"
+    assert default_mode(100, "gpu") == "parallel" and default_mode(10**5, "gpu") == "recurrent"
+    bb = MODEL.backbone
+    assert dataclasses.replace(bb, parallel=True).resolved_mode(10) == "parallel"
+    assert dataclasses.replace(bb, evaluation="sequential").resolved_mode(10) == "recurrent"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"hidden_dim": 0}, "hidden_dim"),
+    ({"variant": "conv"}, "variant"),
+    ({"variant": "simple", "window": 3}, "window"),
+    ({"variant": "local", "max_len": 8}, "window"),
+    ({"variant": "local", "window": 3}, "max_len"),
+    ({"variant": "local", "window": 9, "max_len": 8}, "window"),
+    ({"variant": "local", "window": 0, "max_len": 8}, "window"),
+    ({"variant": "full"}, "max_len"),
+    ({"variant": "full", "max_len": 8, "window": 2}, "window"),
+    ({"variant": "full", "max_len": 0}, "max_len"),
+    ({"mode": "chunked"}, "mode"),
+])
+def test_invalid_configuration(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AFT(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"mode": "parallel", "evaluation": "sequential"},
+    {"mode": "recurrent", "parallel": True},
+    {"mode": "parallel", "parallel": False},
+    {"evaluation": "deer"},
+])
+def test_contradictory_evaluation_is_refused(kwargs):
+    with pytest.raises(ValueError, match="contradicts|mode="):
+        AFTBackbone(input_dim=2, hidden_dim=4, **kwargs)
