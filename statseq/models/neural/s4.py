@@ -63,6 +63,8 @@ DISCRETIZATIONS = ("zoh", "bilinear")
 OUTPUTS = ("glu", "gelu")
 #: ``mode=None`` on an accelerator: convolution from this many steps, scan below.
 CONVOLUTION_MIN_STEPS = 1024
+#: The convolution mode's final state sums the inputs in chunks of this many steps.
+FINAL_STATE_CHUNK = 2048
 
 
 def default_mode(num_steps: int, backend: str | None = None) -> str:
@@ -88,6 +90,22 @@ def default_mode(num_steps: int, backend: str | None = None) -> str:
     if backend == "cpu":
         return "recurrent"
     return "convolution" if num_steps >= CONVOLUTION_MIN_STEPS else "scan"
+
+
+def _power_weighted_sum(log_a, vs):
+    """``sum_j ā^{T-1-j} v_j`` ``(H, M)`` for ``vs`` ``(T, H)``, ``log ā`` ``(H, M)``, in
+    chunks of ``c = min(T, FINAL_STATE_CHUNK)`` steps (front-padded with zeros): one
+    ``(c, H, M)`` block of powers, per-chunk sums, then the chunks weighted by
+    ``ā^{c (n-1-k)}``; memory ``O((c + T/c) H M)`` instead of ``O(T H M)``."""
+    t_len = vs.shape[0]
+    c = min(t_len, FINAL_STATE_CHUNK)
+    n = -(-t_len // c)
+    v = jnp.concatenate([jnp.zeros((n * c - t_len,) + vs.shape[1:], vs.dtype), vs])
+    v = v.reshape((n, c) + vs.shape[1:])
+    within = jnp.exp(jnp.arange(c - 1, -1, -1, dtype=vs.dtype)[:, None, None] * log_a)
+    sums = jnp.einsum("ihm,kih->khm", within, v)  # (n, H, M)
+    across = jnp.exp(c * jnp.arange(n - 1, -1, -1, dtype=vs.dtype)[:, None, None] * log_a)
+    return jnp.sum(across * sums, axis=0)
 
 
 def _real_state(x):
@@ -343,10 +361,8 @@ class S4DBackbone(DiagonalSSMStack):
         free = ssm_kernel(disc.log_a_bar, disc.a_bar * x0, c, t_len)  # 2 Re c ā^{t+1} x0
         y = causal_convolution(kernel, vs) + free + p.d_skip * vs
         # final state x_{T-1} = ā^T x0 + sum_j ā^{T-1-j} b̄ v_j (the reversed Vandermonde)
-        j = jnp.arange(t_len, dtype=vs.dtype)[::-1, None, None]
-        powers = jnp.exp(j * disc.log_a_bar)  # ā^{T-1-j}, (T, H, M)
         x_last = (jnp.exp(t_len * disc.log_a_bar) * x0
-                  + disc.b_bar * jnp.einsum("thm,th->hm", powers, vs))
+                  + disc.b_bar * _power_weighted_sum(disc.log_a_bar, vs))
         return _real_state(x_last), self._mix(p, y)
 
 

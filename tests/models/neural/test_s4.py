@@ -17,6 +17,7 @@ from scipy.linalg import expm
 from scipy.special import erf
 
 import statseq as ss
+from statseq.models.neural import s4
 from statseq.models.neural.residual import RMS_EPS
 from statseq.models.neural.s4 import MODES, S4DBackbone, default_mode
 from statseq.models.neural.s5 import S5Backbone
@@ -199,9 +200,11 @@ def test_modes_agree_in_log_prob_and_gradient(name, t_len):
 
 
 @pytest.mark.parametrize("name", ["S4D", "S5"])
-def test_generation_and_missing_values_match_the_whole_sequence(name):
+def test_generation_and_missing_values_match_the_whole_sequence(name, monkeypatch):
     """The step-by-step filter (generation's path) equals the convolution mode, including
-    the final carry; a masked step is not scored and the steps before it are unchanged."""
+    the final carry (S4D's summed in 4 chunks of 8 steps, 2 of them padding); a masked
+    step is not scored and the steps before it are unchanged."""
+    monkeypatch.setattr(s4, "FINAL_STATE_CHUNK", 8)
     model, params, y = _case(name, 30)
     model = dataclasses.replace(model, mode="convolution")
     step = ss.filter(model, params, y, return_carries=True)  # one step at a time
