@@ -540,6 +540,9 @@ def render_files(paths, hide_skipped=False):
     ``hide_skipped`` lists the skipped cases in one line under the table instead."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     rows = [r for run in runs for r in run["rows"]]
+    done = {(r["backbone"], r["mode"], r["T"], r["B"]) for r in rows if r.get("status") == "ok"}
+    rows = [r for r in rows if r.get("status") == "ok"  # a case measured by a later run
+            or (r["backbone"], r["mode"], r["T"], r["B"]) not in done]
     order = list(dict.fromkeys(r["backbone"] for r in rows))
     rows.sort(key=lambda r: (-r["B"], order.index(r["backbone"]), r["T"]))  # stable
     heads = "\n".join(f"- `{run['info']['command']}`: {run['info']['date']}, "

@@ -144,18 +144,29 @@ def switching_gibbs(arrays: SwitchingArrays, y: jax.Array, mask: jax.Array,
         z, x = gibbs_sweep(arrays, y, mask, inputs, z, k)
         return z, (z, x)
 
+    # one scan over every sweep (a second one for the burn-in would compile the sweep twice)
     keys = jax.random.split(key, num_burnin + num_samples)
     z = jnp.asarray(initial_regimes, jnp.int32)
-    if num_burnin:
-        z, _ = jax.lax.scan(sweep, z, keys[:num_burnin])
-    _, (zs, xs) = jax.lax.scan(sweep, z, keys[num_burnin:])
-    return GibbsSamples(zs, xs.astype(dtype).reshape(num_samples, y.shape[0], n))
+    _, (zs, xs) = jax.lax.scan(sweep, z, keys)
+    return GibbsSamples(zs[num_burnin:],
+                        xs[num_burnin:].astype(dtype).reshape(num_samples, y.shape[0], n))
 
 
 # ---- conjugate parameter updates ---------------------------------------------------------
-def sample_inverse_wishart(key: jax.Array, df: jax.Array, scale: jax.Array) -> jax.Array:
+def inverse_wishart_shapes(df: jax.Array, dim: int) -> jax.Array:
+    """``(dim,)`` Gamma shapes ``(df - i) / 2`` whose doubled draws are the chi-square
+    diagonal of Bartlett's decomposition (`sample_inverse_wishart`'s ``gammas``)."""
+    return 0.5 * (df - jnp.arange(dim, dtype=jnp.result_type(df, float)))
+
+
+def sample_inverse_wishart(key: jax.Array, df: jax.Array, scale: jax.Array,
+                           gammas: jax.Array | None = None) -> jax.Array:
     """A draw of ``Sigma ~ InvWishart(df, scale)`` (mean ``scale / (df - d - 1)``), as the
     inverse of a Wishart(``df``, ``scale^{-1}``) draw by Bartlett's decomposition.
+
+    ``gammas`` (optional, ``(d,)``): Gamma draws with the shapes of
+    `inverse_wishart_shapes`, made by the caller (one ``jax.random.gamma`` call for many
+    draws compiles one rejection sampler instead of many).
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -166,8 +177,9 @@ def sample_inverse_wishart(key: jax.Array, df: jax.Array, scale: jax.Array) -> j
     """
     d = scale.shape[-1]
     k_c, k_n = jax.random.split(key)
-    dof = df - jnp.arange(d, dtype=scale.dtype)  # chi2(df - i) on the diagonal
-    diag = jnp.sqrt(2.0 * jax.random.gamma(k_c, dof / 2.0, dtype=scale.dtype))
+    if gammas is None:
+        gammas = jax.random.gamma(k_c, inverse_wishart_shapes(df, d).astype(scale.dtype))
+    diag = jnp.sqrt(2.0 * gammas)  # chi2(df - i) on the diagonal
     lower = jnp.tril(jax.random.normal(k_n, (d, d), scale.dtype), -1)
     bart = lower + jnp.diag(diag)
     chol = jnp.linalg.cholesky(jnp.linalg.inv(scale))  # Wishart scale scale^{-1}
@@ -179,7 +191,7 @@ def sample_inverse_wishart(key: jax.Array, df: jax.Array, scale: jax.Array) -> j
 
 def sample_regression(key: jax.Array, regressors: jax.Array, targets: jax.Array,
                       weights: jax.Array, precision: jax.Array, df: jax.Array,
-                      scale: jax.Array) -> tuple:
+                      scale: jax.Array, gammas: jax.Array | None = None) -> tuple:
     """A draw of ``(W, Sigma)`` from the matrix-normal-inverse-Wishart posterior of the
     regression ``targets_t = W regressors_t + N(0, Sigma)`` over the rows with
     ``weights_t = 1``, under the prior ``Sigma ~ InvWishart(df, scale)``,
@@ -197,6 +209,8 @@ def sample_regression(key: jax.Array, regressors: jax.Array, targets: jax.Array,
         precision: prior precision ``> 0`` of the coefficients.
         df: prior degrees of freedom ``> d - 1``.
         scale: ``(d, d)`` prior scale.
+        gammas: optional Gamma draws for the inverse Wishart (`sample_inverse_wishart`),
+            with shapes ``inverse_wishart_shapes(df + sum(weights), d)``.
 
     Returns:
         ``(W (d, p), Sigma (d, d))``.
@@ -208,7 +222,7 @@ def sample_regression(key: jax.Array, regressors: jax.Array, targets: jax.Array,
     lam_chol = jnp.linalg.cholesky(lam)
     m = jax.scipy.linalg.cho_solve((lam_chol, True), ((x * g).T @ y)).T  # (d, p)
     psi = scale + (y * g).T @ y - m @ lam @ m.T
-    sigma = sample_inverse_wishart(k_s, df + jnp.sum(weights), 0.5 * (psi + psi.T))
+    sigma = sample_inverse_wishart(k_s, df + jnp.sum(weights), 0.5 * (psi + psi.T), gammas)
     z = jax.random.normal(k_w, m.shape, x.dtype)
     # W = M + chol(Sigma) Z chol(Lambda^{-1})^T, chol(Lambda^{-1})^T = Lambda_chol^{-1}...
     right = jax.scipy.linalg.solve_triangular(lam_chol.T, z.T, lower=False).T

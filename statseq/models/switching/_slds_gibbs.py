@@ -20,8 +20,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from statseq.inference import switching_gibbs as gibbs
+from statseq.inference import switching_kalman as kim
 
 
 class SLDSGibbsPrior(NamedTuple):
@@ -67,16 +69,14 @@ def _sweep(model, params, prior, y, mask, inputs, regimes, key):
     """One sweep over a flat batch ``y (N, T, D)``: ``(params, regimes, states)``."""
     arrays = model.to_arrays(params)
     num = model.num_regimes
-    k_lat, k_pi, k_p, k_dyn, k_emi = jax.random.split(key, 5)
+    k_lat, k_gam, k_dyn, k_emi = jax.random.split(key, 4)
     keys = jax.random.split(k_lat, y.shape[0])
     regimes, states = jax.vmap(
         lambda y_s, m_s, u_s, z_s, k: gibbs.gibbs_sweep(arrays, y_s, m_s, u_s, z_s, k))(
         y, mask, inputs, regimes, keys)
     onehot = jax.nn.one_hot(regimes, num, dtype=states.dtype)  # (N, T, K)
     alpha = prior.concentration
-    pi = jax.random.dirichlet(k_pi, alpha + jnp.sum(onehot[:, 0], axis=0))
     counts = jnp.einsum("ntj,ntk->jk", onehot[:, :-1], onehot[:, 1:])
-    trans = jax.random.dirichlet(k_p, alpha + counts)
     ones = jnp.ones(states.shape[:2] + (1,), states.dtype)
     x_dyn = jnp.concatenate([states[:, :-1], inputs[:, 1:], ones[:, 1:]], -1)
     x_dyn = x_dyn.reshape(-1, x_dyn.shape[-1])
@@ -85,20 +85,37 @@ def _sweep(model, params, prior, y, mask, inputs, regimes, key):
     x_emi = jnp.concatenate([states, inputs, ones], -1).reshape(-1, x_dyn.shape[-1])
     t_emi = y.reshape(-1, y.shape[-1])
     w_emi = onehot.reshape(-1, num)
-    n, m = model.state_dim, model.input_dim
+    n, m, d = model.state_dim, model.input_dim, model.dim
 
-    def block(key, x, t, w, switching, precision, df, scale):
-        if switching:
-            keys = jax.random.split(key, num)
-            return jax.vmap(lambda k, wk: gibbs.sample_regression(
-                k, x, t, wk, precision, df, scale))(keys, w.T)
-        return gibbs.sample_regression(key, x, t, jnp.ones(x.shape[0], x.dtype), precision,
-                                       df, scale)
+    def rows(w, switching):
+        return w.T if switching else jnp.ones((1, w.shape[0]), w.dtype)
 
-    w_d, q = block(k_dyn, x_dyn, t_dyn, w_dyn, model.switching_dynamics,
-                   prior.dynamics_precision, prior.dynamics_df, prior.dynamics_scale)
-    w_e, r = block(k_emi, x_emi, t_emi, w_emi, model.switching_emission,
-                   prior.emission_precision, prior.emission_df, prior.emission_scale)
+    r_dyn, r_emi = rows(w_dyn, model.switching_dynamics), rows(w_emi, model.switching_emission)
+    # every Gamma draw of the sweep in one call (one rejection sampler to compile): the
+    # Dirichlet draws of pi and the rows of P, the Bartlett diagonals of Q and R
+    shapes = [alpha + jnp.sum(onehot[:, 0], axis=0), (alpha + counts).ravel(),
+              jax.vmap(lambda c: gibbs.inverse_wishart_shapes(prior.dynamics_df + c, n))(
+                  r_dyn.sum(1)).ravel(),
+              jax.vmap(lambda c: gibbs.inverse_wishart_shapes(prior.emission_df + c, d))(
+                  r_emi.sum(1)).ravel()]
+    sizes = [a.shape[0] for a in shapes]
+    draws = jax.random.gamma(k_gam, jnp.concatenate(shapes))
+    g_pi, g_p, g_q, g_r = jnp.split(draws, np.cumsum(sizes)[:-1])
+    pi = g_pi / jnp.sum(g_pi)
+    g_p = g_p.reshape(num, num)
+    trans = g_p / jnp.sum(g_p, axis=1, keepdims=True)
+
+    def block(key, x, t, w_rows, gam, precision, df, scale, switching):
+        keys = jax.random.split(key, w_rows.shape[0])
+        out = jax.vmap(lambda k, wk, g: gibbs.sample_regression(
+            k, x, t, wk, precision, df, scale, g))(keys, w_rows,
+                                                    gam.reshape(w_rows.shape[0], -1))
+        return out if switching else jax.tree.map(lambda a: a[0], out)
+
+    w_d, q = block(k_dyn, x_dyn, t_dyn, r_dyn, g_q, prior.dynamics_precision,
+                   prior.dynamics_df, prior.dynamics_scale, model.switching_dynamics)
+    w_e, r = block(k_emi, x_emi, t_emi, r_emi, g_r, prior.emission_precision,
+                   prior.emission_df, prior.emission_scale, model.switching_emission)
     new = params._replace(
         initial_probs=pi, transitions=trans,
         dynamics_weights=w_d[..., :n], dynamics_input_weights=w_d[..., n:n + m],
@@ -109,18 +126,21 @@ def _sweep(model, params, prior, y, mask, inputs, regimes, key):
 
 
 @partial(jax.jit, static_argnames=("model", "num_samples", "num_burnin"))
-def run_gibbs(model, params, prior, y, mask, inputs, regimes, key, *, num_samples,
-              num_burnin):
-    """``num_burnin`` discarded sweeps, then ``num_samples`` kept ones (one program)."""
+def run_gibbs(model, params, prior, y, mask, inputs, key, *, num_samples, num_burnin):
+    """``num_burnin`` discarded sweeps, then ``num_samples`` kept ones, from the most
+    probable regimes of Kim's smoother at ``params`` (one program)."""
+    arrays = model.to_arrays(params)
+    regimes = jax.vmap(lambda y_s, m_s, u_s: jnp.argmax(
+        kim.kim_smoother(arrays, y_s, m_s, u_s).smoothed_probs, axis=-1))(y, mask, inputs)
+    regimes = regimes.astype(jnp.int32)
 
     def sweep(carry, k):
         p, z = carry
         p, z, x = _sweep(model, p, prior, y, mask, inputs, z, k)
         return (p, z), (p, z, x)
 
+    # one scan over every sweep (a second scan for the burn-in would compile the sweep
+    # twice: its compile time dominates), the burn-in cut off afterwards
     keys = jax.random.split(key, num_burnin + num_samples)
-    carry = (params, regimes)
-    if num_burnin:
-        carry, _ = jax.lax.scan(lambda c, k: (sweep(c, k)[0], None), carry, keys[:num_burnin])
-    _, out = jax.lax.scan(sweep, carry, keys[num_burnin:])
-    return out
+    _, out = jax.lax.scan(sweep, (params, regimes), keys)
+    return jax.tree.map(lambda a: a[num_burnin:], out)

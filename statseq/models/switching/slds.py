@@ -395,16 +395,6 @@ class SwitchingLDS(SequenceModel):
             `statseq.inference.switching_gibbs.GibbsSamples` with ``regimes``
             ``(num_samples,) + batch_shape + (T,)`` and ``states``
             ``(num_samples,) + batch_shape + (T, n)``.
-
-        Examples:
-            >>> import jax, statseq as ss
-            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
-            >>> params = model.default_params()
-            >>> y = ss.sample(model, params, num_timesteps=20, key=jax.random.key(0))
-            >>> draws = model.sample_posterior(params, y, key=jax.random.key(1),
-            ...                                num_samples=50, num_burnin=20)
-            >>> draws.regimes.shape, draws.states.shape
-            ((50, 20), (50, 20, 1))
         """
         check_key(key)
         num_samples = check_positive_int(num_samples, "num_samples")
@@ -447,16 +437,6 @@ class SwitchingLDS(SequenceModel):
             ArviZ ``InferenceData`` whose ``posterior`` holds every `SLDSParams` leaf and
             ``regimes`` (``(chain, draw) + batch_shape + (T,)``); ``states`` too
             (``... + (T, n)``).
-
-        Examples:
-            >>> import jax, statseq as ss
-            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
-            >>> params = model.default_params()
-            >>> y = ss.sample(model, params, num_timesteps=30, key=jax.random.key(0))
-            >>> idata = model.fit_gibbs(params, y, key=jax.random.key(1), num_samples=20,
-            ...                         num_burnin=5)
-            >>> idata.posterior["transitions"].shape
-            (1, 20, 2, 2)
         """
         from statseq.bayes.nuts import _from_dict
 
@@ -471,10 +451,8 @@ class SwitchingLDS(SequenceModel):
         y_flat = jnp.reshape(data.y, data.y.shape[:2] + (self.dim,)).astype(dtype)
         mask = jnp.ones(y_flat.shape, bool)
         u = data.inputs.astype(dtype)
-        start = jnp.argmax(self.smoother(params, y, inputs=inputs).smoothed_probs, axis=-1)
-        start = jnp.reshape(start, y_flat.shape[:2]).astype(jnp.int32)
         full = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
-        draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, start, key,
+        draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, key,
                                            num_samples=num_samples, num_burnin=num_burnin)
         bs = data.batch_shape
         post = {name: np.asarray(getattr(draws, name))[None]

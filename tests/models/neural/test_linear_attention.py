@@ -83,22 +83,35 @@ def test_feature_maps():
         la.feature_map(jnp.zeros(2), "exp")
 
 
-def _all_modes(bb):
-    """One compiled function: the whole-sequence features in every mode and the
-    generation steps, ``(4, T, d)``."""
+def _all_modes(bb, split):
+    """One compiled function: the whole-sequence features in every mode, if ``split``
+    the same split at step 5 (the second part from the first part's final state
+    ``(S, z)``), and the generation steps; and the final states of them all."""
 
     @jax.jit
     def run(params, xs):
-        outs = [dataclasses.replace(bb, mode=m).sequence(params, xs) for m in MODES]
-        steps = jax.lax.scan(lambda s, x: bb.step(params, s, x), bb.initial_state(params),
-                             xs)[1]
-        return jnp.stack(outs + [steps])
+        init = bb.initial_state(params)
+        outs, finals = [], []
+        for mode in MODES:
+            scan = dataclasses.replace(bb, mode=mode).scan
+            final, whole = scan(params, init, xs)
+            outs.append(whole)
+            finals.append(final)
+            if split:
+                mid, first = scan(params, init, xs[:5])
+                end, second = scan(params, mid, xs[5:])
+                outs.append(jnp.concatenate([first, second]))
+                finals.append(end)
+        final, steps = jax.lax.scan(lambda s, x: bb.step(params, s, x), init, xs)
+        return jnp.stack(outs + [steps]), finals + [final]
 
     return run
 
 
 @pytest.mark.parametrize("feature_map, decay", [("relu", 0.8), ("elu+1", "learned")])
 def test_every_mode_matches_the_dense_attention_matrix(feature_map, decay):
+    """Every mode (from the start, and for one case continued from a state) and the
+    generation step."""
     bb = LinearAttentionBackbone(input_dim=3, hidden_dim=4, num_layers=2, num_heads=2,
                                  feature_map=feature_map, decay=decay, chunk_size=4,
                                  eps=1e-3 if feature_map == "relu" else 1e-6)
@@ -106,51 +119,24 @@ def test_every_mode_matches_the_dense_attention_matrix(feature_map, decay):
     xs = np.random.default_rng(2).normal(size=(11, 3))
     ref = numpy_backbone(bb, params, xs)
     assert np.std(ref) > 0.1
-    # 11 steps = 2 full chunks of 4 and a partial one; the 4th row is the step mode
-    for got in np.asarray(_all_modes(bb)(params, jnp.asarray(xs))):
+    # 11 steps = 2 full chunks of 4 and a partial one (5 + 6 when split)
+    outs, finals = _all_modes(bb, split=decay == "learned")(params, jnp.asarray(xs))
+    for got in np.asarray(outs):
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
-
-
-def test_every_mode_continues_from_any_state():
-    """Split a sequence at step 5: the second part from the first's final state (S, z)
-    equals the whole sequence, in every mode."""
-    bb = LinearAttentionBackbone(input_dim=2, hidden_dim=4, num_heads=2, decay=0.7,
-                                 chunk_size=3, mode="recurrent")
-    params = perturbed(bb.init_params(jax.random.key(3)), 4)
-    xs = jnp.asarray(np.random.default_rng(5).normal(size=(12, 2)))
-
-    @jax.jit
-    def split(params, xs):
-        runs = []
-        for mode in MODES:
-            scan = dataclasses.replace(bb, mode=mode).scan
-            mid, first = scan(params, bb.initial_state(params), xs[:5])
-            end, second = scan(params, mid, xs[5:])
-            runs.append((end, jnp.concatenate([first, second])))
-        return bb.scan(params, bb.initial_state(params), xs), runs
-
-    (full_state, full), runs = split(params, xs)
-    for end, out in runs:
-        np.testing.assert_allclose(np.asarray(out), np.asarray(full), rtol=1e-12,
-                                   atol=1e-13)
-        for a, b in zip(jax.tree.leaves(end), jax.tree.leaves(full_state), strict=True):
+    for final in finals[:-1]:
+        for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(finals[-1]), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-13)
 
 
-MODEL = LinearAttention(hidden_dim=4, num_heads=2, num_layers=2, decay="learned",
-                        chunk_size=8)
+MODEL = LinearAttention(hidden_dim=4, num_heads=2, num_layers=1, decay="learned",
+                        chunk_size=8)  # one layer: the stacking is checked against NumPy above
 
 
 @jax.jit
 def _value_and_grad_every_mode(params, y):
-    """``ss.log_prob`` and its gradient in every mode (one compiled program per ``T``),
-    and the same through `SequenceDistribution` (the Bayesian entry points' likelihood)
-    in the default mode."""
-    out = [jax.value_and_grad(lambda p, m=m: ss.log_prob(dataclasses.replace(MODEL, mode=m),
-                                                          p, y))(params) for m in MODES]
-    seq = jax.value_and_grad(lambda p: ss.SequenceDistribution(
-        MODEL, p, num_timesteps=y.shape[0]).log_prob(y))(params)
-    return out + [seq]
+    """``ss.log_prob`` and its gradient in every mode (one compiled program per ``T``)."""
+    return [jax.value_and_grad(lambda p, m=m: ss.log_prob(dataclasses.replace(MODEL, mode=m),
+                                                           p, y))(params) for m in MODES]
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +148,15 @@ def params():
 
 @pytest.mark.parametrize("t_len", [1, 2, 17, 1000])
 def test_modes_agree_in_log_prob_and_gradient(params, t_len):
-    """float64, random parameters: 1e-10 relative between the three modes and the
-    `SequenceDistribution` (measured: about 1e-15 for the value, 1e-13 for the
+    """float64, random parameters: 1e-10 relative between the three modes, and (T = 17)
+    the `SequenceDistribution` (measured: about 1e-15 for the value, 1e-13 for the
     gradient at T = 1000)."""
     rng = np.random.default_rng(t_len)
     y = jnp.asarray(np.sin(np.arange(t_len) / 4.0) + 0.5 * rng.normal(size=t_len))
     (v_ref, g_ref), *others = _value_and_grad_every_mode(params, y)
+    if t_len == 17:  # the Bayesian entry points' likelihood, in the default mode
+        others.append(jax.jit(jax.value_and_grad(lambda p: ss.SequenceDistribution(
+            MODEL, p, num_timesteps=t_len).log_prob(y)))(params))
     assert np.isfinite(float(v_ref))
     for v, g in others:
         assert abs(float(v) - float(v_ref)) <= 1e-10 * abs(float(v_ref))

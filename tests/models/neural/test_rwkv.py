@@ -121,17 +121,9 @@ def numpy_backbone(bb, params, xs):
     return _rms(zs, params.final_norm)
 
 
-def perturbed(params, seed, scale=0.3):
-    """Random weights plus Gaussian noise (NumPy: no compilation)."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(x + scale * rng.normal(size=x.shape)), params)
-
-
 MODEL = RWKV(hidden_dim=4, num_layers=2, ffn_dim=6, emission="gaussian", mode="recurrent")
 MODES = {mode: dataclasses.replace(MODEL, mode=mode) for mode in ("recurrent", "parallel")}
-
-
-_init_backbone = jax.jit(MODEL.backbone.init_params)  # one program, not many eager ops
+LAYER_LEAVES = set(MODEL.backbone.layer_param_shapes()._fields)  # with a layer axis
 
 
 def _is_shape(x):
@@ -139,12 +131,33 @@ def _is_shape(x):
 
 
 def _random_params(seed, scale=0.3):
-    """The backbone's initializer plus noise, a random head (all its leaves are real)."""
+    """Random parameters in NumPy (no compilation): matrices ``N(0, 1 / fan_in)``, norm
+    scales ``1 + N(0, 0.04)``, other vectors ``N(0, scale^2)``, a random head."""
     rng = np.random.default_rng(seed)
-    head = jax.tree.map(lambda shape: jnp.asarray(0.3 * rng.normal(size=shape)),
-                        MODEL.head.param_shapes(), is_leaf=_is_shape)
-    return perturbed(ss.NeuralParams(_init_backbone(jax.random.key(seed)), head), seed + 10,
-                     scale)
+    # token-shift coefficients in [0, 1], decays w = exp(time_decay) from e^{-e^{-3}} to e^{-e}
+    special = {"att_mix": lambda s: rng.uniform(0.0, 1.0, s),
+               "ffn_mix": lambda s: rng.uniform(0.0, 1.0, s),
+               "time_decay": lambda s: rng.uniform(-3.0, 1.0, s)}
+
+    def leaf(name, shape):
+        if name in special:
+            out = special[name](shape)
+        elif "norm" in name:
+            out = 1.0 + 0.2 * rng.normal(size=shape)
+        elif len(shape) >= 2 + (name in LAYER_LEAVES):
+            out = rng.normal(size=shape) / np.sqrt(shape[-2])
+        else:
+            out = scale * rng.normal(size=shape)
+        return jnp.asarray(out)
+
+    def fill(shapes):
+        return type(shapes)(*(leaf(f, sh) for f, sh in zip(shapes._fields, shapes,
+                                                             strict=True)))
+
+    shapes = MODEL.param_shapes()
+    backbone = fill(shapes.backbone._replace(layers=()))._replace(
+        layers=fill(shapes.backbone.layers))
+    return ss.NeuralParams(backbone, fill(shapes.head))
 
 
 def _model_params(t_len, seed=2):
