@@ -157,6 +157,7 @@ FULL_MODE_CPU_S = {
     "05_bayesian_inference": 148,
     "03_state_space_models": 99,
     "04_neural_sequence_models": 86,
+    "13_markov_chains_to_mamba": 77,
     "08_seatbelt_intervention": 69,
     "02_hmms_are_rnns": 62,
     "10_many_sequences": 59,
