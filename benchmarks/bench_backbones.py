@@ -495,7 +495,8 @@ def render(info, rows, cross):
             f"{info['load_average_start']} at the start, {info.get('load_average_now', '?')} "
             f"at the end; {info['date']}, {info.get('elapsed_s', '?')} s")
     return (f"{mach}\n\n`{info['command']}`\n\n{table(rows)}\n\n"
-            f"Crossovers between modes (same-run paired ratios):\n\n{cross_table(cross)}\n")
+            f"Crossovers between modes (same-run paired ratios; the ratio of the two timings "
+            f"where one mode has runs = 1):\n\n{cross_table(cross)}\n")
 
 
 # ---- driver ------------------------------------------------------------------------------
@@ -558,7 +559,8 @@ def render_files(paths, hide_skipped=False):
                       f"({r['status'].split(': ', 1)[1].split(' >')[0]})" for r in gone)
             or "none") + "."
     return (f"{heads}\n\n{table(rows)}{skipped}\n\nCrossovers between modes (same-run "
-            f"paired ratios):\n\n{cross_table(crossovers(rows))}\n")
+            f"paired ratios; the ratio of the two timings where one mode has runs = 1):"
+            f"\n\n{cross_table(crossovers(rows))}\n")
 
 
 def main(argv=None):
