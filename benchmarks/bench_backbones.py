@@ -42,9 +42,12 @@ whose status says why; so is every case left when ``--budget-s`` has passed. A w
 call longer than ``--max-call-s`` is the one timing (``runs = 1``).
 
 Usage (the table goes to stdout and, with ``--out``, a JSON of rows and the Markdown table
-are written after every length):
+are written after every backbone at every length, so a cut-off run keeps its rows):
     python benchmarks/bench_backbones.py --lengths 100,1000,10000 --out bb_cpu.json
     python benchmarks/bench_backbones.py --backbones lstm,mamba,attention --lengths 100
+    python benchmarks/bench_backbones.py --modes sequential,recurrent --lengths 100000 \
+        --batch 1 --max-call-s 1 --out bb_long.json      # the linear-time modes only
+    python benchmarks/bench_backbones.py --render bb_cpu.json bb_long.json --hide-skipped
     bash benchmarks/run_gpu_backbones.sh OUTDIR        # on a GPU, T up to 10^5
 """
 
@@ -495,7 +498,8 @@ def render(info, rows, cross):
             f"{info['load_average_start']} at the start, {info.get('load_average_now', '?')} "
             f"at the end; {info['date']}, {info.get('elapsed_s', '?')} s")
     return (f"{mach}\n\n`{info['command']}`\n\n{table(rows)}\n\n"
-            f"Crossovers between modes (same-run paired ratios):\n\n{cross_table(cross)}\n")
+            f"Crossovers between modes (same-run paired ratios; the ratio of the two timings "
+            f"where one mode has runs = 1):\n\n{cross_table(cross)}\n")
 
 
 # ---- driver ------------------------------------------------------------------------------
@@ -558,7 +562,8 @@ def render_files(paths, hide_skipped=False):
                       f"({r['status'].split(': ', 1)[1].split(' >')[0]})" for r in gone)
             or "none") + "."
     return (f"{heads}\n\n{table(rows)}{skipped}\n\nCrossovers between modes (same-run "
-            f"paired ratios):\n\n{cross_table(crossovers(rows))}\n")
+            f"paired ratios; the ratio of the two timings where one mode has runs = 1):"
+            f"\n\n{cross_table(crossovers(rows))}\n")
 
 
 def main(argv=None):
