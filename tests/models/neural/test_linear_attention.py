@@ -205,7 +205,7 @@ def test_no_overflow_at_t_1e5_in_float32():
 
 def test_missing_value_step_path_equals_whole_sequence(params):
     """The filter with a missing value runs the generation step one step at a time; the
-    whole-sequence (default, chunked) mode on the same network inputs (0 and indicator 0
+    whole-sequence chunked mode on the same network inputs (0 and indicator 0
     at the gap) gives the same log-probabilities."""
     y = np.cos(np.arange(20) / 3.0)
     mask = np.ones(20, bool)
@@ -233,9 +233,12 @@ def test_fit_sgd_decreases_the_loss_and_save_load_round_trip(tmp_path, params):
 
 
 def test_default_mode():
-    assert default_mode(8, 8) == "parallel" and default_mode(9, 8) == "chunked"
+    assert default_mode(9, 8, "cpu") == "recurrent"
+    assert default_mode(8, 8, "gpu") == "parallel" and default_mode(9, 8, "gpu") == "chunked"
     bb = MODEL.backbone
-    assert bb.resolved_mode(8) == "parallel" and bb.resolved_mode(1000) == "chunked"
+    assert bb.resolved_mode(1000) == default_mode(1000, 8)
+    assert dataclasses.replace(bb, parallel=True).resolved_mode(1000) == "chunked"
+    assert dataclasses.replace(bb, parallel=True).resolved_mode(8) == "parallel"
     assert dataclasses.replace(bb, parallel=False).resolved_mode(1000) == "recurrent"
     assert dataclasses.replace(bb, evaluation="sequential").resolved_mode(10) == "recurrent"
 
