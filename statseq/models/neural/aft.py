@@ -59,14 +59,18 @@ from statseq.models.neural.residual import ResidualStack, dense_init
 MODES = ("recurrent", "parallel")
 #: AFT variants.
 VARIANTS = ("simple", "local", "full")
-#: Longest sequence the default mode evaluates in parallel on a GPU/TPU.
-PARALLEL_MAX_T = 2048
+#: Longest sequence the default mode evaluates in parallel on a GPU/TPU (not measured
+#: yet: the exponent array has ``T^2 d`` entries per layer).
+PARALLEL_MAX_T = 1024
 
 
 def default_mode(num_timesteps: int, backend: str | None = None) -> str:
-    """The mode ``mode=None`` picks: recurrent on CPU (the parallel form does ``T`` times
-    the work for no gain on a few cores), parallel on GPU/TPU up to `PARALLEL_MAX_T`
-    steps (its ``T^2 d`` exponents), recurrent beyond.
+    """The mode ``mode=None`` picks: recurrent on CPU, parallel on GPU/TPU up to
+    `PARALLEL_MAX_T` steps (its ``T^2 d`` exponents), recurrent beyond.
+
+    On this project's 2-core CPU (float32, XLA optimized, width 32, window 16, 2 layers,
+    forward and backward of ``log_prob``), the recurrent form took 8 ms at ``T = 256``
+    and 110 ms at ``T = 2048``, the parallel form 0.68 s and 41 s.
 
     Args:
         num_timesteps: ``T``.
