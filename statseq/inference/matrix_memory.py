@@ -29,6 +29,9 @@ carried state (``F_t + m_0``), the row maximum is the same ``m_t`` as the recurr
     S = (q k^T) ⊙ exp(D - m),   ρ = e^{F + m_0 - m},
     h̃ = (S v + ρ C'_0 q) / max(|S 1 + ρ n'_0^T q|, e^{-m}).
 
+**Chunked form.** The parallel form starts from and returns the carried state, so chunks of
+``L`` steps are run by it in turn (`statseq.inference.wkv.scan_chunks`): ``O(T L)`` memory.
+
 **Where we differ.** The lower bound ``e^{-m_t}`` of the normalizer is capped at
 ``e^{L/2}`` with ``L`` the log of the largest float (``m_t < -354`` in float64, ``< -44`` in
 float32: an input gate that small would overflow it, and the output is below ``e^{-L/2}``
@@ -42,6 +45,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from statseq.inference.wkv import scan_chunks
 
 
 class MatrixMemoryState(NamedTuple):
@@ -164,3 +169,24 @@ def matrix_memory_parallel(q, k, v, i_pre, log_f, state: MatrixMemoryState):
     final = MatrixMemoryState((v * last[:, None]).T @ k + last_prior * cov0,
                               last @ k + last_prior * norm0, m[-1])
     return final, h
+
+
+def matrix_memory_chunked(q, k, v, i_pre, log_f, state: MatrixMemoryState,
+                          chunk_size: int):
+    """One head by `matrix_memory_parallel` within chunks of ``chunk_size`` steps and a
+    scan over the chunks: the same numbers, ``O(T L)`` memory.
+
+    Args:
+        q: queries ``(T, P)``.
+        k: keys ``(T, P)``.
+        v: values ``(T, P)``.
+        i_pre: input gate pre-activations ``(T,)``.
+        log_f: log forget gates ``(T,)``.
+        state: `MatrixMemoryState` before the first token.
+        chunk_size: ``L``.
+
+    Returns:
+        ``(final_state, h̃ (T, P))``.
+    """
+    return scan_chunks(lambda s, *xs: matrix_memory_parallel(*xs, s), state,
+                       (q, k, v, i_pre, log_f), chunk_size)

@@ -24,10 +24,16 @@ plus one column for the carried state (exponent ``p_0 - (t-1) w``, "value" ``a_0
 "weight" ``b_0``): each row is normalized by its maximum (a log-sum-exp), which makes it
 a causal softmax-weighted average of the values (``O(T^2)`` memory per channel). Its final
 state is the same ``(a, b, p)`` as the recurrence's, with ``p`` the same maximum.
+
+**Chunked form.** Because the parallel form starts from and returns the carried state, a
+sequence cut into chunks of ``L`` steps is the parallel form within each chunk and a
+`jax.lax.scan` over the chunks (`scan_chunks`): ``O(T L)`` memory, ``T / L`` sequential
+steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -147,3 +153,60 @@ def wkv_parallel(w, u, k, v, state: WKVState):
     wl, wp = jnp.exp(last - p_new), jnp.exp(last_prior - p_new)
     final = WKVState(jnp.sum(wl * v, axis=0) + wp * a0, jnp.sum(wl, axis=0) + wp * b0, p_new)
     return final, num / den
+
+
+def scan_chunks(fn: Callable, state, xs, chunk_size: int):
+    """Run a whole-sequence form chunk by chunk: ``fn(state, *chunk) -> (state, out)`` on
+    consecutive chunks of ``chunk_size`` steps of every array in ``xs`` (leading time
+    axis), by `jax.lax.scan` over the full chunks and one call on the remainder.
+
+    Args:
+        fn: a whole-sequence form that starts from ``state`` and returns the final state.
+        state: the state before the first step.
+        xs: a tuple of arrays with the same leading length ``T``.
+        chunk_size: ``L``, steps per chunk (a positive int).
+
+    Returns:
+        ``(final_state, outputs)`` with the outputs of the chunks concatenated in time.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> w, u = jnp.array([0.5]), jnp.array([0.3])
+        >>> k, v = jnp.linspace(-1, 1, 7)[:, None], jnp.linspace(2, 0, 7)[:, None]
+        >>> s0 = wkv_initial_state((1,), k.dtype)
+        >>> par = lambda s, k, v: wkv_parallel(w, u, k, v, s)
+        >>> chunked = scan_chunks(par, s0, (k, v), 3)[1]
+        >>> bool(jnp.allclose(chunked, wkv_recurrent(w, u, k, v, s0)[1], rtol=1e-6))
+        True
+    """
+    t_len = xs[0].shape[0]
+    num, rest = divmod(t_len, chunk_size)
+    outs = []
+    if num:
+        full = tuple(x[:num * chunk_size].reshape((num, chunk_size) + x.shape[1:])
+                     for x in xs)
+        state, out = jax.lax.scan(lambda s, c: fn(s, *c), state, full)
+        outs.append(jax.tree.map(lambda o: o.reshape((num * chunk_size,) + o.shape[2:]), out))
+    if rest or not num:
+        state, out = fn(state, *(x[num * chunk_size:] for x in xs))
+        outs.append(out)
+    return state, jax.tree.map(lambda *o: jnp.concatenate(o), *outs)
+
+
+def wkv_chunked(w, u, k, v, state: WKVState, chunk_size: int):
+    """The WKV operator by `wkv_parallel` within chunks of ``chunk_size`` steps and a scan
+    over the chunks (`scan_chunks`): the same numbers, ``O(T L C)`` memory.
+
+    Args:
+        w: decay rates ``(C,)``.
+        u: bonus ``(C,)``.
+        k: keys ``(T, C)``.
+        v: values ``(T, C)``.
+        state: `WKVState` before the first token.
+        chunk_size: ``L``.
+
+    Returns:
+        ``(final_state, wkv (T, C))``.
+    """
+    return scan_chunks(lambda s, kc, vc: wkv_parallel(w, u, kc, vc, s), state, (k, v),
+                       chunk_size)

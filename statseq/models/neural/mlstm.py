@@ -19,7 +19,9 @@ The exponential gates are computed stably with the stabilizer state ``m_t``
 **Modes.** ``mode="recurrent"``: the stabilized recurrence by ``lax.scan`` of the very step
 used for generation (projections hoisted out of the scan); ``mode="parallel"``: the
 ``T x T`` log-space gate matrix with the row-maximum stabilizer (``O(H T^2)`` memory per
-layer); ``mode=None`` picks by backend and length (`default_mode`). Generation carries per
+layer); ``mode="chunked"``: the parallel form within chunks of ``chunk_size`` steps and a
+scan over the chunks (``O(H T L)`` memory); ``mode=None`` picks by backend and length
+(`default_mode`). Generation carries per
 layer and head the state ``(C', n', m)``. Tests check the modes give the same
 log-probabilities and gradients (float64, relative 1e-10) and the cell against the
 unstabilized recurrence.
@@ -46,6 +48,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference.matrix_memory import (
     MatrixMemoryState,
+    matrix_memory_chunked,
     matrix_memory_initial_state,
     matrix_memory_parallel,
     matrix_memory_recurrent,
@@ -56,7 +59,7 @@ from statseq.models.neural.residual import ResidualStack, dense_init
 from statseq.models.neural.rwkv import check_mode, resolve_mode
 
 #: Whole-sequence evaluation modes of `MLSTMBackbone`.
-MODES = ("recurrent", "parallel")
+MODES = ("recurrent", "parallel", "chunked")
 
 #: Forget gates: ``log f = log σ(f̃)`` or ``log f = f̃``.
 FORGET_GATES = ("sigmoid", "exp")
@@ -67,23 +70,24 @@ PARALLEL_MAX_TIMESTEPS = 1024
 
 def default_mode(num_timesteps: int, backend: str | None = None) -> str:
     """The mode ``mode=None`` picks: ``"recurrent"`` on CPU; on GPU/TPU ``"parallel"`` up to
-    `PARALLEL_MAX_TIMESTEPS` steps (its memory grows as ``T^2``), ``"recurrent"`` beyond.
+    `PARALLEL_MAX_TIMESTEPS` steps (its memory grows as ``T^2``), ``"chunked"`` beyond (not
+    yet measured on a GPU: the benchmarks refine this rule).
 
     Args:
         num_timesteps: the sequence length ``T``.
         backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: `jax.default_backend`).
 
     Returns:
-        ``"recurrent"`` or ``"parallel"``.
+        ``"recurrent"``, ``"parallel"`` or ``"chunked"``.
 
     Examples:
         >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10**5, "gpu")
-        ('recurrent', 'parallel', 'recurrent')
+        ('recurrent', 'parallel', 'chunked')
     """
     backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu" or num_timesteps > PARALLEL_MAX_TIMESTEPS:
+    if backend == "cpu":
         return "recurrent"
-    return "parallel"
+    return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
 
 
 class MLSTMLayerParams(NamedTuple):
@@ -136,7 +140,8 @@ class MLSTMBackbone(ResidualStack):
         num_heads: ``H``.
         expand: ``E = expand * d`` (a multiple of ``H``).
         forget_gate: ``"sigmoid"`` or ``"exp"``.
-        mode: ``"recurrent"``, ``"parallel"`` or ``None`` (`default_mode`).
+        mode: ``"recurrent"``, ``"parallel"``, ``"chunked"`` or ``None`` (`default_mode`).
+        chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:
         ValueError: for an unknown ``mode``, ``forget_gate``, a ``mode`` that contradicts
@@ -154,10 +159,12 @@ class MLSTMBackbone(ResidualStack):
     expand: int = 2
     forget_gate: str = "sigmoid"
     mode: str | None = None
+    chunk_size: int = 64
 
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.num_heads, "num_heads")
+        check_positive_int(self.chunk_size, "chunk_size")
         check_positive_int(self.expand, "expand")
         if self.forget_gate not in FORGET_GATES:
             raise ValueError(f"forget_gate must be one of {FORGET_GATES}, "
@@ -235,8 +242,12 @@ class MLSTMBackbone(ResidualStack):
     def layer_scan(self, p, state, vs):
         """A whole sequence ``vs`` ``(T, d)`` in the mode `mode_for` picks."""
         q, k, v, i_pre, log_f, o, g = self._inputs(p, vs)
-        memory = (matrix_memory_parallel if self.mode_for(vs.shape[0]) == "parallel"
-                  else matrix_memory_recurrent)
+        mode = self.mode_for(vs.shape[0])
+        if mode == "chunked":
+            def memory(*args):
+                return matrix_memory_chunked(*args, chunk_size=self.chunk_size)
+        else:
+            memory = matrix_memory_parallel if mode == "parallel" else matrix_memory_recurrent
         state, h_tilde = jax.vmap(memory, in_axes=(1, 1, 1, 1, 1, 0), out_axes=(0, 1))(
             q, k, v, i_pre, log_f, state)
         return state, self._output(p, h_tilde, o, g)
@@ -267,9 +278,12 @@ class MLSTM(NeuralSequenceModel):
         expand: inner width ``E = expand * d`` (a multiple of ``H``).
         forget_gate: ``"sigmoid"`` (default) or ``"exp"``.
         mode: whole-sequence evaluation: ``"recurrent"`` (the stabilized recurrence by
-            ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space gate matrix) or ``None``
-            (`statseq.models.neural.mlstm.default_mode`: recurrent on CPU, parallel on
-            GPU/TPU up to 1024 steps).
+            ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space gate matrix),
+            ``"chunked"`` (the parallel form within chunks of ``chunk_size`` steps, a scan
+            over the chunks: ``O(T L)`` memory) or ``None``
+            (`statseq.models.neural.mlstm.default_mode`: recurrent on CPU; parallel on
+            GPU/TPU up to 1024 steps, chunked beyond).
+        chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:
         ValueError: for a bad width, depth, head count or gate, or an unknown ``mode``.
@@ -289,6 +303,7 @@ class MLSTM(NeuralSequenceModel):
     expand: int = 2
     forget_gate: str = "sigmoid"
     mode: str | None = None
+    chunk_size: int = 64
 
     def __post_init__(self):
         check_positive_int(self.hidden_dim, "hidden_dim")
@@ -305,4 +320,4 @@ class MLSTM(NeuralSequenceModel):
         return MLSTMBackbone(input_dim=self.backbone_input_dim, hidden_dim=self.hidden_dim,
                              num_layers=self.num_layers, num_heads=self.num_heads,
                              expand=self.expand, forget_gate=self.forget_gate,
-                             mode=self.mode)
+                             mode=self.mode, chunk_size=self.chunk_size)

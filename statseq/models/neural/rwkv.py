@@ -25,7 +25,9 @@ RMSNorm read by the head).
 ``(a, b, p)``, ``p`` the running maximum of the exponents) by ``lax.scan`` of the very step
 used for generation, the projections hoisted out of the scan; ``mode="parallel"``: the
 ``T x T`` log-space form (a causal softmax-like average, ``O(T^2 d)`` memory per layer);
-``mode=None`` picks by backend and length (`default_mode`). Generation (`statseq.sample`,
+``mode="chunked"``: the parallel form within chunks of ``chunk_size`` steps and a scan over
+the chunks (``O(T L d)`` memory); ``mode=None`` picks by backend and length
+(`default_mode`). Generation (`statseq.sample`,
 `statseq.forecast`, the filter with missing data) carries per block the two token-shift
 inputs and the WKV state. Tests check the modes give the same log-probabilities and
 gradients (float64, relative 1e-10) and the operator against the direct sum.
@@ -55,6 +57,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference.wkv import (
     WKVState,
+    wkv_chunked,
     wkv_initial_state,
     wkv_parallel,
     wkv_recurrent,
@@ -64,7 +67,7 @@ from statseq.models.neural.base import NeuralSequenceModel
 from statseq.models.neural.residual import ResidualStack, dense_init, rms_norm
 
 #: Whole-sequence evaluation modes of `RWKVBackbone`.
-MODES = ("recurrent", "parallel")
+MODES = ("recurrent", "parallel", "chunked")
 
 #: Longest sequence evaluated by the parallel form under ``mode=None`` on a GPU/TPU.
 PARALLEL_MAX_TIMESTEPS = 1024
@@ -72,23 +75,24 @@ PARALLEL_MAX_TIMESTEPS = 1024
 
 def default_mode(num_timesteps: int, backend: str | None = None) -> str:
     """The mode ``mode=None`` picks: ``"recurrent"`` on CPU; on GPU/TPU ``"parallel"`` up to
-    `PARALLEL_MAX_TIMESTEPS` steps (its memory grows as ``T^2``), ``"recurrent"`` beyond.
+    `PARALLEL_MAX_TIMESTEPS` steps (its memory grows as ``T^2``), ``"chunked"`` beyond (not
+    yet measured on a GPU: the benchmarks refine this rule).
 
     Args:
         num_timesteps: the sequence length ``T``.
         backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: `jax.default_backend`).
 
     Returns:
-        ``"recurrent"`` or ``"parallel"``.
+        ``"recurrent"``, ``"parallel"`` or ``"chunked"``.
 
     Examples:
         >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10**5, "gpu")
-        ('recurrent', 'parallel', 'recurrent')
+        ('recurrent', 'parallel', 'chunked')
     """
     backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu" or num_timesteps > PARALLEL_MAX_TIMESTEPS:
+    if backend == "cpu":
         return "recurrent"
-    return "parallel"
+    return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
 
 
 def check_mode(mode, parallel, evaluation, modes=MODES, name: str = "RWKV") -> None:
@@ -100,8 +104,8 @@ def check_mode(mode, parallel, evaluation, modes=MODES, name: str = "RWKV") -> N
                          f"or 'sequential', got {evaluation!r} (choose mode= instead)")
     if mode == "recurrent" and parallel:
         raise ValueError("mode='recurrent' contradicts parallel=True: pass one of them")
-    if mode == "parallel" and (parallel is False or evaluation == "sequential"):
-        raise ValueError(f"mode='parallel' contradicts parallel={parallel}, "
+    if mode in ("parallel", "chunked") and (parallel is False or evaluation == "sequential"):
+        raise ValueError(f"mode={mode!r} contradicts parallel={parallel}, "
                          f"evaluation={evaluation!r}: pass one of them")
 
 
@@ -184,7 +188,8 @@ class RWKVBackbone(ResidualStack):
         evaluation: ``None`` or ``"sequential"`` (``mode="recurrent"``).
         evaluation_max_iter: unused (no Newton solver).
         ffn_dim: channel-mixing width ``F`` (``None``: ``4 d``).
-        mode: ``"recurrent"``, ``"parallel"`` or ``None`` (`default_mode`).
+        mode: ``"recurrent"``, ``"parallel"``, ``"chunked"`` or ``None`` (`default_mode`).
+        chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:
         ValueError: for an unknown ``mode`` or one that contradicts ``parallel`` /
@@ -200,11 +205,13 @@ class RWKVBackbone(ResidualStack):
 
     ffn_dim: int | None = None
     mode: str | None = None
+    chunk_size: int = 64
 
     def __post_init__(self):
         super().__post_init__()
         if self.ffn_dim is not None:
             check_positive_int(self.ffn_dim, "ffn_dim")
+        check_positive_int(self.chunk_size, "chunk_size")
         check_mode(self.mode, self.parallel, self.evaluation)
 
     @property
@@ -290,7 +297,12 @@ class RWKVBackbone(ResidualStack):
 
     def layer_scan(self, p, state, zs, norm):
         """A whole sequence ``zs`` ``(T, d)`` in the mode `mode_for` picks."""
-        wkv_fn = wkv_parallel if self.mode_for(zs.shape[0]) == "parallel" else wkv_recurrent
+        mode = self.mode_for(zs.shape[0])
+        if mode == "chunked":
+            def wkv_fn(w, u, k, v, s):
+                return wkv_chunked(w, u, k, v, s, self.chunk_size)
+        else:
+            wkv_fn = wkv_parallel if mode == "parallel" else wkv_recurrent
         return self._block(p, state, zs, norm, wkv_fn)
 
     def _run(self, layer_fn, params, state, x):
@@ -332,9 +344,12 @@ class RWKV(NeuralSequenceModel):
         num_layers: number of blocks.
         ffn_dim: channel-mixing width ``F`` (``None``: ``4 d``).
         mode: whole-sequence evaluation: ``"recurrent"`` (the stable WKV recurrence by
-            ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space form) or ``None``
-            (`statseq.models.neural.rwkv.default_mode`: recurrent on CPU, parallel on
-            GPU/TPU up to 1024 steps).
+            ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space form), ``"chunked"``
+            (the parallel form within chunks of ``chunk_size`` steps, a scan over the
+            chunks: ``O(T L)`` memory) or ``None``
+            (`statseq.models.neural.rwkv.default_mode`: recurrent on CPU; parallel on
+            GPU/TPU up to 1024 steps, chunked beyond).
+        chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:
         ValueError: for a bad width or depth or an unknown ``mode``.
@@ -352,6 +367,7 @@ class RWKV(NeuralSequenceModel):
     num_layers: int = 2
     ffn_dim: int | None = None
     mode: str | None = None
+    chunk_size: int = 64
 
     def __post_init__(self):
         check_positive_int(self.hidden_dim, "hidden_dim")
@@ -366,4 +382,5 @@ class RWKV(NeuralSequenceModel):
     @property
     def backbone(self) -> RWKVBackbone:
         return RWKVBackbone(input_dim=self.backbone_input_dim, hidden_dim=self.hidden_dim,
-                            num_layers=self.num_layers, ffn_dim=self.ffn_dim, mode=self.mode)
+                            num_layers=self.num_layers, ffn_dim=self.ffn_dim, mode=self.mode,
+                            chunk_size=self.chunk_size)

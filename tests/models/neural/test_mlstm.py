@@ -7,6 +7,7 @@ T = 10^5 in float32 with large gates and keys; fitting, masks, save/load."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import pytest
 
 import statseq as ss
 from statseq.inference.matrix_memory import (
+    matrix_memory_chunked,
     matrix_memory_initial_state,
     matrix_memory_parallel,
     matrix_memory_recurrent,
@@ -48,7 +50,8 @@ def _memory_case(rng, t_len, p, forget):
     return q, k, v, i_pre, log_f
 
 
-@pytest.mark.parametrize("fn", [matrix_memory_recurrent, matrix_memory_parallel])
+@pytest.mark.parametrize("fn", [matrix_memory_recurrent, matrix_memory_parallel,
+                                partial(matrix_memory_chunked, chunk_size=5)])
 def test_memory_against_unstabilized_loop_and_from_a_carried_state(fn):
     rng = np.random.default_rng(0)
     run = jax.jit(fn)
@@ -64,12 +67,17 @@ def test_memory_against_unstabilized_loop_and_from_a_carried_state(fn):
         scale = np.exp(float(final.max))
         np.testing.assert_allclose(scale * np.asarray(final.cov), cov, rtol=1e-11)
         np.testing.assert_allclose(scale * np.asarray(final.norm), norm, rtol=1e-11)
-        mid, first = run(q[:8], k[:8], v[:8], i_pre[:8], log_f[:8], s0)
-        end, second = run(q[8:], k[8:], v[8:], i_pre[8:], log_f[8:], mid)
-        np.testing.assert_allclose(np.concatenate([first, second]), ref, rtol=1e-11,
-                                   atol=1e-13)
-        for a, b in zip(end, final, strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-11, atol=1e-13)
+        if fn in (matrix_memory_recurrent, matrix_memory_parallel):
+            # two parts, the second from the first's carried state (C', n', m)
+            mid, first = run(q[:8], k[:8], v[:8], i_pre[:8], log_f[:8], s0)
+            end, second = run(q[8:], k[8:], v[8:], i_pre[8:], log_f[8:], mid)
+            np.testing.assert_allclose(np.concatenate([first, second]), ref, rtol=1e-11,
+                                       atol=1e-13)
+            for a, b in zip(end, final, strict=True):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-11,
+                                           atol=1e-13)
+        # (the chunked form hands the state over between its chunks in the same way; the
+        # gradient of `scan_chunks` against the recurrence's is checked in test_rwkv.py)
     # the normalizer max(|n^T q|, 1) takes both branches in these cases
     all_dots = np.concatenate(all_dots)
     assert np.mean(all_dots < 1.0) > 0.1 and np.mean(all_dots > 1.0) > 0.1
@@ -105,8 +113,9 @@ def numpy_backbone(bb, params, xs):
 
 
 MODEL = MLSTM(hidden_dim=4, num_layers=2, num_heads=2, expand=1, emission="poisson",
-              mode="recurrent")
-MODES = {mode: dataclasses.replace(MODEL, mode=mode) for mode in ("recurrent", "parallel")}
+              mode="recurrent", chunk_size=7)
+MODES = {mode: dataclasses.replace(MODEL, mode=mode)
+         for mode in ("recurrent", "parallel", "chunked")}
 LAYER_LEAVES = set(MODEL.backbone.layer_param_shapes()._fields)  # with a layer axis
 
 
@@ -147,9 +156,9 @@ def _model_params(t_len, seed=2):
     return _random_params(seed, scale=0.5), y
 
 
-@jax.jit
-def _both_modes(params, y, weights):
-    """``sum_t w_t log p(y_t | y_{<t})`` and its gradient in both modes."""
+@partial(jax.jit, static_argnames="modes")
+def _both_modes(params, y, weights, modes):
+    """``sum_t w_t log p(y_t | y_{<t})`` and its gradient in each of ``modes``."""
     inputs = jnp.zeros((1, y.shape[0], 0))
 
     def loglik(model):
@@ -158,7 +167,7 @@ def _both_modes(params, y, weights):
             return jnp.sum(weights * log_probs)
         return total
 
-    return {mode: jax.value_and_grad(loglik(m))(params) for mode, m in MODES.items()}
+    return {mode: jax.value_and_grad(loglik(MODES[mode]))(params) for mode in modes}
 
 
 LENGTHS = (1, 2, 17, 1000)
@@ -169,27 +178,32 @@ def mode_runs():
     """Per length: both modes' log-likelihoods and gradients. T = 1 is its own program;
     T = 2, 17 and 1000 run the T = 1000 program with ``w_t = 1`` for ``t <= T`` (the model
     is causal: the first T one-step log-densities of a longer series are those of
-    ``y_{1:T}``), so two compiles serve the four lengths."""
+    ``y_{1:T}``), so two compiles serve the four lengths. (The chunked mode's values are
+    checked in `test_modes_match_numpy_and_generation_step_by_step`, its gradient on the
+    operator: its compile here would cost 3-5 s of CPU.)"""
     params, y = _model_params(1000)
     runs = {}
     for t_len in LENGTHS:
         n = 1 if t_len == 1 else 1000
         weights = (np.arange(n) < t_len).astype(float)
-        runs[t_len] = _both_modes(params, jnp.asarray(y[:n]), jnp.asarray(weights))
+        runs[t_len] = _both_modes(params, jnp.asarray(y[:n]), jnp.asarray(weights),
+                                  ("recurrent", "parallel"))
     return runs
 
 
 @pytest.mark.parametrize("t_len", LENGTHS)
 def test_recurrent_and_parallel_modes_agree_with_gradients(t_len, mode_runs):
     """Log-likelihood of ``y_{1:T}`` and its gradient agree to 1e-10 relative."""
-    (lp_r, g_r), (lp_p, g_p) = mode_runs[t_len]["recurrent"], mode_runs[t_len]["parallel"]
+    lp_r, g_r = mode_runs[t_len]["recurrent"]
     assert np.isfinite(float(lp_r))
-    np.testing.assert_allclose(float(lp_p), float(lp_r), rtol=1e-10)
     flat_r = np.concatenate([np.ravel(a) for a in jax.tree.leaves(g_r)])
-    flat_p = np.concatenate([np.ravel(a) for a in jax.tree.leaves(g_p)])
     scale = np.max(np.abs(flat_r))
     assert scale > 0 and np.all(np.isfinite(flat_r))
-    np.testing.assert_allclose(flat_p, flat_r, rtol=1e-10, atol=1e-10 * scale)
+    for mode in set(mode_runs[t_len]) - {"recurrent"}:
+        lp, g = mode_runs[t_len][mode]
+        np.testing.assert_allclose(float(lp), float(lp_r), rtol=1e-10)
+        flat = np.concatenate([np.ravel(a) for a in jax.tree.leaves(g)])
+        np.testing.assert_allclose(flat, flat_r, rtol=1e-10, atol=1e-10 * scale)
 
 
 def test_no_overflow_at_1e5_steps_float32():
@@ -225,8 +239,8 @@ def case():
 @jax.jit
 def _whole_sequence(params, xs):
     """Every mode's backbone over a whole sequence from the initial state."""
-    return {mode: m.backbone.scan(params, m.backbone.initial_state(params), xs)
-            for mode, m in MODES.items()}
+    return {mode: MODES[mode].backbone.scan(params, MODEL.backbone.initial_state(params), xs)
+            for mode in MODES}
 
 
 def test_modes_match_numpy_and_generation_step_by_step(case):
@@ -287,7 +301,7 @@ def test_save_load_round_trip(tmp_path, case):
 def test_default_mode_rule():
     assert default_mode(50, "cpu") == "recurrent"
     assert default_mode(50, "gpu") == "parallel"
-    assert default_mode(10**5, "tpu") == "recurrent"
+    assert default_mode(10**5, "tpu") == "chunked"
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -296,7 +310,8 @@ def test_default_mode_rule():
     ({"num_heads": 0}, "num_heads"),
     ({"hidden_dim": 3, "num_heads": 2, "expand": 1}, "multiple"),
     ({"forget_gate": "tanh"}, "forget_gate"),
-    ({"mode": "chunked"}, "mode"),
+    ({"mode": "scan"}, "mode"),
+    ({"chunk_size": 0}, "chunk_size"),
 ])
 def test_invalid_configuration(kwargs, match):
     with pytest.raises(ValueError, match=match):
