@@ -69,9 +69,13 @@ PARALLEL_MAX_TIMESTEPS = 1024
 
 
 def default_mode(num_timesteps: int, backend: str | None = None) -> str:
-    """The mode ``mode=None`` picks: ``"recurrent"`` on CPU; on GPU/TPU ``"parallel"`` up to
-    `PARALLEL_MAX_TIMESTEPS` steps (its memory grows as ``T^2``), ``"chunked"`` beyond (not
-    yet measured on a GPU: the benchmarks refine this rule).
+    """The mode ``mode=None`` picks: ``"parallel"`` up to `PARALLEL_MAX_TIMESTEPS` steps (its
+    memory grows as ``T^2``); beyond, ``"recurrent"`` on CPU and ``"chunked"`` on GPU/TPU.
+
+    On this project's 2-core CPU the parallel form's training step measured 3-12 times
+    faster than the recurrence for ``T`` up to 10^3 (``benchmarks/bench_backbones.py``,
+    `benchmarks/RESULTS.md`); its memory estimate reaches ~10 GiB at ``T = 10^4``. The GPU
+    rule is not yet measured.
 
     Args:
         num_timesteps: the sequence length ``T``.
@@ -81,13 +85,13 @@ def default_mode(num_timesteps: int, backend: str | None = None) -> str:
         ``"recurrent"``, ``"parallel"`` or ``"chunked"``.
 
     Examples:
-        >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10**5, "gpu")
-        ('recurrent', 'parallel', 'chunked')
+        >>> default_mode(100, "cpu"), default_mode(10**4, "cpu"), default_mode(10**5, "gpu")
+        ('parallel', 'recurrent', 'chunked')
     """
     backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu":
-        return "recurrent"
-    return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
+    if num_timesteps <= PARALLEL_MAX_TIMESTEPS:
+        return "parallel"
+    return "recurrent" if backend == "cpu" else "chunked"
 
 
 class MLSTMLayerParams(NamedTuple):
@@ -281,8 +285,8 @@ class MLSTM(NeuralSequenceModel):
             ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space gate matrix),
             ``"chunked"`` (the parallel form within chunks of ``chunk_size`` steps, a scan
             over the chunks: ``O(T L)`` memory) or ``None``
-            (`statseq.models.neural.mlstm.default_mode`: recurrent on CPU; parallel on
-            GPU/TPU up to 1024 steps, chunked beyond).
+            (`statseq.models.neural.mlstm.default_mode`: parallel up to 1024 steps;
+            beyond, recurrent on CPU and chunked on GPU/TPU).
         chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:
