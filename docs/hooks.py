@@ -73,7 +73,12 @@ def on_config(config):
     # Vignettes render with figures, in full mode unless STATSEQ_DOCS_SMOKE asks for smoke.
     if docs_smoke():
         os.environ["STATSEQ_SMOKE"] = "1"
-        log.info("STATSEQ_DOCS_SMOKE is set: vignettes execute in smoke mode")
+        # Smoke runs are compile-bound and assert no numbers, so their kernels compile at
+        # XLA -O0, as the test suite does (tests/conftest.py); the full build stays optimized.
+        flag = "--xla_backend_optimization_level=0"
+        if flag not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        log.info("STATSEQ_DOCS_SMOKE is set: vignettes execute in smoke mode (XLA -O0)")
     else:
         os.environ.pop("STATSEQ_SMOKE", None)
     os.environ.pop("MPLBACKEND", None)

@@ -311,8 +311,13 @@ def test_docs_smoke_switch_sets_the_vignettes_mode(monkeypatch):
         monkeypatch.setenv("STATSEQ_DOCS_SMOKE", switch)
         monkeypatch.setenv("STATSEQ_SMOKE", "1")
         monkeypatch.setenv("MPLBACKEND", "Agg")
+        monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
         out = hooks.on_config(config)
         assert hooks.docs_smoke() is (smoke == "1")
+        # smoke kernels compile at -O0 (compile-bound, no numbers asserted); full stays as set
+        assert ("--xla_backend_optimization_level=0" in os.environ["XLA_FLAGS"]) is (
+            smoke == "1")
+        assert "--xla_cpu_enable_fast_math=false" in os.environ["XLA_FLAGS"]
         assert os.environ.get("STATSEQ_SMOKE") == smoke
         assert os.environ.get("MPLBACKEND") is None
         assert out["nav"][0]["Vignettes"][0] == {"Overview": "vignettes/index.md"}
