@@ -43,6 +43,12 @@ class NGramCounts(NamedTuple):
         context_keys: per ``m``, sorted unique context keys ``h``.
         context_counts: per ``m``, ``c(h)``: how often ``h`` was followed by a symbol.
         context_types: per ``m``, ``N1+(h .)``: the number of distinct symbols after ``h``.
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> counts = ss.NGram(order=2, num_classes=3).fit(np.array([0, 1, 0, 1, 2]))
+        >>> counts.pair_keys[1].tolist(), counts.pair_counts[1].tolist()   # 0->1, 1->0, 1->2
+        ([1, 3, 5], [2, 1, 1])
     """
 
     pair_keys: tuple
