@@ -49,32 +49,31 @@ MODES = ("recurrent", "parallel", "chunked")
 
 
 def default_mode(num_timesteps: int, chunk_size: int, backend: str | None = None) -> str:
-    """The mode ``mode=None`` picks: the recurrent form on CPU; on GPU/TPU the parallel
-    form for sequences of at most one chunk (one matrix product) and the chunked form
-    beyond (``O(T)`` memory).
+    """The mode ``mode=None`` picks: the parallel form for sequences of at most one chunk
+    (one matrix product) and the chunked form beyond (``O(T)`` memory), on every backend.
 
-    On this project's 2-core CPU (float32, XLA optimized, width 32, 4 heads, 2 layers,
-    forward and backward of ``log_prob``), the recurrent form took 2.5 ms at ``T = 256``
-    and 22 ms at ``T = 2048``, the chunked form (``C = 64``) 8 and 64 ms, the parallel
-    form 23 ms and 5.3 s: the matrix products of the block forms do not pay on a few
-    cores. The GPU rule is not measured yet (the benchmark script will refine it).
+    Measured on this project's 2-core CPU with nothing else running (training step, batch
+    32, float32, 2 layers; `benchmarks/RESULTS.md`, "Modern backbones"): at width 64
+    (2 heads of 32) the parallel form was fastest at ``T = 100`` (2.4x the recurrence) and
+    the chunked form at ``T = 1000`` (1.9x), and at ``T = 10^4`` the recurrence's
+    program needed an estimated 10.6 GiB against the chunked form's 3.8 GiB; at the
+    default width 16 (heads of 8) the chunked form and the recurrence ran within 11% of
+    each other. The GPU rule is not measured yet.
 
     Args:
         num_timesteps: ``T``.
         chunk_size: the model's ``chunk_size``.
-        backend: ``jax.default_backend()`` when ``None``.
+        backend: ``jax.default_backend()`` when ``None`` (the rule does not depend on it
+            yet; kept so a measured GPU rule can).
 
     Returns:
-        ``"recurrent"``, ``"parallel"`` or ``"chunked"``.
+        ``"parallel"`` or ``"chunked"``.
 
     Examples:
         >>> [default_mode(t, 64, backend) for t, backend in
         ...  ((1000, "cpu"), (16, "gpu"), (1000, "gpu"))]
-        ['recurrent', 'parallel', 'chunked']
+        ['chunked', 'parallel', 'chunked']
     """
-    backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu":
-        return "recurrent"
     return "parallel" if num_timesteps <= chunk_size else "chunked"
 
 
@@ -283,8 +282,7 @@ class LinearAttention(NeuralSequenceModel):
             ``"learned"`` (one ``γ_h = sigmoid(θ_h)`` per head).
         eps: added to the normalizer ``z_t^T phi(q_t)``.
         mode: whole-sequence evaluation: ``"recurrent"``, ``"parallel"``, ``"chunked"``
-            or ``None`` (`default_mode`: recurrent on CPU; on GPU/TPU parallel up to one
-            chunk, chunked beyond).
+            or ``None`` (`default_mode`: parallel up to one chunk, chunked beyond).
         chunk_size: block size of the chunked mode.
 
     Examples:

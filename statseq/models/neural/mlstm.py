@@ -70,28 +70,28 @@ PARALLEL_MAX_TIMESTEPS = 1024
 
 def default_mode(num_timesteps: int, backend: str | None = None) -> str:
     """The mode ``mode=None`` picks: ``"parallel"`` up to `PARALLEL_MAX_TIMESTEPS` steps (its
-    memory grows as ``T^2``); beyond, ``"recurrent"`` on CPU and ``"chunked"`` on GPU/TPU.
+    memory grows as ``T^2``), ``"chunked"`` beyond, on every backend.
 
-    On this project's 2-core CPU the parallel form's training step measured 3-12 times
-    faster than the recurrence for ``T`` up to 10^3 (``benchmarks/bench_backbones.py``,
-    `benchmarks/RESULTS.md`); its memory estimate reaches ~10 GiB at ``T = 10^4``. The GPU
-    rule is not yet measured.
+    Measured on this project's 2-core CPU (training step, width 64, 2 layers, float32;
+    `benchmarks/RESULTS.md`): the parallel form 3-12 times faster than the recurrence up to
+    ``T = 10^3``; at ``T = 10^4`` (batch 1, nothing else running) the chunked form 5.6
+    times faster than the recurrence with an estimated 0.37 GiB against 3.3 GiB, and at
+    batch 32 the recurrence's program was estimated at 97 GiB against 11.6 GiB. The GPU
+    rule is not measured yet.
 
     Args:
         num_timesteps: the sequence length ``T``.
-        backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: `jax.default_backend`).
+        backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: `jax.default_backend`; the rule
+            does not depend on it yet).
 
     Returns:
-        ``"recurrent"``, ``"parallel"`` or ``"chunked"``.
+        ``"parallel"`` or ``"chunked"``.
 
     Examples:
         >>> default_mode(100, "cpu"), default_mode(10**4, "cpu"), default_mode(10**5, "gpu")
-        ('parallel', 'recurrent', 'chunked')
+        ('parallel', 'chunked', 'chunked')
     """
-    backend = jax.default_backend() if backend is None else backend
-    if num_timesteps <= PARALLEL_MAX_TIMESTEPS:
-        return "parallel"
-    return "recurrent" if backend == "cpu" else "chunked"
+    return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
 
 
 class MLSTMLayerParams(NamedTuple):
@@ -285,8 +285,8 @@ class MLSTM(NeuralSequenceModel):
             ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space gate matrix),
             ``"chunked"`` (the parallel form within chunks of ``chunk_size`` steps, a scan
             over the chunks: ``O(T L)`` memory) or ``None``
-            (`statseq.models.neural.mlstm.default_mode`: parallel up to 1024 steps;
-            beyond, recurrent on CPU and chunked on GPU/TPU).
+            (`statseq.models.neural.mlstm.default_mode`: parallel up to 1024 steps,
+            chunked beyond).
         chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:

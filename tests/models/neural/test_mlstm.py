@@ -301,7 +301,7 @@ def test_save_load_round_trip(tmp_path, case):
 def test_default_mode_rule():
     assert default_mode(50, "cpu") == "parallel"
     assert default_mode(1024, "cpu") == "parallel"
-    assert default_mode(1025, "cpu") == "recurrent"
+    assert default_mode(1025, "cpu") == "chunked"
     assert default_mode(50, "gpu") == "parallel"
     assert default_mode(10**5, "tpu") == "chunked"
 
