@@ -24,6 +24,7 @@ from statseq.inference.matrix_memory import (
 )
 from statseq.models.neural.mlstm import MLSTM, MLSTMBackbone, default_mode
 from statseq.models.neural.residual import RMS_EPS
+from tests.models.neural import _modes
 
 
 def naive_memory(q, k, v, i_pre, log_f, cov=None, norm=None):
@@ -156,54 +157,24 @@ def _model_params(t_len, seed=2):
     return _random_params(seed, scale=0.5), y
 
 
-@partial(jax.jit, static_argnames="modes")
-def _both_modes(params, y, weights, modes):
-    """``sum_t w_t log p(y_t | y_{<t})`` and its gradient in each of ``modes``."""
-    inputs = jnp.zeros((1, y.shape[0], 0))
-
-    def loglik(model):
-        def total(p):
-            log_probs = model.complete_data_log_probs_batch(p, y[None], inputs)[0][0]
-            return jnp.sum(weights * log_probs)
-        return total
-
-    return {mode: jax.value_and_grad(loglik(MODES[mode]))(params) for mode in modes}
-
-
 LENGTHS = (1, 2, 17, 1000)
 
 
 @pytest.fixture(scope="module")
 def mode_runs():
-    """Per length: both modes' log-likelihoods and gradients. T = 1 is its own program;
-    T = 2, 17 and 1000 run the T = 1000 program with ``w_t = 1`` for ``t <= T`` (the model
-    is causal: the first T one-step log-densities of a longer series are those of
-    ``y_{1:T}``), so two compiles serve the four lengths. (The chunked mode's values are
-    checked in `test_modes_match_numpy_and_generation_step_by_step`, its gradient on the
-    operator: its compile here would cost 3-5 s of CPU.)"""
+    """Per length: both modes' log-likelihoods and gradients (`tests/models/neural/_modes.py`:
+    two compiles serve the four lengths). (The chunked mode's values are checked in
+    `test_modes_match_numpy_and_generation_step_by_step`, its gradient on the operator: its
+    compile here would cost 3-5 s of CPU.)"""
     params, y = _model_params(1000)
-    runs = {}
-    for t_len in LENGTHS:
-        n = 1 if t_len == 1 else 1000
-        weights = (np.arange(n) < t_len).astype(float)
-        runs[t_len] = _both_modes(params, jnp.asarray(y[:n]), jnp.asarray(weights),
-                                  ("recurrent", "parallel"))
-    return runs
+    models = {mode: MODES[mode] for mode in ("recurrent", "parallel")}
+    return _modes.mode_runs(models, params, y, LENGTHS)
 
 
 @pytest.mark.parametrize("t_len", LENGTHS)
 def test_recurrent_and_parallel_modes_agree_with_gradients(t_len, mode_runs):
     """Log-likelihood of ``y_{1:T}`` and its gradient agree to 1e-10 relative."""
-    lp_r, g_r = mode_runs[t_len]["recurrent"]
-    assert np.isfinite(float(lp_r))
-    flat_r = np.concatenate([np.ravel(a) for a in jax.tree.leaves(g_r)])
-    scale = np.max(np.abs(flat_r))
-    assert scale > 0 and np.all(np.isfinite(flat_r))
-    for mode in set(mode_runs[t_len]) - {"recurrent"}:
-        lp, g = mode_runs[t_len][mode]
-        np.testing.assert_allclose(float(lp), float(lp_r), rtol=1e-10)
-        flat = np.concatenate([np.ravel(a) for a in jax.tree.leaves(g)])
-        np.testing.assert_allclose(flat, flat_r, rtol=1e-10, atol=1e-10 * scale)
+    _modes.assert_modes_agree(mode_runs[t_len], reference="recurrent", rtol=1e-10)
 
 
 def test_no_overflow_at_1e5_steps_float32():
