@@ -56,6 +56,10 @@ class SLDSParams(NamedTuple):
         emission_input_weights: ``([K,] D, m)`` ``D``.
         emission_bias: ``([K,] D)`` ``d``.
         emission_cov: ``([K,] D, D)`` ``R`` (positive semi-definite).
+        transition_input_weights: ``(K, m)`` ``W`` of input-driven transitions
+            (``transition_inputs=True``), else ``None``.
+        recurrent_weights: ``(K, n)`` ``W_x`` of recurrent transitions
+            (``recurrent=True``), else ``None``.
 
     Examples:
         >>> import statseq as ss
@@ -78,6 +82,8 @@ class SLDSParams(NamedTuple):
     emission_input_weights: Any
     emission_bias: Any
     emission_cov: Any
+    transition_input_weights: Any = None
+    recurrent_weights: Any = None
 
 
 _DYNAMICS = ("dynamics_weights", "dynamics_input_weights", "dynamics_bias", "dynamics_cov")
@@ -110,6 +116,22 @@ class SwitchingLDS(SequenceModel):
     filtered law and then simulates the model forward, so its paths mix the regimes;
     `forecast_regime_probs` gives ``p(z_{T-1+h} | y)``.
 
+    **Input-driven and recurrent transitions** (Linderman et al. 2017): with
+    ``transition_inputs`` and/or ``recurrent`` the chain reads
+
+        p(z_t = j | z_{t-1} = i, u_t, x_{t-1}) = softmax_j(log P[i, j] + W_j u_t
+                                                          + W_x[j] x_{t-1})
+
+    (`SLDSParams.transition_input_weights` ``W``, `SLDSParams.recurrent_weights` ``W_x``;
+    zeros give the plain model; a per-regime bias would be absorbed into ``P``). Input-
+    driven transitions are exact in Kim's recursion (time-varying matrices), the particle
+    filter and Gibbs sampling. Recurrent ones depend on the unobserved state: Kim's filter
+    and smoother evaluate them at the collapsed filtered mean of ``x_{t-1}`` under each
+    previous regime and the particle filter at each particle's filtered mean (both
+    approximations); Gibbs sampling refuses them. Sampling and forecast paths use the
+    drawn ``(u_t, x_{t-1})``, exactly. `fit_gibbs` refuses both (no conjugate update of
+    ``W``); fit them by `statseq.fit_lbfgs` / `statseq.fit_sgd` on Kim's likelihood.
+
     Args:
         num_regimes: ``K >= 1``.
         state_dim: ``n >= 1``.
@@ -117,6 +139,9 @@ class SwitchingLDS(SequenceModel):
         input_dim: ``m`` (0 for none).
         switching_dynamics: whether ``A, B, b, Q`` depend on the regime.
         switching_emission: whether ``C, D, d, R`` depend on the regime.
+        transition_inputs: whether the inputs drive the transitions (``W``; needs
+            ``input_dim >= 1``).
+        recurrent: whether ``x_{t-1}`` drives the transitions (``W_x``).
 
     Examples:
         >>> import jax, statseq as ss
@@ -136,6 +161,8 @@ class SwitchingLDS(SequenceModel):
     input_dim: int = 0
     switching_dynamics: bool = True
     switching_emission: bool = True
+    transition_inputs: bool = False
+    recurrent: bool = False
 
     supports_partial_mask: ClassVar[bool] = True
     #: covariances that may be singular (each innovation covariance must not be)
@@ -148,10 +175,14 @@ class SwitchingLDS(SequenceModel):
         if self.emission_dim is not None:
             check_positive_int(self.emission_dim, "emission_dim")
         check_positive_int(self.input_dim, "input_dim", minimum=0)
-        for name in ("switching_dynamics", "switching_emission"):
+        for name in ("switching_dynamics", "switching_emission", "transition_inputs",
+                     "recurrent"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))
+        if self.transition_inputs and self.input_dim == 0:
+            raise ValueError("transition_inputs=True needs input_dim >= 1 (the inputs that "
+                             "drive the transitions)")
 
     # ---- static description ---------------------------------------------------------
     @property
@@ -170,18 +201,23 @@ class SwitchingLDS(SequenceModel):
         le = (k,) if self.switching_emission else ()
         return SLDSParams((k,), (k, k), (k, n), (k, n, n),
                           lf + (n, n), lf + (n, m), lf + (n,), lf + (n, n),
-                          le + (d, n), le + (d, m), le + (d,), le + (d, d))
+                          le + (d, n), le + (d, m), le + (d,), le + (d, d),
+                          (k, m) if self.transition_inputs else None,
+                          (k, n) if self.recurrent else None)
 
     def param_constraints(self) -> SLDSParams:
         real, pd, simplex = constraints.real, constraints.positive_definite, constraints.simplex
         return SLDSParams(simplex, simplex, real, pd, real, real, real, pd,
-                          real, real, real, pd)
+                          real, real, real, pd,
+                          real if self.transition_inputs else None,
+                          real if self.recurrent else None)
 
     def default_params(self, dtype=None) -> SLDSParams:
         """Sticky transitions (0.9 on the diagonal), uniform ``pi``, ``m_k = 0``,
         ``V_k = I``; regime ``k`` has ``A = a_k I`` with ``a_k`` spread over
         ``[0.9, -0.5]``, ``b = 0``, ``Q = 0.1 I``; ``C`` with ones on its diagonal,
-        ``d = 0``, ``R = 0.1 I``; zero input weights."""
+        ``d = 0``, ``R = 0.1 I``; zero input weights (and zero transition weights
+        ``W``, ``W_x``: the plain chain)."""
         dtype = dtype or float_dtype()
         k, n, d, m = self.num_regimes, self.state_dim, self.dim, self.input_dim
         off = 0.1 / max(k - 1, 1)
@@ -200,7 +236,9 @@ class SwitchingLDS(SequenceModel):
             jnp.asarray(dyn, dtype), tile(np.zeros((n, m)), lf), tile(np.zeros(n), lf),
             tile(0.1 * np.eye(n), lf),
             tile(np.eye(d, n), le), tile(np.zeros((d, m)), le), tile(np.zeros(d), le),
-            tile(0.1 * np.eye(d), le))
+            tile(0.1 * np.eye(d), le),
+            jnp.zeros((k, m), dtype) if self.transition_inputs else None,
+            jnp.zeros((k, n), dtype) if self.recurrent else None)
 
     def check_params(self, params) -> None:
         """Eager checks beyond the constraints: none needed (shapes and PSD covariances
@@ -223,8 +261,13 @@ class SwitchingLDS(SequenceModel):
             per_regime(params.emission_weights, 2), per_regime(params.emission_input_weights, 2),
             per_regime(params.emission_bias, 1), per_regime(params.emission_cov, 2),
             jnp.zeros((k, n, 0), dtype))
-        return kim.SwitchingArrays(jnp.asarray(params.initial_probs, dtype),
-                                   jnp.asarray(params.transitions, dtype), regimes)
+        def optional(a, on):
+            return jnp.asarray(a, dtype) if on and a is not None else None
+
+        return kim.SwitchingArrays(
+            jnp.asarray(params.initial_probs, dtype), jnp.asarray(params.transitions, dtype),
+            regimes, optional(params.transition_input_weights, self.transition_inputs),
+            optional(params.recurrent_weights, self.recurrent))
 
     # ---- the filter protocol (Kim's filter) -------------------------------------------
     def initial_carry(self, params) -> kim.KimCarry:
@@ -278,7 +321,8 @@ class SwitchingLDS(SequenceModel):
         i = jax.random.categorical(k_i, jnp.log(carry.probs))
         x_prev = kalman._mvn_draw(k_x, carry.means[i], carry.covs[i])
         first = carry.t == 0
-        j = jnp.where(first, i, jax.random.categorical(k_j, jnp.log(arrays.transition_matrix[i])))
+        row = kim.transition_log_row(arrays, i, inputs_t.astype(x_prev.dtype), x_prev)
+        j = jnp.where(first, i, jax.random.categorical(k_j, row))
         arr = kim.regime(arrays, j)
         mean = (arr.dynamics_weights @ x_prev + arr.dynamics_input_weights @ inputs_t
                 + arr.dynamics_bias)
@@ -397,6 +441,10 @@ class SwitchingLDS(SequenceModel):
             ``(num_samples,) + batch_shape + (T, n)``.
         """
         check_key(key)
+        if self.recurrent:
+            raise ValueError("sample_posterior does not support recurrent transitions (the "
+                             "states given the regimes are not Gaussian); use smoother or "
+                             "particle_filter")
         num_samples = check_positive_int(num_samples, "num_samples")
         num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
         data = self._prepared(params, y, mask, inputs)
@@ -441,6 +489,10 @@ class SwitchingLDS(SequenceModel):
         from statseq.bayes.nuts import _from_dict
 
         check_key(key)
+        if self.transition_inputs or self.recurrent:
+            raise ValueError("fit_gibbs does not support input-driven or recurrent "
+                             "transitions (no conjugate update of their weights); fit "
+                             "them with statseq.fit_lbfgs or statseq.fit_sgd")
         num_samples = check_positive_int(num_samples, "num_samples")
         num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
         data = self._prepared(params, y, None, inputs)
@@ -456,7 +508,7 @@ class SwitchingLDS(SequenceModel):
                                            num_samples=num_samples, num_burnin=num_burnin)
         bs = data.batch_shape
         post = {name: np.asarray(getattr(draws, name))[None]
-                for name in SLDSParams._fields}
+                for name in SLDSParams._fields if getattr(draws, name) is not None}
         post["regimes"] = np.asarray(regimes).reshape((1, num_samples) + bs
                                                       + regimes.shape[2:])
         post["states"] = np.asarray(states).reshape((1, num_samples) + bs + states.shape[2:])
@@ -464,21 +516,49 @@ class SwitchingLDS(SequenceModel):
 
     def forecast_regime_probs(self, params: Any, y: ArrayLike, *, num_steps: int,
                               mask: ArrayLike | None = None,
-                              inputs: ArrayLike | None = None) -> jax.Array:
+                              inputs: ArrayLike | None = None,
+                              future_inputs: ArrayLike | None = None) -> jax.Array:
         """Regime probabilities ``h = 1..num_steps`` steps after the history,
 
-            p(z_{T-1+h} | y_{0:T-1}) = p(z_{T-1} | y_{0:T-1}) P^h,
+            p(z_{T-1+h} | y_{0:T-1}) = p(z_{T-1} | y_{0:T-1}) P_T P_{T+1} ... P_{T+h-1},
 
-        from Kim's filtered law (`statseq.inference.hmm.hmm_predict_states`).
+        from Kim's filtered law (`statseq.inference.hmm.hmm_predict_states`); ``P_t = P``
+        unless the inputs drive the transitions. Not available with recurrent transitions
+        (the future regimes depend on the future states: use `statseq.forecast` paths).
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``.
+            num_steps: the horizon.
+            mask: optional observation mask.
+            inputs: covariates of the history, when the model takes them.
+            future_inputs: ``(num_steps, m)`` covariates over the horizon (needed with
+                ``transition_inputs``; shared by the sequences).
 
         Returns:
             ``batch_shape + (num_steps, K)``.
         """
         num_steps = check_positive_int(num_steps, "num_steps")
+        if self.recurrent:
+            raise ValueError("forecast_regime_probs is not available with recurrent "
+                             "transitions (future regimes depend on future states); use "
+                             "statseq.forecast sample paths")
         filt = self.filter_states(params, y, mask=mask, inputs=inputs)
         last = filt.filtered_probs[..., -1, :]
         flat = jnp.reshape(last, (-1, self.num_regimes))
-        trans = jnp.asarray(params.transitions, flat.dtype)
+        if self.transition_inputs:
+            if future_inputs is None:
+                raise ValueError("forecast_regime_probs needs future_inputs (num_steps, "
+                                 "input_dim) when the inputs drive the transitions")
+            fu = jnp.asarray(future_inputs, flat.dtype)
+            if fu.shape != (num_steps, self.input_dim) or not bool(jnp.all(jnp.isfinite(fu))):
+                raise ValueError(f"future_inputs must be finite with shape "
+                                 f"{(num_steps, self.input_dim)}, got {fu.shape}")
+            arrays = self.to_arrays(params)
+            zeros = jnp.zeros((self.num_regimes, self.state_dim), flat.dtype)
+            trans = jax.vmap(lambda u: kim.transition_matrix_at(arrays, u, zeros))(fu)
+        else:
+            trans = jnp.asarray(params.transitions, flat.dtype)
         out = jax.vmap(lambda p: hmm_seq.hmm_predict_states(p, trans, num_steps))(flat)
         return jnp.reshape(out, last.shape[:-1] + (num_steps, self.num_regimes))
 
