@@ -63,6 +63,7 @@ def _specs():
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),
         "MarkovSwitchingAR": (ss.MarkovSwitchingAR(num_regimes=2, order=1), y),
+        "SwitchingLDS": (ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None), y),
     }
 
 

@@ -39,6 +39,9 @@ LinearAttention, AFT, RWKV,
 MLSTM
 NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
                                errors: nonlinear features)
+SwitchingLDS                   tests/models/test_slds.py (forecast paths against the
+                               exact mixture with an observed state; Kim's filter is
+                               approximate otherwise, no closed-form h-step marginal)
 =============================  =========================================================
 """
 
@@ -80,6 +83,7 @@ CLAIMS = {
     "AFT": "tests/models/neural/test_h_step_mc.py",
     "RWKV": "tests/models/neural/test_h_step_mc.py",
     "MLSTM": "tests/models/neural/test_h_step_mc.py",
+    "SwitchingLDS": "tests/models/test_slds.py",
 }
 
 T, H = 24, 8

@@ -24,7 +24,7 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
-from statseq.core.model import SequenceModel
+from statseq.core.model import SequenceModel, register_model
 from statseq.core.params import validate_params
 from statseq.core.recurrence import reshaped_call
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
@@ -90,6 +90,7 @@ _DYNAMICS = ("dynamics_weights", "dynamics_input_weights", "dynamics_bias", "dyn
 _EMISSION = ("emission_weights", "emission_input_weights", "emission_bias", "emission_cov")
 
 
+@register_model
 @dataclasses.dataclass(frozen=True)
 class SwitchingLDS(SequenceModel):
     """Switching linear dynamical system (switching state space model; Kim 1994).
@@ -204,6 +205,30 @@ class SwitchingLDS(SequenceModel):
                           le + (d, n), le + (d, m), le + (d,), le + (d, d),
                           (k, m) if self.transition_inputs else None,
                           (k, n) if self.recurrent else None)
+
+    def num_redundant_params(self, free) -> int:
+        """Exact invariances (counted where every leaf they move is free): the state's
+        basis ``x_t -> S x_t`` (``n^2``: it moves ``m_k, V_k, A, B, b, Q, C`` and the
+        recurrent weights ``W_x -> W_x S^{-1}``), its origin ``x_t -> x_t + c`` (``n``:
+        ``m_k, b, d``, and with recurrent transitions ``P``, whose rows absorb
+        ``exp(-W_x[j] c)``), and the softmax's shift of ``W`` (``m``) and of ``W_x``
+        (``n``) by one vector added to every regime's row."""
+        from statseq.core.params import all_free
+
+        n, m, f = self.state_dim, self.input_dim, free
+        scale = (f.initial_means, f.initial_covs, f.dynamics_weights, f.dynamics_bias,
+                 f.dynamics_cov, f.emission_weights) + (
+            (f.dynamics_input_weights,) if m else ()) + (
+            (f.recurrent_weights,) if self.recurrent else ())
+        shift = (f.initial_means, f.dynamics_bias, f.emission_bias) + (
+            (f.transitions,) if self.recurrent else ())
+        total = n * n if all(map(all_free, scale)) else 0
+        total += n if all(map(all_free, shift)) else 0
+        if self.transition_inputs and all_free(f.transition_input_weights):
+            total += m
+        if self.recurrent and all_free(f.recurrent_weights):
+            total += n
+        return total
 
     def param_constraints(self) -> SLDSParams:
         real, pd, simplex = constraints.real, constraints.positive_definite, constraints.simplex
