@@ -568,17 +568,19 @@ class SwitchingLDS(SequenceModel):
             raise ValueError("forecast_regime_probs is not available with recurrent "
                              "transitions (future regimes depend on future states); use "
                              "statseq.forecast sample paths")
-        filt = self.filter_states(params, y, mask=mask, inputs=inputs)
-        last = filt.filtered_probs[..., -1, :]
-        flat = jnp.reshape(last, (-1, self.num_regimes))
         if self.transition_inputs:
             if future_inputs is None:
                 raise ValueError("forecast_regime_probs needs future_inputs (num_steps, "
                                  "input_dim) when the inputs drive the transitions")
-            fu = jnp.asarray(future_inputs, flat.dtype)
-            if fu.shape != (num_steps, self.input_dim) or not bool(jnp.all(jnp.isfinite(fu))):
+            fu = np.asarray(future_inputs, float)
+            if fu.shape != (num_steps, self.input_dim) or not np.all(np.isfinite(fu)):
                 raise ValueError(f"future_inputs must be finite with shape "
                                  f"{(num_steps, self.input_dim)}, got {fu.shape}")
+        filt = self.filter_states(params, y, mask=mask, inputs=inputs)
+        last = filt.filtered_probs[..., -1, :]
+        flat = jnp.reshape(last, (-1, self.num_regimes))
+        if self.transition_inputs:
+            fu = jnp.asarray(fu, flat.dtype)
             arrays = self.to_arrays(params)
             zeros = jnp.zeros((self.num_regimes, self.state_dim), flat.dtype)
             trans = jax.vmap(lambda u: kim.transition_matrix_at(arrays, u, zeros))(fu)
