@@ -206,7 +206,7 @@ def test_one_regime_equals_the_linear_gaussian_ssm():
     params = random_params(model, rng)
     lgssm = ss.LinearGaussianSSM(state_dim=2, emission_dim=2, input_dim=1)
     lp = ss.LGSSMParams(params.initial_means[0], params.initial_covs[0],
-                        *(a[0] for a in params[4:]))
+                        *(a[0] for a in params[4:12]))
     u = jnp.asarray(rng.normal(size=(30, 1)))
     y = np.array(ss.sample(lgssm, lp, num_timesteps=30, key=jax.random.key(0), inputs=u))
     y[5, 0] = np.nan
@@ -468,7 +468,7 @@ def test_one_regime_forecast_matches_exact_moments():
     params = random_params(model, rng)
     lgssm = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
     lp = ss.LGSSMParams(params.initial_means[0], params.initial_covs[0],
-                        *(a[0] for a in params[4:]))
+                        *(a[0] for a in params[4:12]))
     y = ss.sample(lgssm, lp, num_timesteps=20, key=jax.random.key(4))
     fc = ss.forecast(model, params, y, num_steps=4, num_samples=4000, key=jax.random.key(6))
     ref = lgssm.forecast_moments(lp, y, num_steps=4)
