@@ -154,6 +154,16 @@ def transition_log_row(arrays: SwitchingArrays, i, u_t: jax.Array,
 
     (input-driven ``W`` and recurrent ``R`` terms only where the arrays have them; without
     either it is ``log P[i]`` itself). A bias ``r_j`` would be absorbed into ``P``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None,
+        ...                         input_dim=1, transition_inputs=True)
+        >>> p = model.default_params()._replace(
+        ...     transition_input_weights=jnp.array([[1.0], [-1.0]]))
+        >>> row = transition_log_row(model.to_arrays(p), 0, jnp.array([2.0]), jnp.zeros(1))
+        >>> [round(float(v), 3) for v in jnp.exp(row)]     # 0.9 e^2 vs 0.1 e^-2
+        [0.998, 0.002]
     """
     log_p = jnp.log(arrays.transition_matrix[i])
     if arrays.transition_input_weights is None and arrays.recurrent_weights is None:
