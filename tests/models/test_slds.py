@@ -280,8 +280,15 @@ def test_mean_form_ms_ar1_equals_statsmodels():
 def intercept_slds(y, trans, const, phi, var):
     """MS-AR(p) in intercept form, ``y_t = c_z + phi_z . (y_{t-1}, ..., y_{t-p}) +
     N(0, var_z)``, as an SLDS on the companion state ``(y_t, ..., y_{t-p+1})`` observed
-    exactly (``R = 0``), for the data ``y_{p:}`` given ``y_{0:p-1}``."""
+    exactly (``R = 0``), for the data ``y_{p:}`` given ``y_{0:p-1}``; equal to
+    `SwitchingLDS.from_ms_ar` (checked here, so the tests that use this recipe check the
+    helper too)."""
     k, p = phi.shape
+    msar = ss.MarkovSwitchingAR(num_regimes=k, order=p, form="intercept", switching_ar=True,
+                                switching_variance=True)
+    mp = ss.MSARParams(None, jnp.asarray(trans), jnp.asarray(const), jnp.asarray(phi),
+                       jnp.asarray(var))
+    helper = ss.SwitchingLDS.from_ms_ar(msar, mp, y[:p])
     comp = np.zeros((k, p, p))
     comp[:, 0] = phi
     comp[:, 1:, :-1] = np.eye(p - 1)
@@ -297,6 +304,9 @@ def intercept_slds(y, trans, const, phi, var):
         jnp.asarray(comp), jnp.zeros((k, p, 0)), jnp.asarray(bias), jnp.asarray(q),
         jnp.asarray(np.tile(np.eye(1, p), (k, 1, 1))), jnp.zeros((k, 1, 0)),
         jnp.zeros((k, 1)), jnp.zeros((k, 1, 1)))
+    assert helper[0] == model
+    for a, b in zip(jax.tree.leaves(helper[1]), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-14)
     return model, params
 
 

@@ -360,6 +360,82 @@ class SwitchingLDS(SequenceModel):
                            carry.t + 1)
         return jnp.reshape(y, self.event_shape), new
 
+    # ---- special cases ------------------------------------------------------------------
+    @classmethod
+    def from_ms_ar(cls, model: Any, params: Any,
+                   y_start: ArrayLike) -> tuple[SwitchingLDS, SLDSParams]:
+        """A `statseq.MarkovSwitchingAR` in intercept form as an SLDS on its observed
+        companion state (Kim's filter and smoother are then exact):
+
+            y_t = c_{z_t} + sum_{i=1}^p phi_{z_t, i} y_{t-i} + sigma_{z_t} eps_t
+            x_t = (y_t, ..., y_{t-p+1}) = A_z x_{t-1} + c_z e_1 + N(0, sigma^2_z e_1 e_1^T),
+            y_t = e_1^T x_t  (no observation noise),
+
+        with ``A_z`` the companion matrix of ``phi_z``. The SLDS scores ``y_{p:}`` given
+        ``y_start = y_{0:p-1}`` (as the MS-AR conditions on its first ``p`` values):
+        ``x`` at the first scored step given ``z`` is ``N(A_z x_{p-1} + c_z e_1, Q_z)``
+        and ``z`` there has the law ``p(s_0) P^p``. ``form="mean"`` is accepted only
+        without a switching mean (then ``c_k = mu (1 - sum_i phi_{k, i})``); with a
+        switching mean the density depends on ``p + 1`` regimes (see
+        tests/models/test_slds.py for Hamilton's order-1 case as an SLDS).
+
+        Args:
+            model: a `statseq.MarkovSwitchingAR` with ``order >= 1``.
+            params: its `statseq.MSARParams`.
+            y_start: ``(p,)`` the first ``p`` observations ``y_0, ..., y_{p-1}``.
+
+        Returns:
+            ``(SwitchingLDS, SLDSParams)``; ``statseq.log_prob(slds, slds_params, y[p:])``
+            equals ``statseq.log_prob(model, params, y)``.
+
+        Examples:
+            >>> import jax.numpy as jnp, numpy as np, statseq as ss
+            >>> msar = ss.MarkovSwitchingAR(num_regimes=2, order=2, form="intercept",
+            ...                             initial="free")
+            >>> mp = ss.MSARParams(jnp.array([0.2, 0.8]), jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+            ...                    jnp.array([-1.0, 1.0]), jnp.array([0.5, -0.2]),
+            ...                    jnp.array(0.3))
+            >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+            >>> slds, sp = ss.SwitchingLDS.from_ms_ar(msar, mp, y[:2])
+            >>> lp, ref = ss.log_prob(slds, sp, y[2:]), ss.log_prob(msar, mp, y)
+            >>> bool(abs(lp - ref) < 1e-4)     # equal (here in float32)
+            True
+        """
+        from statseq.models.switching.ms_ar import MarkovSwitchingAR
+
+        if not isinstance(model, MarkovSwitchingAR):
+            raise TypeError(f"model must be a MarkovSwitchingAR, got {type(model).__name__}")
+        if model.form != "intercept" and model.switching_mean:
+            raise ValueError("from_ms_ar needs form='intercept' (or a mean that does not "
+                             "switch): a switching mean in Hamilton's form makes y_t depend "
+                             "on p + 1 regimes")
+        k, p = model.num_regimes, model.order
+        check_positive_int(p, "order")
+        start = np.asarray(y_start, float)
+        if start.shape != (p,) or not np.all(np.isfinite(start)):
+            raise ValueError(f"y_start must hold the first {p} observations (finite, shape "
+                             f"({p},)), got shape {start.shape}")
+        trans = np.asarray(params.transitions, float)
+        phi = np.broadcast_to(np.asarray(params.ar_coeffs, float), (k, p))
+        var = np.broadcast_to(np.asarray(params.variances, float), (k,))
+        const = np.broadcast_to(np.asarray(params.means, float), (k,))
+        if model.form != "intercept":
+            const = const * (1.0 - phi.sum(-1))
+        comp = np.zeros((k, p, p))
+        comp[:, 0] = phi
+        comp[:, 1:, :-1] = np.eye(p - 1)
+        bias = np.zeros((k, p))
+        bias[:, 0] = const
+        q = np.zeros((k, p, p))
+        q[:, 0, 0] = var
+        pi = np.asarray(model.initial_probs(params), float) @ np.linalg.matrix_power(trans, p)
+        slds = cls(num_regimes=k, state_dim=p, emission_dim=None)
+        dtype = float_dtype()
+        return slds, SLDSParams(*(jnp.asarray(a, dtype) for a in (
+            pi, trans, comp @ start[::-1] + bias, q, comp, np.zeros((k, p, 0)), bias, q,
+            np.tile(np.eye(1, p), (k, 1, 1)), np.zeros((k, 1, 0)), np.zeros((k, 1)),
+            np.zeros((k, 1, 1)))))
+
     # ---- posterior inference ------------------------------------------------------------
     def _prepared(self, params, y, mask, inputs):
         validate_params(self, params)
