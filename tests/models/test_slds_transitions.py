@@ -118,9 +118,9 @@ def driven():
 
 
 def test_zero_transition_weights_equal_the_plain_model(driven):
-    """With ``W = 0`` and ``W_x = 0`` (both options on) Kim's filter and smoother and
-    sampling give the plain model's numbers (to 1e-12: only the softmax's renormalization
-    of ``P`` differs). (The particle filter's transition row is the same function,
+    """With ``W = 0`` and ``W_x = 0`` (both options on) Kim's filter and smoother give the
+    plain model's numbers (to 1e-12: only the softmax's renormalization of ``P`` differs).
+    (The particle filter's and `sample_step`'s transition row is the same function,
     `statseq.inference.switching_kalman.transition_log_row`.)"""
     _, params, y, _, u, _, _ = driven
     full = ss.SwitchingLDS(num_regimes=K, state_dim=N_DIM, emission_dim=2, input_dim=1,
@@ -134,10 +134,6 @@ def test_zero_transition_weights_equal_the_plain_model(driven):
     b = full.smoother(zero, y, mask=mask, inputs=u)
     for x, z in zip(a, b, strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(z), rtol=0, atol=1e-12)
-    key = jax.random.key(5)
-    sa = ss.sample(plain, base, num_timesteps=T_SHORT, key=key, inputs=u)
-    sb = ss.sample(full, zero, num_timesteps=T_SHORT, key=key, inputs=u)
-    np.testing.assert_allclose(np.asarray(sa), np.asarray(sb), rtol=0, atol=1e-12)
 
 
 def _dense_two_steps(params, y, u):
@@ -349,15 +345,15 @@ def test_adjusted_rand_index_helper():
 
 
 def test_three_regime_segmentation_recovers_the_truth():
-    """K = 3, n = 1, 300 steps simulated in NumPy: ``x_t = 0.5 x_{t-1} + b_z +
+    """K = 3, n = 1, 250 steps simulated in NumPy: ``x_t = 0.5 x_{t-1} + b_z +
     N(0, 0.05)``, ``y_t = x_t + N(0, 0.05)`` with ``b_z = -1.5, 0, 1.5`` (regime levels
     ``-3, 0, 3``; adjacent biases 1.5 apart against noise standard deviations 0.22: a
     signal-to-noise ratio of about 7 per step), sticky ``P`` (0.95). Blocked Gibbs
     (`fit_gibbs`) from a perturbed start (biases and persistence off by 30%, ``A`` 0.3,
-    noise variances 4x) with 40 burn-in and 40 kept sweeps; the per-step most frequent
+    noise variances 4x) with 30 burn-in and 30 kept sweeps; the per-step most frequent
     regime has an adjusted Rand index > 0.9 with the truth (measured 0.99)."""
     rng = np.random.default_rng(1)
-    k, num_t = 3, 300
+    k, num_t = 3, 250
     trans = np.full((k, k), 0.025) + 0.925 * np.eye(k)
     bias, a, q, r = np.array([-1.5, 0.0, 1.5]), 0.5, 0.05, 0.05
     z = np.zeros(num_t, int)
@@ -372,7 +368,7 @@ def test_three_regime_segmentation_recovers_the_truth():
         dynamics_weights=jnp.full((k, 1, 1), 0.3), dynamics_bias=jnp.asarray(0.7 * bias[:, None]),
         transitions=jnp.asarray(np.full((k, k), 0.1) + 0.7 * np.eye(k)),
         dynamics_cov=jnp.full((k, 1, 1), 0.2), emission_cov=jnp.full((1, 1), 0.2))
-    idata = model.fit_gibbs(start, y, key=jax.random.key(0), num_samples=40, num_burnin=40)
+    idata = model.fit_gibbs(start, y, key=jax.random.key(0), num_samples=30, num_burnin=30)
     regimes = idata.posterior["regimes"].values[0]
     votes = np.eye(k)[regimes].sum(0)
     assert adjusted_rand_index(z, votes.argmax(-1)) > 0.9
