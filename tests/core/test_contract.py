@@ -107,6 +107,10 @@ EXAMPLES = {
                      emission_dim=2, input_dim=1, mode="parallel")],
     "MLSTM": [ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=2, emission="categorical",
                        num_classes=3)],
+    "Transformer": [  # T = 16 > max_len: the window slides
+        ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8, mlp_ratio=1,
+                       emission="poisson", input_dim=1),
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

@@ -36,7 +36,7 @@ MarkovSwitchingAR              tests/models/test_h_step_exact.py (engineer "arfc
 ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
 Mamba, WaveNet, S4D, S5,       "neural-mc"; Monte Carlo estimates with standard errors)
 LinearAttention, AFT, RWKV,
-MLSTM
+MLSTM, Transformer
 NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
                                errors: nonlinear features)
 =============================  =========================================================
@@ -80,6 +80,7 @@ CLAIMS = {
     "AFT": "tests/models/neural/test_h_step_mc.py",
     "RWKV": "tests/models/neural/test_h_step_mc.py",
     "MLSTM": "tests/models/neural/test_h_step_mc.py",
+    "Transformer": "tests/models/neural/test_h_step_mc.py",
 }
 
 T, H = 24, 8

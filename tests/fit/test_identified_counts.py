@@ -87,6 +87,8 @@ def _cases():
         "AFT": (ss.AFT(hidden_dim=2, num_layers=1), real, False),
         "RWKV": (ss.RWKV(hidden_dim=2, num_layers=1, ffn_dim=2), real, False),
         "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), real, False),
+        "Transformer": (ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8,
+                                       mlp_ratio=1), real, False),
     }
 
 
