@@ -245,7 +245,7 @@ def apply_rope(x, positions, base: float = 10000.0):
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> apply_rope(jnp.array([[1.0, 0.0]]), jnp.array(jnp.pi / 2)).round(6).tolist()
+        >>> (apply_rope(jnp.array([[1.0, 0.0]]), jnp.array(jnp.pi / 2)).round(6) + 0.0).tolist()
         [[0.0, 1.0]]
     """
     dim = x.shape[-1]
