@@ -65,6 +65,7 @@ from statseq.models.neural import (  # noqa: E402
 )
 from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
 from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
+from statseq.models.neural.transformer import Transformer, TransformerBackbone  # noqa: E402
 from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
 from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
@@ -202,6 +203,8 @@ __all__ = [
     "S4DBackbone",
     "S5",
     "S5Backbone",
+    "Transformer",
+    "TransformerBackbone",
     "NGRC",
     "NGRCParams",
     "ElmanRNN",

@@ -36,7 +36,7 @@ MarkovSwitchingAR              tests/models/test_h_step_exact.py (engineer "arfc
 ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
 Mamba, WaveNet, S4D, S5,       "neural-mc"; Monte Carlo estimates with standard errors)
 LinearAttention, AFT, RWKV,
-MLSTM
+MLSTM, Transformer
 NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
                                errors: nonlinear features)
 SwitchingLDS                   tests/models/test_slds.py (forecast paths against the
@@ -84,6 +84,7 @@ CLAIMS = {
     "RWKV": "tests/models/neural/test_h_step_mc.py",
     "MLSTM": "tests/models/neural/test_h_step_mc.py",
     "SwitchingLDS": "tests/models/test_slds.py",
+    "Transformer": "tests/models/neural/test_h_step_mc.py",
 }
 
 T, H = 24, 8

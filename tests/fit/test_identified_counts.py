@@ -91,6 +91,8 @@ def _cases():
         "SwitchingLDS": (ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None,
                                          input_dim=1, transition_inputs=True, recurrent=True),
                          real, True),
+        "Transformer": (ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8,
+                                       mlp_ratio=1), real, False),
     }
 
 
