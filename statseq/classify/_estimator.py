@@ -159,6 +159,8 @@ class ClassifierMixin:
         Returns:
             The fraction of sequences whose predicted label equals the true one.
         """
+        if not hasattr(self, "classes_"):
+            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y)")
         codes = self._encode(y, num_expected=_num_sequences(X))
         pred = np.argmax(self.predict_log_proba(X, **kwargs), axis=-1)
         return float(np.mean(pred == codes))

@@ -31,6 +31,8 @@ from statseq.core.recurrence import run_filter
 from statseq.core.validation import float_dtype, pad_sequences, prepare_sized
 
 _METHODS = ("auto", "em", "lbfgs", "sgd", "nuts")
+#: unconstrained values of boundary parameters (probabilities 0 or 1) start MMI here
+_BOUND = 30.0
 
 
 class MMIResult(NamedTuple):
@@ -109,22 +111,24 @@ def _batch(model, X, mask=None):
     if np.issubdtype(y.dtype, np.floating):
         entry &= np.isfinite(y)
     if mask is not None:
-        given = _sequences(mask, event_ndim, "mask") if isinstance(mask, list | tuple) else None
-        if given is None:
-            m = np.asarray(mask)
-            if m.shape[:2] != y.shape[:2]:
+        if isinstance(mask, list | tuple):
+            if len(mask) != len(seqs):
+                raise ValueError(f"mask holds {len(mask)} sequences but X holds {len(seqs)}")
+            given = []
+            for n, (g, s) in enumerate(zip(mask, seqs, strict=True)):
+                g = np.asarray(g)
+                if g.shape not in (s.shape[:1], s.shape):
+                    raise ValueError(f"mask of sequence {n} must have shape {s.shape[:1]} (per "
+                                     f"step) or {s.shape} (per entry); got {g.shape}")
+                given.append(np.broadcast_to(g.reshape(g.shape + (1,) * (s.ndim - g.ndim)),
+                                             s.shape))
+            given_pad = pad_sequences(given, pad_value=False)[0]
+        else:
+            given_pad = np.asarray(mask)
+            if given_pad.shape not in (y.shape[:2], y.shape):
                 raise ValueError(f"mask must have one entry per time step of X: shape "
                                  f"{y.shape[:2]} (per step) or {y.shape} (per entry); got "
-                                 f"{m.shape}")
-            given_pad = m
-        else:
-            if len(given) != len(seqs):
-                raise ValueError(f"mask holds {len(given)} sequences but X holds {len(seqs)}")
-            for n, (g, s) in enumerate(zip(given, seqs, strict=True)):
-                if g.shape[0] != s.shape[0]:
-                    raise ValueError(f"mask of sequence {n} has {g.shape[0]} steps but the "
-                                     f"sequence has {s.shape[0]}")
-            given_pad = pad_sequences(given, pad_value=False)[0]
+                                 f"{given_pad.shape}")
         given_pad = np.asarray(given_pad)
         if given_pad.dtype != bool:
             if not np.all(np.isin(given_pad, (0, 1))):
@@ -376,6 +380,45 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         if not hasattr(self, "params_"):
             raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y)")
 
+    @classmethod
+    def from_params(cls, model, params, classes, *, class_prior=None):
+        """A fitted classifier from given per-class parameters (no fitting).
+
+        Args:
+            model: the class-conditional statseq model.
+            params: one parameter set per class, in the order of ``classes``.
+            classes: the class labels.
+            class_prior: class probabilities in ``classes`` order (``None``: uniform).
+
+        Returns:
+            A `GenerativeClassifier` ready for ``predict``, ``predict_proba``, MMI's
+            ``mmi_objective`` and ``fit`` (which refits from scratch).
+
+        Examples:
+            >>> import jax.numpy as jnp, statseq as ss
+            >>> model = ss.AR(order=1)
+            >>> p = model.default_params()
+            >>> ps = [p._replace(coeffs=jnp.full_like(p.coeffs, a)) for a in (0.9, -0.9)]
+            >>> clf = ss.GenerativeClassifier.from_params(model, ps, ["pos", "neg"])
+            >>> clf.predict([jnp.array([1.0, 0.9, 0.8, 0.7])]).tolist()
+            ['pos']
+        """
+        params = list(params)
+        num = len(params)
+        if class_prior is None:
+            class_prior = np.full(num, 1.0 / num)
+        clf = cls(model, classes=list(classes), class_prior=class_prior)
+        clf._check_config()
+        clf._set_classes(None)
+        if len(clf.classes_) != num:
+            raise ValueError(f"{num} parameter sets for {len(clf.classes_)} classes")
+        clf.log_class_prior_ = clf._log_prior(None)
+        clf.params_ = [validate_params(model, p) for p in params]
+        clf.fits_ = [None] * num
+        clf.method_ = "given"
+        clf.mmi_ = None
+        return clf
+
     # ---- fitting ------------------------------------------------------------------------
     def _fit_one(self, method, y, mask, p0, key):
         from statseq import fit as _fit  # noqa: F401  (optax loaded lazily)
@@ -455,9 +498,8 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         for c in range(len(self.classes_)):
             rows = codes == c
             yc, mc = ybat[rows], mbat[rows]
-            used = np.flatnonzero(mc.reshape(mc.shape[0], -1).any(0))
-            cut = int(used[-1]) + 1 if used.size else yc.shape[1]
-            yc, mc = yc[:, :cut], mc[:, :cut]  # trailing steps masked in every sequence
+            # every class keeps the common padded length: classes with equally many
+            # sequences then share one compiled fitting program
             init_key, fit_key = jax.random.split(keys[c])
             p0 = self._start(c, yc, mc, init_key)
             p, res = self._fit_one(method, yc, mc, p0, fit_key)
@@ -476,8 +518,13 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         return model, data
 
     def _unconstrained_start(self, model):
+        """The class parameters stacked and unconstrained; a parameter on its boundary
+        (a probability of exactly 0 or 1: an infinite unconstrained value) is moved to
+        ``+-_BOUND`` (a probability near 1e-13) so that MMI has finite gradients there."""
         stacked = _stack([validate_params(model, p) for p in self.params_])
-        return jax.vmap(lambda p: to_unconstrained(model, p))(stacked)
+        u = jax.vmap(lambda p: to_unconstrained(model, p))(stacked)
+        return jax.tree.map(lambda a: jnp.nan_to_num(a, posinf=_BOUND, neginf=-_BOUND)
+                            if jnp.issubdtype(a.dtype, jnp.floating) else a, u)
 
     def _mmi(self, y, mask, codes):
         model, data = self._prepared(y, mask)
@@ -507,8 +554,9 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             mask: optional missing-data mask.
 
         Returns:
-            ``(objective, x)``: a JAX-differentiable ``objective(x) = sum_n log p(c_n | y_n)``
-            and ``x``, the fitted parameters of all classes, unconstrained and flattened.
+            ``(objective, x)``: a jitted, differentiable ``objective(x) = sum_n log p(c_n |
+            y_n)`` and ``x``, the fitted parameters of all classes, unconstrained (as MMI
+            starts from them) and flattened.
         """
         self._check_fitted()
         if self.method_ == "nuts":
@@ -519,7 +567,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         fn = _conditional_log_likelihood(model, unravel, data.y, data.mask, data.inputs,
                                          data.complete, jnp.asarray(codes),
                                          jnp.asarray(self.log_class_prior_, x0.dtype))
-        return fn, x0
+        return jax.jit(fn), x0
 
     # ---- prediction ---------------------------------------------------------------------
     def log_likelihoods(self, X, *, mask=None) -> np.ndarray:
@@ -574,6 +622,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         Returns:
             ``(N,)`` labels.
         """
+        self._check_fitted()
         return self.classes_[np.argmax(self.predict_log_proba(X, mask=mask), axis=1)]
 
     def log_loss(self, X, y, *, mask=None) -> float:
@@ -587,6 +636,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         Returns:
             The log loss (cross-entropy) in nats.
         """
+        self._check_fitted()
         codes = self._encode(y, num_expected=len(_sequences(X, len(self.model.event_shape))))
         logp = self.predict_log_proba(X, mask=mask)
         return float(-np.mean(logp[np.arange(len(codes)), codes]))
