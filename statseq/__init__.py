@@ -162,6 +162,9 @@ _LAZY = {
     "save": "statseq.io",
     "plot_forecast": "statseq.plotting",
     "plot_traces": "statseq.plotting",
+    # classify (sequence classifiers, scikit-learn style)
+    "classify": None,
+    "GenerativeClassifier": "statseq.classify",
 }
 
 
@@ -312,4 +315,6 @@ __all__ = [
     "naive_forecast",
     "naive_model",
     "naive_params",
+    "classify",
+    "GenerativeClassifier",
 ]

@@ -143,7 +143,22 @@ class ClassifierMixin:
     """``score`` (accuracy) and label encoding through ``classes_``.
 
     Labels may be any hashable values: integers, strings, or floats that hold integers
-    (``1.0``); ``NaN`` and non-integer floats are rejected.
+    (``1.0``); ``NaN`` and non-integer floats are rejected. The class using it sets
+    ``classes_`` in ``fit`` and provides ``predict_log_proba``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from statseq.classify import ClassifierMixin, SequenceEstimator
+        >>> class Majority(ClassifierMixin, SequenceEstimator):
+        ...     def __init__(self):
+        ...         pass
+        ...     def fit(self, X, y):
+        ...         self.classes_ = np.unique(y)
+        ...         return self
+        ...     def predict_log_proba(self, X):
+        ...         return np.log(np.tile([0.9, 0.1], (len(X), 1)))
+        >>> Majority().fit([[1.0], [2.0]], ["a", "b"]).score([[1.0], [2.0]], ["a", "a"])
+        1.0
     """
 
     _estimator_type = "classifier"

@@ -50,6 +50,14 @@ class MMIResult(NamedTuple):
         converged: ``grad_norm <= tol``; ``False`` means the step budget ran out first
             (the parameters are still the best seen, never worse than the start).
         num_nonfinite: steps whose objective or gradient was not finite (skipped).
+
+    Examples:
+        >>> import numpy as np
+        >>> from statseq.classify import MMIResult
+        >>> r = MMIResult(objective=np.array([-3.0, -2.5, -2.6]), start=-3.0, best=-2.5,
+        ...               best_step=1, grad_norm=0.2, converged=False, num_nonfinite=0)
+        >>> r.best - r.start
+        0.5
     """
 
     objective: np.ndarray
