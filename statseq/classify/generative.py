@@ -389,7 +389,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y)")
 
     @classmethod
-    def from_params(cls, model, params, classes, *, class_prior=None):
+    def from_params(cls, model, params, classes, *, class_prior=None, draws=False):
         """A fitted classifier from given per-class parameters (no fitting).
 
         Args:
@@ -397,6 +397,10 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             params: one parameter set per class, in the order of ``classes``.
             classes: the class labels.
             class_prior: class probabilities in ``classes`` order (``None``: uniform).
+            draws: each parameter set holds posterior draws on a leading axis (e.g.
+                `statseq.posterior_params` of a `statseq.fit_nuts` result, its
+                ``(chain, draw)`` axes merged): the class likelihood is then the posterior
+                predictive ``log mean_s p(y | theta_c^(s))``, as with ``method="nuts"``.
 
         Returns:
             A `GenerativeClassifier` ready for ``predict``, ``predict_proba``, MMI's
@@ -421,9 +425,16 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         if len(clf.classes_) != num:
             raise ValueError(f"{num} parameter sets for {len(clf.classes_)} classes")
         clf.log_class_prior_ = clf._log_prior(None)
-        clf.params_ = [validate_params(model, p) for p in params]
+        if draws:
+            sizes = {int(np.shape(leaf)[0]) for p in params for leaf in jax.tree.leaves(p)}
+            if len(sizes) != 1:
+                raise ValueError(f"draws=True needs one leading draw axis of one size in "
+                                 f"every leaf of every class; got sizes {sorted(sizes)}")
+            clf.params_ = [jax.tree.map(jnp.asarray, p) for p in params]
+        else:
+            clf.params_ = [validate_params(model, p) for p in params]
         clf.fits_ = [None] * num
-        clf.method_ = "given"
+        clf.method_ = "nuts" if draws else "given"
         clf.mmi_ = None
         return clf
 

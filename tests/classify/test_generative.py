@@ -124,6 +124,28 @@ def test_gaussian_ragged_posterior_equals_hmmlearn_and_missing_values():
     np.testing.assert_allclose(clf.log_likelihoods(X, mask=masks), got, atol=1e-10)
 
 
+def test_posterior_draws_give_the_posterior_predictive_average():
+    """method="nuts" scores a class by log mean_s p(y | theta_s), not a plug-in."""
+    model = ss.AR(order=1)
+    base = model.default_params()
+    phis = np.array([[0.2, 0.5, 0.8], [-0.7, -0.3, 0.1]])  # 3 draws per class
+    stacked = jax.tree.map(lambda a: np.broadcast_to(a, (3,) + np.shape(a)), base)
+    draws = [stacked._replace(coeffs=np.broadcast_to(phi[:, None, None, None],
+                                                     (3,) + np.shape(base.coeffs)))
+             for phi in phis]
+    X = [np.array([0.5, 0.9, 0.6, 0.7]), np.array([1.0, -0.8, 0.5]), np.array([0.1, 0.2])]
+    clf = GenerativeClassifier.from_params(model, draws, ["up", "down"], draws=True)
+    got = clf.log_likelihoods(X)
+    for n, x in enumerate(X):
+        for c in range(2):
+            per_draw = [float(ss.log_prob(model, jax.tree.map(lambda a, s=s: a[s], draws[c]), x))
+                        for s in range(3)]
+            expected = np.log(np.mean(np.exp(per_draw)))
+            assert got[n, c] == pytest.approx(expected, abs=1e-10)
+            assert got[n, c] < max(per_draw) - 1e-3  # an average, not the best draw
+    assert clf.predict(X[:1]).tolist() == ["up"]
+
+
 def test_mmi_gradient_matches_finite_differences(categorical):
     clf, X, y = categorical
     objective, x0 = clf.mmi_objective(X, y)
