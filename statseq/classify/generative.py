@@ -468,7 +468,9 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         opts.setdefault("init_params", p0)
         idata = fit_nuts(model, y, mask=mask, key=key, **opts)
         draws = posterior_params(model, idata)
-        draws = jax.tree.map(lambda a: jnp.reshape(jnp.asarray(a), (-1,) + a.shape[2:]), draws)
+        draws = jax.tree.map(  # (chain, draw) merged; explicit sizes (zero-size leaves)
+            lambda a: jnp.reshape(jnp.asarray(a), (a.shape[0] * a.shape[1],) + a.shape[2:]),
+            draws)
         return draws, idata
 
     def _start(self, c, y, mask, key):
