@@ -133,16 +133,15 @@ def test_posterior_draws_give_the_posterior_predictive_average():
     draws = [stacked._replace(coeffs=np.broadcast_to(phi[:, None, None, None],
                                                      (3,) + np.shape(base.coeffs)))
              for phi in phis]
-    X = [np.array([0.5, 0.9, 0.6, 0.7]), np.array([1.0, -0.8, 0.5]), np.array([0.1, 0.2])]
+    X = np.array([[0.5, 0.9, 0.6, 0.7], [1.0, -0.8, 0.5, -0.3], [0.1, 0.2, -0.1, 0.0]])
     clf = GenerativeClassifier.from_params(model, draws, ["up", "down"], draws=True)
     got = clf.log_likelihoods(X)
-    for n, x in enumerate(X):
-        for c in range(2):
-            per_draw = [float(ss.log_prob(model, jax.tree.map(lambda a, s=s: a[s], draws[c]), x))
-                        for s in range(3)]
-            expected = np.log(np.mean(np.exp(per_draw)))
-            assert got[n, c] == pytest.approx(expected, abs=1e-10)
-            assert got[n, c] < max(per_draw) - 1e-3  # an average, not the best draw
+    for c in range(2):  # (3 draws, 3 sequences): one batched call per draw
+        per_draw = np.array([ss.log_prob(model, jax.tree.map(lambda a, s=s: a[s], draws[c]), X)
+                             for s in range(3)])
+        expected = np.log(np.mean(np.exp(per_draw), axis=0))
+        np.testing.assert_allclose(got[:, c], expected, rtol=0, atol=1e-10)
+        assert np.all(got[:, c] < per_draw.max(0) - 1e-3)  # an average, not the best draw
     assert clf.predict(X[:1]).tolist() == ["up"]
 
 
