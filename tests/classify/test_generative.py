@@ -202,6 +202,16 @@ def test_sklearn_clone_cross_val_and_deep_params():
         scores = cross_val_score(clf, X, y, cv=2)
     assert scores.shape == (2,) and np.all((scores >= 0) & (scores <= 1))
     assert np.mean(scores) > 0.5
+    # a grid over a deep parameter (the model's field) and a plain one; refit=False and
+    # the folds' shapes as above: no new compiled program
+    from sklearn.model_selection import GridSearchCV
+
+    grid = GridSearchCV(clf, {"model__num_states": [2], "class_prior": [None, [0.5, 0.5]]},
+                        cv=2, refit=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        grid.fit(X, y)
+    np.testing.assert_allclose(grid.cv_results_["mean_test_score"][0], np.mean(scores))
 
 
 @pytest.fixture(scope="module")
