@@ -163,6 +163,9 @@ _LAZY = {
     "save": "statseq.io",
     "plot_forecast": "statseq.plotting",
     "plot_traces": "statseq.plotting",
+    # classify (sequence classifiers, scikit-learn style)
+    "classify": None,
+    "GenerativeClassifier": "statseq.classify",
 }
 
 
@@ -315,4 +318,6 @@ __all__ = [
     "naive_forecast",
     "naive_model",
     "naive_params",
+    "classify",
+    "GenerativeClassifier",
 ]
