@@ -462,6 +462,66 @@ class SwitchingLDS(SequenceModel):
         post["states"] = np.asarray(states).reshape((1, num_samples) + bs + states.shape[2:])
         return _from_dict({"posterior": post}, dims=None, coords=None)
 
+    def fit_vem(self, params: Any, y: ArrayLike, *, num_iters: int = 100,
+                mask: ArrayLike | None = None, inputs: ArrayLike | None = None,
+                tol: float | None = 1e-8, num_inner: int = 1) -> Any:
+        """Variational EM with a structured mean-field posterior ``q(z) q(x)``
+        (Ghahramani and Hinton 2000; `statseq.models.switching._slds_vem`), maximizing
+
+            ELBO = E_q[log p(y, x, z | theta)] + H[q(z)] + H[q(x)] <= log p(y | theta).
+
+        Each iteration updates q(x) (the Kalman smoother of the time-varying linear Gaussian
+        model with the regimes' parameters precision-averaged under q(z)), then q(z) (the
+        HMM smoother with local evidence ``E_{q(x)}[log p(x_t, y_t | x_{t-1}, z_t = k)]``),
+        records the ELBO, then maximizes over every `SLDSParams` leaf in closed form
+        (weighted regressions; ``pi``, ``P`` from expected counts). The ELBO never decreases
+        (tested); with one regime the iteration is `statseq.LinearGaussianSSM`'s EM
+        (tested against `statseq.fit_em`). q(z) starts from Kim's smoothed probabilities
+        at ``params``. Missing observations (``mask``) are marginalized; the sequences of a
+        batch share the parameters. Needs positive definite ``Q``, ``R`` and ``V``.
+
+        Args:
+            params: the starting parameters.
+            y: ``batch_shape + (T,) + event_shape``, ``T >= 2``.
+            num_iters: maximum number of iterations.
+            mask: optional observation mask (per step or per entry).
+            inputs: covariates, when the model takes them.
+            tol: stop when the ELBO changes by less than ``tol * max(1, |ELBO|)``
+                (``None``: run ``num_iters`` iterations unless the ELBO decreases beyond
+                rounding or becomes non-finite, which stops any fit).
+            num_inner: q(x), q(z) updates per iteration (before the M-step).
+
+        Returns:
+            A `statseq.models.switching._slds_vem.SLDSVEMResult`: ``elbo[i]`` is the bound
+            at the parameters entering iteration ``i`` (after its E-step); ``params`` are
+            those after the last M-step, or those of the last recorded entry when the fit
+            converged or stopped on a decrease (``stopped`` says which); ``regime_probs``,
+            ``state_means`` and ``state_covs`` are q of the last recorded E-step.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+            >>> y = ss.sample(model, model.default_params(), num_timesteps=40,
+            ...               key=jax.random.key(0))
+            >>> fit = model.fit_vem(model.default_params(), y, num_iters=5, tol=None)
+            >>> fit.elbo.shape, fit.stopped, fit.regime_probs.shape
+            ((5,), 'max_iters', (40, 2))
+        """
+        from statseq.models.switching import _slds_vem
+
+        num_iters = check_positive_int(num_iters, "num_iters")
+        num_inner = check_positive_int(num_inner, "num_inner")
+        if tol is not None and not float(tol) >= 0:
+            raise ValueError(f"tol must be non-negative or None, got {tol!r}")
+        data = self._prepared(params, y, mask, inputs)
+        if data.num_timesteps < 2:
+            raise ValueError(f"fit_vem needs at least 2 time steps, got {data.num_timesteps}")
+        if not bool(np.any(np.asarray(data.mask))):
+            raise ValueError("fit_vem needs at least one observed entry (mask is all False)")
+        _slds_vem.check_definite(params)
+        return _slds_vem.fit_vem(self, params, data, num_iters=num_iters, tol=tol,
+                                 num_inner=num_inner)
+
     def forecast_regime_probs(self, params: Any, y: ArrayLike, *, num_steps: int,
                               mask: ArrayLike | None = None,
                               inputs: ArrayLike | None = None) -> jax.Array:
