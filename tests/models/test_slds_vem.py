@@ -3,6 +3,7 @@ below the exact log-likelihood (enumerated over regime paths), and with one regi
 iteration is the linear Gaussian model's EM."""
 
 import itertools
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,11 @@ def _starts(model, p, seeds):
 
 def _exact_log_lik(model, params, y, mask):
     """log p(y) summed over the batch, by enumerating all K^T regime paths."""
+    return float(_enumerated(model, params, y, mask))
+
+
+@partial(jax.jit, static_argnums=0)
+def _enumerated(model, params, y, mask):
     arrays = model.to_arrays(params)
     k = model.num_regimes
     paths = jnp.asarray(list(itertools.product(range(k), repeat=y.shape[1])))
@@ -63,7 +69,7 @@ def _exact_log_lik(model, params, y, mask):
             return prior + ll
         return jax.scipy.special.logsumexp(jax.vmap(one)(paths))
 
-    return float(jnp.sum(jax.vmap(seq)(y, mask)))
+    return jnp.sum(jax.vmap(seq)(y, mask))
 
 
 @pytest.fixture(scope="module")

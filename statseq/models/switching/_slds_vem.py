@@ -329,7 +329,7 @@ def m_step(model, params, reg, stats, gamma0_sum, xi, num_seq):
         emission_bias=w_e[..., n + m], emission_cov=r)
 
 
-# ---- the loop -------------------------------------------------------------------------------------
+# ---- the loop ------------------------------------------------------------------------------
 def e_step(model, params, gamma, y, mask, u, num_inner):
     """q(x) given ``gamma``, then q(z) given q(x) (``num_inner`` times), over a flat batch.
 

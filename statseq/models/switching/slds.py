@@ -27,7 +27,13 @@ from numpyro.distributions import constraints
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
 from statseq.core.recurrence import reshaped_call
-from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_key,
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import kalman, particle
 from statseq.inference import switching_gibbs as gibbs
@@ -415,14 +421,18 @@ class SwitchingLDS(SequenceModel):
 
     def fit_gibbs(self, params: Any, y: ArrayLike, *, key: jax.Array, num_samples: int,
                   num_burnin: int = 100, inputs: ArrayLike | None = None,
-                  prior: SLDSGibbsPrior | None = None) -> Any:
+                  prior: SLDSGibbsPrior | None = None,
+                  mask: ArrayLike | None = None) -> Any:
         """Bayesian inference of the parameters, regimes and states by blocked Gibbs
         sampling (`statseq.models.switching._slds_gibbs`): exact conditional draws of
         ``x | z``, ``z | x`` (as in `sample_posterior`), ``pi`` and the rows of ``P``
         (Dirichlet), and per regime the dynamics ``([A B b], Q)`` and emission
         ``([C D d], R)`` (matrix-normal-inverse-Wishart, `SLDSGibbsPrior`). The initial
-        laws ``m_k, V_k`` are held at ``params``. Needs complete data (no mask) and
-        ``T >= 2``; one chain, started at ``params`` with Kim's most probable regimes.
+        laws ``m_k, V_k`` are held at ``params``. Missing observations (``mask``) are
+        handled exactly: marginalized in the ``x``, ``z`` blocks, left out of (whole
+        steps) or drawn given the observed entries before (partly observed steps) the
+        emission update. Needs ``T >= 2``; one chain, started at ``params`` with Kim's
+        most probable regimes.
 
         Args:
             params: the chain's start (also fixes ``initial_means`` and ``initial_covs``).
@@ -432,6 +442,7 @@ class SwitchingLDS(SequenceModel):
             num_burnin: sweeps discarded first.
             inputs: covariates, when the model takes them.
             prior: an `SLDSGibbsPrior` (``None``: the defaults).
+            mask: optional observation mask (per step or per entry).
 
         Returns:
             ArviZ ``InferenceData`` whose ``posterior`` holds every `SLDSParams` leaf and
@@ -443,13 +454,15 @@ class SwitchingLDS(SequenceModel):
         check_key(key)
         num_samples = check_positive_int(num_samples, "num_samples")
         num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
-        data = self._prepared(params, y, None, inputs)
+        data = self._prepared(params, y, mask, inputs)
         if data.num_timesteps < 2:
             raise ValueError(f"fit_gibbs needs at least 2 time steps, got {data.num_timesteps}")
         dtype = self.to_arrays(params).regimes.initial_cov.dtype
         prior = resolved_prior(self, prior, dtype)
         y_flat = jnp.reshape(data.y, data.y.shape[:2] + (self.dim,)).astype(dtype)
-        mask = jnp.ones(y_flat.shape, bool)
+        mask = jnp.reshape(data.mask, data.mask.shape[:2] + (-1,)) & jnp.ones(
+            (1, 1, self.dim), bool)
+        y_flat = jnp.where(mask, y_flat, 0.0)
         u = data.inputs.astype(dtype)
         full = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
         draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, key,
@@ -516,8 +529,7 @@ class SwitchingLDS(SequenceModel):
         data = self._prepared(params, y, mask, inputs)
         if data.num_timesteps < 2:
             raise ValueError(f"fit_vem needs at least 2 time steps, got {data.num_timesteps}")
-        if not bool(np.any(np.asarray(data.mask))):
-            raise ValueError("fit_vem needs at least one observed entry (mask is all False)")
+        require_observed(data, "fit_vem")
         _slds_vem.check_definite(params)
         return _slds_vem.fit_vem(self, params, data, num_iters=num_iters, tol=tol,
                                  num_inner=num_inner)
