@@ -140,8 +140,9 @@ def test_one_regime_gaps_match_exact_smoother():
     out = model.sample_posterior(p, y, key=jax.random.key(6), num_samples=2000,
                                  num_burnin=0, mask=jnp.asarray(mask))
     arrays = model.to_arrays(p)
-    post = kalman.kalman_smoother(gibbs.path_arrays(arrays, jnp.zeros(12, jnp.int32)),
-                                  y, jnp.asarray(mask), jnp.zeros((12, 0)))
+    post = jax.jit(kalman.kalman_smoother)(
+        gibbs.path_arrays(arrays, jnp.zeros(12, jnp.int32)), y, jnp.asarray(mask),
+        jnp.zeros((12, 0)))
     x = np.asarray(out.states)
     sd = np.sqrt(np.diagonal(np.asarray(post.smoothed_covs), axis1=1, axis2=2))
     se = sd / np.sqrt(x.shape[0])

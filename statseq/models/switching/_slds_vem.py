@@ -78,6 +78,11 @@ class SLDSVEMResult(NamedTuple):
         state_means: ``batch_shape + (T, n)`` means of q(x) of the last E-step.
         state_covs: ``batch_shape + (T, n, n)`` covariances of q(x).
         wall_time: seconds, compilation included.
+
+    Examples:
+        >>> from statseq.models.switching._slds_vem import SLDSVEMResult
+        >>> SLDSVEMResult._fields[:5]
+        ('params', 'elbo', 'num_iterations', 'converged', 'stopped')
     """
 
     params: Any
