@@ -21,6 +21,7 @@ MODEL = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
 PRIOR = SLDSGibbsPrior(concentration=2.0, dynamics_precision=2.0, dynamics_df=5.0,
                        dynamics_scale=0.5 * jnp.eye(1), emission_precision=0.5,
                        emission_df=5.0, emission_scale=0.5 * jnp.eye(1))
+# checks over the CI time budget (each compiles one more program): STATSEQ_SLOW=1 runs them
 slow = pytest.mark.skipif(not os.environ.get("STATSEQ_SLOW"),
                           reason="slow check: set STATSEQ_SLOW=1 to run")
 
@@ -126,6 +127,7 @@ def test_sbc_detects_a_wrong_sampler():
     assert stats.chisquare(counts).pvalue < 1e-3
 
 
+@slow  # ~8.6 s of CPU (compiles sample_posterior for one more model): over the CI budget
 def test_one_regime_gaps_match_exact_smoother():
     """K = 1: every sweep draws x from the exact posterior given the gappy y (entries
     masked): the draws' means and variances match the Kalman smoother."""
