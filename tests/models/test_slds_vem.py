@@ -28,13 +28,32 @@ def k2():
                                                [[-0.5, 0.0], [0.3, 0.4]]]),
                    emission_bias=jnp.array([[0.0, 0.0], [1.0, -1.0]]),
                    dynamics_cov=jnp.stack([0.2 * jnp.eye(2), 0.5 * jnp.eye(2)]))
-    y = ss.sample(model, p, num_timesteps=T_SHORT, key=jax.random.key(1),
-                  num_samples=3)
+    y = jnp.asarray(_simulate(np.random.default_rng(1), p, T_SHORT, 3))
     mask = np.ones(y.shape, bool)
     mask[0, 3] = False          # a whole step missing
     mask[1, 5, 0] = False       # one entry missing
     mask[2, 0, 1] = False
     return model, p, y, jnp.asarray(mask)
+
+
+def _simulate(rng, p, num_t, num_seq):
+    """``(num_seq, num_t, D)`` draws of a `SwitchingLDS` in NumPy (no compile)."""
+    p = jax.tree.map(np.asarray, p)
+    k, n = p.initial_means.shape
+    out = []
+    for _ in range(num_seq):
+        z = rng.choice(k, p=p.initial_probs)
+        x = rng.multivariate_normal(p.initial_means[z], p.initial_covs[z])
+        ys = []
+        for t in range(num_t):
+            if t:
+                z = rng.choice(k, p=p.transitions[z])
+                x = rng.multivariate_normal(p.dynamics_weights[z] @ x + p.dynamics_bias[z],
+                                            p.dynamics_cov[z])
+            ys.append(rng.multivariate_normal(p.emission_weights[z] @ x + p.emission_bias[z],
+                                              p.emission_cov[z]))
+        out.append(ys)
+    return np.asarray(out)
 
 
 def _starts(model, p, seeds):
@@ -123,12 +142,6 @@ def test_one_regime_equals_lgssm_em():
                      dynamics_cov=jnp.array([[0.3, 0.05], [0.05, 0.2]]),
                      emission_cov=jnp.array([[0.2, 0.0], [0.0, 0.4]]),
                      emission_bias=jnp.array([0.5, -0.3]))
-    y = ss.sample(lg, lp, num_timesteps=t_len, key=jax.random.key(3), num_samples=2)
-    mask = np.ones(y.shape, bool)
-    mask[0, 4] = False
-    mask[1, 7, 1] = False
-    mask = jnp.asarray(mask)
-    em = ss.fit_em(lg, lp, y, mask=mask, num_iters=iters, tol=None, progress=False)
     model = ss.SwitchingLDS(num_regimes=1, state_dim=n, emission_dim=d)
     sp = model.default_params()._replace(
         initial_means=lp.initial_mean[None], initial_covs=lp.initial_cov[None],
@@ -136,6 +149,12 @@ def test_one_regime_equals_lgssm_em():
         dynamics_bias=lp.dynamics_bias[None], dynamics_cov=lp.dynamics_cov[None],
         emission_weights=lp.emission_weights[None], emission_bias=lp.emission_bias[None],
         emission_cov=lp.emission_cov[None])
+    y = jnp.asarray(_simulate(np.random.default_rng(3), sp, t_len, 2))
+    mask = np.ones(y.shape, bool)
+    mask[0, 4] = False
+    mask[1, 7, 1] = False
+    mask = jnp.asarray(mask)
+    em = ss.fit_em(lg, lp, y, mask=mask, num_iters=iters, tol=None, progress=False)
     fit = model.fit_vem(sp, y, mask=mask, num_iters=iters, tol=None)
     np.testing.assert_allclose(fit.elbo, em.log_joint[:iters], rtol=1e-9)
     # (em.log_joint[0] is the exact log-likelihood at the start: so is the ELBO)
