@@ -27,7 +27,13 @@ from numpyro.distributions import constraints
 from statseq.core.model import SequenceModel, register_model
 from statseq.core.params import validate_params
 from statseq.core.recurrence import reshaped_call
-from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_key,
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import kalman, particle
 from statseq.inference import switching_gibbs as gibbs
@@ -564,14 +570,18 @@ class SwitchingLDS(SequenceModel):
 
     def fit_gibbs(self, params: Any, y: ArrayLike, *, key: jax.Array, num_samples: int,
                   num_burnin: int = 100, inputs: ArrayLike | None = None,
-                  prior: SLDSGibbsPrior | None = None) -> Any:
+                  prior: SLDSGibbsPrior | None = None,
+                  mask: ArrayLike | None = None) -> Any:
         """Bayesian inference of the parameters, regimes and states by blocked Gibbs
         sampling (`statseq.models.switching._slds_gibbs`): exact conditional draws of
         ``x | z``, ``z | x`` (as in `sample_posterior`), ``pi`` and the rows of ``P``
         (Dirichlet), and per regime the dynamics ``([A B b], Q)`` and emission
         ``([C D d], R)`` (matrix-normal-inverse-Wishart, `SLDSGibbsPrior`). The initial
-        laws ``m_k, V_k`` are held at ``params``. Needs complete data (no mask) and
-        ``T >= 2``; one chain, started at ``params`` with Kim's most probable regimes.
+        laws ``m_k, V_k`` are held at ``params``. Missing observations (``mask``) are
+        handled exactly: marginalized in the ``x``, ``z`` blocks, left out of (whole
+        steps) or drawn given the observed entries before (partly observed steps) the
+        emission update. Needs ``T >= 2``; one chain, started at ``params`` with Kim's
+        most probable regimes.
 
         Args:
             params: the chain's start (also fixes ``initial_means`` and ``initial_covs``).
@@ -581,6 +591,7 @@ class SwitchingLDS(SequenceModel):
             num_burnin: sweeps discarded first.
             inputs: covariates, when the model takes them.
             prior: an `SLDSGibbsPrior` (``None``: the defaults).
+            mask: optional observation mask (per step or per entry).
 
         Returns:
             ArviZ ``InferenceData`` whose ``posterior`` holds every `SLDSParams` leaf and
@@ -596,13 +607,15 @@ class SwitchingLDS(SequenceModel):
                              "them with statseq.fit_lbfgs or statseq.fit_sgd")
         num_samples = check_positive_int(num_samples, "num_samples")
         num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
-        data = self._prepared(params, y, None, inputs)
+        data = self._prepared(params, y, mask, inputs)
         if data.num_timesteps < 2:
             raise ValueError(f"fit_gibbs needs at least 2 time steps, got {data.num_timesteps}")
         dtype = self.to_arrays(params).regimes.initial_cov.dtype
         prior = resolved_prior(self, prior, dtype)
         y_flat = jnp.reshape(data.y, data.y.shape[:2] + (self.dim,)).astype(dtype)
-        mask = jnp.ones(y_flat.shape, bool)
+        mask = jnp.reshape(data.mask, data.mask.shape[:2] + (-1,)) & jnp.ones(
+            (1, 1, self.dim), bool)
+        y_flat = jnp.where(mask, y_flat, 0.0)
         u = data.inputs.astype(dtype)
         full = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
         draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, key,
@@ -614,6 +627,65 @@ class SwitchingLDS(SequenceModel):
                                                       + regimes.shape[2:])
         post["states"] = np.asarray(states).reshape((1, num_samples) + bs + states.shape[2:])
         return _from_dict({"posterior": post}, dims=None, coords=None)
+
+    def fit_vem(self, params: Any, y: ArrayLike, *, num_iters: int = 100,
+                mask: ArrayLike | None = None, inputs: ArrayLike | None = None,
+                tol: float | None = 1e-8, num_inner: int = 1) -> Any:
+        """Variational EM with a structured mean-field posterior ``q(z) q(x)``
+        (Ghahramani and Hinton 2000; `statseq.models.switching._slds_vem`), maximizing
+
+            ELBO = E_q[log p(y, x, z | theta)] + H[q(z)] + H[q(x)] <= log p(y | theta).
+
+        Each iteration updates q(x) (the Kalman smoother of the time-varying linear Gaussian
+        model with the regimes' parameters precision-averaged under q(z)), then q(z) (the
+        HMM smoother with local evidence ``E_{q(x)}[log p(x_t, y_t | x_{t-1}, z_t = k)]``),
+        records the ELBO, then maximizes over every `SLDSParams` leaf in closed form
+        (weighted regressions; ``pi``, ``P`` from expected counts). The ELBO never decreases
+        (tested); with one regime the iteration is `statseq.LinearGaussianSSM`'s EM
+        (tested against `statseq.fit_em`). q(z) starts from Kim's smoothed probabilities
+        at ``params``. Missing observations (``mask``) are marginalized; the sequences of a
+        batch share the parameters. Needs positive definite ``Q``, ``R`` and ``V``.
+
+        Args:
+            params: the starting parameters.
+            y: ``batch_shape + (T,) + event_shape``, ``T >= 2``.
+            num_iters: maximum number of iterations.
+            mask: optional observation mask (per step or per entry).
+            inputs: covariates, when the model takes them.
+            tol: stop when the ELBO changes by less than ``tol * max(1, |ELBO|)``
+                (``None``: run ``num_iters`` iterations unless the ELBO decreases beyond
+                rounding or becomes non-finite, which stops any fit).
+            num_inner: q(x), q(z) updates per iteration (before the M-step).
+
+        Returns:
+            A `statseq.models.switching._slds_vem.SLDSVEMResult`: ``elbo[i]`` is the bound
+            at the parameters entering iteration ``i`` (after its E-step); ``params`` are
+            those after the last M-step, or those of the last recorded entry when the fit
+            converged or stopped on a decrease (``stopped`` says which); ``regime_probs``,
+            ``state_means`` and ``state_covs`` are q of the last recorded E-step.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+            >>> y = ss.sample(model, model.default_params(), num_timesteps=40,
+            ...               key=jax.random.key(0))
+            >>> fit = model.fit_vem(model.default_params(), y, num_iters=5, tol=None)
+            >>> fit.elbo.shape, fit.stopped, fit.regime_probs.shape
+            ((5,), 'max_iters', (40, 2))
+        """
+        from statseq.models.switching import _slds_vem
+
+        num_iters = check_positive_int(num_iters, "num_iters")
+        num_inner = check_positive_int(num_inner, "num_inner")
+        if tol is not None and not float(tol) >= 0:
+            raise ValueError(f"tol must be non-negative or None, got {tol!r}")
+        data = self._prepared(params, y, mask, inputs)
+        if data.num_timesteps < 2:
+            raise ValueError(f"fit_vem needs at least 2 time steps, got {data.num_timesteps}")
+        require_observed(data, "fit_vem")
+        _slds_vem.check_definite(params)
+        return _slds_vem.fit_vem(self, params, data, num_iters=num_iters, tol=tol,
+                                 num_inner=num_inner)
 
     def forecast_regime_probs(self, params: Any, y: ArrayLike, *, num_steps: int,
                               mask: ArrayLike | None = None,
