@@ -94,6 +94,7 @@ from statseq.models.switching import (  # noqa: E402
     SLDSParams,
     SwitchingLDS,
 )
+from statseq.models.deepstate import DeepStateParams, DeepStateSpace  # noqa: E402
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
 # script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax
@@ -219,6 +220,8 @@ __all__ = [
     "MSARParams",
     "SLDSParams",
     "SwitchingLDS",
+    "DeepStateParams",
+    "DeepStateSpace",
     "GaussianForecast",
     "LGSSMParams",
     "LinearGaussianSSM",
