@@ -67,7 +67,7 @@ class DeepStateParams(NamedTuple):
         >>> model = ss.DeepStateSpace(input_dim=2, hidden_dim=3)
         >>> params = model.init_params(jax.random.key(0))
         >>> params.weight.shape, model.output_names
-        ((2, 3), ('obs_var', 'components[0].level_var'))
+        ((2, 3), ('obs_var', 'components.0.level_var'))
     """
 
     backbone: Any
