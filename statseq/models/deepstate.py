@@ -24,6 +24,7 @@ forecast_moments` gives the exact Gaussian h-step predictive given future covari
 from __future__ import annotations
 
 import dataclasses
+import functools
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -48,7 +49,13 @@ from statseq.inference.gaussian import symmetrize
 from statseq.models.neural.base import Backbone
 from statseq.models.neural.cells import RNNBackbone
 from statseq.models.ssm.base import GaussianForecast
-from statseq.models.ssm.structural import Component, StructuralModel, Trend
+from statseq.models.ssm.structural import (
+    Component,
+    Seasonal,
+    StructuralModel,
+    Trend,
+    TrigSeasonal,
+)
 
 __all__ = ["DeepStateCarry", "DeepStateParams", "DeepStateSpace"]
 
@@ -160,6 +167,10 @@ class DeepStateSpace(SequenceModel):
         if isinstance(comps, Component):
             comps = (comps,)
         object.__setattr__(self, "components", tuple(comps))
+        for c in self.components:
+            if not isinstance(c, Trend | Seasonal | TrigSeasonal):
+                raise TypeError("components must be Trend, Seasonal or TrigSeasonal objects "
+                                f"(whose parameters are variances only), got {c!r}")
         self.structural  # noqa: B018 - validates the components eagerly
         if self.backbone is None:
             object.__setattr__(self, "backbone", RNNBackbone(
@@ -263,20 +274,50 @@ class DeepStateSpace(SequenceModel):
         return self.from_structural_params(start, key=key, weight_scale=0.1)
 
     # ---- per-step matrices --------------------------------------------------------------
+    @functools.cached_property
+    def _fixed_cache(self) -> dict:
+        return {}
+
+    @property
+    def _fixed(self):
+        """The structural model's matrices (NumPy, in the default float dtype) and ``Q``'s
+        basis: ``Q`` is linear in the component variances, ``Q = sum_k var_k E_k`` (the obs
+        variance first among the variances, then the components')."""
+        dtype = float_dtype()
+        if dtype not in self._fixed_cache:
+            self._fixed_cache[dtype] = self._fixed_arrays(dtype)
+        return self._fixed_cache[dtype]
+
+    def _fixed_arrays(self, dtype):
+        structural, nv = self.structural, self._num_variances
+        treedef = jax.tree.structure(structural.default_params())
+
+        def arrays_for(var):
+            with jax.ensure_compile_time_eval():  # constants, even when first met in a trace
+                out = structural.to_arrays(jax.tree.unflatten(
+                    treedef, [np.asarray(v, dtype) for v in var]))
+                return jax.tree.map(np.asarray, out)
+
+        base = arrays_for(np.zeros(nv))
+        basis = np.stack([arrays_for(np.eye(nv)[k]).dynamics_cov for k in range(1, nv)])
+        if self.initial_scale is not None:
+            n = self.state_dim
+            base = base._replace(initial_cov=self.initial_scale**2 * np.eye(n),
+                                 initial_diffuse=np.zeros((n, 0)))
+        return base, basis
+
     def step_arrays(self, params, h) -> kalman.GaussianSSMArrays:
         """The structural matrices set by the features ``h`` ``(F,)`` of one step."""
         z = params.weight @ h + params.bias
+        dtype = z.dtype
         nv = self._num_variances
         var = jax.nn.softplus(z[:nv]) ** 2
-        treedef = jax.tree.structure(self.structural.default_params())
-        arrays = self.structural.to_arrays(jax.tree.unflatten(treedef, list(var)))
+        base, basis = self._fixed
+        arrays = jax.tree.map(lambda a: jnp.asarray(a, dtype), base)
+        q = jnp.tensordot(var[1:], jnp.asarray(basis, dtype), axes=1)
+        arrays = arrays._replace(dynamics_cov=q, emission_cov=jnp.reshape(var[0], (1, 1)))
         if self.emission_bias:
             arrays = arrays._replace(emission_bias=z[nv:nv + 1])
-        if self.initial_scale is not None:
-            n = self.state_dim
-            arrays = arrays._replace(
-                initial_cov=self.initial_scale**2 * jnp.eye(n, dtype=var.dtype),
-                initial_diffuse=jnp.zeros((n, 0), var.dtype))
         return arrays
 
     def time_varying_arrays(self, params, inputs) -> kalman.GaussianSSMArrays:
