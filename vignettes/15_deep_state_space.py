@@ -66,9 +66,9 @@ from statseq.evaluation import crps_gaussian  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
-NUM_STATES = 8 if SMOKE else 48   # smoke: the first 8 states only
-NUM_SGD_STEPS = 60 if SMOKE else 1500
-NUM_LBFGS = 30 if SMOKE else 200
+NUM_STATES = 6 if SMOKE else 48  # smoke: the first 6 states only
+NUM_SGD_STEPS = 30 if SMOKE else 1500
+NUM_LBFGS = 20 if SMOKE else 200
 
 # %% [markdown]
 # ## The panel
