@@ -35,6 +35,7 @@ from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 # function must be bound here, after it (a lazy name would be shadowed by the module).
 from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
+from statseq.models.deepstate import DeepStateParams, DeepStateSpace  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
     BernoulliHMM,
     CategoricalHMM,
@@ -94,7 +95,6 @@ from statseq.models.switching import (  # noqa: E402
     SLDSParams,
     SwitchingLDS,
 )
-from statseq.models.deepstate import DeepStateParams, DeepStateSpace  # noqa: E402
 
 # Lazy (PEP 562): imported on first access, so `import statseq` does not load what a
 # script may never use: pandas (datasets), SciPy's stats (evaluation's tests), optax

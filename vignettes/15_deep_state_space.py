@@ -201,13 +201,15 @@ print(by_h.round(3).to_string())
 
 # %%
 fig, axes = plt.subplots(1, 4, figsize=(12, 2.8), sharey=False)
+z90 = stats.norm.ppf(0.95)
 for ax, j in zip(axes, range(0, J, max(J // 4, 1)), strict=False):
     ax.plot(years, y_all[j], "k.-", lw=0.8)
-    for fc, color, name in [(fc_per[j], "C0", "per-series"),
-                            (jax.tree.map(lambda a: a[j], fc_deep), "C2", "deep")]:
-        lo, hi = (np.asarray(x) for x in fc.interval(0.9))
-        ax.fill_between(years[-H:], lo, hi, color=color, alpha=0.25, label=f"{name} 90%")
-        ax.plot(years[-H:], np.asarray(fc.mean), color=color)
+    for mean, std, color, name in [(fc_per[j].mean, fc_per[j].std, "C0", "per-series"),
+                                   (fc_deep.mean[j], fc_deep.std[j], "C2", "deep")]:
+        mean, std = np.asarray(mean), np.asarray(std)
+        ax.fill_between(years[-H:], mean - z90 * std, mean + z90 * std, color=color,
+                        alpha=0.25, label=f"{name} 90%")
+        ax.plot(years[-H:], mean, color=color)
     ax.set(title=gsp.index[j].replace("_", " ").title(), xlabel="year")
 axes[0].legend(fontsize=7)
 fig.tight_layout()
