@@ -41,13 +41,17 @@
 # ($c_j$ centres each series at its 1970 value), i.e. how each economy moves against the
 # nation (the common national cycle taken out, as in vignette 10). The last three years,
 # 1984-1986, are held out. The covariates are known in advance: the state's census
-# region (9 indicators, a shared "embedding" of related states) and the year.
+# region (9 indicators, a shared "embedding" of related states). (A first version also
+# fed the year: the network then met years outside its training range in the forecast and
+# emitted extreme variances, a log score of -50; covariates must be within their training
+# range as much as regression covariates must.)
 #
 # We compare, on held-out log score, CRPS and interval coverage:
 #
 # * **per-series**: a local linear trend fitted to each state separately (48 MLEs);
 # * **pooled**: one local linear trend, its three variances shared by all states;
-# * **deep state space**: the network's variances, different per region and year.
+# * **deep state space**: the network's variances, different per region (and over time:
+#   the GRU's state evolves even under constant inputs).
 
 # %%
 import os
@@ -87,9 +91,7 @@ y_train, y_test = y_all[:, :-H], y_all[:, -H:]
 
 regions = np.unique(region)
 onehot = (region[:NUM_STATES, None] == regions[None, :]).astype(float)  # (J, 9)
-year_scaled = (years - years.mean()) / years.std()
-inputs_all = np.concatenate([np.broadcast_to(onehot[:, None, :], (J, T, len(regions))),
-                             np.broadcast_to(year_scaled[None, :, None], (J, T, 1))], axis=-1)
+inputs_all = np.broadcast_to(onehot[:, None, :], (J, T, len(regions))).copy()
 inputs_train, inputs_test = inputs_all[:, :-H], inputs_all[:, -H:]
 print(f"{J} series of {T} years ({years[0]}-{years[-1]}), the last {H} held out; "
       f"{inputs_all.shape[-1]} covariates")
@@ -128,22 +130,26 @@ print("per-series fits with a variance below 1e-4 (a boundary estimate): "
 # %% [markdown]
 # ## The deep state space model
 #
-# A GRU with 8 units reads the covariates; the readout starts at the pooled variances
+# A GRU with 4 units reads the covariates; the readout starts at the pooled variances
 # (`from_structural_params` sets the readout bias so that, with zero weights, the model
 # *is* the pooled local linear trend) with small random weights, and Adam maximizes the
-# exact likelihood of all 48 series.
+# exact likelihood of the series, with a random quarter of the states held out for early
+# stopping (`validation=0.25`).
 
 # %%
 deep = ss.DeepStateSpace((ss.Trend(slope=True),), input_dim=inputs_all.shape[-1],
-                         hidden_dim=8)
+                         hidden_dim=4)
 start = deep.from_structural_params(
     ss.StructuralParams(pooled.obs_var, (ss.TrendParams(pooled.level_var, pooled.slope_var),)),
     key=jax.random.key(0), weight_scale=0.1)
 fit = ss.fit_sgd(deep, start, y_train, inputs=inputs_train, learning_rate=0.01,
-                 num_steps=NUM_SGD_STEPS, key=jax.random.key(1), progress=False)
+                 num_steps=NUM_SGD_STEPS, validation=0.25, eval_every=20, patience=10,
+                 key=jax.random.key(1), progress=False)
 deep_params = fit.params
+print(f"{fit.num_iterations} Adam steps (early stopping on a quarter of the states held out)")
 print(f"training log-likelihood: pooled LLT {float(ss.log_prob(llt, pooled, y_train).sum()):.1f}, "
-      f"deep start {float(fit.log_joint[0]):.1f}, deep fitted {float(fit.log_joint[-1]):.1f}")
+      "deep state space "
+      f"{float(ss.log_prob(deep, deep_params, y_train, inputs=inputs_train).sum()):.1f}")
 
 # %% [markdown]
 # What the network learned: the standard deviations it emits, per region, averaged over
@@ -195,6 +201,12 @@ by_h = pd.DataFrame({
         ("deep state space", fc_deep.mean, fc_deep.std)]
 }, index=[f"h={h} ({years[-H + h - 1]})" for h in range(1, H + 1)]).T
 print(by_h.round(3).to_string())
+# the text below (full mode; smoke mode fits 6 states for a few steps)
+assert SMOKE or (table["log score"].idxmax() == "deep state space"
+                 and table["CRPS"].idxmin() == "deep state space"
+                 and table.loc["per-series LLT", "log score"] == table["log score"].min()
+                 and table.loc["per-series LLT", "cover 90%"] < 0.85
+                 and (by_h.idxmax() == "deep state space").all())
 
 # %% [markdown]
 # ## Forecasts of four states
@@ -218,7 +230,21 @@ plt.show()
 # %% [markdown]
 # ## What the tables say
 #
-# CONCLUSIONS
+# * **Per-series fits overfit the short series.** Most of the 48 separate maximum
+#   likelihood fits put a variance on the boundary at 0 (printed above), so their
+#   predictive intervals are too narrow: the 90% intervals cover clearly less than 90% of
+#   the held-out years, and their log score and CRPS are the worst of the three.
+# * **Sharing the variances helps most.** The pooled local linear trend, three variances
+#   for all states, improves every score over the per-series fits; its coverage is close
+#   to nominal.
+# * **The deep state space model adds a little on top.** Letting the network set the
+#   variances by region gives the best log score and CRPS, overall and at every horizon,
+#   but the gain over pooling is small next to the gain of pooling over separate fits,
+#   and its intervals are somewhat wide (90% intervals covered more than 90%). With 48
+#   series of 14 years and only region indicators as covariates there is little for a
+#   network to learn; the model's strength, covariates that change the noise over time,
+#   needs more and longer series. Its likelihood is still the exact Kalman filter, so
+#   these comparisons are between exact predictive distributions, not sampled ones.
 #
 # Reference: S. S. Rangapuram, M. Seeger, J. Gasthaus, L. Stella, Y. Wang, T. Januschowski
 # (2018), *Deep State Space Models for Time Series Forecasting*, NeurIPS 31.
