@@ -73,6 +73,10 @@ SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for th
 NUM_STATES = 6 if SMOKE else 48  # smoke: the first 6 states only
 NUM_SGD_STEPS = 30 if SMOKE else 1500
 NUM_LBFGS = 20 if SMOKE else 200
+# smoke mode skips compiling two programs: the per-series fits keep their starting values
+# and the deep fit has no validation split
+FIT_PER_SERIES = not SMOKE
+VALIDATION = None if SMOKE else 0.25
 
 # %% [markdown]
 # ## The panel
@@ -117,7 +121,7 @@ per_series = []
 for j in range(J):
     start = llt.initialize(y_train[j])
     per_series.append(ss.fit_lbfgs(llt, start, y_train[j], num_iters=NUM_LBFGS,
-                                   progress=False).params)
+                                   progress=False).params if FIT_PER_SERIES else start)
 pooled = ss.fit_lbfgs(llt, llt.initialize(y_train), y_train, num_iters=NUM_LBFGS,
                       progress=False).params
 per_vars = np.array([[float(p.obs_var), float(p.level_var), float(p.slope_var)]
@@ -143,7 +147,7 @@ start = deep.from_structural_params(
     ss.StructuralParams(pooled.obs_var, (ss.TrendParams(pooled.level_var, pooled.slope_var),)),
     key=jax.random.key(0), weight_scale=0.1)
 fit = ss.fit_sgd(deep, start, y_train, inputs=inputs_train, learning_rate=0.01,
-                 num_steps=NUM_SGD_STEPS, validation=0.25, eval_every=20, patience=10,
+                 num_steps=NUM_SGD_STEPS, validation=VALIDATION, eval_every=20, patience=10,
                  key=jax.random.key(1), progress=False)
 deep_params = fit.params
 print(f"{fit.num_iterations} Adam steps (early stopping on a quarter of the states held out)")
