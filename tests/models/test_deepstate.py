@@ -230,6 +230,10 @@ def test_bad_input_gives_clear_errors(data):
         ss.DeepStateSpace(input_dim=0)
     with pytest.raises(ValueError, match=r"backbone.input_dim"):
         ss.DeepStateSpace(input_dim=2, backbone=ss.GRU(hidden_dim=2, input_dim=3).backbone)
+    with pytest.raises(TypeError, match="variances only"):
+        ss.DeepStateSpace((ss.Trend(), ss.ARComponent(order=1)), input_dim=2)
+    with pytest.raises(TypeError, match="Backbone"):
+        ss.DeepStateSpace(input_dim=2, backbone="gru")
     with pytest.raises(ValueError, match="positive variances"):
         model.from_structural_params(ss.LocalLevelParams(1.0, -1.0), key=KEY)
     with pytest.raises(ValueError, match="shape"):
