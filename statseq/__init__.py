@@ -35,6 +35,7 @@ from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 # function must be bound here, after it (a lazy name would be shadowed by the module).
 from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
+from statseq.models.deepstate import DeepStateParams, DeepStateSpace  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
     BernoulliHMM,
     CategoricalHMM,
@@ -225,6 +226,8 @@ __all__ = [
     "MSARParams",
     "SLDSParams",
     "SwitchingLDS",
+    "DeepStateParams",
+    "DeepStateSpace",
     "GaussianForecast",
     "LGSSMParams",
     "LinearGaussianSSM",
