@@ -260,10 +260,9 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
     strings), mapped through ``classes_``.
 
     Ragged sequences and EM: the padding is a run of missing observations after each
-    sequence's end. Every likelihood is unchanged by it (nothing after a sequence's end
-    enters its likelihood), but `statseq.fit_em` counts expected transitions into the
-    padded steps, so its iterates differ from those of EM over each sequence at its own
-    length (hmmlearn's); with equal lengths the two traces agree (benchmarks/RESULTS.md).
+    sequence's end. Every likelihood is unchanged by it, and `statseq.fit_em` gives the
+    padding no transition counts, so its iterates equal those of EM over each sequence at
+    its own length (hmmlearn's).
 
     Follows scikit-learn's estimator conventions (`sklearn.base.clone`,
     ``cross_val_score``, ``GridSearchCV`` work; ``model__num_states`` is a tunable deep
