@@ -53,7 +53,13 @@ from statseq.inference.diagonal_ssm import (
 )
 from statseq.inference.hippo import S4D_INITS, s4d_init
 from statseq.inference.linear_recurrence import linear_recurrence
-from statseq.models.neural.residual import ResidualStack, ResidualStackModel, dense_init
+from statseq.models.neural.residual import (
+    ResidualStack,
+    ResidualStackModel,
+    check_mode,
+    dense_init,
+    resolve_mode,
+)
 
 #: Whole-sequence evaluation modes of the S4D and S5 layers.
 MODES = ("recurrent", "scan", "convolution")
@@ -149,18 +155,9 @@ class DiagonalSSMStack(ResidualStack):
         if self.state_dim % 2:
             raise ValueError(f"state_dim must be even (N/2 conjugate pairs), got "
                              f"{self.state_dim}")
-        if self.mode is not None and self.mode not in MODES:
-            raise ValueError(f"mode must be None or one of {MODES}, got {self.mode!r}")
-        if self.evaluation not in (None, "sequential"):
-            raise ValueError(
-                f"evaluation={self.evaluation!r}: {type(self).__name__} layers are linear "
-                f"recurrences evaluated exactly by mode= {MODES}; use evaluation=None")
-        implied = ("recurrent" if self.evaluation == "sequential" or self.parallel is False
-                   else "scan" if self.parallel else None)
-        if self.mode is not None and implied is not None and implied != self.mode:
-            raise ValueError(
-                f"mode={self.mode!r} contradicts parallel={self.parallel}, "
-                f"evaluation={self.evaluation!r} (which mean mode={implied!r}): pass mode only")
+        # linear recurrences, evaluated exactly in every mode: no Newton solver applies
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES,
+                   name=type(self).__name__.removesuffix("Backbone"), parallel_modes=("scan",))
         if self.discretization not in DISCRETIZATIONS:
             raise ValueError(f"discretization must be one of {DISCRETIZATIONS}, got "
                              f"{self.discretization!r}")
@@ -177,11 +174,8 @@ class DiagonalSSMStack(ResidualStack):
 
     def whole_sequence_mode(self, num_steps: int) -> str:
         """The mode that evaluates a whole sequence of ``num_steps`` steps."""
-        if self.mode is not None:
-            return self.mode
-        if self.recurrence_parallel is not None:
-            return "scan" if self.recurrence_parallel else "recurrent"
-        return default_mode(num_steps)
+        return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="scan",
+                            default=lambda: default_mode(num_steps))
 
     def _discretize(self, a, b, dt):
         fn = discretize_zoh if self.discretization == "zoh" else discretize_bilinear
