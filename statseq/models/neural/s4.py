@@ -73,17 +73,79 @@ CONVOLUTION_MIN_STEPS = 1024
 FINAL_STATE_CHUNK = 2048
 
 
-def default_mode(num_steps: int, backend: str | None = None) -> str:
+#: ``mode=None`` leaves a mode whose program estimate (`program_bytes`) exceeds this many
+#: bytes for the convolution when the convolution's estimate is smaller (S4D).
+MAX_PROGRAM_BYTES = 2 * 2**30
+
+
+def program_bytes(mode: str, *, batch: int, num_steps: int, width: int, state_dim: int,
+                  num_layers: int = 1, itemsize: int = 4) -> int:
+    """An estimate of the memory (bytes) of S4D's log-likelihood-and-gradient program over
+    a batch in ``mode``: what the gradient keeps per step, linear in every size,
+
+        recurrent:    5 B T L H N s,
+        scan:        15 B T L H N s          (the associative scan's levels),
+        convolution: (12 + 1.5 N) B T L H s  (the FFTs' length-2T signals, per channel),
+
+    with ``B`` the batch, ``T`` the steps, ``L`` the layers, ``H`` the width, ``N`` the
+    state size (``N/2`` complex states per channel) and ``s`` the bytes of a float. The
+    constants are fitted to XLA's estimate (``compiled.memory_analysis()``, temporaries +
+    arguments + outputs, as `benchmarks/bench_backbones.py` reports it) of
+    ``jax.value_and_grad`` of the batch log-likelihood, float32, CPU: at ``(B, T, H, N, L)
+    = (4..8, 1000..2000, 16..32, 16..32, 1..2)`` the recurrence measured 4.3-4.6, the scan
+    9.9-14.8 (per ``B T L H N s``), the convolution 25-54 (per ``B T L H s``); at
+    ``(32, 10^4, 64, 16, 2)`` (`benchmarks/RESULTS.md`, "Modern backbones") the recurrence
+    13.1 GiB (formula: 12.2 GiB) and the convolution 3.2 GiB (formula: 5.9 GiB). Good to a
+    factor 2: enough to choose a mode, not a memory budget.
+
+    Args:
+        mode: one of `MODES`.
+        batch: sequences ``B``.
+        num_steps: steps ``T``.
+        width: the model width ``H``.
+        state_dim: the state size ``N``.
+        num_layers: layers ``L``.
+        itemsize: bytes per float ``s`` (4 for float32, 8 for float64).
+
+    Returns:
+        The estimate in bytes.
+
+    Examples:
+        >>> round(program_bytes("recurrent", batch=32, num_steps=10**4, width=64,
+        ...                     state_dim=16, num_layers=2) / 2**30, 1)
+        12.2
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    cells = batch * num_steps * num_layers * width * itemsize
+    per_cell = {"recurrent": 5.0 * state_dim, "scan": 15.0 * state_dim,
+                "convolution": 12.0 + 1.5 * state_dim}[mode]
+    return int(per_cell * cells)
+
+
+def default_mode(num_steps: int, backend: str | None = None, *, batch: int = 1,
+                 width: int | None = None, state_dim: int | None = None,
+                 num_layers: int = 1, itemsize: int = 4,
+                 max_bytes: int | None = None) -> str:
     """The whole-sequence mode that ``mode=None`` picks for ``num_steps`` steps.
 
     ``"recurrent"`` on CPU (the associative scan and the FFT do more arithmetic for no
     gain on a few cores); on GPU/TPU ``"convolution"`` from `CONVOLUTION_MIN_STEPS`
     steps and ``"scan"`` below (provisional thresholds, to be set from the backbone
-    benchmarks).
+    benchmarks). **Memory-aware** when the sizes are given (``width`` and ``state_dim``):
+    if that pick's program is estimated (`program_bytes`) above ``max_bytes`` and the
+    convolution's estimate is smaller, the convolution instead (on CPU at batch 32,
+    ``T = 10^4``, width 64, ``N = 16``, two layers: recurrence 12 GiB, convolution 6).
 
     Args:
         num_steps: sequence length ``T``.
         backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (default: `jax.default_backend`).
+        batch: sequences evaluated together ``B``.
+        width: the model width ``H`` (``None``: no memory rule).
+        state_dim: the state size ``N`` (``None``: no memory rule).
+        num_layers: layers ``L``.
+        itemsize: bytes per float.
+        max_bytes: the threshold (``None``: `MAX_PROGRAM_BYTES`, 2 GiB).
 
     Returns:
         One of `MODES`.
@@ -91,11 +153,23 @@ def default_mode(num_steps: int, backend: str | None = None) -> str:
     Examples:
         >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10_000, "gpu")
         ('recurrent', 'scan', 'convolution')
+        >>> default_mode(10_000, "cpu", batch=32, width=64, state_dim=16, num_layers=2)
+        'convolution'
     """
     backend = jax.default_backend() if backend is None else backend
     if backend == "cpu":
-        return "recurrent"
-    return "convolution" if num_steps >= CONVOLUTION_MIN_STEPS else "scan"
+        pick = "recurrent"
+    else:
+        pick = "convolution" if num_steps >= CONVOLUTION_MIN_STEPS else "scan"
+    if pick == "convolution" or width is None or state_dim is None:
+        return pick
+    max_bytes = MAX_PROGRAM_BYTES if max_bytes is None else max_bytes
+    sizes = dict(batch=batch, num_steps=num_steps, width=width, state_dim=state_dim,
+                 num_layers=num_layers, itemsize=itemsize)
+    if (program_bytes(pick, **sizes) > max_bytes
+            and program_bytes("convolution", **sizes) < program_bytes(pick, **sizes)):
+        return "convolution"
+    return pick
 
 
 def _power_weighted_sum(log_a, vs):
@@ -172,10 +246,27 @@ class DiagonalSSMStack(ResidualStack):
         """``N/2``: complex states kept (one per conjugate pair)."""
         return self.state_dim // 2
 
-    def whole_sequence_mode(self, num_steps: int) -> str:
-        """The mode that evaluates a whole sequence of ``num_steps`` steps."""
+    #: Whether ``mode=None`` uses `default_mode`'s memory rule (`program_bytes` is fitted
+    #: to S4D's programs; S5 keeps the backend/length rule).
+    memory_aware_default = False
+
+    def whole_sequence_mode(self, num_steps: int, batch: int = 1, itemsize: int = 4) -> str:
+        """The mode that evaluates ``batch`` whole sequences of ``num_steps`` steps."""
+        sizes = (dict(batch=batch, width=self.hidden_dim, state_dim=self.state_dim,
+                      num_layers=self.num_layers, itemsize=itemsize)
+                 if self.memory_aware_default else {})
         return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="scan",
-                            default=lambda: default_mode(num_steps))
+                            default=lambda: default_mode(num_steps, **sizes))
+
+    def scan_time_major(self, params, state, xs):
+        """A batch ``xs`` ``(T, B, input_dim)``: under ``mode=None`` the mode is chosen once
+        for the whole batch (`whole_sequence_mode` with ``B``), then `scan` vmapped."""
+        if self.mode is None and self.memory_aware_default:
+            mode = self.whole_sequence_mode(xs.shape[0], batch=xs.shape[1],
+                                            itemsize=jnp.dtype(xs.dtype).itemsize)
+            return super(DiagonalSSMStack, dataclasses.replace(self, mode=mode)
+                         ).scan_time_major(params, state, xs)
+        return super().scan_time_major(params, state, xs)
 
     def _discretize(self, a, b, dt):
         fn = discretize_zoh if self.discretization == "zoh" else discretize_bilinear
@@ -265,6 +356,7 @@ class S4DBackbone(DiagonalSSMStack):
     """
 
     init: str = "inv"
+    memory_aware_default = True  # class attribute, not a field
 
     def __post_init__(self):
         super().__post_init__()
@@ -342,7 +434,7 @@ class S4DBackbone(DiagonalSSMStack):
 
     def layer_scan(self, p, state, vs):
         t_len = vs.shape[0]
-        mode = self.whole_sequence_mode(t_len)
+        mode = self.whole_sequence_mode(t_len, itemsize=jnp.dtype(vs.dtype).itemsize)
         disc, c = self.discretized(p)
         x0 = _complex_state(state)
         if t_len == 0:
