@@ -28,7 +28,9 @@ scan, `statseq.inference.linear_recurrence`) and ``"convolution"`` (the kernel
 ``K_j = 2 Re sum_n c_n b̄_n ā_n^j`` in closed form, `statseq.inference.diagonal_ssm.ssm_kernel`,
 applied by FFT, `statseq.inference.diagonal_ssm.causal_convolution`, plus the free response
 ``2 Re sum_n c_n ā_n^{t+1} x_{-1,n}`` of a carried state). ``mode=None`` chooses by
-backend and length (`default_mode`). Generation (`statseq.sample`, `statseq.forecast`,
+backend and length (`default_mode`), and for S4D by the estimated memory of the program
+(`program_bytes`: the convolution where the recurrence would exceed 2 GiB). Generation
+(`statseq.sample`, `statseq.forecast`,
 the filter with missing values) runs one step at a time; each layer's complex state is
 carried as a real array ``[Re x, Im x]`` (``(2, H, N/2)``). Tests show the modes give the
 same log-probabilities and gradients to 1e-10 in float64.
@@ -482,8 +484,8 @@ class S4D(ResidualStackModel):
         dt_min: smallest initial time step ``Δ``.
         dt_max: largest initial time step ``Δ``.
         mode: ``"recurrent"`` (``lax.scan``), ``"scan"`` (associative scan),
-            ``"convolution"`` (Vandermonde kernel and FFT) or ``None`` (by backend and
-            length, `default_mode`).
+            ``"convolution"`` (Vandermonde kernel and FFT) or ``None`` (by backend, length
+            and estimated memory, `default_mode`).
         parallel: the older switch of the other backbones: ``True`` means
             ``mode="scan"``, ``False`` ``mode="recurrent"``; a contradiction with
             ``mode`` is a ValueError.
