@@ -56,9 +56,14 @@ def _forecast(spec, y, mask=None):
                        key=jax.random.key(0))
 
 
+def _fit_ridge(spec, y, mask=None):  # NGRC's closed-form fit
+    return spec.model.fit_ridge(y, mask=mask)
+
+
 ENTRY_POINTS = {
     "log_prob": _log_prob, "filter": _filter, "smoother": _smoother, "fit_em": _fit_em,
     "fit_sgd": _fit_sgd, "fit_lbfgs": _fit_lbfgs, "forecast": _forecast,
+    "fit_ridge": _fit_ridge,
 }
 
 
@@ -69,6 +74,8 @@ def _applies(spec, entry: str) -> bool:
         return spec.has_smoother
     if entry == "fit_em":
         return spec.has_em
+    if entry == "fit_ridge":
+        return hasattr(spec.model, "fit_ridge")
     return True
 
 
