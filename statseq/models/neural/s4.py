@@ -97,7 +97,7 @@ def program_bytes(mode: str, *, batch: int, num_steps: int, width: int, state_di
     = (4..8, 1000..2000, 16..32, 16..32, 1..2)`` the recurrence measured 4.3-4.6, the scan
     9.9-14.8 (per ``B T L H N s``), the convolution 25-54 (per ``B T L H s``); at
     ``(32, 10^4, 64, 16, 2)`` (`benchmarks/RESULTS.md`, "Modern backbones") the recurrence
-    13.1 GiB (formula: 12.2 GiB) and the convolution 3.2 GiB (formula: 5.9 GiB). Good to a
+    13.1 GiB (formula: 12.2 GiB) and the convolution 3.2 GiB (formula: 5.5 GiB). Good to a
     factor 2: enough to choose a mode, not a memory budget.
 
     Args:
@@ -137,7 +137,7 @@ def default_mode(num_steps: int, backend: str | None = None, *, batch: int = 1,
     benchmarks). **Memory-aware** when the sizes are given (``width`` and ``state_dim``):
     if that pick's program is estimated (`program_bytes`) above ``max_bytes`` and the
     convolution's estimate is smaller, the convolution instead (on CPU at batch 32,
-    ``T = 10^4``, width 64, ``N = 16``, two layers: recurrence 12 GiB, convolution 6).
+    ``T = 10^4``, width 64, ``N = 16``, two layers: recurrence 12.2 GiB, convolution 5.5 GiB).
 
     Args:
         num_steps: sequence length ``T``.
