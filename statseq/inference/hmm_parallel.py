@@ -73,12 +73,15 @@ def _elements(pi, log_trans, ll):
     return jnp.concatenate([first[None], log_trans + ll[1:, None, :]])
 
 
-def _forward(pi, fixed, per_step, ll):
-    """Log transitions ``(T-1, K, K)``, elements, normalized log filtered ``(T, K)``."""
+def _forward(pi, fixed, per_step, ll, scan=jax.lax.associative_scan):
+    """Log transitions ``(T-1, K, K)``, elements, normalized log filtered ``(T, K)``.
+
+    ``scan`` is `jax.lax.associative_scan` or a drop-in with its signature (the time-sharded
+    scan of `statseq.distributed.time`)."""
     trans = broadcast_transitions(fixed if per_step is None else per_step, ll.shape[0])
     log_trans = jnp.log(trans)
     elements = _elements(pi, log_trans, ll)
-    prefixes = jax.lax.associative_scan(_combine, elements)
+    prefixes = scan(_combine, elements)
     log_filtered = jax.nn.log_softmax(prefixes[:, 0, :], axis=-1)
     return log_trans, elements, log_filtered
 
@@ -166,15 +169,18 @@ def hmm_smoother(
         An `~statseq.inference.hmm.HMMPosterior`.
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    return _smoother(pi, fixed, per_step, ll, sum_transitions)
+
+
+def _smoother(pi, fixed, per_step, ll, sum_transitions, scan=jax.lax.associative_scan):
+    """`hmm_smoother` on checked inputs, with the associative scan ``scan`` (`_forward`)."""
     ll, impossible = _skip_impossible(ll)
-    log_trans, elements, log_filtered = _forward(pi, fixed, per_step, ll)
+    log_trans, elements, log_filtered = _forward(pi, fixed, per_step, ll, scan)
     filt = _filter_result(pi, log_trans, ll, log_filtered, impossible)
 
     num_states = ll.shape[1]
     last = jnp.zeros((1, num_states, num_states), ll.dtype)
-    suffixes = jax.lax.associative_scan(
-        _combine_backward, jnp.concatenate([elements[1:], last]), reverse=True
-    )
+    suffixes = scan(_combine_backward, jnp.concatenate([elements[1:], last]), reverse=True)
     log_beta = suffixes[:, :, 0]
     smoothed = jax.nn.softmax(log_filtered + log_beta, axis=-1)
 
