@@ -189,7 +189,10 @@ def time_sharded_scan(fn: Callable, elems, reverse: bool = False, *, mesh: Mesh 
     out = _shard_map(block, mesh, (spec,), spec)(padded)
     if not pad:
         return out
-    return jax.tree.map(lambda a: a[pad:] if reverse else a[:num_t], out)
+    # keep the unpadded result sharded over time (unevenly), not gathered on every device
+    sharding = jax.sharding.NamedSharding(mesh, spec)
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(
+        a[pad:] if reverse else a[:num_t], sharding), out)
 
 
 def _scan_for(mesh, axis_name, local_scan=None):
