@@ -132,8 +132,11 @@ def main():
     parser.add_argument("--devices", default="1,2,4,8")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--json", default="", help="also write the rows to this file")
+    parser.add_argument("--only", default="", help="one workload: hmm, kalman or recurrence")
+    parser.add_argument("--min-t", type=int, default=0, help="skip shorter sequences")
     args = parser.parse_args()
-    sizes = QUICK if args.quick else FULL
+    sizes = {name: [t for t in ts if t >= args.min_t and args.only in ("", name)]
+             for name, ts in (QUICK if args.quick else FULL).items()}
     if args.child:
         print("ROWS" + json.dumps(child(args.child, sizes, args.gpu)))
         return
@@ -144,8 +147,8 @@ def main():
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
                                 + f" --xla_force_host_platform_device_count={d}").strip()
             env["JAX_PLATFORMS"] = "cpu"
-        cmd = [sys.executable, __file__, "--child", str(d)] + (["--quick"] if args.quick
-                                                                else []) + (
+        cmd = [sys.executable, __file__, "--child", str(d), "--only", args.only,
+               "--min-t", str(args.min_t)] + (["--quick"] if args.quick else []) + (
             ["--gpu"] if args.gpu else [])
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if out.returncode:

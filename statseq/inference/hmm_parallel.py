@@ -36,7 +36,6 @@ from statseq.inference.hmm import (
     HMMFilterResult,
     HMMPosterior,
     _prepare_inputs,
-    broadcast_transitions,
 )
 
 
@@ -67,19 +66,22 @@ def _combine_backward(later, earlier):
 
 
 def _elements(pi, log_trans, ll):
-    """``(T, K, K)`` log-space elements ``E_t`` (module docstring)."""
+    """``(T, K, K)`` log-space elements ``E_t`` (module docstring); ``log_trans`` is
+    ``(T-1, K, K)`` or one ``(K, K)`` matrix for every step."""
     num_states = ll.shape[1]
     first = jnp.broadcast_to(jnp.log(pi) + ll[0], (num_states, num_states))
     return jnp.concatenate([first[None], log_trans + ll[1:, None, :]])
 
 
 def _forward(pi, fixed, per_step, ll, scan=jax.lax.associative_scan):
-    """Log transitions ``(T-1, K, K)``, elements, normalized log filtered ``(T, K)``.
+    """Log transitions (``(T-1, K, K)``, or ``(K, K)`` if fixed), elements, normalized log
+    filtered ``(T, K)``.
 
     ``scan`` is `jax.lax.associative_scan` or a drop-in with its signature (the time-sharded
     scan of `statseq.distributed.time`)."""
-    trans = broadcast_transitions(fixed if per_step is None else per_step, ll.shape[0])
-    log_trans = jnp.log(trans)
+    # a fixed matrix stays (K, K) and broadcasts against the steps: a (T-1, K, K) copy would
+    # double the memory of the elements (and be whole on every device when time is sharded)
+    log_trans = jnp.log(fixed if per_step is None else per_step)
     elements = _elements(pi, log_trans, ll)
     prefixes = scan(_combine, elements)
     log_filtered = jax.nn.log_softmax(prefixes[:, 0, :], axis=-1)
