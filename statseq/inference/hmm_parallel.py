@@ -68,9 +68,19 @@ def _combine_backward(later, earlier):
 def _elements(pi, log_trans, ll):
     """``(T, K, K)`` log-space elements ``E_t`` (module docstring); ``log_trans`` is
     ``(T-1, K, K)`` or one ``(K, K)`` matrix for every step."""
-    num_states = ll.shape[1]
-    first = jnp.broadcast_to(jnp.log(pi) + ll[0], (num_states, num_states))
-    return jnp.concatenate([first[None], log_trans + ll[1:, None, :]])
+    num_t, num_states = ll.shape
+    first = (jnp.arange(num_t) == 0)[:, None, None]
+    # no slices ll[1:] or concatenations along time: with time split over devices they would
+    # be arrays of T - 1 steps, which XLA keeps whole on every device
+    return jnp.where(first, jnp.log(pi), _steps(log_trans, num_t)) + ll[:, None, :]
+
+
+def _steps(log_trans, num_t):
+    """``log A_{t-1}`` at every step ``t`` (``(T, K, K)``, a placeholder at ``t = 0``) or the
+    fixed ``(K, K)``."""
+    if log_trans.ndim == 2:
+        return log_trans
+    return jnp.concatenate([jnp.zeros_like(log_trans[:1]), log_trans])
 
 
 def _forward(pi, fixed, per_step, ll, scan=jax.lax.associative_scan):
@@ -99,9 +109,11 @@ def _skip_impossible(ll):
 
 def _filter_result(pi, log_trans, ll, log_filtered, impossible=None) -> HMMFilterResult:
     # log p(z_t = j | y_{<t}) = logsumexp_i (log f_{t-1}(i) + log A_{t-1}[i, j])
-    log_predicted = jnp.concatenate(
-        [jnp.log(pi)[None], _log_matmul(log_filtered[:-1, None, :], log_trans)[:, 0, :]]
-    )
+    num_t = ll.shape[0]
+    previous = jnp.roll(log_filtered, 1, axis=0)  # row 0 (the last step) is replaced below
+    log_predicted = jnp.where(
+        (jnp.arange(num_t) == 0)[:, None], jnp.log(pi),
+        _log_matmul(previous[:, None, :], _steps(log_trans, num_t))[:, 0, :])
     log_normalizers = jax.nn.logsumexp(log_predicted + ll, axis=-1)
     if impossible is not None:
         log_normalizers = jnp.where(impossible, -jnp.inf, log_normalizers)
