@@ -103,6 +103,7 @@ from statseq.models.switching import (  # noqa: E402
 # Name -> module that defines it; a module's own name maps to None (the module itself).
 _LAZY = {
     "datasets": None,
+    "distributed": None,
     # subpackages that `import statseq` used to load, still reachable as attributes
     "bayes": None,
     "evaluation": None,
