@@ -34,6 +34,7 @@ one `Backbone.scan`), `EncoderDecoder.greedy_decode` (the mode at each step),
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -61,7 +62,7 @@ class IdentityBackbone(Backbone):
     Examples:
         >>> import jax.numpy as jnp
         >>> b = IdentityBackbone(input_dim=3)
-        >>> b.step((), b.initial_state(()), jnp.arange(3.0))[1].tolist()
+        >>> b.step(None, b.initial_state(None), jnp.arange(3.0))[1].tolist()
         [0.0, 1.0, 2.0]
     """
 
@@ -72,14 +73,14 @@ class IdentityBackbone(Backbone):
         return self.input_dim
 
     def param_shapes(self):
-        return ()
+        return None
 
     def param_constraints(self):
-        return ()
+        return None
 
     def init_params(self, key):
         del key
-        return ()
+        return None
 
     def initial_state(self, params):
         del params
@@ -230,32 +231,32 @@ class EncoderDecoder(SequenceModel):
                                        input_dim=input_dim - self.encoded_dim)
         return template.backbone
 
-    @property
+    @functools.cached_property
     def encoded_dim(self) -> int:
         """Size of an encoded value with its observed-indicators."""
         head = make_head(self.emission, feature_dim=1, emission_dim=self.emission_dim,
                          num_classes=self.num_classes)
         return head.encoded_dim + head.indicator_dim
 
-    @property
+    @functools.cached_property
     def encoder_backbone(self) -> Backbone:
         """The encoder: reads ``[enc(x_t), m_t, u_t]``."""
         return self._build(self.encoder, self.encoded_dim + self.input_dim)
 
-    @property
+    @functools.cached_property
     def decoder_backbone(self) -> Backbone:
         """The decoder: reads ``[enc(y_{k-1}), m_{k-1}, u_{T+k}, c_T]``."""
         part = self.decoder if self.decoder is not None else self.encoder
         return self._build(part, self.encoded_dim + self.input_dim
                            + self.encoder_backbone.output_dim)
 
-    @property
+    @functools.cached_property
     def head(self) -> Head:
         """The emission head (reads the decoder's features)."""
         return make_head(self.emission, feature_dim=self.decoder_backbone.output_dim,
                          emission_dim=self.emission_dim, num_classes=self.num_classes)
 
-    @property
+    @functools.cached_property
     def shares_state(self) -> bool:
         """Whether the decoder starts from the encoder's final state (same pytree)."""
         enc, dec = self.encoder_backbone, self.decoder_backbone
@@ -375,8 +376,10 @@ class EncoderDecoder(SequenceModel):
         mask = np.isfinite(arr)
         if not allow_missing and not mask.all():
             raise ValueError(f"{name} contains NaN or infinite values")
-        self.head.validate(np.where(mask, arr, 0.0), mask)
-        return jnp.asarray(np.where(mask, arr, 0.0), float_dtype()), jnp.asarray(mask)
+        arr = np.where(mask, arr, 0.0)
+        self.head.validate(arr, mask)
+        dtype = jnp.int32 if self.emission == "categorical" else float_dtype()
+        return jnp.asarray(arr, dtype), jnp.asarray(mask)
 
     def _covariates(self, inputs, num_steps, name):
         n = self.input_dim
