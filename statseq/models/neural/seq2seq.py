@@ -98,6 +98,13 @@ class EncoderDecoderParams(NamedTuple):
         encoder: the encoder backbone's parameter pytree.
         decoder: the decoder backbone's parameter pytree.
         head: the emission head's parameters (read by the decoder's features).
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> model = ss.EncoderDecoder(encoder=ss.ElmanRNN(hidden_dim=3))
+        >>> params = model.initialize(np.zeros(10), key=jax.random.key(0))
+        >>> params._fields
+        ('encoder', 'decoder', 'head')
     """
 
     encoder: Any
@@ -115,6 +122,14 @@ class EncoderDecoderCarry(NamedTuple):
         prev: ``[enc(y) * m, m]`` of the last value read.
         decoding: whether updates advance the decoder (encoder frozen).
         t: number of values read.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> model = ss.EncoderDecoder(encoder=ss.ElmanRNN(hidden_dim=3))
+        >>> params = model.initialize(np.zeros(10), key=jax.random.key(0))
+        >>> carry = model.encode_source(params, np.zeros(4))   # ready to decode
+        >>> bool(carry.decoding), int(carry.t), carry.context.shape
+        (True, 4, (3,))
     """
 
     encoder: Any

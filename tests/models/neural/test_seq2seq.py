@@ -11,7 +11,6 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import statseq as ss
