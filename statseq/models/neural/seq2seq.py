@@ -289,7 +289,10 @@ class EncoderDecoder(SequenceModel):
         return self.head.observation_dtype
 
     def config(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Not available yet: the encoder and decoder are models, not JSON values, and the
+        model is not registered, so `statseq.save` cannot write it (a clear error)."""
+        raise TypeError("EncoderDecoder cannot be saved with statseq.save yet (its encoder "
+                        "and decoder are models); save its parameter leaves with numpy")
 
     def param_shapes(self) -> EncoderDecoderParams:
         return EncoderDecoderParams(self.encoder_backbone.param_shapes(),

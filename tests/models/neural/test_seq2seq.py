@@ -208,3 +208,5 @@ def test_bad_input(gaussian, categorical):
         EncoderDecoder(encoder="gru")
     with pytest.raises(ValueError, match="context_length"):
         EncoderDecoder(context_length=0)
+    with pytest.raises(TypeError, match="cannot be saved"):
+        ss.save("unused", model, params)
