@@ -161,6 +161,20 @@ def test_backtest_and_forecast_with_future_covariates(gaussian):
         np.testing.assert_allclose(res.samples[i], np.asarray(fc.samples), atol=1e-10)
 
 
+def test_backtest_two_step_score_is_the_decoder_marginal(categorical):
+    """The backtest's k = 2 Monte Carlo log score against the exact sum over y_{o}: the
+    paths decode (the encoder frozen at the origin), as the forecast's samples do."""
+    model, params, y = categorical
+    o = 8
+    res = ss.backtest(model, params, y, horizon=2, origins=[o], num_samples=10,
+                      num_paths=2048, key=jax.random.key(7))
+    exact = np.log(sum(np.exp(float(jnp.sum(model.teacher_forced_log_probs(
+        params, y[:o], np.array([a, y[o + 1]]))))) for a in range(3)))
+    row = res.table[res.table.horizon == 2].iloc[0]
+    assert bool(row.log_score_is_estimate) and row.log_score_se > 0
+    assert abs(row.log_score - exact) < 4 * row.log_score_se + 1e-12
+
+
 def test_fit_sgd_teacher_forcing(gaussian):
     model, params, y, u = gaussian
     windowed = EncoderDecoder(encoder=model.encoder, decoder=model.decoder, input_dim=1,
