@@ -66,6 +66,7 @@ from statseq.models.neural import (  # noqa: E402
 )
 from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
 from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
+from statseq.models.neural.seq2seq import EncoderDecoder, IdentityBackbone  # noqa: E402
 from statseq.models.neural.transformer import Transformer, TransformerBackbone  # noqa: E402
 from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
 from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
@@ -210,6 +211,8 @@ __all__ = [
     "S5Backbone",
     "Transformer",
     "TransformerBackbone",
+    "EncoderDecoder",
+    "IdentityBackbone",
     "NGRC",
     "NGRCParams",
     "ElmanRNN",
