@@ -356,6 +356,14 @@ def prepare_sized(model, y, mask=None, inputs=None, *, trailing: bool = False,
 
 
 def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
+    if isinstance(y, jax.Array) and not _is_tracer(y) and len(y.sharding.device_set) > 1:
+        # a batch sharded over a device mesh (statseq.distributed, loaded only here): each
+        # process checks its own sequences, the flat arrays keep the batch sharding
+        from statseq.distributed.data import is_sharded, prepare_sharded
+
+        if is_sharded(y):
+            return prepare_sharded(model, y, mask, inputs, name,
+                                   lambda m, yy, mm, uu, nn: _prepare_data(m, yy, mm, uu, nn))
     event_shape = tuple(model.event_shape)
     event_ndim = len(event_shape)
     if is_pandas(y):
