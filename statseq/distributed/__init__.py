@@ -5,4 +5,4 @@ Nothing here is imported by ``import statseq``: ``statseq.distributed`` loads on
 See ``docs/scaling.md``.
 """
 
-from statseq.distributed.data import ShardedBatch, data_mesh, shard_batch, unpad
+from statseq.distributed.data import ShardedBatch, data_mesh, shard_batch, unpad  # noqa: F401
