@@ -615,6 +615,16 @@ def check_positive_int(value, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def all_observed(mask) -> bool:
+    """Whether every entry of a concrete ``mask`` is ``True`` (also for a mask spread over
+    processes, `statseq.distributed`, where it is one reduction all processes agree on)."""
+    if isinstance(mask, jax.Array) and not mask.is_fully_addressable:
+        from statseq.distributed.data import global_any
+
+        return not global_any(~mask)
+    return bool(np.all(np.asarray(mask)))
+
+
 def require_observed(data: Prepared, method: str) -> None:
     """``ValueError`` when nothing in the prepared data is observed: a fit to no data.
 
@@ -622,6 +632,14 @@ def require_observed(data: Prepared, method: str) -> None:
     maximizing that is not.)
     """
     mask = data.mask
+    if isinstance(mask, jax.Array) and not _is_tracer(mask) and not mask.is_fully_addressable:
+        # spread over processes (statseq.distributed): one reduction every process agrees on
+        from statseq.distributed.data import global_any
+
+        if not global_any(mask):
+            raise ValueError(f"{method}: y has no observed values (every entry is masked or "
+                             "missing): there is nothing to fit")
+        return
     if not _is_tracer(mask) and not np.any(np.asarray(mask)):
         raise ValueError(f"{method}: y has no observed values (every entry is masked or "
                          "missing): there is nothing to fit")

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -191,6 +192,28 @@ def is_sharded(x) -> bool:
         return len(x.sharding.device_set) > 1 and not x.is_fully_replicated
     except Exception:  # noqa: BLE001 - a deleted or otherwise unreadable array
         return False
+
+
+def global_any(x) -> bool:
+    """``any(x)`` over a global array spread over processes, the same on every process."""
+    replicated = NamedSharding(x.sharding.mesh, PartitionSpec())
+    return bool(jax.jit(jnp.any, out_shardings=replicated)(x))
+
+
+def global_observed_moments(y, mask=None) -> tuple[float, float]:
+    """Mean and mean square of the observed entries of a global array spread over
+    processes (`statseq.core.params.data_scale`), the same on every process."""
+    replicated = NamedSharding(y.sharding.mesh, PartitionSpec())
+
+    def moments(y, mask):
+        y = y.astype(jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+        w = jnp.ones(y.shape, y.dtype) if mask is None else jnp.broadcast_to(
+            jnp.reshape(mask, mask.shape + (1,) * (y.ndim - mask.ndim)), y.shape).astype(y.dtype)
+        n = jnp.maximum(jnp.sum(w), 1.0)
+        return jnp.stack([jnp.sum(w * y) / n, jnp.sum(w * y * y) / n])
+
+    out = jax.jit(moments, out_shardings=replicated)(y, mask)
+    return float(out[0]), float(out[1])
 
 
 def _local_rows(x, sharding):
