@@ -110,7 +110,7 @@ check("gru", m, p, ya, sgd=True)
 # NUTS: chains spread over the devices (numpyro's chain_method="parallel") equals one
 # device's sequential chains; and a sharded panel in the (sequential) chains
 m = ss.LocalLevel()
-kw = dict(key=jax.random.key(2), num_warmup=5, num_samples=3, num_chains=2,
+kw = dict(key=jax.random.key(2), num_warmup=5, num_samples=3, num_chains=2, max_tree_depth=3,
           log_likelihood=False)
 n1 = ss.fit_nuts(m, ya, mask=MASK, **kw)
 n4 = ss.fit_nuts(m, ya, mask=MASK, chain_method="parallel", **kw)
