@@ -1,8 +1,9 @@
 """Many sequences over many devices: a batch sharded over a device mesh (data parallel).
 
 A batch of sequences placed on a one-axis `jax.sharding.Mesh` with `shard_batch` is accepted
-as it is by every entry point that takes ``y`` (`statseq.log_prob`, `statseq.filter`,
-smoothers, `statseq.fit_em`, `statseq.fit_sgd`, `statseq.fit_nuts`, `statseq.fit_svi`):
+as it is by the entry points that take ``y`` (tested: `statseq.log_prob`, `statseq.filter`,
+the HMM and Kalman smoothers, `statseq.fit_em`, `statseq.fit_sgd`, `statseq.fit_nuts`,
+`statseq.fit_svi`; tests/distributed/test_data_parallel.py):
 `statseq.core.validation.prepare_data` sees the sharded array, validates each process's own
 sequences on its host and builds the flat arrays with the same sharding, and ``jax.jit``
 (GSPMD) runs each device's sequences where they live. Sums over sequences (log-likelihoods,
