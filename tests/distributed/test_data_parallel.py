@@ -24,7 +24,12 @@ TOL = 1e-12
 
 
 def _env(num_devices: int) -> dict:
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}",
+    # keeps conftest's flags (XLA at -O0: faster compiles) and adds the virtual devices
+    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count",
+                                                    "--ignored_device_count")
+    flags = " ".join(f for f in flags.split() if not f.startswith("--ignored_device_count"))
+    return dict(os.environ,
+                XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={num_devices}",
                 JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu", STATSEQ_NO_COMPILATION_CACHE="1",
                 PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
 
