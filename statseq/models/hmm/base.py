@@ -456,18 +456,11 @@ class HMMBase(SequenceModel):
             return post
 
         post = jax.vmap(one)(y, mask, inputs)
-        # a sequence with no observed entry (e.g. the padding of a batch sharded over
-        # devices, statseq.distributed) carries no information: weight zero, so that its
-        # prior-implied state counts do not enter the M-step
-        seen = jnp.any(jnp.reshape(mask, (mask.shape[0], -1)), axis=1)
-        weights = post.smoothed_probs * seen[:, None, None].astype(post.smoothed_probs.dtype)
-        trans = post.expected_transitions
-        trans = trans * jnp.reshape(seen, (-1,) + (1,) * (trans.ndim - 1)).astype(trans.dtype)
         stats = {
-            "initial": jnp.sum(weights[:, 0], axis=0),
-            "transitions": trans,  # (N, K, K) or (N, T-1, K, K)
-            "weights": weights,
-            "emissions": self.emission_suff_stats(y, mask, weights),
+            "initial": jnp.sum(post.smoothed_probs[:, 0], axis=0),
+            "transitions": post.expected_transitions,  # (N, K, K) or (N, T-1, K, K)
+            "weights": post.smoothed_probs,
+            "emissions": self.emission_suff_stats(y, mask, post.smoothed_probs),
             # the data, for `expected_log_joint` (and the inputs of GLM transitions)
             "y": y, "mask": mask, "inputs": inputs,
         }
