@@ -171,6 +171,7 @@ FULL_MODE_CPU_S = {
     "09_covariates": 36,
     "07_forecast_evaluation": 34,
     "01_autoregressive_likelihoods": 28,
+    "15_deep_state_space": 16,
 }
 
 

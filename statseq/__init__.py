@@ -35,6 +35,7 @@ from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 # function must be bound here, after it (a lazy name would be shadowed by the module).
 from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
+from statseq.models.deepstate import DeepStateParams, DeepStateSpace  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
     BernoulliHMM,
     CategoricalHMM,
@@ -65,6 +66,7 @@ from statseq.models.neural import (  # noqa: E402
 )
 from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
 from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
+from statseq.models.neural.transformer import Transformer, TransformerBackbone  # noqa: E402
 from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
 from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
@@ -163,6 +165,9 @@ _LAZY = {
     "save": "statseq.io",
     "plot_forecast": "statseq.plotting",
     "plot_traces": "statseq.plotting",
+    # classify (sequence classifiers, scikit-learn style)
+    "classify": None,
+    "GenerativeClassifier": "statseq.classify",
 }
 
 
@@ -203,6 +208,8 @@ __all__ = [
     "S4DBackbone",
     "S5",
     "S5Backbone",
+    "Transformer",
+    "TransformerBackbone",
     "NGRC",
     "NGRCParams",
     "ElmanRNN",
@@ -220,6 +227,8 @@ __all__ = [
     "MSARParams",
     "SLDSParams",
     "SwitchingLDS",
+    "DeepStateParams",
+    "DeepStateSpace",
     "GaussianForecast",
     "LGSSMParams",
     "LinearGaussianSSM",
@@ -313,4 +322,6 @@ __all__ = [
     "naive_forecast",
     "naive_model",
     "naive_params",
+    "classify",
+    "GenerativeClassifier",
 ]

@@ -164,6 +164,7 @@ def test_nav_pages_exist():
 PUBLIC_PACKAGES = [
     "statseq",
     "statseq.bayes",
+    "statseq.classify",
     "statseq.datasets",
     "statseq.evaluation",
     "statseq.interop",

@@ -299,7 +299,8 @@ def _sum_outer_products(left, right):
     return pairwise_sum(jnp.moveaxis(partial_sums, 0, -1))
 
 
-def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None) -> HMMPosterior:
+def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
+              transition_weights=None) -> HMMPosterior:
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
     filt = _filter(pi, fixed, per_step, ll, unrolled)
     filtered = filt.filtered_probs
@@ -333,6 +334,8 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None) -> 
     norm = jnp.sum(f * beta, axis=1, keepdims=True)
     smoothed = jnp.concatenate([f * beta / norm, filtered[-1:]])
     weighted = f / norm  # p(z_t = i, z_{t+1} = j | y) = weighted_t(i) A_t[i, j] v_t(j)
+    if transition_weights is not None:  # per-step weights of the pair counts (not marginals)
+        weighted = weighted * jnp.asarray(transition_weights, dtype)[:, None]
     if sum_transitions:
         if fixed is not None:
             transitions = fixed * _sum_outer_products(weighted, v)
@@ -351,7 +354,8 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None) -> 
 
 
 def hmm_smoother(
-    initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True
+    initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True,
+    transition_weights=None,
 ) -> HMMPosterior:
     """Forward-backward smoother with normalized backward messages.
 
@@ -372,6 +376,10 @@ def hmm_smoother(
         log_likelihoods: ``(T, K)``; rows of zeros at masked steps.
         sum_transitions: return expected transitions summed over time ``(K, K)``
             (default) or per step ``(T-1, K, K)``.
+        transition_weights: optional ``(T-1,)`` weights ``w_t`` multiplying the pair
+            counts ``p(z_t, z_{t+1} | y)`` before they are returned or summed (EM gives
+            weight zero to the transitions after a sequence's last observation:
+            `trailing_transition_weights`); the marginals are unchanged.
 
     Returns:
         An `HMMPosterior`.
@@ -386,7 +394,30 @@ def hmm_smoother(
         ((3, 2), 2.0)
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
-    return _smoother(pi, fixed, per_step, ll, sum_transitions)
+    return _smoother(pi, fixed, per_step, ll, sum_transitions,
+                     transition_weights=transition_weights)
+
+
+def trailing_transition_weights(mask):
+    """``(T-1,)`` weights: 1 for a transition ``t -> t+1`` with an observation at or after
+    ``t+1``, 0 for the transitions into the unobserved tail of a sequence (its padding).
+
+    Marginalizing the tail leaves the likelihood unchanged, so EM may drop its latent steps;
+    counting them (their expected counts are the current transition probabilities) only
+    slows EM down and makes padded ragged batches take a different path from fitting each
+    sequence at its own length (as hmmlearn does).
+
+    Args:
+        mask: ``(T,)`` or ``(T, ...)`` booleans, true where (an entry of) ``y_t`` is observed.
+
+    Examples:
+        >>> import numpy as np
+        >>> trailing_transition_weights(np.array([True, False, True, False, False])).tolist()
+        [1.0, 1.0, 0.0, 0.0]
+    """
+    observed = jnp.asarray(mask).reshape(jnp.shape(mask)[0], -1).any(axis=1)
+    later = jnp.flip(jnp.cumsum(jnp.flip(observed[1:].astype(jnp.int32))) > 0)
+    return later.astype(jnp.result_type(float))
 
 
 def hmm_smoother_by_gradient(

@@ -14,6 +14,12 @@ Kalman updates of `statseq.inference.kalman` (one per next regime ``j``), giving
 - ``proposal="prior"`` (the bootstrap filter on regimes): draws ``z_t^i ~ P[z_{t-1}^i]``
   and weights by ``f_{i z_t^i}``.
 
+Input-driven transitions (`statseq.inference.switching_kalman.transition_log_row`) are
+exact here; recurrent ones are evaluated at each particle's filtered mean of ``x_{t-1}``
+(the particle holds a Gaussian belief of the state, not a draw of it), an approximation:
+the estimate is then unbiased for the likelihood of that plug-in model, which equals the
+exact one when ``R = 0``.
+
 The likelihood estimate is the product over steps of the weighted mean incremental weight,
 
     p^(y_{0:T-1}) = prod_t sum_i W_{t-1}^i w_t^i,
@@ -34,7 +40,7 @@ import numpy as np
 
 from statseq.core.recurrence import pairwise_sum
 from statseq.inference import kalman
-from statseq.inference.switching_kalman import SwitchingArrays, regime
+from statseq.inference.switching_kalman import SwitchingArrays, regime, transition_log_row
 
 RESAMPLING = ("systematic", "stratified", "multinomial")
 PROPOSALS = ("optimal", "prior")
@@ -150,7 +156,6 @@ def rao_blackwellized_particle_filter(
     reg = arrays.regimes
     num = arrays.initial_probs.shape[0]
     dtype = reg.initial_cov.dtype
-    log_trans = jnp.log(arrays.transition_matrix.astype(dtype))
     log_init = jnp.log(arrays.initial_probs.astype(dtype))
     idx = jnp.arange(num)
 
@@ -167,7 +172,8 @@ def rao_blackwellized_particle_filter(
                     kalman.joseph_update(pv, inn, arr.emission_cov))
 
         ll, fm, fv = jax.vmap(one)(idx)
-        log_prior = jnp.where(first, log_init, log_trans[prev])
+        log_prior = jnp.where(first, log_init,
+                              transition_log_row(arrays, prev, u_t, mean).astype(dtype))
         return log_prior, ll, fm, fv
 
     def step(state, xs):

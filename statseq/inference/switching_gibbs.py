@@ -13,6 +13,9 @@ posterior ``p(z_{0:T-1}, x_{0:T-1} | y)`` is sampled by alternating two exact bl
 
   sampled by `statseq.inference.hmm.hmm_posterior_sample`.
 
+With input-driven transitions ``z | x, y`` is an HMM with the time-varying transition
+matrices of the known inputs (still exact); recurrent transitions are refused.
+
 The chain's draws converge to the exact posterior (unlike Kim's collapsed smoother), at the
 cost of Monte Carlo error and autocorrelation. The state densities need positive definite
 ``Q_k`` and ``V_k``. The functions are not jitted themselves.
@@ -27,7 +30,7 @@ import jax.numpy as jnp
 
 from statseq.inference import hmm, kalman
 from statseq.inference.gaussian import masked_mvn_log_prob
-from statseq.inference.switching_kalman import SwitchingArrays
+from statseq.inference.switching_kalman import SwitchingArrays, transition_matrix_at
 
 
 class GibbsSamples(NamedTuple):
@@ -53,6 +56,27 @@ def path_arrays(arrays: SwitchingArrays, path: jax.Array) -> kalman.GaussianSSMA
         reg.dynamics_input_weights[nxt], reg.dynamics_bias[nxt], reg.dynamics_cov[nxt],
         reg.emission_weights[path], reg.emission_input_weights[path],
         reg.emission_bias[path], reg.emission_cov[path], reg.initial_diffuse[0])
+
+
+def check_no_recurrence(arrays: SwitchingArrays) -> None:
+    """Refuse recurrent transitions: given the regimes, the states' law then carries the
+    non-Gaussian factors ``p(z_t | z_{t-1}, x_{t-1})`` and the simulation smoother is not
+    an exact draw of ``x | z, y``."""
+    if arrays.recurrent_weights is not None:
+        raise ValueError("Gibbs sampling does not support recurrent transitions (x | z "
+                         "is not Gaussian with them); use the Kim smoother or the "
+                         "particle filter")
+
+
+def path_transitions(arrays: SwitchingArrays, inputs: jax.Array) -> jax.Array:
+    """The transition matrix ``(K, K)``, or with input-driven transitions the ``(T-1, K,
+    K)`` matrices of the steps into ``t = 1, ..., T-1`` (exact: known inputs)."""
+    check_no_recurrence(arrays)
+    if arrays.transition_input_weights is None:
+        return arrays.transition_matrix
+    n = arrays.regimes.initial_mean.shape[-1]
+    zeros = jnp.zeros((arrays.transition_matrix.shape[0], n), arrays.regimes.initial_cov.dtype)
+    return jax.vmap(lambda u: transition_matrix_at(arrays, u, zeros))(inputs[1:])
 
 
 def regime_log_likelihoods(arrays: SwitchingArrays, states: jax.Array, y: jax.Array,
@@ -91,7 +115,8 @@ def gibbs_sweep(arrays: SwitchingArrays, y: jax.Array, mask: jax.Array, inputs: 
     k_x, k_z = jax.random.split(key)
     states = kalman.sample_posterior(path_arrays(arrays, regimes), y, mask, inputs, k_x, 1)[0]
     ll = regime_log_likelihoods(arrays, states, y, mask, inputs)
-    new = hmm.hmm_posterior_sample(arrays.initial_probs, arrays.transition_matrix, ll, key=k_z)
+    new = hmm.hmm_posterior_sample(arrays.initial_probs, path_transitions(arrays, inputs),
+                                   ll, key=k_z)
     return new.astype(jnp.int32), states
 
 
@@ -116,7 +141,7 @@ def switching_gibbs(arrays: SwitchingArrays, y: jax.Array, mask: jax.Array,
     Examples:
         >>> import jax, jax.numpy as jnp
         >>> from statseq.inference import kalman
-        >>> from statseq.inference.switching_kalman import SwitchingArrays
+        >>> from statseq.inference.switching_kalman import SwitchingArrays, transition_matrix_at
         >>> from statseq.inference.switching_gibbs import switching_gibbs
         >>> one = lambda v: jnp.full((2, 1, 1), v)
         >>> regimes = kalman.GaussianSSMArrays(

@@ -29,6 +29,18 @@ probabilities by the approximation ``p(z_t | z_{t+1}, y_{0:T-1}) ~ p(z_t | z_{t+
 y_{0:t})``, states by per-pair Rauch-Tung-Striebel steps collapsed the same way); it
 inverts the predicted covariances ``A_k V_j A_k^T + Q_k``, which must be non-singular.
 
+**Input-driven and recurrent transitions** (Linderman et al. 2017, "recurrent SLDS"):
+with ``transition_input_weights`` ``W`` and/or ``recurrent_weights`` ``R`` in the arrays,
+
+    p(z_t = j | z_{t-1} = i, u_t, x_{t-1}) = softmax_j(log P[i, j] + W_j u_t + R_j x_{t-1}).
+
+Input-driven transitions are time-varying matrices known in advance: the Kim recursion
+uses them as they are (its collapse is the only approximation, as without them).
+Recurrent transitions depend on the unobserved ``x_{t-1}``: Kim's filter and smoother
+evaluate row ``i`` at the collapsed filtered mean ``E[x_{t-1} | z_{t-1} = i, y_{<t}]``, a
+further approximation (a plug-in of the mean for the expectation of the softmax over the
+state's law); with ``R = 0`` it is the plain model.
+
 The functions are not jitted themselves: wrap them, or the code that calls them, in
 ``jax.jit``.
 """
@@ -54,11 +66,16 @@ class SwitchingArrays(NamedTuple):
         transition_matrix: ``(K, K)`` ``P`` (rows sum to one).
         regimes: a `statseq.inference.kalman.GaussianSSMArrays` whose leaves carry a
             leading regime axis ``K`` (``initial_diffuse`` ``(K, n, 0)``).
+        transition_input_weights: ``(K, m)`` ``W`` of input-driven transitions, or
+            ``None`` (see `transition_log_row`).
+        recurrent_weights: ``(K, n)`` ``R`` of recurrent transitions, or ``None``.
     """
 
     initial_probs: Any
     transition_matrix: Any
     regimes: kalman.GaussianSSMArrays
+    transition_input_weights: Any = None
+    recurrent_weights: Any = None
 
 
 class KimCarry(NamedTuple):
@@ -128,6 +145,49 @@ def regime(arrays: SwitchingArrays, k) -> kalman.GaussianSSMArrays:
     return jax.tree.map(lambda a: a[k], arrays.regimes)
 
 
+def transition_log_row(arrays: SwitchingArrays, i, u_t: jax.Array,
+                       x_prev: jax.Array) -> jax.Array:
+    """``(K,)`` log transition probabilities out of regime ``i`` into step ``t``,
+
+        log p(z_t = j | z_{t-1} = i, u_t, x_{t-1}) = log softmax_j(log P[i, j] + W_j u_t
+                                                                  + R_j x_{t-1}),
+
+    (input-driven ``W`` and recurrent ``R`` terms only where the arrays have them; without
+    either it is ``log P[i]`` itself). A bias ``r_j`` would be absorbed into ``P``.
+
+    Examples:
+        >>> import jax.numpy as jnp, statseq as ss
+        >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None,
+        ...                         input_dim=1, transition_inputs=True)
+        >>> p = model.default_params()._replace(
+        ...     transition_input_weights=jnp.array([[1.0], [-1.0]]))
+        >>> row = transition_log_row(model.to_arrays(p), 0, jnp.array([2.0]), jnp.zeros(1))
+        >>> [round(float(v), 3) for v in jnp.exp(row)]     # 0.9 e^2 vs 0.1 e^-2
+        [0.998, 0.002]
+    """
+    log_p = jnp.log(arrays.transition_matrix[i])
+    if arrays.transition_input_weights is None and arrays.recurrent_weights is None:
+        return log_p
+    if arrays.transition_input_weights is not None:
+        log_p = log_p + arrays.transition_input_weights @ u_t
+    if arrays.recurrent_weights is not None:
+        log_p = log_p + arrays.recurrent_weights @ x_prev
+    return jax.nn.log_softmax(log_p)
+
+
+def transition_matrix_at(arrays: SwitchingArrays, u_t: jax.Array,
+                         prev_means: jax.Array) -> jax.Array:
+    """``(K, K)`` transition matrix of the step into ``t``: row ``i`` is
+    `transition_log_row` at ``x_{t-1} = prev_means[i]`` (``(K, n)``; Kim's collapsed
+    filtered mean of ``x_{t-1}`` under ``z_{t-1} = i``, an approximation for recurrent
+    transitions; unused otherwise). ``P`` itself without input-driven or recurrent terms."""
+    if arrays.transition_input_weights is None and arrays.recurrent_weights is None:
+        return arrays.transition_matrix
+    num = arrays.transition_matrix.shape[0]
+    return jnp.exp(jax.vmap(lambda i, x: transition_log_row(arrays, i, u_t, x))(
+        jnp.arange(num), prev_means))
+
+
 def initial_carry(arrays: SwitchingArrays) -> KimCarry:
     """The belief before step 0: ``pi`` and the per-regime initial laws."""
     reg = arrays.regimes
@@ -154,7 +214,8 @@ def pair_priors(arrays: SwitchingArrays, carry: KimCarry, u_t: jax.Array) -> tup
     means, covs = jax.vmap(lambda i: jax.vmap(lambda j: one(i, j))(idx))(idx)
     first = carry.t == 0
     weights = jnp.where(first, jnp.broadcast_to(carry.probs[None, :] / num, (num, num)),
-                        carry.probs[:, None] * arrays.transition_matrix)
+                        carry.probs[:, None]
+                        * transition_matrix_at(arrays, u_t, carry.means))
     means = jnp.where(first, jnp.broadcast_to(reg.initial_mean[None], means.shape), means)
     covs = jnp.where(first, jnp.broadcast_to(reg.initial_cov[None], covs.shape), covs)
     return weights, means, covs
@@ -277,12 +338,12 @@ def kim_smoother(arrays: SwitchingArrays, y: jax.Array, mask: jax.Array,
     """
     filt = kim_filter(arrays, y, mask, inputs)
     num = filt.filtered_probs.shape[1]
-    trans = arrays.transition_matrix
     idx = jnp.arange(num)
 
     def back(carry, xs):
         s_next, m_next, v_next = carry
         p_t, m_t, v_t, u_next = xs
+        trans = transition_matrix_at(arrays, u_next, m_t)  # as the filter's step t + 1
         q_next = p_t @ trans
         ratio = jnp.where(q_next > 0, s_next / jnp.where(q_next > 0, q_next, 1.0), 0.0)
         joint = p_t[:, None] * trans * ratio[None, :]  # (j, k)

@@ -107,6 +107,14 @@ EXAMPLES = {
                      emission_dim=2, input_dim=1, mode="parallel")],
     "MLSTM": [ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=2, emission="categorical",
                        num_classes=3)],
+    # one tiny configuration with every optional leaf (input-driven and recurrent
+    # transitions); Kim's filter is K x K Kalman updates per step, so keep K, n, D small
+    "SwitchingLDS": [ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=1,
+                                     input_dim=1, transition_inputs=True, recurrent=True)],
+    "Transformer": [  # T = 16 > max_len: the window slides
+        ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8, mlp_ratio=1,
+                       emission="poisson", input_dim=1),
+    ],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

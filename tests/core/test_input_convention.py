@@ -59,10 +59,13 @@ def _specs():
         "AFT": (ss.AFT(hidden_dim=3), y),
         "RWKV": (ss.RWKV(hidden_dim=3, num_layers=1, ffn_dim=3), y),
         "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), y),
+        "Transformer": (ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8,
+                                       mlp_ratio=1), y),
         "ElmanRNN": (ss.ElmanRNN(hidden_dim=3), y),
         "GRU": (ss.GRU(hidden_dim=3), y),
         "LSTM": (ss.LSTM(hidden_dim=3), y),
         "MarkovSwitchingAR": (ss.MarkovSwitchingAR(num_regimes=2, order=1), y),
+        "SwitchingLDS": (ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None), y),
     }
 
 

@@ -36,9 +36,12 @@ MarkovSwitchingAR              tests/models/test_h_step_exact.py (engineer "arfc
 ElmanRNN, GRU, LSTM, LRU,      tests/models/neural/test_h_step_mc.py (engineer
 Mamba, WaveNet, S4D, S5,       "neural-mc"; Monte Carlo estimates with standard errors)
 LinearAttention, AFT, RWKV,
-MLSTM
+MLSTM, Transformer
 NGRC                           tests/models/test_ngrc.py (Monte Carlo with standard
                                errors: nonlinear features)
+SwitchingLDS                   tests/models/test_slds.py (forecast paths against the
+                               exact mixture with an observed state; Kim's filter is
+                               approximate otherwise, no closed-form h-step marginal)
 =============================  =========================================================
 """
 
@@ -80,6 +83,8 @@ CLAIMS = {
     "AFT": "tests/models/neural/test_h_step_mc.py",
     "RWKV": "tests/models/neural/test_h_step_mc.py",
     "MLSTM": "tests/models/neural/test_h_step_mc.py",
+    "SwitchingLDS": "tests/models/test_slds.py",
+    "Transformer": "tests/models/neural/test_h_step_mc.py",
 }
 
 T, H = 24, 8

@@ -198,6 +198,30 @@ def test_categorical_em_trajectory_equals_hmmlearn():
     np.testing.assert_allclose(result.params.emissions.probs, ref.emissionprob_, atol=1e-8)
 
 
+@pytest.mark.parametrize("length", [37, 0])
+def test_padded_ragged_batch_follows_hmmlearn_at_the_true_lengths(length):
+    """A sequence padded at its end (mask false after ``length`` steps; ``length = 0``: a
+    wholly padded sequence) takes hmmlearn's EM path at the real lengths: the padding adds
+    no transition or initial-state counts (`trailing_transition_weights`)."""
+    hmm = pytest.importorskip("hmmlearn.hmm")
+    model, start, y = problem(107, "poisson", k=3)
+    mask = np.ones(y.shape, bool)
+    mask[1, length:] = False
+    ref = hmm.PoissonHMM(n_components=3, init_params="", params="stl", n_iter=ITERS,
+                         tol=-np.inf)
+    ref.startprob_ = np.asarray(start.initial_probs)
+    ref.transmat_ = np.asarray(start.transitions)
+    ref.lambdas_ = np.asarray(start.emissions.rates)[:, None]
+    data = np.concatenate([y[0], y[1, :length]])
+    ref.fit(data.reshape(-1, 1), lengths=[T_EM, length] if length else [T_EM])
+    result = fit(model, start, y, mask=mask)
+    np.testing.assert_allclose(result.log_joint, np.asarray(ref.monitor_.history), rtol=1e-11,
+                               atol=1e-8)
+    np.testing.assert_allclose(result.params.initial_probs, ref.startprob_, atol=1e-8)
+    np.testing.assert_allclose(result.params.transitions, ref.transmat_, atol=1e-8)
+    np.testing.assert_allclose(result.params.emissions.rates, ref.lambdas_[:, 0], rtol=1e-8)
+
+
 def test_frozen_transitions_equal_hmmlearn_without_transition_updates():
     """``trainable`` keeps the frozen leaf bit for bit and updates the rest conditionally."""
     hmm = pytest.importorskip("hmmlearn.hmm")

@@ -87,6 +87,12 @@ def _cases():
         "AFT": (ss.AFT(hidden_dim=2, num_layers=1), real, False),
         "RWKV": (ss.RWKV(hidden_dim=2, num_layers=1, ffn_dim=2), real, False),
         "MLSTM": (ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1), real, False),
+        # every invariance of num_redundant_params at once: basis, origin, both softmax shifts
+        "SwitchingLDS": (ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None,
+                                         input_dim=1, transition_inputs=True, recurrent=True),
+                         real, True),
+        "Transformer": (ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8,
+                                       mlp_ratio=1), real, False),
     }
 
 

@@ -206,7 +206,7 @@ def test_one_regime_equals_the_linear_gaussian_ssm():
     params = random_params(model, rng)
     lgssm = ss.LinearGaussianSSM(state_dim=2, emission_dim=2, input_dim=1)
     lp = ss.LGSSMParams(params.initial_means[0], params.initial_covs[0],
-                        *(a[0] for a in params[4:]))
+                        *(a[0] for a in params[4:12]))
     u = jnp.asarray(rng.normal(size=(30, 1)))
     y = np.array(ss.sample(lgssm, lp, num_timesteps=30, key=jax.random.key(0), inputs=u))
     y[5, 0] = np.nan
@@ -280,8 +280,15 @@ def test_mean_form_ms_ar1_equals_statsmodels():
 def intercept_slds(y, trans, const, phi, var):
     """MS-AR(p) in intercept form, ``y_t = c_z + phi_z . (y_{t-1}, ..., y_{t-p}) +
     N(0, var_z)``, as an SLDS on the companion state ``(y_t, ..., y_{t-p+1})`` observed
-    exactly (``R = 0``), for the data ``y_{p:}`` given ``y_{0:p-1}``."""
+    exactly (``R = 0``), for the data ``y_{p:}`` given ``y_{0:p-1}``; equal to
+    `SwitchingLDS.from_ms_ar` (checked here, so the tests that use this recipe check the
+    helper too)."""
     k, p = phi.shape
+    msar = ss.MarkovSwitchingAR(num_regimes=k, order=p, form="intercept", switching_ar=True,
+                                switching_variance=True)
+    mp = ss.MSARParams(None, jnp.asarray(trans), jnp.asarray(const), jnp.asarray(phi),
+                       jnp.asarray(var))
+    helper = ss.SwitchingLDS.from_ms_ar(msar, mp, y[:p])
     comp = np.zeros((k, p, p))
     comp[:, 0] = phi
     comp[:, 1:, :-1] = np.eye(p - 1)
@@ -297,6 +304,9 @@ def intercept_slds(y, trans, const, phi, var):
         jnp.asarray(comp), jnp.zeros((k, p, 0)), jnp.asarray(bias), jnp.asarray(q),
         jnp.asarray(np.tile(np.eye(1, p), (k, 1, 1))), jnp.zeros((k, 1, 0)),
         jnp.zeros((k, 1)), jnp.zeros((k, 1, 1)))
+    assert helper[0] == model
+    for a, b in zip(jax.tree.leaves(helper[1]), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-14)
     return model, params
 
 
@@ -468,7 +478,7 @@ def test_one_regime_forecast_matches_exact_moments():
     params = random_params(model, rng)
     lgssm = ss.LinearGaussianSSM(state_dim=2, emission_dim=None)
     lp = ss.LGSSMParams(params.initial_means[0], params.initial_covs[0],
-                        *(a[0] for a in params[4:]))
+                        *(a[0] for a in params[4:12]))
     y = ss.sample(lgssm, lp, num_timesteps=20, key=jax.random.key(4))
     fc = ss.forecast(model, params, y, num_steps=4, num_samples=4000, key=jax.random.key(6))
     ref = lgssm.forecast_moments(lp, y, num_steps=4)

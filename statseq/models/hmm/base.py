@@ -450,14 +450,20 @@ class HMMBase(SequenceModel):
         """
         def one(y_s, m_s, u_s):
             ll = self.log_likelihoods(params, y_s, m_s)
-            post = hmm_seq.hmm_smoother(self.initial_probs(params),
-                                        self.transition_matrices(params, u_s), ll,
-                                        sum_transitions=not self.input_dim)
+            # the latent steps after a sequence's last observation (its padding) are
+            # marginalized out: they add no transition counts (and a sequence with no
+            # observation adds no initial-state count), so a padded ragged batch takes the
+            # EM path of its sequences fitted at their own lengths
+            post = hmm_seq.hmm_smoother(
+                self.initial_probs(params), self.transition_matrices(params, u_s), ll,
+                sum_transitions=not self.input_dim,
+                transition_weights=hmm_seq.trailing_transition_weights(m_s))
             return post
 
         post = jax.vmap(one)(y, mask, inputs)
+        seen = jnp.reshape(mask, mask.shape[:2] + (-1,)).any(axis=(1, 2))
         stats = {
-            "initial": jnp.sum(post.smoothed_probs[:, 0], axis=0),
+            "initial": jnp.sum(post.smoothed_probs[:, 0] * seen[:, None], axis=0),
             "transitions": post.expected_transitions,  # (N, K, K) or (N, T-1, K, K)
             "weights": post.smoothed_probs,
             "emissions": self.emission_suff_stats(y, mask, post.smoothed_probs),

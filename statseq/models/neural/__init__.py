@@ -16,6 +16,7 @@ from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
 from statseq.models.neural.rwkv import RWKV, RWKVBackbone
 from statseq.models.neural.s4 import S4D, S4DBackbone
 from statseq.models.neural.s5 import S5, S5Backbone
+from statseq.models.neural.transformer import Transformer, TransformerBackbone
 from statseq.models.neural.wavenet import WaveNet, WaveNetBackbone
 
 __all__ = [
@@ -49,4 +50,6 @@ __all__ = [
     "readout_only",
     "WaveNet",
     "WaveNetBackbone",
+    "Transformer",
+    "TransformerBackbone",
 ]

@@ -11,6 +11,12 @@ One sweep (every block an exact conditional draw):
    ``y_t ~ (x_t, u_t, 1)`` over ``t`` with ``z_t = k``.
 
 The initial laws ``m_k, V_k`` stay at their starting values.
+
+Missing observations: ``x | z`` and ``z | x`` marginalize them exactly (the Kalman code
+and the masked densities); for the parameter block a step with nothing observed drops out
+of the emission regression, and the missing entries of a partly observed step are drawn
+from ``p(y_mis | y_obs, x_t, z_t)`` first (data augmentation, `impute_missing`), so every
+block stays an exact conditional draw.
 """
 
 from __future__ import annotations
@@ -83,8 +89,13 @@ def _sweep(model, params, prior, y, mask, inputs, regimes, key):
     t_dyn = states[:, 1:].reshape(-1, states.shape[-1])
     w_dyn = onehot[:, 1:].reshape(-1, num)
     x_emi = jnp.concatenate([states, inputs, ones], -1).reshape(-1, x_dyn.shape[-1])
-    t_emi = y.reshape(-1, y.shape[-1])
-    w_emi = onehot.reshape(-1, num)
+    k_imp, k_emi = jax.random.split(k_emi)
+    t_emi = impute_missing(arrays, y, mask, inputs, regimes, states, k_imp)
+    t_emi = t_emi.reshape(-1, y.shape[-1])
+    # steps with nothing observed drop out of the emission regression (their y_t is
+    # latent with the emission law itself: integrating it out removes the row exactly)
+    observed = jnp.any(mask, axis=-1).astype(onehot.dtype)
+    w_emi = (onehot * observed[..., None]).reshape(-1, num)
     n, m, d = model.state_dim, model.input_dim, model.dim
 
     def rows(w, switching):
@@ -123,6 +134,34 @@ def _sweep(model, params, prior, y, mask, inputs, regimes, key):
         emission_weights=w_e[..., :n], emission_input_weights=w_e[..., n:n + m],
         emission_bias=w_e[..., n + m], emission_cov=r)
     return new, regimes, states
+
+
+def impute_missing(arrays, y, mask, inputs, regimes, states, key):
+    """``y (N, T, D)`` with its missing entries drawn from ``p(y_mis | y_obs, x_t, z_t)``
+    (exact data augmentation: the conjugate emission update then sees complete rows).
+    Observed entries are returned unchanged; steps with nothing observed get a draw too
+    (the sweep leaves those rows out)."""
+    reg = arrays.regimes
+    dtype = states.dtype
+    eps = jax.random.normal(key, y.shape, dtype)
+
+    def one(y_t, m_t, u_t, z_t, x_t, e_t):
+        mf = m_t.astype(dtype)
+        miss = 1.0 - mf
+        rcov = reg.emission_cov[z_t]
+        mean = (reg.emission_weights[z_t] @ x_t + reg.emission_input_weights[z_t] @ u_t
+                + reg.emission_bias[z_t])
+        r_oo = rcov * (mf[:, None] * mf[None, :]) + jnp.diag(miss)
+        r_mo = rcov * (miss[:, None] * mf[None, :])
+        k_r = jnp.linalg.solve(r_oo, r_mo.T).T  # R_mo R_oo^{-1} (zero outside m x o)
+        cond_mean = mean + k_r @ (mf * (y_t - mean))
+        cond_cov = (miss[:, None] * miss[None, :]) * (rcov - k_r @ rcov)
+        chol = jnp.linalg.cholesky(0.5 * (cond_cov + cond_cov.T) + jnp.diag(mf))
+        draw = cond_mean + (chol @ e_t) * miss
+        return jnp.where(m_t, y_t, draw)
+
+    flat = jax.vmap(jax.vmap(one))
+    return flat(jnp.where(mask, y, 0.0), mask, inputs, regimes, states, eps)
 
 
 @partial(jax.jit, static_argnames=("model", "num_samples", "num_burnin"))

@@ -24,10 +24,16 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
-from statseq.core.model import SequenceModel
+from statseq.core.model import SequenceModel, register_model
 from statseq.core.params import validate_params
 from statseq.core.recurrence import reshaped_call
-from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import (
+    check_key,
+    check_positive_int,
+    float_dtype,
+    prepare_data,
+    require_observed,
+)
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import kalman, particle
 from statseq.inference import switching_gibbs as gibbs
@@ -56,6 +62,10 @@ class SLDSParams(NamedTuple):
         emission_input_weights: ``([K,] D, m)`` ``D``.
         emission_bias: ``([K,] D)`` ``d``.
         emission_cov: ``([K,] D, D)`` ``R`` (positive semi-definite).
+        transition_input_weights: ``(K, m)`` ``W`` of input-driven transitions
+            (``transition_inputs=True``), else ``None``.
+        recurrent_weights: ``(K, n)`` ``W_x`` of recurrent transitions
+            (``recurrent=True``), else ``None``.
 
     Examples:
         >>> import statseq as ss
@@ -78,12 +88,15 @@ class SLDSParams(NamedTuple):
     emission_input_weights: Any
     emission_bias: Any
     emission_cov: Any
+    transition_input_weights: Any = None
+    recurrent_weights: Any = None
 
 
 _DYNAMICS = ("dynamics_weights", "dynamics_input_weights", "dynamics_bias", "dynamics_cov")
 _EMISSION = ("emission_weights", "emission_input_weights", "emission_bias", "emission_cov")
 
 
+@register_model
 @dataclasses.dataclass(frozen=True)
 class SwitchingLDS(SequenceModel):
     """Switching linear dynamical system (switching state space model; Kim 1994).
@@ -110,6 +123,22 @@ class SwitchingLDS(SequenceModel):
     filtered law and then simulates the model forward, so its paths mix the regimes;
     `forecast_regime_probs` gives ``p(z_{T-1+h} | y)``.
 
+    **Input-driven and recurrent transitions** (Linderman et al. 2017): with
+    ``transition_inputs`` and/or ``recurrent`` the chain reads
+
+        p(z_t = j | z_{t-1} = i, u_t, x_{t-1}) = softmax_j(log P[i, j] + W_j u_t
+                                                          + W_x[j] x_{t-1})
+
+    (`SLDSParams.transition_input_weights` ``W``, `SLDSParams.recurrent_weights` ``W_x``;
+    zeros give the plain model; a per-regime bias would be absorbed into ``P``). Input-
+    driven transitions are exact in Kim's recursion (time-varying matrices), the particle
+    filter and Gibbs sampling. Recurrent ones depend on the unobserved state: Kim's filter
+    and smoother evaluate them at the collapsed filtered mean of ``x_{t-1}`` under each
+    previous regime and the particle filter at each particle's filtered mean (both
+    approximations); Gibbs sampling refuses them. Sampling and forecast paths use the
+    drawn ``(u_t, x_{t-1})``, exactly. `fit_gibbs` refuses both (no conjugate update of
+    ``W``); fit them by `statseq.fit_lbfgs` / `statseq.fit_sgd` on Kim's likelihood.
+
     Args:
         num_regimes: ``K >= 1``.
         state_dim: ``n >= 1``.
@@ -117,6 +146,9 @@ class SwitchingLDS(SequenceModel):
         input_dim: ``m`` (0 for none).
         switching_dynamics: whether ``A, B, b, Q`` depend on the regime.
         switching_emission: whether ``C, D, d, R`` depend on the regime.
+        transition_inputs: whether the inputs drive the transitions (``W``; needs
+            ``input_dim >= 1``).
+        recurrent: whether ``x_{t-1}`` drives the transitions (``W_x``).
 
     Examples:
         >>> import jax, statseq as ss
@@ -136,6 +168,8 @@ class SwitchingLDS(SequenceModel):
     input_dim: int = 0
     switching_dynamics: bool = True
     switching_emission: bool = True
+    transition_inputs: bool = False
+    recurrent: bool = False
 
     supports_partial_mask: ClassVar[bool] = True
     #: covariances that may be singular (each innovation covariance must not be)
@@ -148,10 +182,14 @@ class SwitchingLDS(SequenceModel):
         if self.emission_dim is not None:
             check_positive_int(self.emission_dim, "emission_dim")
         check_positive_int(self.input_dim, "input_dim", minimum=0)
-        for name in ("switching_dynamics", "switching_emission"):
+        for name in ("switching_dynamics", "switching_emission", "transition_inputs",
+                     "recurrent"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))
+        if self.transition_inputs and self.input_dim == 0:
+            raise ValueError("transition_inputs=True needs input_dim >= 1 (the inputs that "
+                             "drive the transitions)")
 
     # ---- static description ---------------------------------------------------------
     @property
@@ -170,18 +208,47 @@ class SwitchingLDS(SequenceModel):
         le = (k,) if self.switching_emission else ()
         return SLDSParams((k,), (k, k), (k, n), (k, n, n),
                           lf + (n, n), lf + (n, m), lf + (n,), lf + (n, n),
-                          le + (d, n), le + (d, m), le + (d,), le + (d, d))
+                          le + (d, n), le + (d, m), le + (d,), le + (d, d),
+                          (k, m) if self.transition_inputs else None,
+                          (k, n) if self.recurrent else None)
+
+    def num_redundant_params(self, free) -> int:
+        """Exact invariances (counted where every leaf they move is free): the state's
+        basis ``x_t -> S x_t`` (``n^2``: it moves ``m_k, V_k, A, B, b, Q, C`` and the
+        recurrent weights ``W_x -> W_x S^{-1}``), its origin ``x_t -> x_t + c`` (``n``:
+        ``m_k, b, d``, and with recurrent transitions ``P``, whose rows absorb
+        ``exp(-W_x[j] c)``), and the softmax's shift of ``W`` (``m``) and of ``W_x``
+        (``n``) by one vector added to every regime's row."""
+        from statseq.core.params import all_free
+
+        n, m, f = self.state_dim, self.input_dim, free
+        scale = (f.initial_means, f.initial_covs, f.dynamics_weights, f.dynamics_bias,
+                 f.dynamics_cov, f.emission_weights) + (
+            (f.dynamics_input_weights,) if m else ()) + (
+            (f.recurrent_weights,) if self.recurrent else ())
+        shift = (f.initial_means, f.dynamics_bias, f.emission_bias) + (
+            (f.transitions,) if self.recurrent else ())
+        total = n * n if all(map(all_free, scale)) else 0
+        total += n if all(map(all_free, shift)) else 0
+        if self.transition_inputs and all_free(f.transition_input_weights):
+            total += m
+        if self.recurrent and all_free(f.recurrent_weights):
+            total += n
+        return total
 
     def param_constraints(self) -> SLDSParams:
         real, pd, simplex = constraints.real, constraints.positive_definite, constraints.simplex
         return SLDSParams(simplex, simplex, real, pd, real, real, real, pd,
-                          real, real, real, pd)
+                          real, real, real, pd,
+                          real if self.transition_inputs else None,
+                          real if self.recurrent else None)
 
     def default_params(self, dtype=None) -> SLDSParams:
         """Sticky transitions (0.9 on the diagonal), uniform ``pi``, ``m_k = 0``,
         ``V_k = I``; regime ``k`` has ``A = a_k I`` with ``a_k`` spread over
         ``[0.9, -0.5]``, ``b = 0``, ``Q = 0.1 I``; ``C`` with ones on its diagonal,
-        ``d = 0``, ``R = 0.1 I``; zero input weights."""
+        ``d = 0``, ``R = 0.1 I``; zero input weights (and zero transition weights
+        ``W``, ``W_x``: the plain chain)."""
         dtype = dtype or float_dtype()
         k, n, d, m = self.num_regimes, self.state_dim, self.dim, self.input_dim
         off = 0.1 / max(k - 1, 1)
@@ -200,7 +267,9 @@ class SwitchingLDS(SequenceModel):
             jnp.asarray(dyn, dtype), tile(np.zeros((n, m)), lf), tile(np.zeros(n), lf),
             tile(0.1 * np.eye(n), lf),
             tile(np.eye(d, n), le), tile(np.zeros((d, m)), le), tile(np.zeros(d), le),
-            tile(0.1 * np.eye(d), le))
+            tile(0.1 * np.eye(d), le),
+            jnp.zeros((k, m), dtype) if self.transition_inputs else None,
+            jnp.zeros((k, n), dtype) if self.recurrent else None)
 
     def check_params(self, params) -> None:
         """Eager checks beyond the constraints: none needed (shapes and PSD covariances
@@ -223,8 +292,13 @@ class SwitchingLDS(SequenceModel):
             per_regime(params.emission_weights, 2), per_regime(params.emission_input_weights, 2),
             per_regime(params.emission_bias, 1), per_regime(params.emission_cov, 2),
             jnp.zeros((k, n, 0), dtype))
-        return kim.SwitchingArrays(jnp.asarray(params.initial_probs, dtype),
-                                   jnp.asarray(params.transitions, dtype), regimes)
+        def optional(a, on):
+            return jnp.asarray(a, dtype) if on and a is not None else None
+
+        return kim.SwitchingArrays(
+            jnp.asarray(params.initial_probs, dtype), jnp.asarray(params.transitions, dtype),
+            regimes, optional(params.transition_input_weights, self.transition_inputs),
+            optional(params.recurrent_weights, self.recurrent))
 
     # ---- the filter protocol (Kim's filter) -------------------------------------------
     def initial_carry(self, params) -> kim.KimCarry:
@@ -278,7 +352,8 @@ class SwitchingLDS(SequenceModel):
         i = jax.random.categorical(k_i, jnp.log(carry.probs))
         x_prev = kalman._mvn_draw(k_x, carry.means[i], carry.covs[i])
         first = carry.t == 0
-        j = jnp.where(first, i, jax.random.categorical(k_j, jnp.log(arrays.transition_matrix[i])))
+        row = kim.transition_log_row(arrays, i, inputs_t.astype(x_prev.dtype), x_prev)
+        j = jnp.where(first, i, jax.random.categorical(k_j, row))
         arr = kim.regime(arrays, j)
         mean = (arr.dynamics_weights @ x_prev + arr.dynamics_input_weights @ inputs_t
                 + arr.dynamics_bias)
@@ -290,6 +365,82 @@ class SwitchingLDS(SequenceModel):
                            jnp.broadcast_to(x, (k, n)), jnp.zeros_like(reg.initial_cov),
                            carry.t + 1)
         return jnp.reshape(y, self.event_shape), new
+
+    # ---- special cases ------------------------------------------------------------------
+    @classmethod
+    def from_ms_ar(cls, model: Any, params: Any,
+                   y_start: ArrayLike) -> tuple[SwitchingLDS, SLDSParams]:
+        """A `statseq.MarkovSwitchingAR` in intercept form as an SLDS on its observed
+        companion state (Kim's filter and smoother are then exact):
+
+            y_t = c_{z_t} + sum_{i=1}^p phi_{z_t, i} y_{t-i} + sigma_{z_t} eps_t
+            x_t = (y_t, ..., y_{t-p+1}) = A_z x_{t-1} + c_z e_1 + N(0, sigma^2_z e_1 e_1^T),
+            y_t = e_1^T x_t  (no observation noise),
+
+        with ``A_z`` the companion matrix of ``phi_z``. The SLDS scores ``y_{p:}`` given
+        ``y_start = y_{0:p-1}`` (as the MS-AR conditions on its first ``p`` values):
+        ``x`` at the first scored step given ``z`` is ``N(A_z x_{p-1} + c_z e_1, Q_z)``
+        and ``z`` there has the law ``p(s_0) P^p``. ``form="mean"`` is accepted only
+        without a switching mean (then ``c_k = mu (1 - sum_i phi_{k, i})``); with a
+        switching mean the density depends on ``p + 1`` regimes (see
+        tests/models/test_slds.py for Hamilton's order-1 case as an SLDS).
+
+        Args:
+            model: a `statseq.MarkovSwitchingAR` with ``order >= 1``.
+            params: its `statseq.MSARParams`.
+            y_start: ``(p,)`` the first ``p`` observations ``y_0, ..., y_{p-1}``.
+
+        Returns:
+            ``(SwitchingLDS, SLDSParams)``; ``statseq.log_prob(slds, slds_params, y[p:])``
+            equals ``statseq.log_prob(model, params, y)``.
+
+        Examples:
+            >>> import jax.numpy as jnp, numpy as np, statseq as ss
+            >>> msar = ss.MarkovSwitchingAR(num_regimes=2, order=2, form="intercept",
+            ...                             initial="free")
+            >>> mp = ss.MSARParams(jnp.array([0.2, 0.8]), jnp.array([[0.9, 0.1], [0.2, 0.8]]),
+            ...                    jnp.array([-1.0, 1.0]), jnp.array([0.5, -0.2]),
+            ...                    jnp.array(0.3))
+            >>> y = jnp.array([0.1, -0.9, -1.2, 0.8, 1.1, 1.3])
+            >>> slds, sp = ss.SwitchingLDS.from_ms_ar(msar, mp, y[:2])
+            >>> lp, ref = ss.log_prob(slds, sp, y[2:]), ss.log_prob(msar, mp, y)
+            >>> bool(abs(lp - ref) < 1e-4)     # equal (here in float32)
+            True
+        """
+        from statseq.models.switching.ms_ar import MarkovSwitchingAR
+
+        if not isinstance(model, MarkovSwitchingAR):
+            raise TypeError(f"model must be a MarkovSwitchingAR, got {type(model).__name__}")
+        if model.form != "intercept" and model.switching_mean:
+            raise ValueError("from_ms_ar needs form='intercept' (or a mean that does not "
+                             "switch): a switching mean in Hamilton's form makes y_t depend "
+                             "on p + 1 regimes")
+        k, p = model.num_regimes, model.order
+        check_positive_int(p, "order")
+        start = np.asarray(y_start, float)
+        if start.shape != (p,) or not np.all(np.isfinite(start)):
+            raise ValueError(f"y_start must hold the first {p} observations (finite, shape "
+                             f"({p},)), got shape {start.shape}")
+        trans = np.asarray(params.transitions, float)
+        phi = np.broadcast_to(np.asarray(params.ar_coeffs, float), (k, p))
+        var = np.broadcast_to(np.asarray(params.variances, float), (k,))
+        const = np.broadcast_to(np.asarray(params.means, float), (k,))
+        if model.form != "intercept":
+            const = const * (1.0 - phi.sum(-1))
+        comp = np.zeros((k, p, p))
+        comp[:, 0] = phi
+        comp[:, 1:, :-1] = np.eye(p - 1)
+        bias = np.zeros((k, p))
+        bias[:, 0] = const
+        q = np.zeros((k, p, p))
+        q[:, 0, 0] = var
+        pi = np.asarray(model.initial_probs(params), float) @ np.linalg.matrix_power(trans, p)
+        slds = cls(num_regimes=k, state_dim=p, emission_dim=None)
+        dtype = float_dtype()
+        return slds, SLDSParams(*(jnp.asarray(a, dtype) for a in (
+            pi, trans, comp @ start[::-1] + bias, q, comp, np.zeros((k, p, 0)), bias, q,
+            np.tile(np.eye(1, p), (k, 1, 1)), np.zeros((k, 1, 0)), np.zeros((k, 1)),
+            np.zeros((k, 1, 1)))))
 
     # ---- posterior inference ------------------------------------------------------------
     def _prepared(self, params, y, mask, inputs):
@@ -397,6 +548,10 @@ class SwitchingLDS(SequenceModel):
             ``(num_samples,) + batch_shape + (T, n)``.
         """
         check_key(key)
+        if self.recurrent:
+            raise ValueError("sample_posterior does not support recurrent transitions (the "
+                             "states given the regimes are not Gaussian); use smoother or "
+                             "particle_filter")
         num_samples = check_positive_int(num_samples, "num_samples")
         num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
         data = self._prepared(params, y, mask, inputs)
@@ -415,14 +570,18 @@ class SwitchingLDS(SequenceModel):
 
     def fit_gibbs(self, params: Any, y: ArrayLike, *, key: jax.Array, num_samples: int,
                   num_burnin: int = 100, inputs: ArrayLike | None = None,
-                  prior: SLDSGibbsPrior | None = None) -> Any:
+                  prior: SLDSGibbsPrior | None = None,
+                  mask: ArrayLike | None = None) -> Any:
         """Bayesian inference of the parameters, regimes and states by blocked Gibbs
         sampling (`statseq.models.switching._slds_gibbs`): exact conditional draws of
         ``x | z``, ``z | x`` (as in `sample_posterior`), ``pi`` and the rows of ``P``
         (Dirichlet), and per regime the dynamics ``([A B b], Q)`` and emission
         ``([C D d], R)`` (matrix-normal-inverse-Wishart, `SLDSGibbsPrior`). The initial
-        laws ``m_k, V_k`` are held at ``params``. Needs complete data (no mask) and
-        ``T >= 2``; one chain, started at ``params`` with Kim's most probable regimes.
+        laws ``m_k, V_k`` are held at ``params``. Missing observations (``mask``) are
+        handled exactly: marginalized in the ``x``, ``z`` blocks, left out of (whole
+        steps) or drawn given the observed entries before (partly observed steps) the
+        emission update. Needs ``T >= 2``; one chain, started at ``params`` with Kim's
+        most probable regimes.
 
         Args:
             params: the chain's start (also fixes ``initial_means`` and ``initial_covs``).
@@ -432,6 +591,7 @@ class SwitchingLDS(SequenceModel):
             num_burnin: sweeps discarded first.
             inputs: covariates, when the model takes them.
             prior: an `SLDSGibbsPrior` (``None``: the defaults).
+            mask: optional observation mask (per step or per entry).
 
         Returns:
             ArviZ ``InferenceData`` whose ``posterior`` holds every `SLDSParams` leaf and
@@ -441,44 +601,139 @@ class SwitchingLDS(SequenceModel):
         from statseq.bayes.nuts import _from_dict
 
         check_key(key)
+        if self.transition_inputs or self.recurrent:
+            raise ValueError("fit_gibbs does not support input-driven or recurrent "
+                             "transitions (no conjugate update of their weights); fit "
+                             "them with statseq.fit_lbfgs or statseq.fit_sgd")
         num_samples = check_positive_int(num_samples, "num_samples")
         num_burnin = check_positive_int(num_burnin, "num_burnin", minimum=0)
-        data = self._prepared(params, y, None, inputs)
+        data = self._prepared(params, y, mask, inputs)
         if data.num_timesteps < 2:
             raise ValueError(f"fit_gibbs needs at least 2 time steps, got {data.num_timesteps}")
         dtype = self.to_arrays(params).regimes.initial_cov.dtype
         prior = resolved_prior(self, prior, dtype)
         y_flat = jnp.reshape(data.y, data.y.shape[:2] + (self.dim,)).astype(dtype)
-        mask = jnp.ones(y_flat.shape, bool)
+        mask = jnp.reshape(data.mask, data.mask.shape[:2] + (-1,)) & jnp.ones(
+            (1, 1, self.dim), bool)
+        y_flat = jnp.where(mask, y_flat, 0.0)
         u = data.inputs.astype(dtype)
         full = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
         draws, regimes, states = run_gibbs(self, full, prior, y_flat, mask, u, key,
                                            num_samples=num_samples, num_burnin=num_burnin)
         bs = data.batch_shape
         post = {name: np.asarray(getattr(draws, name))[None]
-                for name in SLDSParams._fields}
+                for name in SLDSParams._fields if getattr(draws, name) is not None}
         post["regimes"] = np.asarray(regimes).reshape((1, num_samples) + bs
                                                       + regimes.shape[2:])
         post["states"] = np.asarray(states).reshape((1, num_samples) + bs + states.shape[2:])
         return _from_dict({"posterior": post}, dims=None, coords=None)
 
+    def fit_vem(self, params: Any, y: ArrayLike, *, num_iters: int = 100,
+                mask: ArrayLike | None = None, inputs: ArrayLike | None = None,
+                tol: float | None = 1e-8, num_inner: int = 1) -> Any:
+        """Variational EM with a structured mean-field posterior ``q(z) q(x)``
+        (Ghahramani and Hinton 2000; `statseq.models.switching._slds_vem`), maximizing
+
+            ELBO = E_q[log p(y, x, z | theta)] + H[q(z)] + H[q(x)] <= log p(y | theta).
+
+        Each iteration updates q(x) (the Kalman smoother of the time-varying linear Gaussian
+        model with the regimes' parameters precision-averaged under q(z)), then q(z) (the
+        HMM smoother with local evidence ``E_{q(x)}[log p(x_t, y_t | x_{t-1}, z_t = k)]``),
+        records the ELBO, then maximizes over every `SLDSParams` leaf in closed form
+        (weighted regressions; ``pi``, ``P`` from expected counts). The ELBO never decreases
+        (tested); with one regime the iteration is `statseq.LinearGaussianSSM`'s EM
+        (tested against `statseq.fit_em`). q(z) starts from Kim's smoothed probabilities
+        at ``params``. Missing observations (``mask``) are marginalized; the sequences of a
+        batch share the parameters. Needs positive definite ``Q``, ``R`` and ``V``.
+
+        Args:
+            params: the starting parameters.
+            y: ``batch_shape + (T,) + event_shape``, ``T >= 2``.
+            num_iters: maximum number of iterations.
+            mask: optional observation mask (per step or per entry).
+            inputs: covariates, when the model takes them.
+            tol: stop when the ELBO changes by less than ``tol * max(1, |ELBO|)``
+                (``None``: run ``num_iters`` iterations unless the ELBO decreases beyond
+                rounding or becomes non-finite, which stops any fit).
+            num_inner: q(x), q(z) updates per iteration (before the M-step).
+
+        Returns:
+            A `statseq.models.switching._slds_vem.SLDSVEMResult`: ``elbo[i]`` is the bound
+            at the parameters entering iteration ``i`` (after its E-step); ``params`` are
+            those after the last M-step, or those of the last recorded entry when the fit
+            converged or stopped on a decrease (``stopped`` says which); ``regime_probs``,
+            ``state_means`` and ``state_covs`` are q of the last recorded E-step.
+
+        Examples:
+            >>> import jax, statseq as ss
+            >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+            >>> y = ss.sample(model, model.default_params(), num_timesteps=40,
+            ...               key=jax.random.key(0))
+            >>> fit = model.fit_vem(model.default_params(), y, num_iters=5, tol=None)
+            >>> fit.elbo.shape, fit.stopped, fit.regime_probs.shape
+            ((5,), 'max_iters', (40, 2))
+        """
+        from statseq.models.switching import _slds_vem
+
+        num_iters = check_positive_int(num_iters, "num_iters")
+        num_inner = check_positive_int(num_inner, "num_inner")
+        if tol is not None and not float(tol) >= 0:
+            raise ValueError(f"tol must be non-negative or None, got {tol!r}")
+        data = self._prepared(params, y, mask, inputs)
+        if data.num_timesteps < 2:
+            raise ValueError(f"fit_vem needs at least 2 time steps, got {data.num_timesteps}")
+        require_observed(data, "fit_vem")
+        _slds_vem.check_definite(params)
+        return _slds_vem.fit_vem(self, params, data, num_iters=num_iters, tol=tol,
+                                 num_inner=num_inner)
+
     def forecast_regime_probs(self, params: Any, y: ArrayLike, *, num_steps: int,
                               mask: ArrayLike | None = None,
-                              inputs: ArrayLike | None = None) -> jax.Array:
+                              inputs: ArrayLike | None = None,
+                              future_inputs: ArrayLike | None = None) -> jax.Array:
         """Regime probabilities ``h = 1..num_steps`` steps after the history,
 
-            p(z_{T-1+h} | y_{0:T-1}) = p(z_{T-1} | y_{0:T-1}) P^h,
+            p(z_{T-1+h} | y_{0:T-1}) = p(z_{T-1} | y_{0:T-1}) P_T P_{T+1} ... P_{T+h-1},
 
-        from Kim's filtered law (`statseq.inference.hmm.hmm_predict_states`).
+        from Kim's filtered law (`statseq.inference.hmm.hmm_predict_states`); ``P_t = P``
+        unless the inputs drive the transitions. Not available with recurrent transitions
+        (the future regimes depend on the future states: use `statseq.forecast` paths).
+
+        Args:
+            params: the model's parameters.
+            y: ``batch_shape + (T,) + event_shape``.
+            num_steps: the horizon.
+            mask: optional observation mask.
+            inputs: covariates of the history, when the model takes them.
+            future_inputs: ``(num_steps, m)`` covariates over the horizon (needed with
+                ``transition_inputs``; shared by the sequences).
 
         Returns:
             ``batch_shape + (num_steps, K)``.
         """
         num_steps = check_positive_int(num_steps, "num_steps")
+        if self.recurrent:
+            raise ValueError("forecast_regime_probs is not available with recurrent "
+                             "transitions (future regimes depend on future states); use "
+                             "statseq.forecast sample paths")
+        if self.transition_inputs:
+            if future_inputs is None:
+                raise ValueError("forecast_regime_probs needs future_inputs (num_steps, "
+                                 "input_dim) when the inputs drive the transitions")
+            fu = np.asarray(future_inputs, float)
+            if fu.shape != (num_steps, self.input_dim) or not np.all(np.isfinite(fu)):
+                raise ValueError(f"future_inputs must be finite with shape "
+                                 f"{(num_steps, self.input_dim)}, got {fu.shape}")
         filt = self.filter_states(params, y, mask=mask, inputs=inputs)
         last = filt.filtered_probs[..., -1, :]
         flat = jnp.reshape(last, (-1, self.num_regimes))
-        trans = jnp.asarray(params.transitions, flat.dtype)
+        if self.transition_inputs:
+            fu = jnp.asarray(fu, flat.dtype)
+            arrays = self.to_arrays(params)
+            zeros = jnp.zeros((self.num_regimes, self.state_dim), flat.dtype)
+            trans = jax.vmap(lambda u: kim.transition_matrix_at(arrays, u, zeros))(fu)
+        else:
+            trans = jnp.asarray(params.transitions, flat.dtype)
         out = jax.vmap(lambda p: hmm_seq.hmm_predict_states(p, trans, num_steps))(flat)
         return jnp.reshape(out, last.shape[:-1] + (num_steps, self.num_regimes))
 

@@ -46,6 +46,8 @@ BACKBONES = {
     "aft": ss.AFT(hidden_dim=3, num_layers=1, variant="local", window=2, max_len=16),
     "rwkv": ss.RWKV(hidden_dim=3, num_layers=1, ffn_dim=3),
     "mlstm": ss.MLSTM(hidden_dim=2, num_layers=1, num_heads=1, expand=1),
+    "transformer": ss.Transformer(hidden_dim=3, num_layers=1, num_heads=1, max_len=8,
+                                  mlp_ratio=1, positional="sinusoidal"),
     "esn": ss.ElmanRNN(hidden_dim=4, echo_state=True),
 }
 
