@@ -112,6 +112,7 @@ _LAZY = {
     "interop": None,
     "io": None,
     "plotting": None,
+    "distributed": None,
     # bayes
     "SequenceDistribution": "statseq.bayes",
     "fit_nuts": "statseq.bayes",
