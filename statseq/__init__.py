@@ -112,7 +112,6 @@ _LAZY = {
     "interop": None,
     "io": None,
     "plotting": None,
-    "distributed": None,
     # bayes
     "SequenceDistribution": "statseq.bayes",
     "fit_nuts": "statseq.bayes",
