@@ -226,6 +226,24 @@ class TransformerBackbone(ResidualStack):
         state, o = form(state, *self._qkv(p, vs, positions))
         return state, self._out(p, o)
 
+    def layer_scan_from_start(self, p, state, vs):
+        """`layer_scan` from the initial (empty) cache: in the parallel mode the ``T x T``
+        form (`statseq.inference.attention.attention_parallel_from_start`)."""
+        t_len = vs.shape[0]
+        if self.resolved_mode(t_len) != "parallel":
+            return self.layer_scan(p, state, vs)
+        positions = jnp.arange(t_len, dtype=vs.dtype)
+        state, o = att.attention_parallel_from_start(state, *self._qkv(p, vs, positions))
+        return state, self._out(p, o)
+
+    def scan_from_start(self, params, xs):
+        """The whole sequence from the initial caches: in the parallel mode ``T x T``
+        attention scores (``T x (max_len + T)`` from another cache)."""
+        return self._run(self.layer_scan_from_start, params, self.initial_state(params), xs)
+
+    def scan_time_major_from_start(self, params, xs):
+        return jax.vmap(self.scan_from_start, in_axes=(None, 1), out_axes=(0, 1))(params, xs)
+
     def mlp(self, p, z):
         """``W_2 gelu(W_1 RMSNorm(z) + b_1) + b_2`` (exact gelu)."""
         hidden = jax.nn.gelu(rms_norm(z, p.mlp_norm) @ p.w_1 + p.b_1, approximate=False)
