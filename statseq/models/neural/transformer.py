@@ -26,7 +26,8 @@ filter state of a layer is its `statseq.inference.attention.KVCache`: keys and v
 
 **Modes** (``mode=``): ``"parallel"`` (masked scores: ``T x T`` from the initial, empty
 caches, the path of ``log_prob`` and ``fit_sgd`` (`TransformerBackbone.scan_from_start`),
-``T x (W + T)`` when continuing from another cache, ``O(T (T + W))`` memory) and ``"recurrent"`` (`jax.lax.scan` of the KV-cache step,
+``T x (W + T)`` when continuing from another cache, ``O(T (T + W))`` memory) and
+``"recurrent"`` (`jax.lax.scan` of the KV-cache step,
 ``O(T W)`` work); ``None`` picks parallel up to `PARALLEL_MAX_T` steps, recurrent beyond
 (not measured as a crossover: a memory bound). Generation (`statseq.sample`,
 `statseq.forecast`) and the filter with missing data always take KV-cache steps. A test
