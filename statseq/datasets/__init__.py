@@ -30,6 +30,7 @@ from statseq.datasets._load import (
     load_uk_driver_deaths,
     load_us_gnp_growth,
     load_us_state_production,
+    load_us_macro,
 )
 from statseq.datasets._text import (
     TEXT_ALPHABET,
@@ -57,4 +58,5 @@ __all__ = [
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
     "load_us_state_production",
+    "load_us_macro",
 ]
