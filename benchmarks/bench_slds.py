@@ -84,8 +84,13 @@ def timed(fn, repeats):
 
 
 def bench_rbpf(args):
-    from dynamax.slds.inference import (DiscreteParamsSLDS, LGParamsSLDS, ParamsSLDS,
-                                        rbpfilter, rbpfilter_optimal)
+    from dynamax.slds.inference import (
+        DiscreteParamsSLDS,
+        LGParamsSLDS,
+        ParamsSLDS,
+        rbpfilter,
+        rbpfilter_optimal,
+    )
 
     K, n, D, T, N = 2, 2, 2, 200, args.particles
     model = ss.SwitchingLDS(num_regimes=K, state_dim=n, emission_dim=D,
@@ -180,8 +185,10 @@ def bench_gibbs(args):
                                      emission_cov=np.tile(params.emission_cov, (K, 1, 1)))
             y = np.asarray(ss.sample(model, params, num_timesteps=T, key=jax.random.key(T)))
             log(f"gibbs T={T} K={K}")
-            fn = lambda r: model.fit_gibbs(params, y, key=jax.random.key(r),  # noqa: E731
-                                           num_samples=S, num_burnin=S)
+            def fn(r, model=model, params=params, y=y):
+                return model.fit_gibbs(params, y, key=jax.random.key(r), num_samples=S,
+                                       num_burnin=S)
+
             first, steady = timed(fn, 1)
             rate = 2 * S / steady
             print(f"| {T} | {K} | {first:.2f} | {first - steady:.2f} | {steady:.3f} | "
