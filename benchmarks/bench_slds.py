@@ -167,8 +167,8 @@ def bench_rbpf(args):
 
 
 def bench_gibbs(args):
-    Ts = [100, 1000] if args.quick else [100, 1000, 10000]
-    Ks = [2, 4, 8]
+    Ts = args.T or ([100, 1000] if args.quick else [100, 1000, 10000])
+    Ks = args.K or [2, 4, 8]
     S = args.sweeps
     print(f"\n### Blocked Gibbs (`fit_gibbs`): n=2, D=2, {S} burn-in + {S} kept sweeps "
           "per call, float64\n")
@@ -198,6 +198,10 @@ def bench_gibbs(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=["rbpf", "gibbs"], default=None,
+                    help="run one part only")
+    ap.add_argument("--T", type=int, nargs="*", default=None, help="Gibbs lengths")
+    ap.add_argument("--K", type=int, nargs="*", default=None, help="Gibbs regime counts")
     args = ap.parse_args()
     args.particles = 100
     args.seeds = 10 if args.quick else 30
@@ -208,8 +212,10 @@ def main():
     print(f"## Switching LDS (`bench_slds.py{' --quick' if args.quick else ''}`)\n")
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} CPUs; "
           f"load average at start {load0[0]:.1f}")
-    bench_rbpf(args)
-    bench_gibbs(args)
+    if args.only in (None, "rbpf"):
+        bench_rbpf(args)
+    if args.only in (None, "gibbs"):
+        bench_gibbs(args)
     print(f"\nload average at end {os.getloadavg()[0]:.1f}; wall {time.time() - start:.0f} s")
 
 
