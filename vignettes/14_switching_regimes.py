@@ -235,6 +235,8 @@ plt.show()
 decades = pd.Series(p_turb, index=quarters).groupby(quarters.year // 10 * 10).mean()
 print("mean smoothed p(turbulent) by decade:")
 print(decades.round(2).to_string())
+crisis = pd.Series(p_turb, index=quarters)["2008Q1":"2009Q3"]
+print("smoothed p(turbulent), 2008Q1-2009Q3:", crisis.round(2).to_numpy())
 uncertain = np.mean((p_turb > 0.2) & (p_turb < 0.8))
 print(f"share of quarters with 0.2 < p < 0.8 (ambiguous): {uncertain:.2f}")
 
