@@ -284,8 +284,8 @@ print(f"stationary p(turbulent) = {stationary[turbulent]:.3f}")
 # The segmentation (full run: mean smoothed probability of the turbulent regime 0.24 in the
 # 1960s, 0.73 in the 1970s, 0.42 in the 1980s, 0.09 in the 1990s and 0.53 in 2000-2009)
 # puts the turbulent regime on the oil shocks and the disinflation of the early 1980s,
-# almost none of it in the 1990s, and back on the 2008-09 crisis (held-out years, filtered
-# with the training parameters). About one quarter in seven has a smoothed probability
+# almost none of it in the 1990s, and back on the 2008-09 crisis (0.93 to 1.00 from 2008Q1
+# to 2009Q2; held-out years, smoothed with the training parameters). About one quarter in seven has a smoothed probability
 # between 0.2 and 0.8: the regime is not always clear-cut.
 #
 # ## Conclusions
