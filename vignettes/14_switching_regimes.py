@@ -285,8 +285,9 @@ print(f"stationary p(turbulent) = {stationary[turbulent]:.3f}")
 # The segmentation (full run: mean smoothed probability of the turbulent regime 0.24 in the
 # 1960s, 0.73 in the 1970s, 0.42 in the 1980s, 0.09 in the 1990s and 0.53 in 2000-2009)
 # puts the turbulent regime on the oil shocks and the disinflation of the early 1980s,
-# almost none of it in the 1990s, and back on the 2008-09 crisis (0.93 to 1.00 from 2008Q1
-# to 2009Q2; held-out years, smoothed with the training parameters). About one quarter in seven has a smoothed probability
+# almost none of it in the 1990s, and back from the mid-2000s through the 2008-09 crisis
+# (0.93 to 1.00 from 2008Q1 to 2009Q2; held-out years, smoothed with the training
+# parameters). About one quarter in seven has a smoothed probability
 # between 0.2 and 0.8: the regime is not always clear-cut.
 #
 # ## Conclusions
@@ -298,7 +299,7 @@ print(f"stationary p(turbulent) = {stationary[turbulent]:.3f}")
 #   the extra flexibility of the SLDS partly overfits 170 quarters.
 # - The SLDS's regimes are a calm and a turbulent state of the economy that differ in
 #   volatility, not in mean growth or inflation; the turbulent one dominates the 1970s and
-#   returns in 2008-09.
+#   early 1980s and returns from the mid-2000s through 2008-09.
 # - At the end of the sample (2009Q3, just after the financial crisis) the turbulent
 #   regime is the more likely one; the forecast's regime probabilities relax towards the
 #   stationary law of $P$ over two years, and the fan chart mixes the two regimes'
