@@ -2,8 +2,15 @@
 """Switching LDS benchmarks: the Rao-Blackwellized particle filter against dynamax's, and
 blocked Gibbs sweeps per second against T and K.
 
-    python benchmarks/bench_slds.py            # ~5 min on 2 shared cores; prints markdown
-    python benchmarks/bench_slds.py --quick    # ~2 min (fewer seeds, T <= 1000 for Gibbs)
+    python benchmarks/bench_slds.py            # prints markdown (stdout), progress (stderr)
+    python benchmarks/bench_slds.py --quick    # fewer seeds and sweeps, Gibbs T <= 1000
+    python benchmarks/bench_slds.py --only gibbs --T 10000 --K 2 4   # one part, a subset
+
+Compile-bound: on the shared 2-core machine at load 12-19 (Nov 26) dynamax's two filters
+took about 2 minutes each to compile and `fit_gibbs` 1-2.5 minutes per (T, K), so
+`--quick` took about 14 minutes up to its T = 100 Gibbs rows and a full run would take
+about half an hour; split it with ``--only``/``--T``/``--K``. On an idle machine expect a
+fraction of that (not measured).
 
 1. **RBPF.** One simulated SLDS (K = 2 regimes, n = 2 states, D = 2 series, T = 200,
    float64), N = 100 particles (dynamax's optimal resampling builds an ``(N K) x (N K)``
