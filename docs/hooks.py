@@ -171,6 +171,7 @@ FULL_MODE_CPU_S = {
     "09_covariates": 36,
     "07_forecast_evaluation": 34,
     "01_autoregressive_likelihoods": 28,
+    "14_switching_regimes": 53,
 }
 
 
