@@ -167,6 +167,9 @@ _LAZY = {
     # classify (sequence classifiers, scikit-learn style)
     "classify": None,
     "GenerativeClassifier": "statseq.classify",
+    "SequenceClassifier": "statseq.classify",
+    "SequenceRegressor": "statseq.classify",
+    "SequenceLabeller": "statseq.classify",
 }
 
 
@@ -323,4 +326,7 @@ __all__ = [
     "naive_params",
     "classify",
     "GenerativeClassifier",
+    "SequenceClassifier",
+    "SequenceRegressor",
+    "SequenceLabeller",
 ]
