@@ -402,6 +402,13 @@ _fit_jit = jax.jit(_fit_compiled, static_argnames=(
     "encoder", "head", "per_step", "num_steps", "batch_size", "eval_every"))
 
 
+def _features(encoder, per_step, params, x, lengths):
+    return encoder.states(params, x, lengths) if per_step else encoder.pool(params, x, lengths)
+
+
+_features_jit = jax.jit(_features, static_argnames=("encoder", "per_step"))
+
+
 # ---------------------------------------------------------------------------------------
 # estimators
 # ---------------------------------------------------------------------------------------
@@ -496,18 +503,14 @@ class _Seq2VecBase(SequenceEstimator):
     def transform(self, X, *, lengths=None) -> np.ndarray:
         """The pooled features ``z`` (or, for a labeller, the per-step ``h_t``)."""
         x, lengths = self._inputs(X, lengths)
-        enc = self.encoder_
-        if self._per_step:
-            return np.asarray(enc.states(self.params_.encoder, x, lengths))
-        return np.asarray(enc.pool(self.params_.encoder, x, lengths))
+        return np.asarray(_features_jit(self.encoder_, self._per_step, self.params_.encoder,
+                                        x, lengths))
 
     def _predictive(self, X, lengths):
         x, lengths = self._inputs(X, lengths)
-        if self._per_step:
-            hs = self.encoder_.states(self.params_.encoder, x, lengths)
-            return self.head_.distribution(self.params_.head, hs), lengths
-        z = self.encoder_.pool(self.params_.encoder, x, lengths)
-        return self.head_.distribution(self.params_.head, z), lengths
+        features = _features_jit(self.encoder_, self._per_step, self.params_.encoder, x,
+                                 lengths)
+        return self.head_.distribution(self.params_.head, features), lengths
 
 
 _DOC_ARGS = """
@@ -621,7 +624,8 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
 
     def predict(self, X, *, lengths=None) -> np.ndarray:
         """The most probable label of each sequence."""
-        return self.classes_[np.argmax(self.predict_log_proba(X, lengths=lengths), axis=-1)]
+        log_proba = self.predict_log_proba(X, lengths=lengths)
+        return self.classes_[np.argmax(log_proba, axis=-1)]
 
     def log_loss(self, X, y, *, lengths=None) -> float:
         """Mean negative log-probability of the true labels (nats per sequence)."""
