@@ -552,8 +552,8 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
         >>> rng = np.random.default_rng(0)
         >>> X = [rng.normal(size=8) + (n % 2) for n in range(20)]
         >>> y = [n % 2 for n in range(20)]
-        >>> clf = ss.SequenceClassifier(ss.GRU(hidden_dim=4), pooling="mean", num_steps=100,
-        ...                             learning_rate=0.05).fit(X, y)
+        >>> clf = ss.SequenceClassifier(ss.ElmanRNN(hidden_dim=2), pooling="mean",
+        ...                             num_steps=40, learning_rate=0.1).fit(X, y)
         >>> clf.predict_proba(X).shape, clf.score(X, y) > 0.8
         ((20, 2), True)
     """
@@ -649,7 +649,7 @@ class SequenceRegressor(_Seq2VecBase):
         >>> rng = np.random.default_rng(0)
         >>> X = [rng.normal(size=6) for _ in range(16)]
         >>> y = np.array([x.mean() for x in X])
-        >>> reg = ss.SequenceRegressor(ss.GRU(hidden_dim=4), pooling="mean", num_steps=50)
+        >>> reg = ss.SequenceRegressor(ss.ElmanRNN(hidden_dim=2), pooling="mean", num_steps=5)
         >>> reg.fit(X, y).predict(X).shape
         (16,)
     """
@@ -793,8 +793,8 @@ class SequenceLabeller(_Seq2VecBase):
         >>> rng = np.random.default_rng(0)
         >>> X = [rng.normal(size=7) for _ in range(8)]
         >>> y = [(x > 0).astype(int) for x in X]
-        >>> lab = ss.SequenceLabeller(ss.ElmanRNN(hidden_dim=4), num_steps=100,
-        ...                           learning_rate=0.05).fit(X, y)
+        >>> lab = ss.SequenceLabeller(ss.ElmanRNN(hidden_dim=2), num_steps=40,
+        ...                           learning_rate=0.1).fit(X, y)
         >>> [p.shape for p in lab.predict_proba(X[:2])], lab.score(X, y) > 0.9
         ([(7, 2), (7, 2)], True)
     """
