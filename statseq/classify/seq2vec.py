@@ -151,9 +151,8 @@ def reverse_within_lengths(x, lengths):
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> reverse_within_lengths(jnp.array([[1, 2, 3], [4, 5, 0]]), jnp.array([3, 2]))
-        Array([[3, 2, 1],
-               [5, 4, 0]], dtype=int32)
+        >>> reverse_within_lengths(jnp.array([[1, 2, 3], [4, 5, 0]]), jnp.array([3, 2])).tolist()
+        [[3, 2, 1], [5, 4, 0]]
     """
     num_t = x.shape[1]
     t = jnp.arange(num_t)[None, :]
