@@ -173,6 +173,13 @@ class EncoderParams(NamedTuple):
         backward: the backward backbone's parameters (``None`` if not bidirectional).
         attention: ``(F,)`` attention scoring vector ``w`` (``None`` unless
             ``pooling="attention"``).
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> enc = SequenceEncoder(encoder_backbone(ss.GRU(hidden_dim=3), 1), True, "last")
+        >>> params = enc.init_params(jax.random.key(0))
+        >>> params._fields, params.backward is not None, params.attention is None
+        (('forward', 'backward', 'attention'), True, True)
     """
 
     forward: Any
@@ -304,6 +311,13 @@ class Seq2VecParams(NamedTuple):
     Attributes:
         encoder: `EncoderParams`.
         head: the head's parameters (`statseq.models.neural.heads.HeadParams` or variant).
+
+    Examples:
+        >>> import numpy as np, statseq as ss
+        >>> clf = ss.SequenceClassifier(ss.ElmanRNN(hidden_dim=2), num_steps=2)
+        >>> clf = clf.fit([np.zeros(3), np.ones(4)], [0, 1])
+        >>> type(clf.params_).__name__, clf.params_.head.weight.shape
+        ('Seq2VecParams', (2, 2))
     """
 
     encoder: EncoderParams
