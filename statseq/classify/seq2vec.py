@@ -497,8 +497,13 @@ class _Seq2VecBase(SequenceEstimator):
         self.loss_trace_ = np.asarray(trace)[:steps]
         self.n_iter_ = steps
         self.best_validation_loss_ = float(best_val) if val is not None else None
-        if not np.isfinite(self.loss_trace_[-1]):
-            raise FloatingPointError("the fit's loss became non-finite; lower learning_rate")
+        full = np.asarray(trace)
+        if not np.all(np.isfinite(full[:min(steps + 1, len(full))])):
+            import warnings
+
+            warnings.warn(f"{type(self).__name__}.fit: the loss became non-finite at step "
+                          f"{steps}; the fit stopped there and keeps the last finite "
+                          "parameters (lower learning_rate)", RuntimeWarning, stacklevel=3)
         return self
 
     def _check_fitted(self):
