@@ -169,6 +169,9 @@ _LAZY = {
     # classify (sequence classifiers, scikit-learn style)
     "classify": None,
     "GenerativeClassifier": "statseq.classify",
+    "SequenceClassifier": "statseq.classify",
+    "SequenceRegressor": "statseq.classify",
+    "SequenceLabeller": "statseq.classify",
 }
 
 
@@ -327,4 +330,7 @@ __all__ = [
     "naive_params",
     "classify",
     "GenerativeClassifier",
+    "SequenceClassifier",
+    "SequenceRegressor",
+    "SequenceLabeller",
 ]
