@@ -63,7 +63,7 @@ SPECS = {
 
 NAMES = sorted(SPECS)
 # datasets with their own tests (a quarterly, signed series: us_gnp_growth below)
-OTHER_NAMES = ["old_faithful", "us_gnp_growth", "us_state_production"]
+OTHER_NAMES = ["japanese_vowels", "old_faithful", "us_gnp_growth", "us_state_production"]
 
 
 def test_list_datasets():
@@ -129,7 +129,8 @@ def test_package_data_files_and_readme():
     for fname in csvs:
         assert f"`{fname}`" in readme
         header = data.joinpath(fname).read_text(encoding="utf-8").splitlines()[0]
-        assert header.split(",")[0] in ("year", "month", "quarter", "eruption", "state")
+        assert header.split(",")[0] in ("year", "month", "quarter", "eruption", "state",
+                                         "sequence")
 
 
 def test_uk_driver_deaths_frame():
@@ -375,3 +376,36 @@ def test_us_state_production_reproduces_published_within_estimates():
     np.testing.assert_allclose(se, [0.02900158, 0.02511967, 0.03009174, 0.00098873],
                                rtol=0, atol=5e-9)
     assert rss[0] == pytest.approx(1.1112, abs=5e-5)
+
+
+def test_japanese_vowels():
+    frame = datasets.load_japanese_vowels()
+    assert frame.shape == (9961, 14)
+    assert list(frame.index.names) == ["sequence", "step"]
+    assert frame[[f"c{j}" for j in range(1, 13)]].dtypes.eq(np.float64).all()
+    assert np.all(np.isfinite(frame[[f"c{j}" for j in range(1, 13)]].to_numpy()))
+    assert "CC BY 4.0" in frame.attrs["licence"]
+    pd.testing.assert_frame_equal(datasets.load_dataset("japanese_vowels"), frame)
+    counts = {"train": [30] * 9, "test": [31, 35, 88, 44, 29, 24, 40, 50, 29]}
+    longest = {"train": 26, "test": 29}
+    total = 0
+    for split, want in counts.items():
+        X, y = datasets.load_japanese_vowels(split, return_X_y=True)
+        assert len(X) == len(y) == sum(want) and y.dtype == np.int64
+        np.testing.assert_array_equal(np.bincount(y, minlength=10)[1:], want)
+        lengths = np.array([x.shape[0] for x in X])
+        assert lengths.min() == 7 and lengths.max() == longest[split]
+        assert all(x.shape == (t, 12) and x.dtype == np.float64
+                   for x, t in zip(X, lengths, strict=True))
+        total += lengths.sum()
+        # sequences are the frame's rows in order, steps 0..T-1
+        part = frame[frame["split"] == split]
+        np.testing.assert_array_equal(np.concatenate(X), part[[f"c{j}" for j in range(1, 13)]])
+        np.testing.assert_array_equal(
+            part.index.get_level_values("step"), np.concatenate([np.arange(t) for t in lengths]))
+    assert total == len(frame)
+    # the first training frame, as in the UCI file ae.train
+    X_train, _ = datasets.load_japanese_vowels("train", return_X_y=True)
+    np.testing.assert_array_equal(X_train[0][0, :3], [1.860936, -0.207383, 0.261557])
+    with pytest.raises(ValueError, match="split"):
+        datasets.load_japanese_vowels("validation")
