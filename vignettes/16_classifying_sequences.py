@@ -254,9 +254,10 @@ print(f"{len(both)} test sequences are misclassified by both")
 #
 # - **Number of states.** Cross-validated accuracy rises from 0.94 with one state per
 #   speaker (a single Gaussian per speaker, frames treated as independent) to 0.97 with
-#   five (not monotonically: 0.96 at two to four), and the cross-validated log loss is lowest (0.86) at four and five states:
-#   the order of the frames, which the HMM's transitions model, carries information about
-#   the speaker. `GridSearchCV` picks $K = 5$, the largest value in the grid.
+#   five (not monotonically: about 0.96 with two to four), and the cross-validated log
+#   loss is lowest (0.86) at four and five states: the order of the frames, which the
+#   HMM's transitions model, carries information about the speaker. `GridSearchCV` picks
+#   $K = 5$, the largest value in the grid.
 # - **Accuracy.** The per-class maximum-likelihood HMMs classify 98.4% of the 370 test
 #   sequences correctly (6 errors), the MMI-trained ones 98.1% (7 errors); five of the
 #   misclassified sequences are the same for both.
