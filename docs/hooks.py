@@ -167,6 +167,7 @@ FULL_MODE_CPU_S = {
     "02_hmms_are_rnns": 62,
     "10_many_sequences": 59,
     "11_long_sequences": 59,
+    "14_switching_regimes": 53,
     "06_markov_switching": 38,
     "09_covariates": 36,
     "07_forecast_evaluation": 34,

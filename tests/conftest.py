@@ -40,6 +40,10 @@ import pytest  # noqa: E402
 # module while the other idled). Starting them first lets the many short modules fill in
 # around them, so the workers finish together. A module missing from the list only
 # affects the balance, never what runs.
+#: scripts run in subprocesses with their own devices and arguments, not test modules
+#: (``--doctest-modules`` would import them in the pytest process)
+collect_ignore_glob = ["distributed/_*.py"]
+
 LONGEST_MODULES_FIRST = (
     "tests/evaluation/test_claims.py",           # ~115 s of one core (23 families, k <= 8)
     "tests/models/test_h_step_exact.py",         # ~114 s (regime-path mixtures vs references)
@@ -58,8 +62,51 @@ LONGEST_MODULES_FIRST = (
 )
 
 
+#: The slow tier (``-m slow``; CI and the README's command run ``-m "not slow"``, from
+#: pyproject's ``addopts``). Every check keeps at least one instance in the CI tier; the slow
+#: tier holds repeats over models that share the code path under test. The model-wide tables
+#: and the fuzz tables run the generic plumbing (validation, filters, fits, forecasts,
+#: save/load) that every `ResidualStack` backbone shares: in CI they run S4D and the
+#: Transformer for it (plus GRU/LSTM for the RNN cells, Mamba and LRU), and the other
+#: backbones below in the slow tier; each backbone's own layer, its modes and its numerics
+#: at extreme values are tested in its own file, in CI.
+SLOW_TIER_MODEL_ROWS = frozenset({
+    "S5", "s5", "LinearAttention", "linear_attention", "AFT", "aft", "RWKV", "rwkv",
+    "MLSTM", "mlstm", "WaveNet", "wavenet", "ElmanRNN", "elman",
+})
+TABLE_MODULES = (
+    "tests/core/test_contract.py", "tests/core/test_input_convention.py",
+    "tests/fit/test_identified_counts.py", "tests/models/neural/test_h_step_mc.py",
+    "tests/fuzz/",
+)
+#: Single tests in the slow tier, with what covers their check in CI.
+SLOW_TIER_TESTS = {
+    # segmentation from a Gibbs fit: test_slds_transitions.py's ARI > 0.9 test covers it
+    "tests/models/test_slds.py::test_gibbs_fit_recovers_parameters_and_segments",
+}
+#: Mode-equivalence tests run at T in {1, 17, 1000} in CI; T = 2 in the slow tier.
+SLOW_TIER_MODE_TESTS = (
+    "test_modes_agree_in_log_prob_and_gradient", "test_recurrent_and_parallel_modes_agree",
+    "test_queue_generation_equals_the_convolution",
+)
+
+
+def _slow_tier(nodeid: str) -> bool:
+    path, _, rest = nodeid.partition("::")
+    name, _, params = rest.partition("[")
+    tokens = set(params.rstrip("]").split("-")) if params else set()
+    if path.startswith(TABLE_MODULES) and tokens & SLOW_TIER_MODEL_ROWS:
+        return True
+    if nodeid.split("[")[0] in SLOW_TIER_TESTS:
+        return True
+    return name.startswith(SLOW_TIER_MODE_TESTS) and "2" in tokens
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist, move `LONGEST_MODULES_FIRST` to the front (stable otherwise)."""
+    """Mark the slow tier; under pytest-xdist, move `LONGEST_MODULES_FIRST` to the front."""
+    for item in items:
+        if _slow_tier(item.nodeid):
+            item.add_marker(pytest.mark.slow)
     if not hasattr(config, "workerinput"):
         return  # a plain run keeps pytest's order
     rank = {name: i for i, name in enumerate(LONGEST_MODULES_FIRST)}

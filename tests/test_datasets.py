@@ -63,7 +63,8 @@ SPECS = {
 
 NAMES = sorted(SPECS)
 # datasets with their own tests (a quarterly, signed series: us_gnp_growth below)
-OTHER_NAMES = ["japanese_vowels", "old_faithful", "us_gnp_growth", "us_state_production"]
+OTHER_NAMES = ["old_faithful", "us_gnp_growth", "us_state_production", "us_macro",
+               "japanese_vowels"]
 
 
 def test_list_datasets():
@@ -376,6 +377,20 @@ def test_us_state_production_reproduces_published_within_estimates():
     np.testing.assert_allclose(se, [0.02900158, 0.02511967, 0.03009174, 0.00098873],
                                rtol=0, atol=5e-9)
     assert rss[0] == pytest.approx(1.1112, abs=5e-5)
+
+
+def test_us_macro_matches_statsmodels_macrodata():
+    macro = datasets.load_us_macro()
+    assert macro.shape == (203, 5) and list(macro.dtypes) == ["float64"] * 5
+    assert str(macro.index[0]) == "1959Q1" and str(macro.index[-1]) == "2009Q3"
+    assert macro.attrs["licence"].startswith("statsmodels")
+    pd.testing.assert_frame_equal(datasets.load_dataset("us_macro"), macro)
+    sm_datasets = pytest.importorskip("statsmodels.datasets")
+    ref = sm_datasets.macrodata.load_pandas().data
+    for col in macro.columns:
+        np.testing.assert_array_equal(macro[col].to_numpy(), ref[col].to_numpy())
+    np.testing.assert_array_equal(macro.index.year, ref["year"].astype(int))
+    np.testing.assert_array_equal(macro.index.quarter, ref["quarter"].astype(int))
 
 
 def test_japanese_vowels():

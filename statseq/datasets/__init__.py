@@ -30,6 +30,7 @@ from statseq.datasets._load import (
     load_treering,
     load_uk_driver_deaths,
     load_us_gnp_growth,
+    load_us_macro,
     load_us_state_production,
 )
 from statseq.datasets._text import (
@@ -58,5 +59,6 @@ __all__ = [
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
     "load_us_state_production",
+    "load_us_macro",
     "load_japanese_vowels",
 ]

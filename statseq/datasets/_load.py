@@ -29,6 +29,7 @@ __all__ = [
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
     "load_us_state_production",
+    "load_us_macro",
 ]
 
 _R_LICENCE = (
@@ -584,6 +585,52 @@ def load_us_state_production() -> pd.DataFrame:
     return out
 
 
+_MACRO_FILE = "us_macro.csv"
+_MACRO_ATTRS = {
+    "description": "US quarterly macroeconomic data, 1959Q1-2009Q3 (203 quarters): real "
+    "GDP, consumer price index, unemployment rate, inflation rate, 3-month T-bill rate.",
+    "source": "statsmodels.datasets.macrodata (columns realgdp, cpi, unemp, infl, tbilrate, "
+    "unedited), compiled by Skipper Seabold from FRED (Federal Reserve Bank of St. Louis) and "
+    "the Bureau of Labor Statistics, accessed 15 December 2009.",
+    "reference": "statsmodels.datasets.macrodata; FRED, https://fred.stlouisfed.org; Bureau "
+    "of Labor Statistics, https://www.bls.gov.",
+    "units": "realgdp: real GDP (billions of chained 2005 dollars, seasonally adjusted "
+    "annual rate); cpi: consumer price index (end of quarter); unemp: unemployment rate "
+    "(percent); infl: inflation rate (annualized percent, from cpi); tbilrate: 3-month "
+    "Treasury bill rate (percent, quarterly average)",
+    "licence": "statsmodels' macrodata COPYRIGHT: 'This is public domain.' (US government "
+    "statistics). See data/README.md.",
+}
+
+
+def load_us_macro() -> pd.DataFrame:
+    """US quarterly macroeconomic series, 1959Q1-2009Q3 (203 quarters).
+
+    Real GDP (``realgdp``), the consumer price index (``cpi``), the unemployment rate
+    (``unemp``, percent), the annualized inflation rate (``infl``, percent) and the
+    3-month Treasury bill rate (``tbilrate``, percent): a multivariate business-cycle
+    series (vignette 14 finds its regimes with `statseq.SwitchingLDS`).
+
+    Source: ``statsmodels.datasets.macrodata`` (public domain; FRED and the Bureau of
+    Labor Statistics), values unedited.
+
+    Returns:
+        ``DataFrame`` of ``float64`` columns ``realgdp, cpi, unemp, infl, tbilrate`` with a
+        quarterly ``PeriodIndex`` named ``"quarter"``; metadata in ``attrs``.
+
+    Examples:
+        >>> macro = load_us_macro(); macro.shape
+        (203, 5)
+        >>> str(macro.index[0]), str(macro.index[-1]), float(macro["unemp"].iloc[-1])
+        ('1959Q1', '2009Q3', 9.6)
+    """
+    frame = _read_csv(_MACRO_FILE)
+    out = frame[["realgdp", "cpi", "unemp", "infl", "tbilrate"]].astype("float64")
+    out.index = _index(frame, "quarter")
+    out.attrs.update(_MACRO_ATTRS)
+    return out
+
+
 def load_japanese_vowels(split: str | None = None, *, return_X_y: bool = False):
     """Japanese Vowels: 640 labelled multivariate sequences of 7-29 steps (9 speakers).
 
@@ -649,6 +696,7 @@ _LOADERS = {
     "uk_driver_deaths": load_uk_driver_deaths,
     "us_gnp_growth": load_us_gnp_growth,
     "us_state_production": load_us_state_production,
+    "us_macro": load_us_macro,
 }
 
 

@@ -25,6 +25,12 @@ values as the new cache. It starts from any cache (a sequence split in two gives
 numbers as one pass). Scores of masked entries are ``-inf`` before the softmax (every row
 keeps its own position, so no row is empty).
 
+**Parallel form from the start** (`attention_parallel_from_start`): when the sequence
+starts from the empty cache (position 0: ``log_prob``, ``fit_sgd``), the cache's ``W``
+zero keys are all masked, so the ``T x T`` scores of the new keys alone give the same
+output with the memory of an ordinary causal attention (``T x (W + T)`` is twice that at
+``W = T``); the final cache is the same.
+
 **Positional encodings.** `sinusoidal_encoding` (Vaswani et al. 2017, section 3.5:
 ``PE(t, 2i) = sin(t / 10000^{2i/d})``, ``PE(t, 2i + 1) = cos(t / 10000^{2i/d})``) is added
 to the input embedding; `apply_rope` (Su et al. 2021, *RoFormer*, eq. 34) rotates each
@@ -46,6 +52,7 @@ __all__ = [
     "KVCache",
     "apply_rope",
     "attention_parallel",
+    "attention_parallel_from_start",
     "attention_recurrent",
     "attention_step",
     "dot_product_attention",
@@ -199,6 +206,40 @@ def attention_parallel(cache: KVCache, q, k, v):
     query_pos = n + jnp.arange(t_len, dtype=dtype)
     out = dot_product_attention(q, keys, values, window_mask(query_pos, key_pos, window))
     return KVCache(keys[t_len:], values[t_len:], n + t_len), out
+
+
+def attention_parallel_from_start(cache: KVCache, q, k, v):
+    """The parallel form from the **empty** cache: the masked ``T x T`` scores only.
+
+    The cache must be the initial one (`kv_cache_init`: position 0, zero keys and values);
+    its slots would all be masked, so they are left out of the scores. Equal to
+    `attention_parallel` from that cache (outputs and final cache; a test checks values
+    and gradients to 1e-10 in float64) with ``T x T`` instead of ``T x (W + T)`` scores.
+
+    Args:
+        cache: the initial `KVCache` (its shapes and dtype; its contents are not read
+            beyond the new cache's zero slots when ``T < W``).
+        q: ``(T, H, D)`` queries of positions ``0, ..., T - 1``.
+        k: ``(T, H, D)`` keys.
+        v: ``(T, H, D)`` values.
+
+    Returns:
+        ``(final_cache, out (T, H, D))``.
+
+    Examples:
+        >>> import jax
+        >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 6, 2, 4))
+        >>> c = kv_cache_init(4, 2, 4, q.dtype)
+        >>> a = attention_parallel_from_start(c, q, k, v)[1]
+        >>> bool(jax.numpy.allclose(a, attention_parallel(c, q, k, v)[1], atol=1e-6))
+        True
+    """
+    window, t_len = cache.keys.shape[0], q.shape[0]
+    pos = jnp.arange(t_len, dtype=cache.position.dtype)
+    out = dot_product_attention(q, k, v, window_mask(pos, pos, window))
+    keys = jnp.concatenate([cache.keys, k])[t_len:]  # the last W positions (zeros before 0)
+    values = jnp.concatenate([cache.values, v])[t_len:]
+    return KVCache(keys, values, cache.position + t_len), out
 
 
 #: The whole-sequence forms by mode name.

@@ -34,7 +34,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from statseq.core.model import SequenceModel
+from statseq.core.model import SequenceModel, register_model
 from statseq.core.params import validate_params
 from statseq.core.validation import (
     check_key,
@@ -55,6 +55,7 @@ from statseq.models.ssm.structural import (
     StructuralModel,
     Trend,
     TrigSeasonal,
+    _as_component,
 )
 
 __all__ = ["DeepStateCarry", "DeepStateParams", "DeepStateSpace"]
@@ -97,11 +98,28 @@ class DeepStateCarry(NamedTuple):
     kalman: kalman.KalmanCarry
 
 
+def _backbone_from_config(config: dict) -> Backbone:
+    """The statseq backbone saved as ``{"type": class name, **fields}`` by `config`."""
+    import statseq.models.neural  # noqa: F401 - defines every backbone class
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    kinds = {c.__name__: c for c in subclasses(Backbone) if dataclasses.is_dataclass(c)}
+    kind = config.get("type")
+    if kind not in kinds:
+        raise ValueError(f"unknown backbone type {kind!r} (known: {sorted(kinds)})")
+    return kinds[kind](**{k: v for k, v in config.items() if k != "type"})
+
+
 def _inv_softplus(x):
     x = np.asarray(x, float)
     return np.where(x > 30.0, x, np.log(np.expm1(np.minimum(x, 30.0))))
 
 
+@register_model
 @dataclasses.dataclass(frozen=True)
 class DeepStateSpace(SequenceModel):
     """Deep state space model: an RNN on covariates emits a structural model's variances.
@@ -164,9 +182,10 @@ class DeepStateSpace(SequenceModel):
     def __post_init__(self):
         check_positive_int(self.input_dim, "input_dim")
         comps = self.components
-        if isinstance(comps, Component):
+        if isinstance(comps, Component | dict):
             comps = (comps,)
-        object.__setattr__(self, "components", tuple(comps))
+        # dicts are saved components (`config`): ``{"type": "Trend", ...}``
+        object.__setattr__(self, "components", tuple(_as_component(c) for c in comps))
         for c in self.components:
             if not isinstance(c, Trend | Seasonal | TrigSeasonal):
                 raise TypeError("components must be Trend, Seasonal or TrigSeasonal objects "
@@ -176,7 +195,9 @@ class DeepStateSpace(SequenceModel):
             object.__setattr__(self, "backbone", RNNBackbone(
                 self.cell, self.input_dim, check_positive_int(self.hidden_dim, "hidden_dim"),
                 check_positive_int(self.num_layers, "num_layers")))
-        elif not isinstance(self.backbone, Backbone):
+        elif isinstance(self.backbone, dict):  # a saved backbone (`config`)
+            object.__setattr__(self, "backbone", _backbone_from_config(self.backbone))
+        if not isinstance(self.backbone, Backbone):
             raise TypeError(f"backbone must be a statseq Backbone, got {self.backbone!r}")
         elif self.backbone.input_dim != self.input_dim:
             raise ValueError(f"backbone.input_dim ({self.backbone.input_dim}) must equal "
@@ -186,6 +207,20 @@ class DeepStateSpace(SequenceModel):
         if self.initial_scale is not None and not (
                 np.isfinite(self.initial_scale) and self.initial_scale > 0):
             raise ValueError(f"initial_scale must be None or positive, got {self.initial_scale}")
+
+    def config(self) -> dict[str, Any]:
+        """JSON-friendly configuration (`statseq.save`): the components' configs and, when
+        it is not the default one built from ``cell``, ``hidden_dim`` and ``num_layers``,
+        the backbone's (its class name and dataclass fields)."""
+        out = dataclasses.asdict(self)
+        out["components"] = [c.config() for c in self.components]
+        default = RNNBackbone(self.cell, self.input_dim, self.hidden_dim, self.num_layers)
+        if self.backbone == default:
+            out["backbone"] = None
+        else:
+            out["backbone"] = {"type": type(self.backbone).__name__,
+                               **dataclasses.asdict(self.backbone)}
+        return out
 
     # ---- static description -------------------------------------------------------------
     @property

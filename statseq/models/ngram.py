@@ -28,6 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from statseq.core.validation import check_positive_int
+
 __all__ = ["NGram", "NGramCounts"]
 
 SMOOTHINGS = ("witten_bell", "add_k")
@@ -145,9 +147,16 @@ class NGram:
 
         Returns:
             The sparse counts.
+
+        Raises:
+            TypeError: for non-integer symbols (floats, strings, complex, objects).
+            ValueError: for symbols outside ``0..C-1``, a wrong number of axes or no
+                symbols at all.
         """
         pair_keys, pair_counts, ctx_keys, ctx_counts, ctx_types = [], [], [], [], []
         seqs = self._sequences(y)
+        if not any(s.size for s in seqs):
+            raise ValueError(f"y has no time steps (shape {np.shape(y)}): nothing to count")
         C = self.num_classes
         for m in range(self.order):
             pairs = [self._keys(s, m)[1] for s in seqs if s.size > m]
@@ -221,7 +230,7 @@ class NGram:
             history: the symbols so far, ``(t,)`` (may be empty); the last ``order - 1``
                 are the context.
         """
-        (s,) = self._sequences(np.asarray(history, dtype=np.int64).reshape(-1))
+        (s,) = self._sequences(np.asarray(history).reshape(-1))  # no silent float cast
         C = self.num_classes
         w = np.arange(C, dtype=np.int64)
         ctx, pair = [], []
@@ -245,7 +254,14 @@ class NGram:
 
         Returns:
             ``int64`` array ``(num_steps,)``.
+
+        Raises:
+            TypeError: ``num_steps`` not an integer, or a non-integer ``prompt``.
+            ValueError: ``num_steps < 1`` or a ``prompt`` symbol outside ``0..C-1``.
         """
+        check_positive_int(num_steps, "num_steps")
+        if prompt is not None:
+            self._sequences(np.reshape(np.asarray(prompt), -1))  # integer symbols in range
         rng = np.random.default_rng(seed)
         history = [] if prompt is None else [int(v) for v in np.asarray(prompt).reshape(-1)]
         start = len(history)

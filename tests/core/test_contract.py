@@ -115,6 +115,10 @@ EXAMPLES = {
         ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8, mlp_ratio=1,
                        emission="poisson", input_dim=1),
     ],
+    # exact diffuse start (a local level: one diffuse state), the emission-bias output;
+    # the GRU reads the covariates only
+    "DeepStateSpace": [ss.DeepStateSpace((ss.Trend(),), input_dim=1, hidden_dim=2,
+                                         emission_bias=True)],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]
@@ -275,7 +279,9 @@ def test_step_override_matches_default_step(ex):
 
     lp, lp_ref, new, new_ref = both(ex.params)
     lp, lp_ref = np.asarray(lp), np.asarray(lp_ref)
-    diffuse = getattr(model.initial_carry(ex.params), "diffuse", jnp.zeros((0, 0)))
+    carry0 = model.initial_carry(ex.params)
+    carry0 = getattr(carry0, "kalman", carry0)  # a Kalman carry inside (DeepStateSpace)
+    diffuse = getattr(carry0, "diffuse", jnp.zeros((0, 0)))
     if diffuse.shape[1]:
         # the predictive is improper (NaN) until the data identify the diffuse states; the
         # fused step scores those steps by the exact diffuse likelihood instead

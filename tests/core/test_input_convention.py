@@ -66,10 +66,13 @@ def _specs():
         "LSTM": (ss.LSTM(hidden_dim=3), y),
         "MarkovSwitchingAR": (ss.MarkovSwitchingAR(num_regimes=2, order=1), y),
         "SwitchingLDS": (ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None), y),
+        "DeepStateSpace": (ss.DeepStateSpace(input_dim=1, hidden_dim=2), y),
     }
 
 
 SPECS = _specs()
+# covariates of the models that need them (the same for every form of y)
+INPUTS = {"DeepStateSpace": np.sin(np.arange(T) / 3.0)[:, None]}
 
 
 def test_every_registered_model_is_covered():
@@ -84,12 +87,15 @@ def _cached_params(name):
     """`_params` of ``SPECS[name]``, once per module (three tests use the same point, so
     the initializers compile once)."""
     model, y = SPECS[name]
-    return _params(model, y[:, None] if tuple(model.event_shape) == (1,) else y)
+    return _params(model, y[:, None] if tuple(model.event_shape) == (1,) else y,
+                   INPUTS.get(name))
 
 
-def _params(model, canon):
+def _params(model, canon, inputs=None):
     if hasattr(model, "initialize"):
         try:
+            if inputs is not None:
+                return model.initialize(canon, key=jax.random.key(0), inputs=inputs)
             return model.initialize(canon, key=jax.random.key(0))
         except (TypeError, NotImplementedError):
             pass
@@ -101,7 +107,8 @@ def test_series_1d_and_canonical_give_identical_log_prob(name):
     model, y = SPECS[name]
     canon = y[:, None] if tuple(model.event_shape) == (1,) else y
     params = _cached_params(name)
-    ref = float(ss.log_prob(model, params, canon))
+    u = INPUTS.get(name)
+    ref = float(ss.log_prob(model, params, canon, inputs=u))
     assert np.isfinite(ref)
     forms = {
         "1-D array": y,
@@ -110,10 +117,12 @@ def test_series_1d_and_canonical_give_identical_log_prob(name):
         "list": list(y),
     }
     for form, value in forms.items():
-        assert float(ss.log_prob(model, params, value)) == ref, form
+        assert float(ss.log_prob(model, params, value, inputs=u)) == ref, form
     # a batch in the canonical convention: two copies, the same log-likelihood each
     batch = np.stack([canon, canon])
-    np.testing.assert_allclose(np.asarray(ss.log_prob(model, params, batch)), [ref, ref],
+    ub = None if u is None else np.stack([u, u])
+    np.testing.assert_allclose(np.asarray(ss.log_prob(model, params, batch, inputs=ub)),
+                               [ref, ref],
                                rtol=1e-13)
     # a Series with a gap: NaN is a masked step, as an explicit mask on the 1-D array
     if not isinstance(model, ss.TimeVaryingLinearGaussianSSM | ss.LinearAutoregressiveHMM
@@ -122,14 +131,15 @@ def test_series_1d_and_canonical_give_identical_log_prob(name):
         gappy.iloc[5] = np.nan
         mask = np.ones(T, bool)
         mask[5] = False
-        assert float(ss.log_prob(model, params, gappy)) == pytest.approx(
-            float(ss.log_prob(model, params, y, mask=mask)), rel=1e-12, abs=1e-12)
+        assert float(ss.log_prob(model, params, gappy, inputs=u)) == pytest.approx(
+            float(ss.log_prob(model, params, y, mask=mask, inputs=u)), rel=1e-12, abs=1e-12)
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_ambiguous_or_wrong_shapes_name_the_accepted_shapes(name):
     model, y = SPECS[name]
     params = _cached_params(name)
+    u = INPUTS.get(name)
     accepted = accepted_shapes(model)
     if model.event_shape == ():
         bad = [y[:, None],                         # a column: T sequences of one step?
@@ -139,7 +149,7 @@ def test_ambiguous_or_wrong_shapes_name_the_accepted_shapes(name):
                np.stack([y, y, y], axis=-1)]       # (T, 3): three columns, not one
     for value in bad:
         with pytest.raises(ValueError) as info:
-            ss.log_prob(model, params, value)
+            ss.log_prob(model, params, value, inputs=u)
         message = str(info.value)
         assert "Accepted: " + accepted in message, message
         assert str(tuple(value.shape)) in message

@@ -42,6 +42,9 @@ NGRC                           tests/models/test_ngrc.py (Monte Carlo with stand
 SwitchingLDS                   tests/models/test_slds.py (forecast paths against the
                                exact mixture with an observed state; Kim's filter is
                                approximate otherwise, no closed-form h-step marginal)
+DeepStateSpace                 tests/models/test_deepstate.py (exact Kalman forecast
+                               moments against the structural model's and against
+                               Monte Carlo paths of the generic forecast)
 =============================  =========================================================
 """
 
@@ -85,6 +88,7 @@ CLAIMS = {
     "MLSTM": "tests/models/neural/test_h_step_mc.py",
     "SwitchingLDS": "tests/models/test_slds.py",
     "Transformer": "tests/models/neural/test_h_step_mc.py",
+    "DeepStateSpace": "tests/models/test_deepstate.py",
 }
 
 T, H = 24, 8

@@ -93,6 +93,8 @@ def _cases():
                          real, True),
         "Transformer": (ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=8,
                                        mlp_ratio=1), real, False),
+        # a network: weight symmetries not subtracted, the count is an upper bound
+        "DeepStateSpace": (ss.DeepStateSpace(input_dim=1, hidden_dim=2), real, False),
     }
 
 

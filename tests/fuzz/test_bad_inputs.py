@@ -56,17 +56,26 @@ def _forecast(spec, y, mask=None):
                        key=jax.random.key(0))
 
 
+def _fit_ridge(spec, y, mask=None):  # NGRC's closed-form fit
+    return spec.model.fit_ridge(y, mask=mask)
+
+
 ENTRY_POINTS = {
     "log_prob": _log_prob, "filter": _filter, "smoother": _smoother, "fit_em": _fit_em,
     "fit_sgd": _fit_sgd, "fit_lbfgs": _fit_lbfgs, "forecast": _forecast,
+    "fit_ridge": _fit_ridge,
 }
 
 
 def _applies(spec, entry: str) -> bool:
+    if entry in spec.excluded:  # an explicit exclusion, with its reason, in _models.py
+        return False
     if entry == "smoother":
         return spec.has_smoother
     if entry == "fit_em":
         return spec.has_em
+    if entry == "fit_ridge":
+        return hasattr(spec.model, "fit_ridge")
     return True
 
 
@@ -212,7 +221,7 @@ def _key_entry_points(spec):
     }
     if hasattr(m, "sample_states_posterior"):
         out["sample_states_posterior"] = lambda k: m.sample_states_posterior(p, y, key=k)
-    return out
+    return {name: call for name, call in out.items() if name not in spec.excluded}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=SPEC_IDS)
@@ -261,3 +270,46 @@ def test_raw_and_typed_keys_are_both_accepted():
     a = ss.sample(spec.model, spec.params, num_timesteps=4, key=raw)
     b = ss.sample(spec.model, spec.params, num_timesteps=4, key=jax.random.wrap_key_data(raw))
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ---- NGram: a NumPy model outside the tables (_models.NOT_IN_THE_TABLES) ----------------
+def test_ngram_entry_points_refuse_malformed_data():
+    """`NGram.fit`, `log_probs`, `predictive` and `sample` refuse what the tables refuse of
+    the filters (their own entry points: NGram is not a `statseq.log_prob` model)."""
+    model = ss.NGram(order=2, num_classes=3)
+    y = np.array([0, 1, 2, 1, 0, 2, 2, 1])
+    counts = model.fit(y)
+    bad = [
+        ("floats", y.astype(float), TypeError, "integer symbols"),
+        ("nan", np.where(np.arange(8) == 2, np.nan, y), TypeError, "integer symbols"),
+        ("complex", y + 1j, TypeError, "integer symbols"),
+        ("strings", y.astype(str), TypeError, "integer symbols"),
+        ("objects", np.array([object()] * 8, dtype=object), TypeError, "integer symbols"),
+        ("0-d", np.asarray(1), ValueError, "1-D"),
+        ("3-d", y.reshape(2, 2, 2), ValueError, "1-D"),
+        ("category >= C", np.r_[y, 3], ValueError, r"lie in 0\.\.2"),
+        ("negative", np.r_[-1, y], ValueError, r"lie in 0\.\.2"),
+        ("int64 overflow", np.r_[y, 2**40], ValueError, r"lie in 0\.\.2"),
+    ]
+    for label, data, error, pattern in bad:
+        for call in (model.fit, lambda d: model.log_probs(counts, d),
+                     lambda d: model.predictive(counts, d)):
+            if label in ("0-d", "3-d") and call is not model.fit:
+                continue
+            with pytest.raises(error, match=pattern):
+                call(data)
+                pytest.fail(f"{label}: no error")  # pragma: no cover
+    for empty in (y[:0], y[:0].reshape(2, 0)):
+        with pytest.raises(ValueError, match="no time steps"):
+            model.fit(empty)
+    for steps, error in ((0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="num_steps"):
+            model.sample(counts, steps)
+    with pytest.raises(ValueError, match=r"lie in 0\.\.2"):
+        model.sample(counts, 2, prompt=[0, 5])
+    # valid edge data: a one-step series scores the first step of a longer one, and a
+    # batch scores each row as the single series
+    np.testing.assert_allclose(model.log_probs(counts, y[:1]), model.log_probs(counts, y)[:1],
+                               rtol=1e-15)
+    np.testing.assert_allclose(model.log_probs(counts, np.stack([y, y[::-1]]))[1],
+                               model.log_probs(counts, y[::-1]), rtol=1e-15)

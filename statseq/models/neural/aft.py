@@ -52,8 +52,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import aft
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.linear_attention import check_mode
-from statseq.models.neural.residual import ResidualStack, dense_init
+from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, resolve_mode
 
 #: Whole-sequence evaluation modes of `AFTBackbone`.
 MODES = ("recurrent", "parallel")
@@ -173,8 +172,8 @@ class AFTBackbone(ResidualStack):
     def __post_init__(self):
         super().__post_init__()
         _check_variant(self.variant, self.window, self.max_len)
-        check_mode(self.mode, MODES, self.parallel, self.evaluation,
-                   self.evaluation_max_iter)
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES, name="AFT",
+                   parallel_modes=("parallel",), evaluation_max_iter=self.evaluation_max_iter)
 
     @property
     def window_size(self) -> int:
@@ -183,13 +182,8 @@ class AFTBackbone(ResidualStack):
 
     def resolved_mode(self, num_timesteps: int) -> str:
         """The mode used for a whole sequence of ``num_timesteps`` steps."""
-        if self.mode is not None:
-            return self.mode
-        if self.evaluation == "sequential" or self.parallel is False:
-            return "recurrent"
-        if self.parallel is True:
-            return "parallel"
-        return default_mode(num_timesteps)
+        return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="parallel",
+                            default=lambda: default_mode(num_timesteps))
 
     def layer_param_shapes(self) -> AFTLayerParams:
         d, s = self.hidden_dim, self.window_size

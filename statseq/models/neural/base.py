@@ -104,10 +104,24 @@ class Backbone(abc.ABC):
         """
         return jax.vmap(self.scan, in_axes=(None, 0, 1), out_axes=(0, 1))(params, state, xs)
 
+    def scan_from_start(self, params, xs):
+        """`scan` from `initial_state`: ``(final_state, hs (T, F))``. A backbone with a
+        cheaper form when it knows the state is the initial one (the Transformer's ``T x T``
+        attention) overrides it."""
+        return self.scan(params, self.initial_state(params), xs)
+
+    def scan_time_major_from_start(self, params, xs):
+        """`scan_time_major` of a batch ``xs`` ``(T, N, input_dim)`` from `initial_state`
+        (the path of ``log_prob`` and ``fit_sgd`` on complete data)."""
+        num = xs.shape[1]
+        state0 = jax.tree.map(lambda a: jnp.broadcast_to(a, (num,) + a.shape),
+                              self.initial_state(params))
+        return self.scan_time_major(params, state0, xs)
+
     def sequence(self, params, xs):
         """Features ``hs`` of shape ``(T, output_dim)`` for inputs ``xs`` ``(T, input_dim)``
         from the initial state."""
-        return self.scan(params, self.initial_state(params), xs)[1]
+        return self.scan_from_start(params, xs)[1]
 
 
 class NeuralParams(NamedTuple):
@@ -409,9 +423,6 @@ class NeuralSequenceModel(SequenceModel):
         enc = jax.vmap(jax.vmap(head.encode))(y_tm, jnp.ones(y_tm.shape, bool))  # (T, N, E)
         prev = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]], axis=0)
         xs = jnp.concatenate([prev, jnp.swapaxes(inputs, 0, 1).astype(enc.dtype)], axis=-1)
-        num = y.shape[0]
-        state0 = jax.tree.map(lambda a: jnp.broadcast_to(a, (num,) + a.shape),
-                              backbone.initial_state(params.backbone))
-        final, hs = backbone.scan_time_major(params.backbone, state0, xs)
+        final, hs = backbone.scan_time_major_from_start(params.backbone, xs)
         log_probs = head.distribution(params.head, hs).log_prob(y_tm)  # (T, N)
         return log_probs.T, NeuralCarry(final, enc[-1])

@@ -42,7 +42,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import linear_attention as la
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, dense_init
+from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, resolve_mode
 
 #: Whole-sequence evaluation modes of `LinearAttentionBackbone`.
 MODES = ("recurrent", "parallel", "chunked")
@@ -162,8 +162,9 @@ class LinearAttentionBackbone(ResidualStack):
         if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) \
                 or not 0.0 <= float(self.eps) < math.inf:
             raise ValueError(f"eps must be a non-negative number, got {self.eps!r}")
-        check_mode(self.mode, MODES, self.parallel, self.evaluation,
-                   self.evaluation_max_iter)
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES,
+                   name="LinearAttention", parallel_modes=("parallel", "chunked"),
+                   evaluation_max_iter=self.evaluation_max_iter)
 
     @property
     def dim_head(self) -> int:
@@ -172,13 +173,10 @@ class LinearAttentionBackbone(ResidualStack):
 
     def resolved_mode(self, num_timesteps: int) -> str:
         """The mode used for a whole sequence of ``num_timesteps`` steps."""
-        if self.mode is not None:
-            return self.mode
-        if self.evaluation == "sequential" or self.parallel is False:
-            return "recurrent"
-        if self.parallel is True:  # a non-recurrent form, as on a GPU
-            return default_mode(num_timesteps, self.chunk_size, backend="gpu")
-        return default_mode(num_timesteps, self.chunk_size)
+        return resolve_mode(  # parallel=True: a non-recurrent form, as on a GPU
+            self.mode, self.parallel, self.evaluation,
+            when_parallel=lambda: default_mode(num_timesteps, self.chunk_size, backend="gpu"),
+            default=lambda: default_mode(num_timesteps, self.chunk_size))
 
     def layer_param_shapes(self) -> LinearAttentionLayerParams:
         d, hd = self.hidden_dim, self.num_heads * self.dim_head
@@ -234,24 +232,6 @@ class LinearAttentionBackbone(ResidualStack):
         state, o = la.linear_attention(state, *self._qkv(p, vs), self.log_gamma(p),
                                        self.eps, mode=mode, chunk_size=self.chunk_size)
         return state, self._out(p, o)
-
-
-def check_mode(mode, modes, parallel, evaluation, evaluation_max_iter) -> None:
-    """Refuse an unknown ``mode`` and one that contradicts ``parallel`` / ``evaluation``
-    (the `ResidualStack` fields) with a ValueError naming both."""
-    if mode is not None and mode not in modes:
-        raise ValueError(f"mode must be None or one of {modes}, got {mode!r}")
-    if evaluation not in (None, "sequential") or evaluation_max_iter is not None:
-        raise ValueError(f"evaluation={evaluation!r} (a parallel Newton solver) is not "
-                         f"available here: choose the mode with mode= (one of {modes})")
-    if evaluation == "sequential" and mode not in (None, "recurrent"):
-        raise ValueError(f"evaluation='sequential' contradicts mode={mode!r}: pass one")
-    if parallel is True and (mode == "recurrent" or evaluation == "sequential"):
-        raise ValueError(f"parallel=True contradicts mode={mode!r} / evaluation="
-                         f"{evaluation!r} (the recurrent form): pass one")
-    if parallel is False and mode not in (None, "recurrent"):
-        raise ValueError(f"parallel=False (the recurrent form) contradicts mode={mode!r}: "
-                         "pass one")
 
 
 @register_model

@@ -55,8 +55,7 @@ from statseq.inference.matrix_memory import (
     matrix_memory_step,
 )
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, dense_init
-from statseq.models.neural.rwkv import check_mode, resolve_mode
+from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, resolve_mode
 
 #: Whole-sequence evaluation modes of `MLSTMBackbone`.
 MODES = ("recurrent", "parallel", "chunked")
@@ -176,7 +175,8 @@ class MLSTMBackbone(ResidualStack):
         if self.inner_dim % self.num_heads:
             raise ValueError(f"expand * hidden_dim = {self.inner_dim} must be a multiple of "
                              f"num_heads = {self.num_heads}")
-        check_mode(self.mode, self.parallel, self.evaluation, MODES, "MLSTM")
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES, name="MLSTM",
+                   parallel_modes=("parallel", "chunked"))
 
     @property
     def inner_dim(self) -> int:
@@ -190,8 +190,8 @@ class MLSTMBackbone(ResidualStack):
 
     def mode_for(self, num_timesteps: int) -> str:
         """The mode that evaluates a sequence of ``num_timesteps`` steps."""
-        return resolve_mode(self.mode, self.parallel, self.evaluation, num_timesteps,
-                            default_mode)
+        return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="parallel",
+                            default=lambda: default_mode(num_timesteps))
 
     def layer_param_shapes(self) -> MLSTMLayerParams:
         d, e, h = self.hidden_dim, self.inner_dim, self.num_heads

@@ -84,6 +84,86 @@ def dense_init(key, shape, fan_in: int, dtype):
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
+def check_mode(mode, parallel, evaluation, *, modes: tuple, name: str,
+               parallel_modes: tuple, evaluation_max_iter=None) -> None:
+    """The one ``mode`` check of the backbones with whole-sequence modes (S4D, S5,
+    LinearAttention, AFT, RWKV, mLSTM, WaveNet): their `ResidualStack` fields ``parallel``
+    and ``evaluation`` are older switches for the same choice, and no Newton solver applies.
+
+    ``evaluation="sequential"`` and ``parallel=False`` mean ``mode="recurrent"``;
+    ``parallel=True`` means one of ``parallel_modes`` (the model's non-recurrent forms that
+    ``parallel=True`` stands for). A ``mode`` outside what they mean is a contradiction.
+
+    Args:
+        mode: the field ``mode`` (``None`` or one of ``modes``).
+        parallel: the field ``parallel`` (``None``, ``True`` or ``False``).
+        evaluation: the field ``evaluation`` (``None`` or ``"sequential"``).
+        modes: the model's modes (``"recurrent"`` among them).
+        name: the model's name, for the messages.
+        parallel_modes: the modes ``parallel=True`` allows.
+        evaluation_max_iter: the field ``evaluation_max_iter`` where the model refuses it
+            (it has no solver to limit); ``None`` otherwise.
+
+    Raises:
+        ValueError: an unknown ``mode``, a Newton ``evaluation`` (or a max_iter), or a
+            ``mode`` contradicting ``parallel`` / ``evaluation``, each naming the fields.
+
+    Examples:
+        >>> check_mode("chunked", True, None, modes=("recurrent", "parallel", "chunked"),
+        ...            name="RWKV", parallel_modes=("parallel", "chunked"))
+        >>> try:
+        ...     check_mode("recurrent", True, None, modes=("recurrent", "scan"), name="S4D",
+        ...                parallel_modes=("scan",))
+        ... except ValueError as err:
+        ...     print(str(err)[:50])
+        S4D: mode='recurrent' contradicts parallel=True, e
+    """
+    if mode is not None and mode not in modes:
+        raise ValueError(f"{name}: mode must be None or one of {modes}, got {mode!r}")
+    if evaluation not in (None, "sequential") or evaluation_max_iter is not None:
+        raise ValueError(
+            f"{name} has no parallel Newton evaluation: evaluation must be None or "
+            f"'sequential' (and evaluation_max_iter None), got evaluation={evaluation!r}, "
+            f"evaluation_max_iter={evaluation_max_iter!r}; choose mode= (one of {modes})")
+    if evaluation == "sequential" and parallel:
+        raise ValueError(f"{name}: evaluation='sequential' (the recurrence) contradicts "
+                         "parallel=True: pass mode only")
+    implied = (("recurrent",) if evaluation == "sequential" or parallel is False
+               else tuple(parallel_modes) if parallel else None)
+    if mode is not None and implied is not None and mode not in implied:
+        raise ValueError(f"{name}: mode={mode!r} contradicts parallel={parallel}, "
+                         f"evaluation={evaluation!r} (which mean mode in {implied}): "
+                         "pass mode only")
+
+
+def resolve_mode(mode, parallel, evaluation, *, when_parallel, default) -> str:
+    """The mode a whole sequence runs in: ``mode``; else ``"recurrent"`` for
+    ``parallel=False`` / ``evaluation="sequential"``; else ``when_parallel`` for
+    ``parallel=True``; else ``default`` (the backend/length rule).
+
+    Args:
+        mode: the field ``mode``.
+        parallel: the field ``parallel``.
+        evaluation: the field ``evaluation``.
+        when_parallel: the mode ``parallel=True`` gives, or a function of no arguments
+            returning it (called only then).
+        default: the mode ``mode=None`` gives, or a function of no arguments returning it.
+
+    Returns:
+        The mode's name.
+
+    Examples:
+        >>> resolve_mode(None, False, None, when_parallel="scan", default="convolution")
+        'recurrent'
+    """
+    if mode is not None:
+        return mode
+    if parallel is False or evaluation == "sequential":
+        return "recurrent"
+    choice = when_parallel if parallel else default
+    return choice() if callable(choice) else choice
+
+
 @dataclasses.dataclass(frozen=True)
 class ResidualStack(Backbone):
     """Backbone of ``num_layers`` pre-norm residual layers of width ``hidden_dim``.

@@ -64,7 +64,13 @@ from statseq.inference.wkv import (
     wkv_step,
 )
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, dense_init, rms_norm
+from statseq.models.neural.residual import (
+    ResidualStack,
+    check_mode,
+    dense_init,
+    resolve_mode,
+    rms_norm,
+)
 
 #: Whole-sequence evaluation modes of `RWKVBackbone`.
 MODES = ("recurrent", "parallel", "chunked")
@@ -93,31 +99,6 @@ def default_mode(num_timesteps: int, backend: str | None = None) -> str:
     if backend == "cpu":
         return "recurrent"
     return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
-
-
-def check_mode(mode, parallel, evaluation, modes=MODES, name: str = "RWKV") -> None:
-    """Refuse an unknown ``mode`` and one that contradicts ``parallel`` / ``evaluation``."""
-    if mode is not None and mode not in modes:
-        raise ValueError(f"mode must be one of {modes} or None, got {mode!r}")
-    if evaluation not in (None, "sequential"):
-        raise ValueError(f"{name} has no parallel Newton evaluation: evaluation must be None "
-                         f"or 'sequential', got {evaluation!r} (choose mode= instead)")
-    if mode == "recurrent" and parallel:
-        raise ValueError("mode='recurrent' contradicts parallel=True: pass one of them")
-    if mode in ("parallel", "chunked") and (parallel is False or evaluation == "sequential"):
-        raise ValueError(f"mode={mode!r} contradicts parallel={parallel}, "
-                         f"evaluation={evaluation!r}: pass one of them")
-
-
-def resolve_mode(mode, parallel, evaluation, num_timesteps: int, rule=default_mode) -> str:
-    """``mode``, else what ``parallel`` / ``evaluation`` say, else ``rule(num_timesteps)``."""
-    if mode is not None:
-        return mode
-    if parallel:
-        return "parallel"
-    if parallel is False or evaluation == "sequential":
-        return "recurrent"
-    return rule(num_timesteps)
 
 
 def _shift(prev, x, mix):
@@ -212,7 +193,8 @@ class RWKVBackbone(ResidualStack):
         if self.ffn_dim is not None:
             check_positive_int(self.ffn_dim, "ffn_dim")
         check_positive_int(self.chunk_size, "chunk_size")
-        check_mode(self.mode, self.parallel, self.evaluation)
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES, name="RWKV",
+                   parallel_modes=("parallel", "chunked"))
 
     @property
     def channel_dim(self) -> int:
@@ -221,7 +203,8 @@ class RWKVBackbone(ResidualStack):
 
     def mode_for(self, num_timesteps: int) -> str:
         """The mode that evaluates a sequence of ``num_timesteps`` steps."""
-        return resolve_mode(self.mode, self.parallel, self.evaluation, num_timesteps)
+        return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="parallel",
+                            default=lambda: default_mode(num_timesteps))
 
     def layer_param_shapes(self) -> RWKVLayerParams:
         d, f = self.hidden_dim, self.channel_dim

@@ -28,7 +28,9 @@ scan, `statseq.inference.linear_recurrence`) and ``"convolution"`` (the kernel
 ``K_j = 2 Re sum_n c_n b̄_n ā_n^j`` in closed form, `statseq.inference.diagonal_ssm.ssm_kernel`,
 applied by FFT, `statseq.inference.diagonal_ssm.causal_convolution`, plus the free response
 ``2 Re sum_n c_n ā_n^{t+1} x_{-1,n}`` of a carried state). ``mode=None`` chooses by
-backend and length (`default_mode`). Generation (`statseq.sample`, `statseq.forecast`,
+backend and length (`default_mode`), and for S4D by the estimated memory of the program
+(`program_bytes`: the convolution where the recurrence would exceed 2 GiB). Generation
+(`statseq.sample`, `statseq.forecast`,
 the filter with missing values) runs one step at a time; each layer's complex state is
 carried as a real array ``[Re x, Im x]`` (``(2, H, N/2)``). Tests show the modes give the
 same log-probabilities and gradients to 1e-10 in float64.
@@ -53,7 +55,13 @@ from statseq.inference.diagonal_ssm import (
 )
 from statseq.inference.hippo import S4D_INITS, s4d_init
 from statseq.inference.linear_recurrence import linear_recurrence
-from statseq.models.neural.residual import ResidualStack, ResidualStackModel, dense_init
+from statseq.models.neural.residual import (
+    ResidualStack,
+    ResidualStackModel,
+    check_mode,
+    dense_init,
+    resolve_mode,
+)
 
 #: Whole-sequence evaluation modes of the S4D and S5 layers.
 MODES = ("recurrent", "scan", "convolution")
@@ -67,17 +75,79 @@ CONVOLUTION_MIN_STEPS = 1024
 FINAL_STATE_CHUNK = 2048
 
 
-def default_mode(num_steps: int, backend: str | None = None) -> str:
+#: ``mode=None`` leaves a mode whose program estimate (`program_bytes`) exceeds this many
+#: bytes for the convolution when the convolution's estimate is smaller (S4D).
+MAX_PROGRAM_BYTES = 2 * 2**30
+
+
+def program_bytes(mode: str, *, batch: int, num_steps: int, width: int, state_dim: int,
+                  num_layers: int = 1, itemsize: int = 4) -> int:
+    """An estimate of the memory (bytes) of S4D's log-likelihood-and-gradient program over
+    a batch in ``mode``: what the gradient keeps per step, linear in every size,
+
+        recurrent:    5 B T L H N s,
+        scan:        15 B T L H N s          (the associative scan's levels),
+        convolution: (12 + 1.5 N) B T L H s  (the FFTs' length-2T signals, per channel),
+
+    with ``B`` the batch, ``T`` the steps, ``L`` the layers, ``H`` the width, ``N`` the
+    state size (``N/2`` complex states per channel) and ``s`` the bytes of a float. The
+    constants are fitted to XLA's estimate (``compiled.memory_analysis()``, temporaries +
+    arguments + outputs, as `benchmarks/bench_backbones.py` reports it) of
+    ``jax.value_and_grad`` of the batch log-likelihood, float32, CPU: at ``(B, T, H, N, L)
+    = (4..8, 1000..2000, 16..32, 16..32, 1..2)`` the recurrence measured 4.3-4.6, the scan
+    9.9-14.8 (per ``B T L H N s``), the convolution 25-54 (per ``B T L H s``); at
+    ``(32, 10^4, 64, 16, 2)`` (`benchmarks/RESULTS.md`, "Modern backbones") the recurrence
+    13.1 GiB (formula: 12.2 GiB) and the convolution 3.2 GiB (formula: 5.5 GiB). Good to a
+    factor 2: enough to choose a mode, not a memory budget.
+
+    Args:
+        mode: one of `MODES`.
+        batch: sequences ``B``.
+        num_steps: steps ``T``.
+        width: the model width ``H``.
+        state_dim: the state size ``N``.
+        num_layers: layers ``L``.
+        itemsize: bytes per float ``s`` (4 for float32, 8 for float64).
+
+    Returns:
+        The estimate in bytes.
+
+    Examples:
+        >>> round(program_bytes("recurrent", batch=32, num_steps=10**4, width=64,
+        ...                     state_dim=16, num_layers=2) / 2**30, 1)
+        12.2
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    cells = batch * num_steps * num_layers * width * itemsize
+    per_cell = {"recurrent": 5.0 * state_dim, "scan": 15.0 * state_dim,
+                "convolution": 12.0 + 1.5 * state_dim}[mode]
+    return int(per_cell * cells)
+
+
+def default_mode(num_steps: int, backend: str | None = None, *, batch: int = 1,
+                 width: int | None = None, state_dim: int | None = None,
+                 num_layers: int = 1, itemsize: int = 4,
+                 max_bytes: int | None = None) -> str:
     """The whole-sequence mode that ``mode=None`` picks for ``num_steps`` steps.
 
     ``"recurrent"`` on CPU (the associative scan and the FFT do more arithmetic for no
     gain on a few cores); on GPU/TPU ``"convolution"`` from `CONVOLUTION_MIN_STEPS`
     steps and ``"scan"`` below (provisional thresholds, to be set from the backbone
-    benchmarks).
+    benchmarks). **Memory-aware** when the sizes are given (``width`` and ``state_dim``):
+    if that pick's program is estimated (`program_bytes`) above ``max_bytes`` and the
+    convolution's estimate is smaller, the convolution instead (on CPU at batch 32,
+    ``T = 10^4``, width 64, ``N = 16``, two layers: recurrence 12.2 GiB, convolution 5.5 GiB).
 
     Args:
         num_steps: sequence length ``T``.
         backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (default: `jax.default_backend`).
+        batch: sequences evaluated together ``B``.
+        width: the model width ``H`` (``None``: no memory rule).
+        state_dim: the state size ``N`` (``None``: no memory rule).
+        num_layers: layers ``L``.
+        itemsize: bytes per float.
+        max_bytes: the threshold (``None``: `MAX_PROGRAM_BYTES`, 2 GiB).
 
     Returns:
         One of `MODES`.
@@ -85,11 +155,23 @@ def default_mode(num_steps: int, backend: str | None = None) -> str:
     Examples:
         >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10_000, "gpu")
         ('recurrent', 'scan', 'convolution')
+        >>> default_mode(10_000, "cpu", batch=32, width=64, state_dim=16, num_layers=2)
+        'convolution'
     """
     backend = jax.default_backend() if backend is None else backend
     if backend == "cpu":
-        return "recurrent"
-    return "convolution" if num_steps >= CONVOLUTION_MIN_STEPS else "scan"
+        pick = "recurrent"
+    else:
+        pick = "convolution" if num_steps >= CONVOLUTION_MIN_STEPS else "scan"
+    if pick == "convolution" or width is None or state_dim is None:
+        return pick
+    max_bytes = MAX_PROGRAM_BYTES if max_bytes is None else max_bytes
+    sizes = dict(batch=batch, num_steps=num_steps, width=width, state_dim=state_dim,
+                 num_layers=num_layers, itemsize=itemsize)
+    if (program_bytes(pick, **sizes) > max_bytes
+            and program_bytes("convolution", **sizes) < program_bytes(pick, **sizes)):
+        return "convolution"
+    return pick
 
 
 def _power_weighted_sum(log_a, vs):
@@ -149,18 +231,9 @@ class DiagonalSSMStack(ResidualStack):
         if self.state_dim % 2:
             raise ValueError(f"state_dim must be even (N/2 conjugate pairs), got "
                              f"{self.state_dim}")
-        if self.mode is not None and self.mode not in MODES:
-            raise ValueError(f"mode must be None or one of {MODES}, got {self.mode!r}")
-        if self.evaluation not in (None, "sequential"):
-            raise ValueError(
-                f"evaluation={self.evaluation!r}: {type(self).__name__} layers are linear "
-                f"recurrences evaluated exactly by mode= {MODES}; use evaluation=None")
-        implied = ("recurrent" if self.evaluation == "sequential" or self.parallel is False
-                   else "scan" if self.parallel else None)
-        if self.mode is not None and implied is not None and implied != self.mode:
-            raise ValueError(
-                f"mode={self.mode!r} contradicts parallel={self.parallel}, "
-                f"evaluation={self.evaluation!r} (which mean mode={implied!r}): pass mode only")
+        # linear recurrences, evaluated exactly in every mode: no Newton solver applies
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES,
+                   name=type(self).__name__.removesuffix("Backbone"), parallel_modes=("scan",))
         if self.discretization not in DISCRETIZATIONS:
             raise ValueError(f"discretization must be one of {DISCRETIZATIONS}, got "
                              f"{self.discretization!r}")
@@ -175,13 +248,27 @@ class DiagonalSSMStack(ResidualStack):
         """``N/2``: complex states kept (one per conjugate pair)."""
         return self.state_dim // 2
 
-    def whole_sequence_mode(self, num_steps: int) -> str:
-        """The mode that evaluates a whole sequence of ``num_steps`` steps."""
-        if self.mode is not None:
-            return self.mode
-        if self.recurrence_parallel is not None:
-            return "scan" if self.recurrence_parallel else "recurrent"
-        return default_mode(num_steps)
+    #: Whether ``mode=None`` uses `default_mode`'s memory rule (`program_bytes` is fitted
+    #: to S4D's programs; S5 keeps the backend/length rule).
+    memory_aware_default = False
+
+    def whole_sequence_mode(self, num_steps: int, batch: int = 1, itemsize: int = 4) -> str:
+        """The mode that evaluates ``batch`` whole sequences of ``num_steps`` steps."""
+        sizes = (dict(batch=batch, width=self.hidden_dim, state_dim=self.state_dim,
+                      num_layers=self.num_layers, itemsize=itemsize)
+                 if self.memory_aware_default else {})
+        return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="scan",
+                            default=lambda: default_mode(num_steps, **sizes))
+
+    def scan_time_major(self, params, state, xs):
+        """A batch ``xs`` ``(T, B, input_dim)``: under ``mode=None`` the mode is chosen once
+        for the whole batch (`whole_sequence_mode` with ``B``), then `scan` vmapped."""
+        if self.mode is None and self.memory_aware_default:
+            mode = self.whole_sequence_mode(xs.shape[0], batch=xs.shape[1],
+                                            itemsize=jnp.dtype(xs.dtype).itemsize)
+            return super(DiagonalSSMStack, dataclasses.replace(self, mode=mode)
+                         ).scan_time_major(params, state, xs)
+        return super().scan_time_major(params, state, xs)
 
     def _discretize(self, a, b, dt):
         fn = discretize_zoh if self.discretization == "zoh" else discretize_bilinear
@@ -271,6 +358,7 @@ class S4DBackbone(DiagonalSSMStack):
     """
 
     init: str = "inv"
+    memory_aware_default = True  # class attribute, not a field
 
     def __post_init__(self):
         super().__post_init__()
@@ -348,7 +436,7 @@ class S4DBackbone(DiagonalSSMStack):
 
     def layer_scan(self, p, state, vs):
         t_len = vs.shape[0]
-        mode = self.whole_sequence_mode(t_len)
+        mode = self.whole_sequence_mode(t_len, itemsize=jnp.dtype(vs.dtype).itemsize)
         disc, c = self.discretized(p)
         x0 = _complex_state(state)
         if t_len == 0:
@@ -396,8 +484,8 @@ class S4D(ResidualStackModel):
         dt_min: smallest initial time step ``Δ``.
         dt_max: largest initial time step ``Δ``.
         mode: ``"recurrent"`` (``lax.scan``), ``"scan"`` (associative scan),
-            ``"convolution"`` (Vandermonde kernel and FFT) or ``None`` (by backend and
-            length, `default_mode`).
+            ``"convolution"`` (Vandermonde kernel and FFT) or ``None`` (by backend, length
+            and estimated memory, `default_mode`).
         parallel: the older switch of the other backbones: ``True`` means
             ``mode="scan"``, ``False`` ``mode="recurrent"``; a contradiction with
             ``mode`` is a ValueError.

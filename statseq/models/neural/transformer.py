@@ -24,8 +24,10 @@ enters. The whole-sequence form uses the same rule, so both agree at every lengt
 filter state of a layer is its `statseq.inference.attention.KVCache`: keys and values
 ``(W, H, D)`` and the position counter, a fixed size whatever the length.
 
-**Modes** (``mode=``): ``"parallel"`` (the masked ``T x (W + T)`` scores,
-``O(T (T + W))`` memory) and ``"recurrent"`` (`jax.lax.scan` of the KV-cache step,
+**Modes** (``mode=``): ``"parallel"`` (masked scores: ``T x T`` from the initial, empty
+caches, the path of ``log_prob`` and ``fit_sgd`` (`TransformerBackbone.scan_from_start`),
+``T x (W + T)`` when continuing from another cache, ``O(T (T + W))`` memory) and
+``"recurrent"`` (`jax.lax.scan` of the KV-cache step,
 ``O(T W)`` work); ``None`` picks parallel up to `PARALLEL_MAX_T` steps, recurrent beyond
 (not measured as a crossover: a memory bound). Generation (`statseq.sample`,
 `statseq.forecast`) and the filter with missing data always take KV-cache steps. A test
@@ -45,8 +47,13 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import attention as att
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.linear_attention import check_mode
-from statseq.models.neural.residual import ResidualStack, dense_init, rms_norm
+from statseq.models.neural.residual import (
+    ResidualStack,
+    check_mode,
+    dense_init,
+    resolve_mode,
+    rms_norm,
+)
 
 #: Whole-sequence evaluation modes of `TransformerBackbone`.
 MODES = ("recurrent", "parallel")
@@ -158,8 +165,9 @@ class TransformerBackbone(ResidualStack):
         if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) \
                 or not 1.0 < float(self.rope_base) < math.inf:
             raise ValueError(f"rope_base must be a number > 1, got {self.rope_base!r}")
-        check_mode(self.mode, MODES, self.parallel, self.evaluation,
-                   self.evaluation_max_iter)
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES,
+                   name="Transformer", parallel_modes=("parallel",),
+                   evaluation_max_iter=self.evaluation_max_iter)
 
     @property
     def head_dim(self) -> int:
@@ -168,13 +176,8 @@ class TransformerBackbone(ResidualStack):
 
     def resolved_mode(self, num_timesteps: int) -> str:
         """The mode used for a whole sequence of ``num_timesteps`` steps."""
-        if self.mode is not None:
-            return self.mode
-        if self.evaluation == "sequential" or self.parallel is False:
-            return "recurrent"
-        if self.parallel is True:
-            return "parallel"
-        return default_mode(num_timesteps)
+        return resolve_mode(self.mode, self.parallel, self.evaluation,
+                            when_parallel="parallel", default=default_mode(num_timesteps))
 
     def layer_param_shapes(self) -> TransformerLayerParams:
         d, m = self.hidden_dim, self.mlp_ratio * self.hidden_dim
@@ -225,6 +228,24 @@ class TransformerBackbone(ResidualStack):
         form = att.MODES[self.resolved_mode(t_len)]
         state, o = form(state, *self._qkv(p, vs, positions))
         return state, self._out(p, o)
+
+    def layer_scan_from_start(self, p, state, vs):
+        """`layer_scan` from the initial (empty) cache: in the parallel mode the ``T x T``
+        form (`statseq.inference.attention.attention_parallel_from_start`)."""
+        t_len = vs.shape[0]
+        if self.resolved_mode(t_len) != "parallel":
+            return self.layer_scan(p, state, vs)
+        positions = jnp.arange(t_len, dtype=vs.dtype)
+        state, o = att.attention_parallel_from_start(state, *self._qkv(p, vs, positions))
+        return state, self._out(p, o)
+
+    def scan_from_start(self, params, xs):
+        """The whole sequence from the initial caches: in the parallel mode ``T x T``
+        attention scores (``T x (max_len + T)`` from another cache)."""
+        return self._run(self.layer_scan_from_start, params, self.initial_state(params), xs)
+
+    def scan_time_major_from_start(self, params, xs):
+        return jax.vmap(self.scan_from_start, in_axes=(None, 1), out_axes=(0, 1))(params, xs)
 
     def mlp(self, p, z):
         """``W_2 gelu(W_1 RMSNorm(z) + b_1) + b_2`` (exact gelu)."""

@@ -63,7 +63,13 @@ import numpy as np
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, dense_init, rms_norm
+from statseq.models.neural.residual import (
+    ResidualStack,
+    check_mode,
+    dense_init,
+    resolve_mode,
+    rms_norm,
+)
 
 #: Whole-sequence evaluation modes of `WaveNetBackbone`.
 WAVENET_MODES = ("convolution", "recurrent")
@@ -216,19 +222,10 @@ class WaveNetBackbone(ResidualStack):
             check_positive_int(self.dilation_cycle, "dilation_cycle")
         if self.gate_dim is not None:
             check_positive_int(self.gate_dim, "gate_dim")
-        if self.mode is not None and self.mode not in WAVENET_MODES:
-            raise ValueError(f"mode must be one of {WAVENET_MODES} or None, got {self.mode!r}")
-        if self.evaluation not in (None, "sequential"):
-            raise ValueError(
-                f"evaluation={self.evaluation!r}: WaveNet is a convolution, not a recurrence, "
-                "so it has no parallel Newton evaluation; use mode='convolution' or "
-                "'recurrent'")
+        # a convolution, not a recurrence: no Newton solver applies
+        check_mode(self.mode, self.parallel, self.evaluation, modes=WAVENET_MODES,
+                   name="WaveNet", parallel_modes=("convolution",))
         super().__post_init__()
-        implied = {True: "convolution", False: "recurrent"}.get(self.recurrence_parallel)
-        if self.mode is not None and implied is not None and implied != self.mode:
-            raise ValueError(
-                f"mode={self.mode!r} contradicts parallel={self.parallel}, "
-                f"evaluation={self.evaluation!r} (which choose {implied!r}): pass only mode")
 
     # ---- static description ----------------------------------------------------------
     @property
@@ -256,11 +253,9 @@ class WaveNetBackbone(ResidualStack):
     def resolved_mode(self) -> str:
         """The whole-sequence mode in use (``mode``, else ``parallel``/``evaluation``,
         else `default_wavenet_mode`)."""
-        if self.mode is not None:
-            return self.mode
-        implied = {True: "convolution", False: "recurrent"}.get(self.recurrence_parallel)
-        return implied if implied is not None else default_wavenet_mode(
-            jax.default_backend())
+        return resolve_mode(self.mode, self.parallel, self.evaluation,
+                            when_parallel="convolution",
+                            default=lambda: default_wavenet_mode(jax.default_backend()))
 
     # ---- one layer -------------------------------------------------------------------
     def layer_param_shapes(self) -> WaveNetLayerParams:

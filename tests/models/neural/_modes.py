@@ -1,5 +1,7 @@
-"""Mode-equivalence runs shared by the backbone tests (RWKV, mLSTM): a model's whole-sequence
-log-likelihood and its gradient in each evaluation mode, at several lengths.
+"""Mode-equivalence runs shared by the backbone tests (RWKV, mLSTM, AFT, linear attention): a
+model's whole-sequence log-likelihood and its gradient in each evaluation mode, at several
+lengths, and optionally by the generation step (`Steps`: a `jax.lax.scan` of ``model.step``,
+what the filter runs on masked data and what sampling runs).
 
 A length ``T`` below the longest one reuses the longest program with weights ``w_t = 1`` for
 ``t <= T`` and 0 after (the models are causal: the first ``T`` one-step log-densities of a
@@ -9,11 +11,21 @@ every length.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """The generation-step path of ``model`` as one more "mode" of `mode_runs`: the
+    one-step log-densities from a `jax.lax.scan` of ``model.step`` (every step observed)."""
+
+    model: Any
 
 
 @partial(jax.jit, static_argnames="models")
@@ -23,7 +35,15 @@ def _value_and_grads(params, y, weights, models):
 
     def loglik(model):
         def total(p):
-            log_probs = model.complete_data_log_probs_batch(p, y[None], inputs)[0][0]
+            if isinstance(model, Steps):
+                def one(carry, y_t):
+                    lp, carry = model.model.step(p, carry, y_t, jnp.asarray(True),
+                                                 inputs[0, 0])
+                    return carry, lp
+
+                log_probs = jax.lax.scan(one, model.model.initial_carry(p), y)[1]
+            else:
+                log_probs = model.complete_data_log_probs_batch(p, y[None], inputs)[0][0]
             return jnp.sum(weights * log_probs)
         return total
 
@@ -31,7 +51,8 @@ def _value_and_grads(params, y, weights, models):
 
 
 def mode_runs(models: dict, params, y, lengths) -> dict:
-    """``{T: {mode: (log-likelihood, gradient)}}`` for ``models = {mode: model}``."""
+    """``{T: {mode: (log-likelihood, gradient)}}`` for ``models = {mode: model}`` (a value
+    may be `Steps` of a model: the generation step)."""
     pairs = tuple(sorted(models.items()))
     longest = max(lengths)
     runs = {}

@@ -17,6 +17,7 @@ import statseq as ss
 from statseq.inference import aft
 from statseq.models.neural.aft import AFT, AFTBackbone, default_mode
 from statseq.models.neural.residual import RMS_EPS
+from tests.models.neural import _modes
 
 MODES = ("recurrent", "parallel")
 
@@ -126,30 +127,6 @@ def test_every_mode_matches_the_dense_weights(variant, window, max_len):
 MODEL = AFT(hidden_dim=4, num_layers=1, variant="local", window=3, max_len=12)
 
 
-@jax.jit
-def _value_and_grad_every_mode(params, y):
-    """The log-likelihood and its gradient, one compiled program per ``T``: first by the
-    generation step (a `jax.lax.scan` of ``MODEL.step``, what the filter runs), then by
-    the whole-sequence path that ``ss.log_prob`` takes on complete data
-    (``complete_data_log_probs``) in every mode. (``ss.log_prob`` itself under ``jit``
-    takes the step path: the mask of traced data is not known to be complete.)"""
-    none = jnp.zeros((y.shape[0], 0), y.dtype)
-
-    def by_steps(p):
-        def one(carry, y_t):
-            lp, carry = MODEL.step(p, carry, y_t, jnp.asarray(True), none[0])
-            return carry, lp
-
-        return jnp.sum(jax.lax.scan(one, MODEL.initial_carry(p), y)[1])
-
-    def whole(p, mode):
-        model = dataclasses.replace(MODEL, mode=mode)
-        return jnp.sum(model.complete_data_log_probs(p, y, none)[0])
-
-    return [jax.value_and_grad(by_steps)(params)] + [
-        jax.value_and_grad(whole)(params, m) for m in MODES]
-
-
 @pytest.fixture(scope="module")
 def params():
     y = np.sin(np.arange(40) / 3.0)
@@ -157,24 +134,51 @@ def params():
     return p._replace(backbone=perturbed(p.backbone, 7))
 
 
-@pytest.mark.parametrize("t_len", [1, 2, 17, 1000])
-def test_modes_agree_in_log_prob_and_gradient(params, t_len, monkeypatch):
+LENGTHS = (1, 2, 17, 1000)
+
+
+@pytest.fixture(scope="module")
+def mode_runs(params):
+    """Per length: the log-likelihood and its gradient by the generation step (a
+    `jax.lax.scan` of ``MODEL.step``, what the filter runs) and by the whole-sequence path
+    of ``ss.log_prob`` on complete data in every mode (`tests/models/neural/_modes.py`: two
+    compiles serve the four lengths), and the modes whose forms really ran."""
+    rng = np.random.default_rng(1000)
+    y = np.sin(np.arange(1000) / 4.0) + 0.5 * rng.normal(size=1000)
+    models = {"step": _modes.Steps(MODEL)} | {
+        mode: dataclasses.replace(MODEL, mode=mode) for mode in MODES}
+    used = []
+    with pytest.MonkeyPatch.context() as mp:
+        for mode in MODES:
+            mp.setitem(aft.MODES, mode, lambda *a, f=aft.MODES[mode], m=mode:
+                       used.append(m) or f(*a))
+        runs = _modes.mode_runs(models, params, y, LENGTHS)
+    return runs, used
+
+
+@pytest.mark.parametrize("t_len", LENGTHS)
+def test_modes_agree_in_log_prob_and_gradient(t_len, mode_runs):
     """float64, random parameters (AFT-local, past max_len for T = 17 and 1000): 1e-10
     relative between the generation step and both modes (measured: equal values,
     gradients within 2e-15 of their largest entry; the `SequenceDistribution` of the
     Bayesian entry points is checked on linear attention, test_linear_attention.py)."""
-    rng = np.random.default_rng(t_len)
-    y = jnp.asarray(np.sin(np.arange(t_len) / 4.0) + 0.5 * rng.normal(size=t_len))
-    used = []
-    for mode in MODES:
-        monkeypatch.setitem(aft.MODES, mode, lambda *a, f=aft.MODES[mode], m=mode:
-                            used.append(m) or f(*a))
-    (v_ref, g_ref), *others = _value_and_grad_every_mode(params, y)
+    runs, used = mode_runs
     assert sorted(set(used)) == sorted(MODES)  # each mode's form really ran
-    assert np.isfinite(float(v_ref))
-    for v, g in others:
-        assert abs(float(v) - float(v_ref)) <= 1e-10 * abs(float(v_ref))
-        assert_gradients_close(g, g_ref, 1e-10)
+    _modes.assert_modes_agree(runs[t_len], reference="step", rtol=1e-10)
+
+
+def test_the_shared_mode_check_can_fail(mode_runs):
+    """`_modes.assert_modes_agree` fails for a mode giving another value (the run of
+    another length), another gradient, or no mode besides the reference."""
+    runs, _ = mode_runs
+    at17 = runs[17]
+    for wrong in ((at17["parallel"][0] * (1 + 1e-8), at17["parallel"][1]),
+                  (at17["parallel"][0], runs[2]["parallel"][1]),
+                  runs[2]["parallel"]):
+        with pytest.raises(AssertionError):
+            _modes.assert_modes_agree(at17 | {"wrong": wrong}, reference="step")
+    with pytest.raises(AssertionError, match="no mode"):
+        _modes.assert_modes_agree({"step": at17["step"]}, reference="step")
 
 
 def test_running_max_stabilization_at_t_1e5_in_float32():

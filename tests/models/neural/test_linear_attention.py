@@ -20,6 +20,7 @@ from statseq.models.neural.linear_attention import (
     default_mode,
 )
 from statseq.models.neural.residual import RMS_EPS
+from tests.models.neural import _modes
 
 MODES = ("recurrent", "parallel", "chunked")
 
@@ -132,30 +133,6 @@ MODEL = LinearAttention(hidden_dim=4, num_heads=2, num_layers=1, decay="learned"
                         chunk_size=8)  # one layer: the stacking is checked against NumPy above
 
 
-@jax.jit
-def _value_and_grad_every_mode(params, y):
-    """The log-likelihood and its gradient, one compiled program per ``T``: first by the
-    generation step (a `jax.lax.scan` of ``MODEL.step``, what the filter runs), then by
-    the whole-sequence path that ``ss.log_prob`` takes on complete data
-    (``complete_data_log_probs``) in every mode. (``ss.log_prob`` itself under ``jit``
-    takes the step path: the mask of traced data is not known to be complete.)"""
-    none = jnp.zeros((y.shape[0], 0), y.dtype)
-
-    def by_steps(p):
-        def one(carry, y_t):
-            lp, carry = MODEL.step(p, carry, y_t, jnp.asarray(True), none[0])
-            return carry, lp
-
-        return jnp.sum(jax.lax.scan(one, MODEL.initial_carry(p), y)[1])
-
-    def whole(p, mode):
-        model = dataclasses.replace(MODEL, mode=mode)
-        return jnp.sum(model.complete_data_log_probs(p, y, none)[0])
-
-    return [jax.value_and_grad(by_steps)(params)] + [
-        jax.value_and_grad(whole)(params, m) for m in MODES]
-
-
 @pytest.fixture(scope="module")
 def params():
     y = np.sin(np.arange(40) / 3.0)
@@ -163,39 +140,46 @@ def params():
     return p._replace(backbone=perturbed(p.backbone, 7))
 
 
-@pytest.mark.parametrize("t_len", [1, 2, 17, 1000])
-def test_modes_agree_in_log_prob_and_gradient(params, t_len, monkeypatch):
-    """float64, random parameters: 1e-10 relative between the generation step, the
-    three modes and (T = 17) the `SequenceDistribution` (measured: equal values, gradients
-    within 1e-15 of their largest entry)."""
-    rng = np.random.default_rng(t_len)
-    y = jnp.asarray(np.sin(np.arange(t_len) / 4.0) + 0.5 * rng.normal(size=t_len))
+LENGTHS = (1, 2, 17, 1000)
+
+
+@pytest.fixture(scope="module")
+def mode_runs(params):
+    """Per length: the log-likelihood and its gradient by the generation step (a
+    `jax.lax.scan` of ``MODEL.step``, what the filter runs) and by the whole-sequence path
+    of ``ss.log_prob`` on complete data in every mode (`tests/models/neural/_modes.py`: two
+    compiles serve the four lengths); the series; the modes whose forms really ran."""
+    rng = np.random.default_rng(1000)
+    y = np.sin(np.arange(1000) / 4.0) + 0.5 * rng.normal(size=1000)
+    models = {"step": _modes.Steps(MODEL)} | {
+        mode: dataclasses.replace(MODEL, mode=mode) for mode in MODES}
     used = []
     original = la.linear_attention
-    monkeypatch.setattr(la, "linear_attention",
-                        lambda *a, **k: used.append(k["mode"]) or original(*a, **k))
-    (v_ref, g_ref), *others = _value_and_grad_every_mode(params, y)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(la, "linear_attention",
+                   lambda *a, **k: used.append(k["mode"]) or original(*a, **k))
+        runs = _modes.mode_runs(models, params, y, LENGTHS)
+    return runs, y, used
+
+
+@pytest.mark.parametrize("t_len", LENGTHS)
+def test_modes_agree_in_log_prob_and_gradient(t_len, mode_runs):
+    """float64, random parameters: 1e-10 relative between the generation step and the
+    three modes (measured: equal values, gradients within 1e-15 of their largest entry)."""
+    runs, _, used = mode_runs
     assert sorted(set(used)) == sorted(MODES)  # each mode's form really ran
-    if t_len == 17:  # the Bayesian entry points' likelihood, in the default mode
-        others.append(jax.jit(jax.value_and_grad(lambda p: ss.SequenceDistribution(
-            MODEL, p, num_timesteps=t_len).log_prob(y)))(params))
-    assert np.isfinite(float(v_ref))
-    for v, g in others:
-        assert abs(float(v) - float(v_ref)) <= 1e-10 * abs(float(v_ref))
-        assert_gradients_close(g, g_ref, 1e-10)
+    _modes.assert_modes_agree(runs[t_len], reference="step", rtol=1e-10)
 
 
-def _flat(tree):
-    return np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(tree)])
-
-
-def assert_gradients_close(g, g_ref, rtol):
-    """``max |g - g_ref| <= rtol * max |g_ref|`` over the whole gradient (relative to its
-    largest entry: at T = 1 the attention weights' gradients vanish up to ``eps`` and
-    rounding, so a per-leaf relative test would compare rounding errors)."""
-    a, b = _flat(g), _flat(g_ref)
-    assert np.max(np.abs(b)) > 0
-    assert np.max(np.abs(a - b)) <= rtol * np.max(np.abs(b)), np.max(np.abs(a - b))
+def test_sequence_distribution_equals_the_modes(params, mode_runs):
+    """The Bayesian entry points' likelihood (`ss.SequenceDistribution`, default mode) and
+    its gradient equal the generation step's at T = 17 (1e-10 relative)."""
+    runs, y, _ = mode_runs
+    y17 = jnp.asarray(y[:17])
+    v, g = jax.jit(jax.value_and_grad(lambda p: ss.SequenceDistribution(
+        MODEL, p, num_timesteps=17).log_prob(y17)))(params)
+    _modes.assert_modes_agree({"step": runs[17]["step"], "distribution": (v, g)},
+                              reference="step", rtol=1e-10)
 
 
 def test_no_overflow_at_t_1e5_in_float32():

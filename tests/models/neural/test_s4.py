@@ -297,6 +297,56 @@ def test_default_mode_rule():
         "recurrent"
 
 
+def test_memory_aware_default_rule():
+    """`program_bytes` is the documented formula; `default_mode` leaves a pick whose
+    estimate exceeds the threshold for the (smaller) convolution, and only then."""
+    shape = dict(batch=32, width=64, state_dim=16, num_layers=2)
+    sizes = dict(shape, num_steps=10**4)
+    cells = 32 * 10**4 * 64 * 2 * 4
+    assert s4.program_bytes("recurrent", **sizes) == 5 * 16 * cells
+    assert s4.program_bytes("scan", **sizes) == 15 * 16 * cells
+    assert s4.program_bytes("convolution", **sizes) == (12 + 1.5 * 16) * cells
+    assert s4.program_bytes("recurrent", **sizes, itemsize=8) == 2 * 5 * 16 * cells
+    # the benchmark's case (RESULTS.md: recurrence 13.1 GiB, convolution 3.2 GiB)
+    assert default_mode(10**4, "cpu", **shape) == "convolution"
+    assert default_mode(10**4, "cpu", **dict(shape, batch=1)) == "recurrent"  # 0.4 GiB
+    # the threshold itself: just above / at it
+    rec = s4.program_bytes("recurrent", **sizes)
+    assert default_mode(10**4, "cpu", **shape, max_bytes=rec - 1) == "convolution"
+    assert default_mode(10**4, "cpu", **shape, max_bytes=rec) == "recurrent"
+    # a short sequence on a GPU: the scan unless its (3x larger) program is too big
+    assert default_mode(1000, "gpu", **shape) == "convolution"  # 3.7 GiB for the scan
+    assert default_mode(1000, "gpu", **dict(shape, batch=4)) == "scan"
+    # N = 2: the convolution's estimate is not smaller, so the recurrence stays
+    assert default_mode(10**4, "cpu", **dict(shape, state_dim=2), max_bytes=1) == "recurrent"
+    # without the sizes, the backend/length rule (and S5 does not pass them)
+    assert default_mode(10**4, "cpu", max_bytes=1) == "recurrent"
+    assert S5Backbone(input_dim=1, hidden_dim=2, state_dim=2).whole_sequence_mode(
+        10**4, batch=10**6) == default_mode(10**4)
+    bb = S4DBackbone(input_dim=1, hidden_dim=64, state_dim=16, num_layers=2)
+    assert bb.whole_sequence_mode(10**4, batch=32) == default_mode(10**4, **shape)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        s4.program_bytes("fft", **sizes)
+
+
+def test_memory_aware_default_runs_the_convolution_on_a_batch(monkeypatch):
+    """Threshold 1 byte: ``mode=None`` evaluates a batch by the convolution (it really
+    runs) and the log-probabilities equal the recurrent mode's (1e-10 relative)."""
+    model, params, y = _case("S4D", 17)
+    ys = jnp.asarray(np.stack([y, y[::-1]]))
+    inputs = jnp.zeros(ys.shape + (0,))
+    used = []
+    original = s4.causal_convolution
+    monkeypatch.setattr(s4, "causal_convolution",
+                        lambda *a: used.append(1) or original(*a))
+    monkeypatch.setattr(s4, "MAX_PROGRAM_BYTES", 1)
+    got = jax.jit(model.complete_data_log_probs_batch)(params, ys, inputs)[0]
+    assert used  # the convolution ran
+    ref = jax.jit(dataclasses.replace(model, mode="recurrent").complete_data_log_probs_batch)(
+        params, ys, inputs)[0]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"mode": "fft"}, ValueError, "mode must"),
     ({"mode": "scan", "parallel": False}, ValueError, "contradicts"),

@@ -327,3 +327,44 @@ def test_invalid_configuration(kwargs, match):
     if "parallel" not in kwargs:
         with pytest.raises(ValueError, match=match):
             Transformer(**{"hidden_dim": 4, **kwargs})
+
+
+def test_from_start_form_equals_cache_form_in_value_and_gradient(model_params):
+    """From the initial (empty) caches, the ``T x T`` parallel form (`scan_from_start`, the
+    path of ``log_prob`` and ``fit_sgd``) equals the ``T x (W + T)`` cache form
+    (`scan` from `initial_state`): features, final caches and the gradient of a scalar
+    of the features, 1e-10 (float64), beyond the window 8 (T = 12; values alone within it,
+    T = 5, where the final cache keeps zero slots);
+    and ``log_prob``'s program holds no ``T x (W + T)`` score matrix."""
+    model, params = MODELS["rope"], model_params["rope"]
+    bb = dataclasses.replace(model.backbone, mode="parallel")
+    xs = jnp.asarray(np.random.default_rng(14).normal(size=(12, bb.input_dim)))
+    w = jnp.asarray(np.random.default_rng(15).normal(size=(12, bb.output_dim)))
+
+    def objective(form, p, t_len):
+        final, hs = form(p, xs[:t_len])
+        return jnp.sum(jnp.tanh(hs) * w[:t_len]), (final, hs)
+
+    def cache_form(p, x):
+        return bb.scan(p, bb.initial_state(p), x)
+
+    @jax.jit
+    def both(p):  # gradients beyond the window; values alone within it (fewer programs)
+        grad = jax.grad(objective, argnums=1, has_aux=True)
+        within = [(jax.tree.map(jnp.zeros_like, p), objective(form, p, 5)[1])
+                  for form in (bb.scan_from_start, cache_form)]
+        return [(grad(bb.scan_from_start, p, 12), grad(cache_form, p, 12)), within]
+
+    for (g_new, (f_new, h_new)), (g_old, (f_old, h_old)) in both(params.backbone):
+        np.testing.assert_allclose(np.asarray(h_new), np.asarray(h_old), rtol=1e-10,
+                                   atol=1e-12)
+        for a, b in zip(jax.tree.leaves((f_new, g_new)), jax.tree.leaves((f_old, g_old)),
+                        strict=True):
+            scale = max(float(np.abs(np.asarray(b)).max()), 1e-300)
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                                       atol=1e-10 * scale)
+    # the model's complete-data path takes the T x T form: scores (5, 5), never (5, 13)
+    y = _series(5)[None]
+    jaxpr = str(jax.make_jaxpr(dataclasses.replace(model, mode="parallel")
+                               .complete_data_log_probs_batch)(params, y, jnp.zeros((1, 5, 0))))
+    assert ",5,5]" in jaxpr and ",5,13]" not in jaxpr

@@ -310,7 +310,7 @@ def test_invalid_configuration(kwargs, error, match):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"evaluation": "deer"}, "not a recurrence"),
+    ({"evaluation": "deer"}, "WaveNet has no parallel Newton"),
     ({"mode": "convolution", "parallel": False}, "contradicts"),
     ({"mode": "recurrent", "parallel": True}, "contradicts"),
     ({"mode": "convolution", "evaluation": "sequential"}, "contradicts"),
