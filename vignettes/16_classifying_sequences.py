@@ -318,10 +318,10 @@ print(f"{len(every)} by all four: {sorted(every)}")
 #   (0.18 and 0.14 against 0.70), their mean confidence (0.96, 0.98) is close to their
 #   accuracy, and their mistakes are hedged: the median probability of a wrong
 #   prediction is 0.84, not 1.0, and the truth keeps more than 1% in 23 of their 28
-#   errors (the HMMs: 2 of 13). Trained
-#   on the log loss of the labels, they are calibrated by construction on data like the
-#   training set; the HMMs were never asked for calibrated posteriors. The errors
-#   differ, too: only one test sequence (31) is misclassified by all four.
+#   errors (the HMMs: 2 of 13). Trained on the log loss of the labels, they are
+#   calibrated by construction on data like the training set; the HMMs were never asked
+#   for calibrated posteriors. The errors differ, too: only one test sequence (31) is
+#   misclassified by all four.
 # - **A non-generative baseline** (not run here; `benchmarks/bench_classify.py --vowels`,
 #   recorded in `benchmarks/RESULTS.md`): the 1-nearest-neighbour DTW classifier, the usual
 #   baseline of the time series classification archives, gets 0.949 on the same split
