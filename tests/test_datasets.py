@@ -63,7 +63,8 @@ SPECS = {
 
 NAMES = sorted(SPECS)
 # datasets with their own tests (a quarterly, signed series: us_gnp_growth below)
-OTHER_NAMES = ["old_faithful", "us_gnp_growth", "us_state_production", "us_macro"]
+OTHER_NAMES = ["old_faithful", "us_gnp_growth", "us_state_production", "us_macro",
+               "japanese_vowels"]
 
 
 def test_list_datasets():
@@ -129,7 +130,8 @@ def test_package_data_files_and_readme():
     for fname in csvs:
         assert f"`{fname}`" in readme
         header = data.joinpath(fname).read_text(encoding="utf-8").splitlines()[0]
-        assert header.split(",")[0] in ("year", "month", "quarter", "eruption", "state")
+        assert header.split(",")[0] in ("year", "month", "quarter", "eruption", "state",
+                                         "sequence")
 
 
 def test_uk_driver_deaths_frame():
@@ -389,3 +391,36 @@ def test_us_macro_matches_statsmodels_macrodata():
         np.testing.assert_array_equal(macro[col].to_numpy(), ref[col].to_numpy())
     np.testing.assert_array_equal(macro.index.year, ref["year"].astype(int))
     np.testing.assert_array_equal(macro.index.quarter, ref["quarter"].astype(int))
+
+
+def test_japanese_vowels():
+    frame = datasets.load_japanese_vowels()
+    assert frame.shape == (9961, 14)
+    assert list(frame.index.names) == ["sequence", "step"]
+    assert frame[[f"c{j}" for j in range(1, 13)]].dtypes.eq(np.float64).all()
+    assert np.all(np.isfinite(frame[[f"c{j}" for j in range(1, 13)]].to_numpy()))
+    assert "CC BY 4.0" in frame.attrs["licence"]
+    pd.testing.assert_frame_equal(datasets.load_dataset("japanese_vowels"), frame)
+    counts = {"train": [30] * 9, "test": [31, 35, 88, 44, 29, 24, 40, 50, 29]}
+    longest = {"train": 26, "test": 29}
+    total = 0
+    for split, want in counts.items():
+        X, y = datasets.load_japanese_vowels(split, return_X_y=True)
+        assert len(X) == len(y) == sum(want) and y.dtype == np.int64
+        np.testing.assert_array_equal(np.bincount(y, minlength=10)[1:], want)
+        lengths = np.array([x.shape[0] for x in X])
+        assert lengths.min() == 7 and lengths.max() == longest[split]
+        assert all(x.shape == (t, 12) and x.dtype == np.float64
+                   for x, t in zip(X, lengths, strict=True))
+        total += lengths.sum()
+        # sequences are the frame's rows in order, steps 0..T-1
+        part = frame[frame["split"] == split]
+        np.testing.assert_array_equal(np.concatenate(X), part[[f"c{j}" for j in range(1, 13)]])
+        np.testing.assert_array_equal(
+            part.index.get_level_values("step"), np.concatenate([np.arange(t) for t in lengths]))
+    assert total == len(frame)
+    # the first training frame, as in the UCI file ae.train
+    X_train, _ = datasets.load_japanese_vowels("train", return_X_y=True)
+    np.testing.assert_array_equal(X_train[0][0, :3], [1.860936, -0.207383, 0.261557])
+    with pytest.raises(ValueError, match="split"):
+        datasets.load_japanese_vowels("validation")

@@ -21,6 +21,7 @@ from statseq.datasets._load import (
     load_dataset,
     load_discoveries,
     load_earthquakes,
+    load_japanese_vowels,
     load_lynx,
     load_nile,
     load_old_faithful,
@@ -59,4 +60,5 @@ __all__ = [
     "load_us_gnp_growth",
     "load_us_state_production",
     "load_us_macro",
+    "load_japanese_vowels",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 
+import numpy as np
 import pandas as pd
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "load_dataset",
     "load_discoveries",
     "load_earthquakes",
+    "load_japanese_vowels",
     "load_lynx",
     "load_nile",
     "load_old_faithful",
@@ -228,6 +230,25 @@ _PRODUC_DTYPES = {
     "unemp": "float64",
 }
 
+# labelled multivariate sequences, not a single series: loaded by `load_japanese_vowels`
+_VOWELS_FILE = "japanese_vowels.csv"
+_VOWELS_COLUMNS = [f"c{j}" for j in range(1, 13)]
+_VOWELS_ATTRS = {
+    "description": "Japanese Vowels: 640 utterances of the vowels /ae/ by 9 male Japanese "
+    "speakers, each a sequence of 7-29 frames of 12 LPC cepstrum coefficients; the task is to "
+    "name the speaker (270 training sequences, 30 per speaker; 370 test sequences).",
+    "source": "UCI Machine Learning Repository, Japanese Vowels (Kudo, Toyama and Shimbo), in "
+    "the UEA multivariate archive's .ts files as shipped in the aeon package (aeon 1.6.0, "
+    "aeon/datasets/data/JapaneseVowels/JapaneseVowels_TRAIN.ts and _TEST.ts).",
+    "reference": "Kudo, M., Toyama, J. and Shimbo, M. (1999). Multidimensional curve "
+    "classification using passing-through regions. Pattern Recognition Letters 20, "
+    "1103-1111. Bagnall, A. et al. (2018). The UEA multivariate time series classification "
+    "archive, 2018. arXiv:1811.00075.",
+    "units": "c1-c12: LPC cepstrum coefficients (dimensionless) of 12-degree linear "
+    "prediction analysis, 10 kHz sampling, frame length 25.6 ms, shift 6.4 ms; speaker: 1-9",
+    "licence": "Creative Commons Attribution 4.0 International (CC BY 4.0), UCI Machine "
+    "Learning Repository. See data/README.md.",
+}
 _SEATBELTS_DTYPES = {
     "drivers": "int64",
     "drivers_killed": "int64",
@@ -610,10 +631,62 @@ def load_us_macro() -> pd.DataFrame:
     return out
 
 
+def load_japanese_vowels(split: str | None = None, *, return_X_y: bool = False):
+    """Japanese Vowels: 640 labelled multivariate sequences of 7-29 steps (9 speakers).
+
+    Nine male Japanese speakers each uttered the vowels /ae/; every utterance is a sequence of
+    ``T_n`` frames (``7 <= T_n <= 29``) of 12 LPC cepstrum coefficients, labelled with its
+    speaker (1-9). The standard split has 270 training sequences (30 per speaker) and 370
+    test sequences (24-88 per speaker). A classic benchmark for classifying variable-length
+    multivariate sequences (UCI; UEA multivariate archive).
+
+    Source: UCI Machine Learning Repository (Kudo, Toyama and Shimbo, 1999), CC BY 4.0, via
+    the UEA archive's ``.ts`` files shipped in the aeon package.
+
+    Args:
+        split: ``"train"``, ``"test"`` or ``None`` (all 640 sequences, training first).
+        return_X_y: return ``(X, y)`` instead of a data frame (scikit-learn's convention).
+
+    Returns:
+        Without ``return_X_y``: a long ``DataFrame`` with a ``MultiIndex`` (``sequence``:
+        0-639, ``step``: 0 to ``T_n - 1``), float64 columns ``c1``-``c12``, an int64
+        ``speaker`` column and a ``split`` column (``"train"``/``"test"``); metadata in
+        ``attrs``. With ``return_X_y``: ``X``, a list of float64 arrays of shape
+        ``(T_n, 12)``, and ``y``, an int64 array of the speakers.
+
+    Raises:
+        ValueError: If ``split`` is not ``"train"``, ``"test"`` or ``None``.
+
+    Examples:
+        >>> frame = load_japanese_vowels(); frame.shape
+        (9961, 14)
+        >>> X, y = load_japanese_vowels("train", return_X_y=True)
+        >>> len(X), X[0].shape, sorted(set(y.tolist())) == list(range(1, 10))
+        (270, (20, 12), True)
+    """
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split must be 'train', 'test' or None; got {split!r}")
+    frame = _read_csv(_VOWELS_FILE)
+    frame = frame.astype({**dict.fromkeys(_VOWELS_COLUMNS, "float64"), "speaker": "int64"})
+    if split is not None:
+        frame = frame[frame["split"] == split]
+    frame = frame.set_index(["sequence", "step"])
+    frame.attrs.update(_VOWELS_ATTRS)
+    if not return_X_y:
+        return frame
+    values = frame[_VOWELS_COLUMNS].to_numpy()
+    ids = frame.index.get_level_values("sequence").to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    X = np.split(values, starts[1:])
+    y = frame["speaker"].to_numpy()[starts]
+    return X, y
+
+
 _LOADERS = {
     "air_passengers": load_air_passengers,
     "discoveries": load_discoveries,
     "earthquakes": load_earthquakes,
+    "japanese_vowels": load_japanese_vowels,
     "lynx": load_lynx,
     "nile": load_nile,
     "old_faithful": load_old_faithful,
@@ -635,7 +708,8 @@ def load_dataset(name: str) -> pd.Series | pd.DataFrame:
 
     Returns:
         What the matching ``load_<name>()`` function returns (a series, or a data frame for
-        ``"old_faithful"`` and the panel ``"us_state_production"``).
+        ``"old_faithful"``, the panel ``"us_state_production"`` and the labelled sequences
+        ``"japanese_vowels"``).
 
     Raises:
         KeyError: If ``name`` is not a bundled dataset.
