@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import warnings
 from importlib import resources
 
@@ -125,11 +126,14 @@ def test_load_dataset_unknown():
 def test_package_data_files_and_readme():
     data = resources.files("statseq.datasets").joinpath("data")
     readme = data.joinpath("README.md").read_text(encoding="utf-8")
-    csvs = sorted(p.name for p in data.iterdir() if p.name.endswith(".csv"))
-    assert csvs == sorted(f"{name}.csv" for name in NAMES + OTHER_NAMES)
+    csvs = sorted(p.name for p in data.iterdir() if p.name.endswith((".csv", ".csv.gz")))
+    assert sorted(f.removesuffix(".gz") for f in csvs) == sorted(
+        f"{name}.csv" for name in NAMES + OTHER_NAMES)
     for fname in csvs:
         assert f"`{fname}`" in readme
-        header = data.joinpath(fname).read_text(encoding="utf-8").splitlines()[0]
+        raw = data.joinpath(fname).read_bytes()
+        text = gzip.decompress(raw).decode("utf-8") if fname.endswith(".gz") else raw.decode()
+        header = text.splitlines()[0]
         assert header.split(",")[0] in ("year", "month", "quarter", "eruption", "state",
                                          "sequence")
 

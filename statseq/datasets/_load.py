@@ -231,7 +231,7 @@ _PRODUC_DTYPES = {
 }
 
 # labelled multivariate sequences, not a single series: loaded by `load_japanese_vowels`
-_VOWELS_FILE = "japanese_vowels.csv"
+_VOWELS_FILE = "japanese_vowels.csv.gz"
 _VOWELS_COLUMNS = [f"c{j}" for j in range(1, 13)]
 _VOWELS_ATTRS = {
     "description": "Japanese Vowels: 640 utterances of the vowels /ae/ by 9 male Japanese "
@@ -263,6 +263,9 @@ _SEATBELTS_DTYPES = {
 
 def _read_csv(filename: str) -> pd.DataFrame:
     path = resources.files(__package__).joinpath("data", filename)
+    if filename.endswith(".gz"):  # the larger files are stored gzipped
+        with path.open("rb") as fh:
+            return pd.read_csv(fh, compression="gzip", dtype={"month": str, "quarter": str})
     with path.open("r", encoding="utf-8") as fh:
         return pd.read_csv(fh, dtype={"month": str, "quarter": str})
 
@@ -305,7 +308,7 @@ def list_datasets() -> list[str]:
 
     Examples:
         >>> list_datasets()[:4]
-        ['air_passengers', 'discoveries', 'earthquakes', 'lynx']
+        ['air_passengers', 'discoveries', 'earthquakes', 'japanese_vowels']
     """
     return sorted(_LOADERS)
 
