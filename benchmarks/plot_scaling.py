@@ -45,7 +45,7 @@ def series(rows, group_key, x_key, y_key, where=lambda r: True):
     for r in rows:
         if where(r):
             out[r[group_key]].append((r[x_key], r[y_key]))
-    return {g: tuple(zip(*sorted(v))) for g, v in sorted(out.items())}
+    return {g: tuple(zip(*sorted(v), strict=True)) for g, v in sorted(out.items())}
 
 
 def plot(scaling: list[dict], sharding: list[dict], out: Path, machine: str, date: str,
@@ -83,7 +83,7 @@ def plot(scaling: list[dict], sharding: list[dict], out: Path, machine: str, dat
     for r in sharding:
         by[(r["workload"], r["T"])].append((r["D"], r["mb"]))
     for (name, t_len), pts in sorted(by.items()):
-        d, mb = zip(*sorted(pts))
+        d, mb = zip(*sorted(pts), strict=True)
         (line,) = ax.plot(d, mb, "o-", label=f"{name}, T = {t_len:.0e}")
         if d[0] == 1:
             ax.plot(d, [mb[0] / x for x in d], ":", color=line.get_color(), lw=1.2)
@@ -114,7 +114,7 @@ def main():
     args = ap.parse_args()
     paths = [Path(args.scaling), Path(args.sharding)]
     date = args.date or dt.datetime.fromtimestamp(
-        max(p.stat().st_mtime for p in paths), dt.timezone.utc).strftime("%Y-%m-%d")
+        max(p.stat().st_mtime for p in paths), dt.UTC).strftime("%Y-%m-%d")
     out = plot(load(paths[0]), load(paths[1]), Path(args.out), args.machine, date, args.dpi)
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
 
