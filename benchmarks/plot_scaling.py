@@ -5,7 +5,7 @@ Reads the ``--json`` rows of ``bench_scaling.py`` (data parallel) and
 ``bench_time_sharding.py`` (time sharding) and draws
 
 1. strong scaling: speed-up ``t(1) / t(D)`` against the device count ``D`` for each job,
-   with the ideal line ``D``;
+   with the ideal line ``D`` and the ceiling of the machine's cores (``--cores``);
 2. weak scaling: seconds against ``D`` (a fixed number of sequences per device; ideal is flat);
 3. time sharding: XLA's memory per device (``Compiled.memory_analysis``) against ``D`` for each
    workload, with the ideal ``T / D`` line drawn from the one-device value.
@@ -49,11 +49,12 @@ def series(rows, group_key, x_key, y_key, where=lambda r: True):
 
 
 def plot(scaling: list[dict], sharding: list[dict], out: Path, machine: str, date: str,
-         dpi: int = 100):
+         dpi: int = 100, cores: int = 2):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.0), constrained_layout=True)
     counts = sorted({r["devices"] for r in scaling} | {r["D"] for r in sharding})
@@ -64,6 +65,13 @@ def plot(scaling: list[dict], sharding: list[dict], out: Path, machine: str, dat
         n = next(r["sequences"] for r in scaling if r["mode"] == "strong" and r["job"] == job)
         ax.plot(d, [t[0] / v for v in t], "o-", label=f"{job} ({n} seqs)")
     ax.plot(counts, [c / counts[0] for c in counts], "k--", lw=1, label="ideal")
+    if cores:
+        ax.axhline(cores, color="grey", ls=":", lw=1.2,
+                   label=f"{cores} cores: at most {cores}x")
+    lo = min(min(t[0] / v for v in t) for _, t in strong.values())
+    ticks = [2.0**k for k in range(-6, 4) if lo / 2 <= 2.0**k <= counts[-1]]
+    ax.set_yticks(ticks, [f"{v:g}" for v in ticks])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="speed-up t(1) / t(D)",
            title="Data parallel, strong scaling")
 
@@ -93,7 +101,7 @@ def plot(scaling: list[dict], sharding: list[dict], out: Path, machine: str, dat
 
     for ax in axes:
         ax.set_xticks(counts, [str(c) for c in counts])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"statseq scaling benchmarks, {machine}, {date}")
@@ -111,11 +119,14 @@ def main():
     ap.add_argument("--machine", default="2-core CPU, virtual devices")
     ap.add_argument("--date", default="", help="default: the JSON files' date (UTC)")
     ap.add_argument("--dpi", type=int, default=100)
+    ap.add_argument("--cores", type=int, default=2,
+                    help="physical cores behind the virtual devices (0: no ceiling line)")
     args = ap.parse_args()
     paths = [Path(args.scaling), Path(args.sharding)]
     date = args.date or dt.datetime.fromtimestamp(
         max(p.stat().st_mtime for p in paths), dt.UTC).strftime("%Y-%m-%d")
-    out = plot(load(paths[0]), load(paths[1]), Path(args.out), args.machine, date, args.dpi)
+    out = plot(load(paths[0]), load(paths[1]), Path(args.out), args.machine, date, args.dpi,
+               args.cores)
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)")
 
 
