@@ -70,10 +70,10 @@ def plot(scaling: list[dict], sharding: list[dict], out: Path, machine: str, dat
                    label=f"{cores} cores: at most {cores}x")
     lo = min(min(t[0] / v for v in t) for _, t in strong.values())
     ticks = [2.0**k for k in range(-6, 4) if lo / 2 <= 2.0**k <= counts[-1]]
-    ax.set_yticks(ticks, [f"{v:g}" for v in ticks])
-    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="speed-up t(1) / t(D)",
            title="Data parallel, strong scaling")
+    ax.set_yticks(ticks, [f"{v:g}" for v in ticks])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
     ax = axes[1]
     weak = series(scaling, "job", "devices", "seconds", lambda r: r["mode"] == "weak")
