@@ -12,6 +12,8 @@ count, ``jax.devices()[:count]``.
 
     python benchmarks/bench_scaling.py                 # CPU, virtual devices 1 2 4 8
     python benchmarks/bench_scaling.py --real --counts 1 2 4 8   # a multi-GPU host
+    python benchmarks/bench_scaling.py --strong-n 16 --weak-n 4 --length 200 \
+        --json benchmarks/scaling_runs/scaling.json     # quick run, rows for plot_scaling.py
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main():
     ap.add_argument("--weak-n", type=int, default=16, help="sequences per device, weak")
     ap.add_argument("--length", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default="", help="also write the rows to this file")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
@@ -104,6 +107,9 @@ def main():
         print(f"{r['mode']:7s} {r['job']:14s} {r['devices']:7d} {r['sequences']:6d} "
               f"{r['seconds']:9.4f} {label} {ratio:5.2f}")
     print(json.dumps(rows))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -167,6 +167,7 @@ def main():
               f"{r['seq']:.3g} s | {r['steady'] / r['seq']:.2f} | {r['first']:.3g} s | {mb} | "
               f"{r['err']:.1e} |")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
