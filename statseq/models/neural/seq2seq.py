@@ -42,9 +42,14 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from statseq.core.model import SequenceModel
+from statseq.core.model import SequenceModel, register_model, registered_models
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
-from statseq.models.neural.base import Backbone, NeuralSequenceModel
+from statseq.models.neural.base import (
+    Backbone,
+    NeuralSequenceModel,
+    backbone_config,
+    backbone_from_config,
+)
 from statseq.models.neural.heads import EMISSIONS, Head, make_head
 
 
@@ -140,6 +145,28 @@ class EncoderDecoderCarry(NamedTuple):
     t: jax.Array
 
 
+def _part_config(part):
+    """An encoder/decoder as JSON: None, a neural model by class name and config, or a
+    backbone (`backbone_config`)."""
+    if part is None:
+        return None
+    if isinstance(part, Backbone):
+        return backbone_config(part)
+    return {"model": type(part).__name__, "config": part.config()}
+
+
+def _part_from_config(config: dict, name: str):
+    """Inverse of `_part_config` (a dict given as ``encoder`` / ``decoder``)."""
+    if "model" not in config:
+        return backbone_from_config(config)
+    models = registered_models()
+    kind = config["model"]
+    if kind not in models or not issubclass(models[kind], NeuralSequenceModel):
+        known = sorted(k for k, c in models.items() if issubclass(c, NeuralSequenceModel))
+        raise ValueError(f"{name}: unknown neural model {kind!r} (known: {known})")
+    return models[kind](**config.get("config", {}))
+
+
 def _same_structure(a, b) -> bool:
     la, ta = jax.tree.flatten(a)
     lb, tb = jax.tree.flatten(b)
@@ -163,6 +190,7 @@ def _mode(d):
     raise TypeError(f"no mode for a {type(base).__name__} predictive")  # pragma: no cover
 
 
+@register_model
 @dataclasses.dataclass(frozen=True)
 class EncoderDecoder(SequenceModel):
     """Encoder-decoder: ``p(y_{1:T'} | x_{1:T}) = prod_k p(y_k | y_{<k}, h^E_T)``.
@@ -226,6 +254,9 @@ class EncoderDecoder(SequenceModel):
             check_positive_int(self.context_length, "context_length")
         for name in ("encoder", "decoder"):
             part = getattr(self, name)
+            if isinstance(part, dict):  # a saved part (`config`)
+                part = _part_from_config(part, name)
+                object.__setattr__(self, name, part)
             if part is not None and not isinstance(part, (NeuralSequenceModel, Backbone)):
                 raise TypeError(f"{name} must be a neural model (e.g. ss.GRU(hidden_dim=8)) "
                                 f"or a Backbone, got {type(part).__name__}")
@@ -289,10 +320,13 @@ class EncoderDecoder(SequenceModel):
         return self.head.observation_dtype
 
     def config(self) -> dict[str, Any]:
-        """Not available yet: the encoder and decoder are models, not JSON values, and the
-        model is not registered, so `statseq.save` cannot write it (a clear error)."""
-        raise TypeError("EncoderDecoder cannot be saved with statseq.save yet (its encoder "
-                        "and decoder are models); save its parameter leaves with numpy")
+        """JSON-friendly configuration (`statseq.save`): the encoder and decoder saved as
+        ``{"model": class name, "config": its config}`` (a neural model) or as a backbone
+        (`statseq.models.neural.base.backbone_config`), rebuilt by the constructor."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("encoder", "decoder"):
+            out[name] = _part_config(out[name])
+        return out
 
     def param_shapes(self) -> EncoderDecoderParams:
         return EncoderDecoderParams(self.encoder_backbone.param_shapes(),
