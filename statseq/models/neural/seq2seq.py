@@ -407,6 +407,89 @@ class EncoderDecoder(SequenceModel):
             return new._replace(decoding=carry.decoding)
         return new._replace(decoding=carry.decoding | (new.t >= self.context_length))
 
+    def complete_data_log_probs(self, params, y, inputs):
+        """Per-step log-densities of one fully observed sequence
+        (`complete_data_log_probs_batch` on a batch of one).
+
+        Returns:
+            ``(log_probs (T,), final_carry)``.
+        """
+        log_probs, final = self.complete_data_log_probs_batch(params, y[None], inputs[None])
+        return log_probs[0], jax.tree.map(lambda a: a[0], final)
+
+    def complete_data_log_probs_batch(self, params, y, inputs):
+        """Per-step log-densities of fully observed sequences without the per-step filter.
+
+        `update` computes an encoder and a decoder step and keeps one (and `predict` a
+        further decoder step). Here, with ``C = min(context_length, T)`` (``T`` without
+        ``context_length``): the encoder runs once over ``y_{1:C}``; the encoding-mode
+        predictives (steps ``1..C``: the decoder's first step from each encoder state)
+        are one batched decoder step over all positions; the decoding steps
+        ``C+1..T`` are the teacher-forced decoder (`Backbone.scan_time_major`) from the
+        encoder's state at ``C``. Equal to the filter, final carry included (a test
+        checks both in float64). `statseq.log_prob` and `statseq.fit_sgd` use it on
+        complete data (e.g. the windows of `windows`).
+
+        Args:
+            params: `EncoderDecoderParams`.
+            y: ``(N, T) + event_shape`` observations (nothing masked).
+            inputs: ``(N, T, input_dim)`` covariates.
+
+        Returns:
+            ``(log_probs (N, T), final_carry)`` with carry leaves ``(N, ...)``.
+        """
+        head, enc_bb, dec_bb = self.head, self.encoder_backbone, self.decoder_backbone
+        num, num_t = y.shape[:2]
+        dtype = jax.tree.leaves(params.head)[0].dtype
+        y_tm = jnp.swapaxes(y, 0, 1)  # (T, N, *event)
+        enc = jax.vmap(jax.vmap(head.encode))(y_tm, jnp.ones(y_tm.shape, bool))  # (T, N, E)
+        u = jnp.swapaxes(inputs, 0, 1).astype(enc.dtype)  # (T, N, U)
+        c = num_t if self.context_length is None else min(self.context_length, num_t)
+
+        def batch(a):
+            return jnp.broadcast_to(a, (num,) + a.shape)
+
+        # the encoder over y_{1:C}: every state s_1..s_C (when the decoder starts from it)
+        xs = jnp.concatenate([enc[:c], u[:c]], axis=-1)
+        enc0 = jax.tree.map(batch, enc_bb.initial_state(params.encoder))
+        if self.shares_state:
+            step = jax.vmap(enc_bb.step, in_axes=(None, 0, 0))
+
+            def body(s, x):
+                s, h = step(params.encoder, s, x)
+                return s, (s, h)
+
+            enc_final, (states, hs) = jax.lax.scan(body, enc0, xs)
+            # the decoder at position t starts from s_t (s_0 the initial state), t < C
+            dec_states = jax.tree.map(lambda a0, a: jnp.concatenate([a0[None], a[:-1]]),
+                                      enc0, states)
+        else:
+            enc_final, hs = enc_bb.scan_time_major(params.encoder, enc0, xs)
+            dec_states = jax.tree.map(lambda a: jnp.broadcast_to(a, (c, num) + a.shape),
+                                      dec_bb.initial_state(params.decoder))
+        hs = hs.astype(dtype)  # (C, N, F_enc): the context after t values read
+        zeros_ctx = jnp.zeros((1, num, enc_bb.output_dim), dtype)
+        ctx = jnp.concatenate([zeros_ctx, hs[:-1]], axis=0)
+        prev = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]], axis=0)  # enc(y_{t-1})
+        x_enc = jnp.concatenate([prev[:c], u[:c].astype(dtype), ctx], axis=-1)
+        dec_step = jax.vmap(jax.vmap(dec_bb.step, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+        _, h_enc = dec_step(params.decoder, dec_states, x_enc)  # (C, N, F_dec)
+        log_probs = head.distribution(params.head, h_enc).log_prob(y_tm[:c])  # (C, N)
+        start = enc_final if self.shares_state else jax.tree.map(
+            batch, dec_bb.initial_state(params.decoder))
+        dec_final = start
+        if c < num_t:  # decoding: the teacher-forced decoder from the encoder at C
+            ctx_c = jnp.broadcast_to(hs[-1], (num_t - c,) + hs[-1].shape)
+            x_dec = jnp.concatenate([prev[c:], u[c:].astype(dtype), ctx_c], axis=-1)
+            dec_final, h_dec = dec_bb.scan_time_major(params.decoder, start, x_dec)
+            lp_dec = head.distribution(params.head, h_dec).log_prob(y_tm[c:])
+            log_probs = jnp.concatenate([log_probs, lp_dec], axis=0)
+        decoding = self.context_length is not None and num_t >= self.context_length
+        final = EncoderDecoderCarry(
+            enc_final, hs[-1], dec_final, enc[-1], jnp.full((num,), decoding),
+            jnp.full((num,), num_t, jnp.int32))
+        return log_probs.T, final
+
     def sample_step(self, params, carry, key, inputs_t):
         """Ancestral sampling beyond the source: draw ``y`` and advance the decoder.
 

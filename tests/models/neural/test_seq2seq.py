@@ -6,6 +6,7 @@ fit_sgd, and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -257,3 +258,30 @@ def test_save_load_round_trip(gaussian, categorical, tmp_path):
     m2, p2 = ss.load(tmp_path / "m0.npz")
     assert float(ss.log_prob(m2, p2, y, inputs=u)) == float(ss.log_prob(model, params, y,
                                                                        inputs=u))
+
+
+def test_whole_sequence_path_equals_the_filter(gaussian, categorical):
+    """`complete_data_log_probs_batch` (encoder scan, batched decoder first steps, decoder
+    scan: the path of log_prob and fit_sgd on complete data) equals the per-step filter,
+    final carry included: decoder apart from / starting at the encoder's state, context
+    length shorter than, equal to and longer than the series, and none."""
+    from statseq.core.recurrence import run_filter
+
+    model, params, y, u = gaussian
+    cmodel, cparams, cy = categorical
+    n_t = 9
+    ys = jnp.asarray(np.stack([y[:n_t], y[10:10 + n_t]]))
+    us = jnp.asarray(np.stack([u[:n_t], u[10:10 + n_t]]))
+    cys = jnp.asarray(np.stack([cy[:n_t], cy[3:3 + n_t]]))
+    cases = [(dataclasses.replace(model, context_length=4), params, ys, us),
+             (cmodel, cparams, cys, None),
+             (dataclasses.replace(cmodel, context_length=n_t), cparams, cys, None)]
+    for m, p, yy, uu in cases:
+        mask = jnp.ones(yy.shape, bool)
+        uu = jnp.zeros(yy.shape[:2] + (0,)) if uu is None else uu
+        fast = run_filter(m, p, yy, mask, uu, complete=True)
+        slow = run_filter(m, p, yy, mask, uu, complete=False)
+        np.testing.assert_allclose(np.asarray(fast[1]), np.asarray(slow[1]), rtol=1e-12,
+                                   atol=1e-12)
+        for a, b in zip(jax.tree.leaves(fast[3]), jax.tree.leaves(slow[3]), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
