@@ -255,17 +255,17 @@ def test_save_load_round_trip(gaussian, categorical, tmp_path):
         for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # equal models share the compiled program: the same likelihood
-    m2, p2 = ss.load(tmp_path / "m0.npz")
-    assert float(ss.log_prob(m2, p2, y, inputs=u)) == float(ss.log_prob(model, params, y,
-                                                                       inputs=u))
+    m2, p2 = ss.load(tmp_path / "m1.npz")
+    assert float(jnp.sum(m2.teacher_forced_log_probs(p2, cy[:6], cy[6:]))) == \
+        float(jnp.sum(cmodel.teacher_forced_log_probs(cparams, cy[:6], cy[6:])))
 
 
 def test_whole_sequence_path_equals_the_filter(gaussian, categorical):
     """`complete_data_log_probs_batch` (encoder scan, batched decoder first steps, decoder
     scan: the path of log_prob and fit_sgd on complete data) equals the per-step filter,
-    final carry included: decoder apart from / starting at the encoder's state, context
-    length shorter than, equal to and longer than the series, and none."""
-    from statseq.core.recurrence import run_filter
+    final carry included: a decoder apart from the encoder without context_length (every
+    step encodes), and one starting at the encoder's state, encoding 5 steps then decoding."""
+    from statseq.core.recurrence import _scan_one
 
     model, params, y, u = gaussian
     cmodel, cparams, cy = categorical
@@ -273,15 +273,22 @@ def test_whole_sequence_path_equals_the_filter(gaussian, categorical):
     ys = jnp.asarray(np.stack([y[:n_t], y[10:10 + n_t]]))
     us = jnp.asarray(np.stack([u[:n_t], u[10:10 + n_t]]))
     cys = jnp.asarray(np.stack([cy[:n_t], cy[3:3 + n_t]]))
-    cases = [(dataclasses.replace(model, context_length=4), params, ys, us),
-             (cmodel, cparams, cys, None),
-             (dataclasses.replace(cmodel, context_length=n_t), cparams, cys, None)]
+    cases = [(model, params, ys, us),
+             (dataclasses.replace(cmodel, context_length=5), cparams, cys,
+              jnp.zeros((2, n_t, 0)))]
     for m, p, yy, uu in cases:
-        mask = jnp.ones(yy.shape, bool)
-        uu = jnp.zeros(yy.shape[:2] + (0,)) if uu is None else uu
-        fast = run_filter(m, p, yy, mask, uu, complete=True)
-        slow = run_filter(m, p, yy, mask, uu, complete=False)
-        np.testing.assert_allclose(np.asarray(fast[1]), np.asarray(slow[1]), rtol=1e-12,
+
+        @jax.jit  # both paths in one program (one compile)
+        def both(p, yy, uu, m=m):
+            fast = m.complete_data_log_probs_batch(p, yy, uu)
+            slow = jax.vmap(lambda a, b: _scan_one(m, p, a, jnp.ones(a.shape, bool), b,
+                                                   carry0=m.initial_carry(p),
+                                                   return_carries=False))(yy, uu)
+            return fast, (slow[0], slow[2])
+
+        (lp, final), (lp_ref, final_ref) = both(p, yy, uu)
+        assert lp.shape == (2, n_t)
+        np.testing.assert_allclose(np.asarray(lp), np.asarray(lp_ref), rtol=1e-12,
                                    atol=1e-12)
-        for a, b in zip(jax.tree.leaves(fast[3]), jax.tree.leaves(slow[3]), strict=True):
+        for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(final_ref), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
