@@ -407,15 +407,8 @@ class EncoderDecoder(SequenceModel):
             return new._replace(decoding=carry.decoding)
         return new._replace(decoding=carry.decoding | (new.t >= self.context_length))
 
-    def complete_data_log_probs(self, params, y, inputs):
-        """Per-step log-densities of one fully observed sequence
-        (`complete_data_log_probs_batch` on a batch of one).
-
-        Returns:
-            ``(log_probs (T,), final_carry)``.
-        """
-        log_probs, final = self.complete_data_log_probs_batch(params, y[None], inputs[None])
-        return log_probs[0], jax.tree.map(lambda a: a[0], final)
+    # one fully observed sequence: `complete_data_log_probs_batch` on a batch of one
+    complete_data_log_probs = NeuralSequenceModel.complete_data_log_probs
 
     def complete_data_log_probs_batch(self, params, y, inputs):
         """Per-step log-densities of fully observed sequences without the per-step filter.

@@ -281,7 +281,7 @@ def test_whole_sequence_path_equals_the_filter(gaussian, categorical):
         @jax.jit  # both paths in one program (one compile)
         def both(p, yy, uu, m=m):
             fast = m.complete_data_log_probs_batch(p, yy, uu)
-            slow = jax.vmap(lambda a, b: _scan_one(m, p, a, jnp.ones(a.shape, bool), b,
+            slow = jax.vmap(lambda y1, u1: _scan_one(m, p, y1, jnp.ones(y1.shape, bool), u1,
                                                    carry0=m.initial_carry(p),
                                                    return_carries=False))(yy, uu)
             return fast, (slow[0], slow[2])
