@@ -23,7 +23,10 @@ steps were read, ``update``) advances the decoder with the encoder frozen. So
 `statseq.backtest` and its scores take an `EncoderDecoder` as any other model. With
 ``context_length=C`` a window of ``C + T'`` steps is scored (``scored`` = its last ``T'``
 steps) as the teacher-forced seq2seq likelihood: train it with `statseq.fit_sgd` on such
-windows (`EncoderDecoder.windows` cuts them), and forecast with the same parameters.
+windows (`EncoderDecoder.windows` cuts them), and forecast with the same parameters. On
+complete data `statseq.log_prob` and `statseq.fit_sgd` skip the per-step filter for an
+equal whole-sequence path (`EncoderDecoder.complete_data_log_probs_batch`), and
+`statseq.save` / `statseq.load` round-trip the model (`EncoderDecoder.config`).
 
 Decoding: `EncoderDecoder.teacher_forced_log_probs` (the decoder over a whole target with
 one `Backbone.scan`), `EncoderDecoder.greedy_decode` (the mode at each step),

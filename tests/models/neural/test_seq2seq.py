@@ -2,7 +2,8 @@
 step-by-step filter, greedy decoding against beam search of width 1, beam search of full
 width against exhaustive enumeration, the forecast mean of a linear (identity) decoder
 against its closed form, backtests (1-step log score exact), teacher-forced training with
-fit_sgd, and bad input."""
+fit_sgd, the whole-sequence complete-data path against the filter, save/load, and bad
+input."""
 
 from __future__ import annotations
 
