@@ -46,7 +46,7 @@ from statseq.core.validation import (
 from statseq.forecast import future_index
 from statseq.inference import kalman
 from statseq.inference.gaussian import symmetrize
-from statseq.models.neural.base import Backbone
+from statseq.models.neural.base import Backbone, backbone_config, backbone_from_config
 from statseq.models.neural.cells import RNNBackbone
 from statseq.models.ssm.base import GaussianForecast
 from statseq.models.ssm.structural import (
@@ -96,22 +96,6 @@ class DeepStateCarry(NamedTuple):
 
     state: Any
     kalman: kalman.KalmanCarry
-
-
-def _backbone_from_config(config: dict) -> Backbone:
-    """The statseq backbone saved as ``{"type": class name, **fields}`` by `config`."""
-    import statseq.models.neural  # noqa: F401 - defines every backbone class
-
-    def subclasses(cls):
-        for sub in cls.__subclasses__():
-            yield sub
-            yield from subclasses(sub)
-
-    kinds = {c.__name__: c for c in subclasses(Backbone) if dataclasses.is_dataclass(c)}
-    kind = config.get("type")
-    if kind not in kinds:
-        raise ValueError(f"unknown backbone type {kind!r} (known: {sorted(kinds)})")
-    return kinds[kind](**{k: v for k, v in config.items() if k != "type"})
 
 
 def _inv_softplus(x):
@@ -196,7 +180,7 @@ class DeepStateSpace(SequenceModel):
                 self.cell, self.input_dim, check_positive_int(self.hidden_dim, "hidden_dim"),
                 check_positive_int(self.num_layers, "num_layers")))
         elif isinstance(self.backbone, dict):  # a saved backbone (`config`)
-            object.__setattr__(self, "backbone", _backbone_from_config(self.backbone))
+            object.__setattr__(self, "backbone", backbone_from_config(self.backbone))
         if not isinstance(self.backbone, Backbone):
             raise TypeError(f"backbone must be a statseq Backbone, got {self.backbone!r}")
         elif self.backbone.input_dim != self.input_dim:
@@ -218,8 +202,7 @@ class DeepStateSpace(SequenceModel):
         if self.backbone == default:
             out["backbone"] = None
         else:
-            out["backbone"] = {"type": type(self.backbone).__name__,
-                               **dataclasses.asdict(self.backbone)}
+            out["backbone"] = backbone_config(self.backbone)
         return out
 
     # ---- static description -------------------------------------------------------------

@@ -119,6 +119,10 @@ EXAMPLES = {
     # the GRU reads the covariates only
     "DeepStateSpace": [ss.DeepStateSpace((ss.Trend(),), input_dim=1, hidden_dim=2,
                                          emission_bias=True)],
+    # encoding the first 6 steps, decoding the other 10 (the decoder starts from the
+    # encoder's state: one Elman size); counts and a covariate
+    "EncoderDecoder": [ss.EncoderDecoder(encoder=ss.ElmanRNN(hidden_dim=2), emission="poisson",
+                                         input_dim=1, context_length=6)],
 }
 
 CASES = [(name, i) for name, models in EXAMPLES.items() for i in range(len(models))]

@@ -67,6 +67,8 @@ def _specs():
         "MarkovSwitchingAR": (ss.MarkovSwitchingAR(num_regimes=2, order=1), y),
         "SwitchingLDS": (ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None), y),
         "DeepStateSpace": (ss.DeepStateSpace(input_dim=1, hidden_dim=2), y),
+        "EncoderDecoder": (ss.EncoderDecoder(encoder=ss.ElmanRNN(hidden_dim=2),
+                                             context_length=8), y),
     }
 
 

@@ -45,6 +45,9 @@ SwitchingLDS                   tests/models/test_slds.py (forecast paths against
 DeepStateSpace                 tests/models/test_deepstate.py (exact Kalman forecast
                                moments against the structural model's and against
                                Monte Carlo paths of the generic forecast)
+EncoderDecoder                 tests/models/neural/test_seq2seq.py (linear decoder's
+                               forecast mean in closed form; 2-step Monte Carlo log
+                               score against the exact sum over the first step)
 =============================  =========================================================
 """
 
@@ -89,6 +92,7 @@ CLAIMS = {
     "SwitchingLDS": "tests/models/test_slds.py",
     "Transformer": "tests/models/neural/test_h_step_mc.py",
     "DeepStateSpace": "tests/models/test_deepstate.py",
+    "EncoderDecoder": "tests/models/neural/test_seq2seq.py",
 }
 
 T, H = 24, 8

@@ -95,6 +95,8 @@ def _cases():
                                        mlp_ratio=1), real, False),
         # a network: weight symmetries not subtracted, the count is an upper bound
         "DeepStateSpace": (ss.DeepStateSpace(input_dim=1, hidden_dim=2), real, False),
+        "EncoderDecoder": (ss.EncoderDecoder(encoder=ss.ElmanRNN(hidden_dim=2),
+                                             context_length=4), real, False),
     }
 
 

@@ -124,6 +124,49 @@ class Backbone(abc.ABC):
         return self.scan_from_start(params, xs)[1]
 
 
+def backbone_config(backbone: Backbone) -> dict[str, Any]:
+    """A backbone as a JSON-friendly dict: ``{"type": class name, **dataclass fields}``
+    (how a model's `config` saves a backbone it holds; `backbone_from_config` inverts it).
+
+    Args:
+        backbone: a statseq `Backbone` (a frozen dataclass).
+
+    Examples:
+        >>> import statseq as ss
+        >>> from statseq.models.neural.base import backbone_config
+        >>> backbone = ss.GRU(hidden_dim=4, input_dim=1).backbone
+        >>> config = backbone_config(backbone)
+        >>> config["type"], config["hidden_dim"]
+        ('RNNBackbone', 4)
+        >>> ss.DeepStateSpace(input_dim=3, backbone=config).backbone == backbone  # rebuilt
+        True
+    """
+    return {"type": type(backbone).__name__, **dataclasses.asdict(backbone)}
+
+
+def backbone_from_config(config: dict) -> Backbone:
+    """The statseq backbone saved as ``{"type": class name, **fields}`` by `backbone_config`.
+
+    Args:
+        config: the dict `backbone_config` wrote (its ``type`` names the class).
+
+    Raises:
+        ValueError: ``type`` names no statseq backbone class.
+    """
+    import statseq.models.neural  # noqa: F401 - defines every backbone class
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    kinds = {c.__name__: c for c in subclasses(Backbone) if dataclasses.is_dataclass(c)}
+    kind = config.get("type")
+    if kind not in kinds:
+        raise ValueError(f"unknown backbone type {kind!r} (known: {sorted(kinds)})")
+    return kinds[kind](**{k: v for k, v in config.items() if k != "type"})
+
+
 class NeuralParams(NamedTuple):
     """Parameters of a neural sequence model.
 

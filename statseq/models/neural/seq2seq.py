@@ -23,7 +23,10 @@ steps were read, ``update``) advances the decoder with the encoder frozen. So
 `statseq.backtest` and its scores take an `EncoderDecoder` as any other model. With
 ``context_length=C`` a window of ``C + T'`` steps is scored (``scored`` = its last ``T'``
 steps) as the teacher-forced seq2seq likelihood: train it with `statseq.fit_sgd` on such
-windows (`EncoderDecoder.windows` cuts them), and forecast with the same parameters.
+windows (`EncoderDecoder.windows` cuts them), and forecast with the same parameters. On
+complete data `statseq.log_prob` and `statseq.fit_sgd` skip the per-step filter for an
+equal whole-sequence path (`EncoderDecoder.complete_data_log_probs_batch`), and
+`statseq.save` / `statseq.load` round-trip the model (`EncoderDecoder.config`).
 
 Decoding: `EncoderDecoder.teacher_forced_log_probs` (the decoder over a whole target with
 one `Backbone.scan`), `EncoderDecoder.greedy_decode` (the mode at each step),
@@ -42,9 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from statseq.core.model import SequenceModel
+from statseq.core.model import SequenceModel, register_model, registered_models
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
-from statseq.models.neural.base import Backbone, NeuralSequenceModel
+from statseq.models.neural.base import (
+    Backbone,
+    NeuralSequenceModel,
+    backbone_config,
+    backbone_from_config,
+)
 from statseq.models.neural.heads import EMISSIONS, Head, make_head
 
 
@@ -140,6 +148,28 @@ class EncoderDecoderCarry(NamedTuple):
     t: jax.Array
 
 
+def _part_config(part):
+    """An encoder/decoder as JSON: None, a neural model by class name and config, or a
+    backbone (`backbone_config`)."""
+    if part is None:
+        return None
+    if isinstance(part, Backbone):
+        return backbone_config(part)
+    return {"model": type(part).__name__, "config": part.config()}
+
+
+def _part_from_config(config: dict, name: str):
+    """Inverse of `_part_config` (a dict given as ``encoder`` / ``decoder``)."""
+    if "model" not in config:
+        return backbone_from_config(config)
+    models = registered_models()
+    kind = config["model"]
+    if kind not in models or not issubclass(models[kind], NeuralSequenceModel):
+        known = sorted(k for k, c in models.items() if issubclass(c, NeuralSequenceModel))
+        raise ValueError(f"{name}: unknown neural model {kind!r} (known: {known})")
+    return models[kind](**config.get("config", {}))
+
+
 def _same_structure(a, b) -> bool:
     la, ta = jax.tree.flatten(a)
     lb, tb = jax.tree.flatten(b)
@@ -163,6 +193,7 @@ def _mode(d):
     raise TypeError(f"no mode for a {type(base).__name__} predictive")  # pragma: no cover
 
 
+@register_model
 @dataclasses.dataclass(frozen=True)
 class EncoderDecoder(SequenceModel):
     """Encoder-decoder: ``p(y_{1:T'} | x_{1:T}) = prod_k p(y_k | y_{<k}, h^E_T)``.
@@ -226,6 +257,9 @@ class EncoderDecoder(SequenceModel):
             check_positive_int(self.context_length, "context_length")
         for name in ("encoder", "decoder"):
             part = getattr(self, name)
+            if isinstance(part, dict):  # a saved part (`config`)
+                part = _part_from_config(part, name)
+                object.__setattr__(self, name, part)
             if part is not None and not isinstance(part, (NeuralSequenceModel, Backbone)):
                 raise TypeError(f"{name} must be a neural model (e.g. ss.GRU(hidden_dim=8)) "
                                 f"or a Backbone, got {type(part).__name__}")
@@ -289,10 +323,13 @@ class EncoderDecoder(SequenceModel):
         return self.head.observation_dtype
 
     def config(self) -> dict[str, Any]:
-        """Not available yet: the encoder and decoder are models, not JSON values, and the
-        model is not registered, so `statseq.save` cannot write it (a clear error)."""
-        raise TypeError("EncoderDecoder cannot be saved with statseq.save yet (its encoder "
-                        "and decoder are models); save its parameter leaves with numpy")
+        """JSON-friendly configuration (`statseq.save`): the encoder and decoder saved as
+        ``{"model": class name, "config": its config}`` (a neural model) or as a backbone
+        (`statseq.models.neural.base.backbone_config`), rebuilt by the constructor."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("encoder", "decoder"):
+            out[name] = _part_config(out[name])
+        return out
 
     def param_shapes(self) -> EncoderDecoderParams:
         return EncoderDecoderParams(self.encoder_backbone.param_shapes(),
@@ -372,6 +409,82 @@ class EncoderDecoder(SequenceModel):
         if self.context_length is None:
             return new._replace(decoding=carry.decoding)
         return new._replace(decoding=carry.decoding | (new.t >= self.context_length))
+
+    # one fully observed sequence: `complete_data_log_probs_batch` on a batch of one
+    complete_data_log_probs = NeuralSequenceModel.complete_data_log_probs
+
+    def complete_data_log_probs_batch(self, params, y, inputs):
+        """Per-step log-densities of fully observed sequences without the per-step filter.
+
+        `update` computes an encoder and a decoder step and keeps one (and `predict` a
+        further decoder step). Here, with ``C = min(context_length, T)`` (``T`` without
+        ``context_length``): the encoder runs once over ``y_{1:C}``; the encoding-mode
+        predictives (steps ``1..C``: the decoder's first step from each encoder state)
+        are one batched decoder step over all positions; the decoding steps
+        ``C+1..T`` are the teacher-forced decoder (`Backbone.scan_time_major`) from the
+        encoder's state at ``C``. Equal to the filter, final carry included (a test
+        checks both in float64). `statseq.log_prob` and `statseq.fit_sgd` use it on
+        complete data (e.g. the windows of `windows`).
+
+        Args:
+            params: `EncoderDecoderParams`.
+            y: ``(N, T) + event_shape`` observations (nothing masked).
+            inputs: ``(N, T, input_dim)`` covariates.
+
+        Returns:
+            ``(log_probs (N, T), final_carry)`` with carry leaves ``(N, ...)``.
+        """
+        head, enc_bb, dec_bb = self.head, self.encoder_backbone, self.decoder_backbone
+        num, num_t = y.shape[:2]
+        dtype = jax.tree.leaves(params.head)[0].dtype
+        y_tm = jnp.swapaxes(y, 0, 1)  # (T, N, *event)
+        enc = jax.vmap(jax.vmap(head.encode))(y_tm, jnp.ones(y_tm.shape, bool))  # (T, N, E)
+        u = jnp.swapaxes(inputs, 0, 1).astype(enc.dtype)  # (T, N, U)
+        c = num_t if self.context_length is None else min(self.context_length, num_t)
+
+        def batch(a):
+            return jnp.broadcast_to(a, (num,) + a.shape)
+
+        # the encoder over y_{1:C}: every state s_1..s_C (when the decoder starts from it)
+        xs = jnp.concatenate([enc[:c], u[:c]], axis=-1)
+        enc0 = jax.tree.map(batch, enc_bb.initial_state(params.encoder))
+        if self.shares_state:
+            step = jax.vmap(enc_bb.step, in_axes=(None, 0, 0))
+
+            def body(s, x):
+                s, h = step(params.encoder, s, x)
+                return s, (s, h)
+
+            enc_final, (states, hs) = jax.lax.scan(body, enc0, xs)
+            # the decoder at position t starts from s_t (s_0 the initial state), t < C
+            dec_states = jax.tree.map(lambda a0, a: jnp.concatenate([a0[None], a[:-1]]),
+                                      enc0, states)
+        else:
+            enc_final, hs = enc_bb.scan_time_major(params.encoder, enc0, xs)
+            dec_states = jax.tree.map(lambda a: jnp.broadcast_to(a, (c, num) + a.shape),
+                                      dec_bb.initial_state(params.decoder))
+        hs = hs.astype(dtype)  # (C, N, F_enc): the context after t values read
+        zeros_ctx = jnp.zeros((1, num, enc_bb.output_dim), dtype)
+        ctx = jnp.concatenate([zeros_ctx, hs[:-1]], axis=0)
+        prev = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]], axis=0)  # enc(y_{t-1})
+        x_enc = jnp.concatenate([prev[:c], u[:c].astype(dtype), ctx], axis=-1)
+        dec_step = jax.vmap(jax.vmap(dec_bb.step, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+        _, h_enc = dec_step(params.decoder, dec_states, x_enc)  # (C, N, F_dec)
+        log_probs = head.distribution(params.head, h_enc).log_prob(y_tm[:c])  # (C, N)
+        start = enc_final if self.shares_state else jax.tree.map(
+            batch, dec_bb.initial_state(params.decoder))
+        dec_final = start
+        if c < num_t:  # decoding: the teacher-forced decoder from the encoder at C
+            ctx_c = jnp.broadcast_to(hs[-1], (num_t - c,) + hs[-1].shape)
+            x_dec = jnp.concatenate([prev[c:], u[c:].astype(dtype), ctx_c], axis=-1)
+            dec_final, h_dec = dec_bb.scan_time_major(params.decoder, start, x_dec)
+            lp_dec = head.distribution(params.head, h_dec).log_prob(y_tm[c:])
+            log_probs = jnp.concatenate([log_probs, lp_dec], axis=0)
+        decoding = self.context_length is not None and num_t >= self.context_length
+        final = EncoderDecoderCarry(
+            enc_final, hs[-1], dec_final, enc[-1], jnp.full((num,), decoding),
+            jnp.full((num,), num_t, jnp.int32))
+        return log_probs.T, final
 
     def sample_step(self, params, carry, key, inputs_t):
         """Ancestral sampling beyond the source: draw ``y`` and advance the decoder.

@@ -2,10 +2,12 @@
 step-by-step filter, greedy decoding against beam search of width 1, beam search of full
 width against exhaustive enumeration, the forecast mean of a linear (identity) decoder
 against its closed form, backtests (1-step log score exact), teacher-forced training with
-fit_sgd, and bad input."""
+fit_sgd, the whole-sequence complete-data path against the filter, save/load, and bad
+input."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -222,5 +224,72 @@ def test_bad_input(gaussian, categorical):
         EncoderDecoder(encoder="gru")
     with pytest.raises(ValueError, match="context_length"):
         EncoderDecoder(context_length=0)
-    with pytest.raises(TypeError, match="cannot be saved"):
-        ss.save("unused", model, params)
+    with pytest.raises(ValueError, match="unknown neural model 'NoSuchModel'"):
+        EncoderDecoder(encoder={"model": "NoSuchModel", "config": {}})
+    with pytest.raises(ValueError, match="unknown backbone type"):
+        EncoderDecoder(decoder={"type": "NoSuchBackbone"})
+
+
+def test_save_load_round_trip(gaussian, categorical, tmp_path):
+    """`ss.save`/`ss.load`: encoders and decoders given as neural models (by class name and
+    config), as a backbone (by class name and fields) or left to the default come back equal,
+    with the same likelihood."""
+    from statseq.models.neural.cells import RNNBackbone
+
+    model, params, y, u = gaussian
+    cmodel, cparams, cy = categorical
+    custom = EncoderDecoder(encoder=ss.ElmanRNN(hidden_dim=3),
+                            decoder=RNNBackbone("elman", input_dim=1, hidden_dim=2),
+                            input_dim=1, context_length=T_SRC)
+    assert custom.config()["encoder"] == {"model": "ElmanRNN",
+                                          "config": ss.ElmanRNN(hidden_dim=3).config()}
+    assert custom.config()["decoder"]["type"] == "RNNBackbone"
+    assert EncoderDecoder().config()["encoder"] is None
+    cases = [(model, params), (cmodel, cparams),
+             (custom, custom.initialize(y, inputs=u, key=jax.random.key(2))),
+             (EncoderDecoder(decoder=IdentityBackbone()), None)]
+    for i, (m, p) in enumerate(cases):
+        if p is None:
+            p = m.initialize(y, key=jax.random.key(3))
+        m2, p2 = ss.load(ss.save(tmp_path / f"m{i}", m, p))
+        assert m2 == m and type(m2.decoder_backbone) is type(m.decoder_backbone)
+        for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # equal models share the compiled program: the same likelihood
+    m2, p2 = ss.load(tmp_path / "m1.npz")
+    assert float(jnp.sum(m2.teacher_forced_log_probs(p2, cy[:6], cy[6:]))) == \
+        float(jnp.sum(cmodel.teacher_forced_log_probs(cparams, cy[:6], cy[6:])))
+
+
+def test_whole_sequence_path_equals_the_filter(gaussian, categorical):
+    """`complete_data_log_probs_batch` (encoder scan, batched decoder first steps, decoder
+    scan: the path of log_prob and fit_sgd on complete data) equals the per-step filter,
+    final carry included: a decoder apart from the encoder without context_length (every
+    step encodes), and one starting at the encoder's state, encoding 5 steps then decoding."""
+    from statseq.core.recurrence import _scan_one
+
+    model, params, y, u = gaussian
+    cmodel, cparams, cy = categorical
+    n_t = 9
+    ys = jnp.asarray(np.stack([y[:n_t], y[10:10 + n_t]]))
+    us = jnp.asarray(np.stack([u[:n_t], u[10:10 + n_t]]))
+    cys = jnp.asarray(np.stack([cy[:n_t], cy[3:3 + n_t]]))
+    cases = [(model, params, ys, us),
+             (dataclasses.replace(cmodel, context_length=5), cparams, cys,
+              jnp.zeros((2, n_t, 0)))]
+    for m, p, yy, uu in cases:
+
+        @jax.jit  # both paths in one program (one compile)
+        def both(p, yy, uu, m=m):
+            fast = m.complete_data_log_probs_batch(p, yy, uu)
+            slow = jax.vmap(lambda y1, u1: _scan_one(m, p, y1, jnp.ones(y1.shape, bool), u1,
+                                                   carry0=m.initial_carry(p),
+                                                   return_carries=False))(yy, uu)
+            return fast, (slow[0], slow[2])
+
+        (lp, final), (lp_ref, final_ref) = both(p, yy, uu)
+        assert lp.shape == (2, n_t)
+        np.testing.assert_allclose(np.asarray(lp), np.asarray(lp_ref), rtol=1e-12,
+                                   atol=1e-12)
+        for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(final_ref), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
