@@ -106,6 +106,15 @@ check("local_level", m, m.default_params(), ya)
 m = ss.GRU(hidden_dim=3)
 p = m.initialize(ya, key=jax.random.key(0))
 check("gru", m, p, ya, sgd=True)
+# switching models: a Markov-switching AR and a switching LDS (Kim's filter)
+# (the MS-AR conditions on its first `order` values: observed, except the empty sequence)
+m = ss.MarkovSwitchingAR(num_regimes=2, order=1)
+ms_mask = MASK.copy()
+ms_mask[:, 0] = True
+ms_mask[3] = False
+check("ms_ar", m, m.initialize(ya, key=jax.random.key(0)), ya, mask=ms_mask)
+m = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
+check("slds", m, m.default_params(), ya)
 
 # NUTS: chains spread over the devices (numpyro's chain_method="parallel") equals one
 # device's sequential chains; and a sharded panel in the (sequential) chains

@@ -48,7 +48,8 @@ def sharded():
 
 def test_sharded_equals_unsharded(sharded):
     # 7 sequences padded to 8 over 4 devices, missing data, one sequence wholly missing
-    expected = {f"{m}.{c}" for m in ("poisson_hmm", "ar", "lgssm", "local_level", "gru")
+    expected = {f"{m}.{c}" for m in ("poisson_hmm", "ar", "lgssm", "local_level", "gru", "ms_ar",
+                                    "slds")
                 for c in ("log_prob", "padded_log_prob", "sharding_kept")}
     expected |= {"poisson_hmm.filter", "poisson_hmm.smoother", "lgssm.smoother",
                  "poisson_hmm.em_trace", "poisson_hmm.em_params", "lgssm.em_trace",
