@@ -679,6 +679,12 @@ class SwitchingLDS(SequenceModel):
         num_inner = check_positive_int(num_inner, "num_inner")
         if tol is not None and not float(tol) >= 0:
             raise ValueError(f"tol must be non-negative or None, got {tol!r}")
+        if self.recurrent:
+            raise ValueError(
+                "fit_vem does not support recurrent transitions (recurrent=True): "
+                "E_q(x)[log softmax(log P[i] + W u_t + W_x x_{t-1})] has no closed form, so "
+                "the bound would need a further approximation; fit Kim's approximate "
+                "likelihood with statseq.fit_lbfgs(model, params, y, ...) instead")
         data = self._prepared(params, y, mask, inputs)
         if data.num_timesteps < 2:
             raise ValueError(f"fit_vem needs at least 2 time steps, got {data.num_timesteps}")
