@@ -315,7 +315,8 @@ def transition_m_step(transitions, w, xi, u, num_newton=_NEWTON_STEPS):
     """Generalized M-step for input-driven transitions (module docstring, step 3).
 
     ``num_newton`` damped Newton steps on the concave objective `transition_objective` in
-    ``(log P, W)`` from the current values; each step tries the step lengths ``1, 1/2, 1/4,
+    ``(log P, W)`` from the better of the current values and (the closed-form ``P`` of the
+    summed counts, the current ``W``); each step tries the step lengths ``1, 1/2, 1/4,
     1/8`` and keeps the best of them and the current value, so the objective never
     decreases. Rows of ``P`` are renormalized (``log P`` is defined up to a shift per row).
 
@@ -352,11 +353,18 @@ def transition_m_step(transitions, w, xi, u, num_newton=_NEWTON_STEPS):
         vals = jax.vmap(f)(cands)
         vals = jnp.where(jnp.isfinite(vals), vals, -jnp.inf)
         best = jnp.argmax(vals)
-        new = jnp.where(vals[best] > f(v), cands[best], v)
+        new = jnp.where(vals[best] >= f(v), cands[best], v)
         lp, ww = unpack(new)
         return jnp.concatenate([jax.nn.log_softmax(lp, axis=-1).ravel(), ww.ravel()]), None
 
-    v0 = jnp.concatenate([log_p0.ravel(), w.ravel()])
+    # start from the better of the current value and (closed-form P of the pooled counts,
+    # current W): the latter is the exact maximizer when the inputs have no effect
+    counts = jnp.sum(xi, 0)
+    log_pc = jnp.log(jnp.maximum(counts, jnp.finfo(dtype).tiny)) - jnp.log(
+        jnp.maximum(jnp.sum(counts, -1, keepdims=True), jnp.finfo(dtype).tiny))
+    v_old = jnp.concatenate([log_p0.ravel(), w.ravel()])
+    v_cf = jnp.concatenate([jax.nn.log_softmax(log_pc, axis=-1).ravel(), w.ravel()])
+    v0 = jnp.where(f(v_cf) >= f(v_old), v_cf, v_old)
     v, _ = jax.lax.scan(newton, v0, None, length=num_newton)
     lp, w_new = unpack(v)
     # the renormalized start, kept when no step raised the objective above the given value
