@@ -36,7 +36,14 @@ is raised by three exact coordinate steps per iteration:
    ``z_t = k`` enter the emission statistics, as in `statseq.LinearGaussianSSM`'s EM), which
    keeps the step monotone.
 
-Each step raises the bound, so the recorded ELBO never decreases. With one regime q(z) is
+With input-driven transitions (``W``: ``p(z_t = j | z_{t-1} = i, u_t) = softmax_j(log P[i, j]
++ W_j u_t)``) q(z) is the HMM with these ``(T-1, K, K)`` time-varying matrices (still exact)
+and ``(P, W)`` have no closed form: `transition_m_step` takes guarded Newton steps on
+``sum_t sum_ij xi_t(i, j) log p(z_t = j | z_{t-1} = i, u_t)``, kept only where it does not
+fall (a generalized EM step). Recurrent transitions are refused (`SwitchingLDS.fit_vem`).
+
+Each step raises the bound (or, for ``(P, W)``, does not lower it), so the recorded ELBO
+never decreases. With one regime q(z) is
 trivial, q(x) is the exact posterior and the iteration is the LGSSM's EM.
 """
 
