@@ -241,9 +241,10 @@ def test_input_driven_e_step_with_zero_w_is_unchanged(driven):
     plain = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=1, input_dim=1)
     mask = jnp.ones(y.shape, bool)
     gamma = jnp.full(y.shape[:2] + (2,), 0.5)
-    step = jax.jit(_slds_vem.e_step, static_argnums=(0, 6))
-    a = step(model, start, gamma, y, mask, u, 1)
-    b = step(plain, start._replace(transition_input_weights=None), gamma, y, mask, u, 1)
+    a, b = jax.jit(lambda p0, p1: (  # one program for both
+        _slds_vem.e_step(model, p0, gamma, y, mask, u, 1),
+        _slds_vem.e_step(plain, p1, gamma, y, mask, u, 1)))(
+            start, start._replace(transition_input_weights=None))
     assert a[2].shape == (2, 79, 2, 2) and b[2].shape == (2, 2, 2)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-12)
     np.testing.assert_allclose(jnp.sum(a[2], 1), b[2], rtol=1e-12, atol=1e-12)
