@@ -180,3 +180,105 @@ def test_bad_input():
         model.fit_vem(p, y, num_iters=0)
     with pytest.raises(ValueError, match="observed"):
         model.fit_vem(p, y, mask=jnp.zeros(5, bool), num_iters=2)
+
+
+# ---- input-driven transitions: softmax_j(log P[i, j] + W_j u_t) -----------------------------
+W_TRUE = np.array([[2.0], [-2.0]])
+
+
+def _simulate_driven(rng, p, num_t, num_seq):
+    """``(y (num_seq, num_t, 1), u (num_seq, num_t, 1))`` of a scalar `SwitchingLDS` whose
+    transitions are driven by standard normal inputs (``W = W_TRUE``), in NumPy."""
+    p = jax.tree.map(np.asarray, p)
+    ys, us = [], []
+    for _ in range(num_seq):
+        u = rng.normal(size=(num_t, 1))
+        z = rng.choice(2, p=p.initial_probs)
+        x = rng.normal(p.initial_means[z], 1.0)
+        out = []
+        for t in range(num_t):
+            if t:
+                logits = np.log(p.transitions[z]) + W_TRUE @ u[t]
+                prob = np.exp(logits - logits.max())
+                z = rng.choice(2, p=prob / prob.sum())
+                x = p.dynamics_weights[z] @ x + rng.normal(0.0, np.sqrt(p.dynamics_cov[z, 0, 0]))
+            out.append(p.emission_weights[z] @ x + p.emission_bias[z]
+                       + rng.normal(0.0, np.sqrt(p.emission_cov[z, 0, 0])))
+        ys.append(out)
+        us.append(u)
+    return jnp.asarray(np.asarray(ys)), jnp.asarray(np.asarray(us))
+
+
+@pytest.fixture(scope="module")
+def driven():
+    model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=1, input_dim=1,
+                            transition_inputs=True)
+    p = model.default_params()._replace(emission_bias=jnp.array([[1.5], [-1.5]]))
+    y, u = _simulate_driven(np.random.default_rng(0), p, 80, 2)
+    start = p._replace(emission_bias=jnp.array([[1.0], [-1.0]]))  # W = 0
+    fit = model.fit_vem(start, y, inputs=u, num_iters=15, tol=None)
+    return model, start, y, u, fit
+
+
+def test_input_driven_elbo_never_decreases_and_recovers_w(driven):
+    *_, fit = driven
+    e = fit.elbo
+    assert fit.stopped == "max_iters" and np.all(np.isfinite(e))
+    assert np.all(np.diff(e) >= -1e-8 * np.abs(e[1:])), np.diff(e)
+    assert e[-1] > e[0] + 1.0
+    # W is identified up to a shift common to the rows: its contrast W_0 - W_1 (true 4)
+    w = np.asarray(fit.params.transition_input_weights)[:, 0]
+    assert 2.5 < w[0] - w[1] < 6.0, w
+    np.testing.assert_allclose(fit.params.transitions.sum(-1), 1.0, atol=1e-12)
+
+
+def test_input_driven_e_step_with_zero_w_is_unchanged(driven):
+    """With ``W = 0`` the time-varying q(z) HMM is the fixed-``P`` one of
+    ``transition_inputs=False``: same ELBO, q(z), q(x) and summed counts."""
+    from statseq.models.switching import _slds_vem
+
+    model, start, y, u, _ = driven
+    plain = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=1, input_dim=1)
+    mask = jnp.ones(y.shape, bool)
+    gamma = jnp.full(y.shape[:2] + (2,), 0.5)
+    a, b = jax.jit(lambda p0, p1: (  # one program for both
+        _slds_vem.e_step(model, p0, gamma, y, mask, u, 1),
+        _slds_vem.e_step(plain, p1, gamma, y, mask, u, 1)))(
+            start, start._replace(transition_input_weights=None))
+    assert a[2].shape == (2, 79, 2, 2) and b[2].shape == (2, 2, 2)
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-12)
+    np.testing.assert_allclose(jnp.sum(a[2], 1), b[2], rtol=1e-12, atol=1e-12)
+    for x, z in zip(a[1:2] + a[3:], b[1:2] + b[3:], strict=True):
+        np.testing.assert_allclose(x, z, rtol=1e-12, atol=1e-12)
+
+
+def test_transition_m_step():
+    """Without input effect the Newton M-step lands on the closed form ``xi / rows`` (1e-12);
+    with inputs it raises the expected transition log-likelihood to its maximum (the
+    gradient vanishes) and never lowers it."""
+    from statseq.models.switching import _slds_vem
+
+    rng = np.random.default_rng(0)
+    xi = jnp.asarray(rng.dirichlet(np.ones(9), size=40).reshape(40, 3, 3))
+    p0 = jnp.asarray(rng.dirichlet(np.ones(3), size=3))
+    w0 = jnp.zeros((3, 2))
+    step = jax.jit(_slds_vem.transition_m_step)
+    p1, w1 = step(p0, w0, xi, jnp.zeros((40, 2)))
+    counts = np.asarray(jnp.sum(xi, 0))
+    np.testing.assert_allclose(p1, counts / counts.sum(-1, keepdims=True), rtol=1e-12)
+    np.testing.assert_array_equal(w1, 0.0)
+    u = jnp.asarray(rng.normal(size=(40, 2)))
+    p2, w2 = step(p0, w0, xi, u)
+    obj = _slds_vem.transition_objective
+    assert obj(jnp.log(p2), w2, xi, u) > obj(jnp.log(p0), w0, xi, u) + 1.0
+    g = jax.grad(obj, argnums=(0, 1))(jnp.log(p2), w2, xi, u)
+    assert max(float(jnp.max(jnp.abs(x))) for x in g) < 1e-8
+    # at the optimum already: kept as it is (up to row renormalization)
+    p3, w3 = step(p2, w2, xi, u)
+    assert obj(jnp.log(p3), w3, xi, u) >= obj(jnp.log(p2), w2, xi, u)
+
+
+def test_recurrent_refused():
+    model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None, recurrent=True)
+    with pytest.raises(ValueError, match="recurrent.*fit_lbfgs"):
+        model.fit_vem(model.default_params(), jnp.zeros(5), num_iters=2)

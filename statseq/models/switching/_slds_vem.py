@@ -36,7 +36,14 @@ is raised by three exact coordinate steps per iteration:
    ``z_t = k`` enter the emission statistics, as in `statseq.LinearGaussianSSM`'s EM), which
    keeps the step monotone.
 
-Each step raises the bound, so the recorded ELBO never decreases. With one regime q(z) is
+With input-driven transitions (``W``: ``p(z_t = j | z_{t-1} = i, u_t) = softmax_j(log P[i, j]
++ W_j u_t)``) q(z) is the HMM with these ``(T-1, K, K)`` time-varying matrices (still exact)
+and ``(P, W)`` have no closed form: `transition_m_step` takes guarded Newton steps on
+``sum_t sum_ij xi_t(i, j) log p(z_t = j | z_{t-1} = i, u_t)``, kept only where it does not
+fall (a generalized EM step). Recurrent transitions are refused (`SwitchingLDS.fit_vem`).
+
+Each step raises the bound (or, for ``(P, W)``, does not lower it), so the recorded ELBO
+never decreases. With one regime q(z) is
 trivial, q(x) is the exact posterior and the iteration is the LGSSM's EM.
 """
 
@@ -56,6 +63,7 @@ from statseq.inference import switching_kalman as kim
 from statseq.inference.gaussian import symmetrize
 
 _LOG_2PI = math.log(2.0 * math.pi)
+_NEWTON_STEPS = 8
 
 _RUNNING, _CONVERGED, _DECREASED, _NONFINITE = 0, 1, 2, 3
 STATUS = {_RUNNING: "max_iters", _CONVERGED: "converged", _DECREASED: "decreased",
@@ -302,8 +310,80 @@ def _regression(zz, xz, xx, count, old_w, old_cov, switching):
     return (w, cov) if switching else (w[0], cov[0])
 
 
-def m_step(model, params, reg, stats, gamma0_sum, xi, num_seq):
-    """Closed-form maximizer of ``E_q[log p(y, x, z | theta)]`` (module docstring, step 3)."""
+def transition_objective(log_p, w, xi, u):
+    """Expected transition log-likelihood ``sum_t sum_ij xi_t(i, j) log softmax_j(log P[i, j]
+    + W_j u_t)`` for per-step counts ``xi (S, K, K)`` and inputs ``u (S, m)``."""
+    logits = log_p[None] + (u @ w.T)[:, None, :]
+    log_row = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.sum(jnp.where(xi > 0, xi * log_row, 0.0))
+
+
+def transition_m_step(transitions, w, xi, u, num_newton=_NEWTON_STEPS):
+    """Generalized M-step for input-driven transitions (module docstring, step 3).
+
+    ``num_newton`` damped Newton steps on the concave objective `transition_objective` in
+    ``(log P, W)`` from the better of the current values and (the closed-form ``P`` of the
+    summed counts, the current ``W``); each step tries the step lengths ``1, 1/2, 1/4,
+    1/8`` and keeps the best of them and the current value, so the objective never
+    decreases. Rows of ``P`` are renormalized (``log P`` is defined up to a shift per row).
+
+    Args:
+        transitions: ``(K, K)`` current ``P``.
+        w: ``(K, m)`` current ``W``.
+        xi: ``(S, K, K)`` per-step expected transition counts (steps of all sequences).
+        u: ``(S, m)`` the inputs of the steps into which they transition.
+        num_newton: Newton steps.
+
+    Returns:
+        ``(P, W)``.
+    """
+    k, m = w.shape
+    dtype = w.dtype
+    floor = jnp.log(jnp.finfo(dtype).tiny)
+    log_p0 = jax.nn.log_softmax(jnp.maximum(jnp.log(transitions), floor), axis=-1)
+
+    def unpack(v):
+        return v[:k * k].reshape(k, k), v[k * k:].reshape(k, m)
+
+    def f(v):
+        return transition_objective(*unpack(v), xi, u)
+
+    grad = jax.grad(f)
+    hess = jax.hessian(f)
+    steps = jnp.asarray([1.0, 0.5, 0.25, 0.125], dtype)
+
+    def newton(v, _):
+        g, h = grad(v), -hess(v)
+        damp = 1e-10 * jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(h))), 1.0)
+        d = jnp.linalg.solve(h + damp * jnp.eye(v.shape[0], dtype=dtype), g)
+        cands = v[None] + steps[:, None] * d[None]
+        vals = jax.vmap(f)(cands)
+        vals = jnp.where(jnp.isfinite(vals), vals, -jnp.inf)
+        best = jnp.argmax(vals)
+        new = jnp.where(vals[best] >= f(v), cands[best], v)
+        lp, ww = unpack(new)
+        return jnp.concatenate([jax.nn.log_softmax(lp, axis=-1).ravel(), ww.ravel()]), None
+
+    # start from the better of the current value and (closed-form P of the pooled counts,
+    # current W): the latter is the exact maximizer when the inputs have no effect
+    counts = jnp.sum(xi, 0)
+    log_pc = jnp.log(jnp.maximum(counts, jnp.finfo(dtype).tiny)) - jnp.log(
+        jnp.maximum(jnp.sum(counts, -1, keepdims=True), jnp.finfo(dtype).tiny))
+    v_old = jnp.concatenate([log_p0.ravel(), w.ravel()])
+    v_cf = jnp.concatenate([jax.nn.log_softmax(log_pc, axis=-1).ravel(), w.ravel()])
+    v0 = jnp.where(f(v_cf) >= f(v_old), v_cf, v_old)
+    v, _ = jax.lax.scan(newton, v0, None, length=num_newton)
+    lp, w_new = unpack(v)
+    # the renormalized start, kept when no step raised the objective above the given value
+    better = f(v) >= transition_objective(jnp.log(transitions), w, xi, u)
+    p_new = jnp.exp(jax.nn.log_softmax(lp, axis=-1))
+    return (jnp.where(better, p_new, transitions), jnp.where(better, w_new, w))
+
+
+def m_step(model, params, reg, stats, gamma0_sum, xi, num_seq, xi_steps=None, u_steps=None):
+    """Closed-form maximizer of ``E_q[log p(y, x, z | theta)]`` (module docstring, step 3);
+    with input-driven transitions (``xi_steps (S, K, K)``, ``u_steps (S, m)`` given), ``P``
+    and ``W`` by `transition_m_step`."""
     dyn, emi, init = stats
     n, m = model.state_dim, model.input_dim
     old_dyn = jnp.concatenate([reg.dynamics_weights, reg.dynamics_input_weights,
@@ -326,6 +406,10 @@ def m_step(model, params, reg, stats, gamma0_sum, xi, num_seq):
     rows = jnp.sum(xi, -1, keepdims=True)
     no_rows = rows <= 1e-12 * jnp.maximum(1.0, jnp.max(rows))
     trans = jnp.where(no_rows, params.transitions, xi / jnp.where(no_rows, 1.0, rows))
+    if xi_steps is not None:
+        trans, w_u = transition_m_step(params.transitions, params.transition_input_weights,
+                                       xi_steps, u_steps)
+        params = params._replace(transition_input_weights=w_u)
     return params._replace(
         initial_probs=pi, transitions=trans, initial_means=m0, initial_covs=v0,
         dynamics_weights=w_d[..., :n], dynamics_input_weights=w_d[..., n:n + m],
@@ -339,16 +423,26 @@ def e_step(model, params, gamma, y, mask, u, num_inner):
     """q(x) given ``gamma``, then q(z) given q(x) (``num_inner`` times), over a flat batch.
 
     Returns:
-        ``(elbo, gamma, xi (N, K, K), mu, cov, cross)``; ``elbo`` is summed over sequences.
+        ``(elbo, gamma, xi, mu, cov, cross)``; ``elbo`` is summed over sequences; ``xi`` is
+        ``(N, K, K)``, or ``(N, T-1, K, K)`` per step with input-driven transitions.
     """
     arrays = model.to_arrays(params)
     reg = arrays.regimes
 
+    inputs_drive = arrays.transition_input_weights is not None
+
     def one(g, y_s, m_s, u_s):
+        if inputs_drive:  # (T-1, K, K) matrices of the steps into t = 1..T-1
+            zeros = jnp.zeros_like(reg.initial_mean)
+            trans = jax.vmap(lambda u_t: kim.transition_matrix_at(arrays, u_t, zeros))(u_s[1:])
+        else:
+            trans = arrays.transition_matrix
+
         def inner(g, _):
             mu, cov, cross = q_x(reg, g, y_s, m_s, u_s)
             ll = evidence(reg, mu, cov, cross, y_s, m_s, u_s)
-            post = hmm.hmm_smoother(arrays.initial_probs, arrays.transition_matrix, ll)
+            post = hmm.hmm_smoother(arrays.initial_probs, trans, ll,
+                                    sum_transitions=not inputs_drive)
             out = (post.marginal_log_lik + entropy_x(cov, cross), post.expected_transitions,
                    mu, cov, cross)
             return post.smoothed_probs, out
@@ -376,8 +470,14 @@ def run_vem(model, params, y, mask, u, tol, *, num_iters, num_inner):
         reg = model.to_arrays(params).regimes
         stats = jax.vmap(lambda *a: _stats(reg, *a))(g, mu, cov, cross, y, mask, u)
         stats = jax.tree.map(lambda a: jnp.sum(a, 0), stats)
-        new = m_step(model, params, reg, stats, jnp.sum(g[:, 0], 0), jnp.sum(xi, 0),
-                     num_seq)
+        if model.transition_inputs:
+            xi_steps = jnp.reshape(xi, (-1,) + xi.shape[-2:])
+            u_steps = jnp.reshape(u[:, 1:], (-1, u.shape[-1]))
+            new = m_step(model, params, reg, stats, jnp.sum(g[:, 0], 0),
+                         jnp.sum(xi, (0, 1)), num_seq, xi_steps, u_steps)
+        else:
+            new = m_step(model, params, reg, stats, jnp.sum(g[:, 0], 0), jnp.sum(xi, 0),
+                         num_seq)
         last = trace[jnp.maximum(i - 1, 0)]
         scale = jnp.maximum(1.0, jnp.abs(elbo))
         converged = (i > 0) & (jnp.abs(elbo - last) <= tol * scale)

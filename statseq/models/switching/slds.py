@@ -646,6 +646,16 @@ class SwitchingLDS(SequenceModel):
         at ``params``. Missing observations (``mask``) are marginalized; the sequences of a
         batch share the parameters. Needs positive definite ``Q``, ``R`` and ``V``.
 
+        With input-driven transitions (``transition_inputs=True``) q(z) is the HMM with the
+        time-varying matrices ``softmax_j(log P[i, j] + W_j u_t)`` and ``(P, W)`` have no
+        closed-form update: a few guarded Newton steps raise the expected transition
+        log-likelihood ``sum_t sum_ij xi_t(i, j) log p(z_t = j | z_{t-1} = i, u_t)`` and are
+        kept only if it does not fall (a generalized EM step: the ELBO still never
+        decreases, tested). ``W`` is identified up to a shift common to its rows. Recurrent
+        transitions (``recurrent=True``) are refused with a ``ValueError``: the expectation
+        of ``log softmax(... + W_x x_{t-1})`` under q(x) has no closed form; fit Kim's
+        approximate likelihood with `statseq.fit_lbfgs` instead.
+
         Args:
             params: the starting parameters.
             y: ``batch_shape + (T,) + event_shape``, ``T >= 2``.
@@ -679,6 +689,12 @@ class SwitchingLDS(SequenceModel):
         num_inner = check_positive_int(num_inner, "num_inner")
         if tol is not None and not float(tol) >= 0:
             raise ValueError(f"tol must be non-negative or None, got {tol!r}")
+        if self.recurrent:
+            raise ValueError(
+                "fit_vem does not support recurrent transitions (recurrent=True): "
+                "E_q(x)[log softmax(log P[i] + W u_t + W_x x_{t-1})] has no closed form, so "
+                "the bound would need a further approximation; fit Kim's approximate "
+                "likelihood with statseq.fit_lbfgs(model, params, y, ...) instead")
         data = self._prepared(params, y, mask, inputs)
         if data.num_timesteps < 2:
             raise ValueError(f"fit_vem needs at least 2 time steps, got {data.num_timesteps}")
