@@ -15,9 +15,8 @@ full-panel ELBO and of its gradient.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
