@@ -136,7 +136,8 @@ from numpyro.infer.util import log_density  # noqa: E402
 from statseq.bayes import _joint, svi  # noqa: E402
 
 m = ss.PoissonHMM(num_states=2)
-kw = dict(priors=None, mask=None, inputs=None, init_params=p, trainable=None, ordered=None,
+kw = dict(priors=None, mask=None, inputs=None, trainable=None, ordered=None,
+          init_params=m.initialize(y, key=jax.random.key(0)),
           key=jax.random.key(0))
 s1, s4 = _joint.prepare_joint(m, y8, **kw), _joint.prepare_joint(m, b8.y, **kw)
 assert svi.num_blocks(s4.data.y) == 4 and svi.num_blocks(s1.data.y) == 1
