@@ -64,14 +64,19 @@ def _estimates(spec, batch_size, blocks, keys):
     return np.asarray(jax.vmap(one)(keys)), float(full)
 
 
-@pytest.mark.parametrize("blocks", [1, 4])
-def test_subsampled_log_joint_is_unbiased(blocks):
+@pytest.fixture(scope="module")
+def spec_lp():
     spec = _joint.prepare_joint(MODEL, Y, priors=None, mask=None, inputs=None,
                                 init_params=MODEL.default_params(), trainable=None,
                                 ordered=None, key=jax.random.key(0))
+    return spec, np.asarray(ss.log_prob(MODEL, MODEL.default_params(), Y))
+
+
+@pytest.mark.parametrize("blocks", [1, 4])
+def test_subsampled_log_joint_is_unbiased(spec_lp, blocks):
+    spec, lp = spec_lp
     b, k = 8, 4000
     est, full = _estimates(spec, b, blocks, jax.random.split(jax.random.key(1), k))
-    lp = np.asarray(ss.log_prob(MODEL, MODEL.default_params(), Y))
     # exact variance of N/b * sum over the draw: simple random sampling without replacement,
     # stratified by block (b / blocks rows from each of `blocks` equal blocks)
     per, bb = N // blocks, b // blocks
@@ -82,17 +87,22 @@ def test_subsampled_log_joint_is_unbiased(blocks):
 
 
 def test_stratified_draw_is_balanced_and_uniform():
-    rows = svi.draw_rows(jax.random.key(2), N, 8, blocks=4)
-    assert rows.shape == (4, 2)
-    idx = np.asarray(svi.minibatch_indices(rows, N, 4))
-    assert len(set(idx.tolist())) == 8
-    np.testing.assert_array_equal(idx.reshape(4, 2) // 6, np.arange(4)[:, None] * [1, 1])
     x = jnp.arange(N * 2.0).reshape(N, 2)
-    np.testing.assert_array_equal(svi.take_rows(x, rows, 4), x[idx])
-    counts = np.zeros(N)
-    draws = jax.vmap(lambda k: svi.minibatch_indices(svi.draw_rows(k, N, 8, 4), N, 4))(
-        jax.random.split(jax.random.key(3), 3000))
-    np.add.at(counts, np.asarray(draws).ravel(), 1)
+
+    @jax.jit
+    def draws(keys):
+        def one(k):
+            rows = svi.draw_rows(k, N, 8, blocks=4)
+            return rows, svi.minibatch_indices(rows, N, 4), svi.take_rows(x, rows, 4)
+        return jax.vmap(one)(keys)
+
+    rows, idx, taken = map(np.asarray, draws(jax.random.split(jax.random.key(3), 3000)))
+    assert rows.shape == (3000, 4, 2)
+    np.testing.assert_array_equal(taken, np.asarray(x)[idx])
+    for i in idx[:50]:  # 8 distinct rows, two in each block of 6
+        assert len(set(i.tolist())) == 8
+        np.testing.assert_array_equal(i.reshape(4, 2) // 6, np.repeat(np.arange(4)[:, None], 2, 1))
+    counts = np.bincount(idx.ravel(), minlength=N)
     p = 8 / N  # inclusion probability of every row
     assert np.max(np.abs(counts / 3000 - p)) < 4 * np.sqrt(p * (1 - p) / 3000)
 
