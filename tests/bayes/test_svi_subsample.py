@@ -36,7 +36,7 @@ def _panel():
 Y = _panel()
 STEPS = 1600
 # a decaying step size: the subsampled fit's noisy steps settle (and the full fit converges)
-KW = dict(num_samples=400, init_params=MODEL.default_params(), num_steps=STEPS,
+KW = dict(num_samples=200, init_params=MODEL.default_params(), num_steps=STEPS,
           optimizer=optax.adam(optax.exponential_decay(2e-2, STEPS // 2, 0.1)))
 
 
@@ -75,7 +75,7 @@ def spec_lp():
 @pytest.mark.parametrize("blocks", [1, 4])
 def test_subsampled_log_joint_is_unbiased(spec_lp, blocks):
     spec, lp = spec_lp
-    b, k = 8, 4000
+    b, k = 8, 2000
     est, full = _estimates(spec, b, blocks, jax.random.split(jax.random.key(1), k))
     # exact variance of N/b * sum over the draw: simple random sampling without replacement,
     # stratified by block (b / blocks rows from each of `blocks` equal blocks)
