@@ -125,14 +125,12 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
         >>> res.draws.obs_var.shape, res.losses.shape
         ((50,), (200,))
 
-        Subsampling 8 of 32 sequences per step:
+        Subsampling 8 of 32 sequences per step (not run here: one more compilation)::
 
-        >>> import numpy as np
-        >>> y = np.random.default_rng(0).normal(size=(32, 20))
-        >>> res = ss.fit_svi(ss.AR(order=1), y, key=jax.random.key(0), num_steps=100,
-        ...                  num_samples=10, batch_size=8)
-        >>> res.losses.shape
-        (100,)
+            y = np.random.default_rng(0).normal(size=(32, 20))
+            res = ss.fit_svi(ss.AR(order=1), y, key=jax.random.key(0), num_steps=2000,
+                             batch_size=8,
+                             optimizer=optax.adam(optax.exponential_decay(2e-2, 1000, 0.1)))
     """
     check_key(key)
     from numpyro.infer import SVI, Trace_ELBO
