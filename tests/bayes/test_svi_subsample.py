@@ -66,10 +66,14 @@ def _estimates(spec, batch_size, blocks, keys):
 
 @pytest.fixture(scope="module")
 def spec_lp():
-    spec = _joint.prepare_joint(MODEL, Y, priors=None, mask=None, inputs=None,
+    # with missing data (the mask rows are drawn with the sequences)
+    mask = np.random.default_rng(1).random((N, T)) > 0.2
+    mask[:, :2] = True
+    spec = _joint.prepare_joint(MODEL, Y, priors=None, mask=mask, inputs=None,
                                 init_params=MODEL.default_params(), trainable=None,
                                 ordered=None, key=jax.random.key(0))
-    return spec, np.asarray(ss.log_prob(MODEL, MODEL.default_params(), Y))
+    assert not spec.data.complete
+    return spec, np.asarray(ss.log_prob(MODEL, MODEL.default_params(), Y, mask=mask))
 
 
 @pytest.mark.parametrize("blocks", [1, 4])
