@@ -133,5 +133,32 @@ v4 = ss.fit_svi(m, b.y, mask=b.mask, **kw)
 out["svi.sharded_panel"] = diff(v1.losses, v4.losses)
 
 timed("svi")
+# SVI with data subsampling (fit_svi(batch_size=4)) on the 8-row sharded panel: one row
+# block per device, so each device draws 1 of its 2 rows; the subsampled log joint equals
+# the one-device one with the same per-block draw, and the minibatch gather stays on the
+# devices (no collective in its program, the minibatch sharded over the 4 devices)
+import functools  # noqa: E402
+
+from numpyro import handlers  # noqa: E402
+from numpyro.infer.util import log_density  # noqa: E402
+
+from statseq.bayes import _joint, svi  # noqa: E402
+
+m = ss.PoissonHMM(num_states=2)
+kw = dict(priors=None, mask=None, inputs=None, trainable=None, ordered=None,
+          init_params=m.initialize(y, key=jax.random.key(0)),
+          key=jax.random.key(0))
+s1, s4 = _joint.prepare_joint(m, y8, **kw), _joint.prepare_joint(m, b8.y, **kw)
+assert svi.num_blocks(s4.data.y) == 4 and svi.num_blocks(s1.data.y) == 1
+sub = functools.partial(svi._subsampled, batch_size=4, blocks=4)
+vals = _joint.site_values(s1)
+ld = [[float(log_density(handlers.seed(sub, rng_seed=jax.random.key(i)), (s,), {}, vals)[0])
+       for i in range(3)] for s in (s1, s4)]
+out["svi.subsample_per_device"] = diff(*ld)
+take = jax.jit(lambda yy, r: svi.take_rows(yy, r, 4))
+rows = svi.draw_rows(jax.random.key(5), 8, 4, 4)
+local = is_sharded(take(b8.y, rows)) and "all-" not in take.lower(b8.y, rows).compile().as_text()
+out["svi.subsample_local_gather"] = float(not local)
+timed("svi_subsample")
 print(json.dumps(out))
 sys.stdout.flush()

@@ -54,7 +54,8 @@ def test_sharded_equals_unsharded(sharded):
     expected |= {"poisson_hmm.filter", "poisson_hmm.smoother", "lgssm.smoother",
                  "poisson_hmm.em_trace", "poisson_hmm.em_params", "lgssm.em_trace",
                  "lgssm.em_params", "poisson_hmm.sgd_params", "gru.sgd_params",
-                 "poisson_hmm.sgd_minibatch", "nuts.parallel_chains", "svi.sharded_panel"}
+                 "poisson_hmm.sgd_minibatch", "nuts.parallel_chains", "svi.sharded_panel",
+                 "svi.subsample_per_device", "svi.subsample_local_gather"}
     assert expected <= set(sharded), expected - set(sharded)
     bad = {k: v for k, v in sharded.items() if not v <= TOL}
     assert not bad, bad
