@@ -21,6 +21,7 @@ from statseq.datasets._load import (
     load_dataset,
     load_discoveries,
     load_earthquakes,
+    load_electricity_demand,
     load_lynx,
     load_nile,
     load_old_faithful,
@@ -57,4 +58,5 @@ __all__ = [
     "load_uk_driver_deaths",
     "load_us_gnp_growth",
     "load_us_state_production",
+    "load_electricity_demand",
 ]
