@@ -303,7 +303,7 @@ def list_datasets() -> list[str]:
 
     Examples:
         >>> list_datasets()[:4]
-        ['air_passengers', 'discoveries', 'earthquakes', 'lynx']
+        ['air_passengers', 'discoveries', 'earthquakes', 'electricity_demand']
     """
     return sorted(_LOADERS)
 
