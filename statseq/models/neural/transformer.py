@@ -45,7 +45,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import attention as att
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.linear_attention import check_mode
+from statseq.models.neural.residual import check_mode
 from statseq.models.neural.residual import ResidualStack, dense_init, rms_norm
 
 #: Whole-sequence evaluation modes of `TransformerBackbone`.
@@ -158,8 +158,9 @@ class TransformerBackbone(ResidualStack):
         if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) \
                 or not 1.0 < float(self.rope_base) < math.inf:
             raise ValueError(f"rope_base must be a number > 1, got {self.rope_base!r}")
-        check_mode(self.mode, MODES, self.parallel, self.evaluation,
-                   self.evaluation_max_iter)
+        check_mode(self.mode, self.parallel, self.evaluation, modes=MODES,
+                   name="Transformer", parallel_modes=("parallel",),
+                   evaluation_max_iter=self.evaluation_max_iter)
 
     @property
     def head_dim(self) -> int:
