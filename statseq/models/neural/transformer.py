@@ -45,8 +45,7 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import attention as att
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import check_mode
-from statseq.models.neural.residual import ResidualStack, dense_init, rms_norm
+from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, rms_norm
 
 #: Whole-sequence evaluation modes of `TransformerBackbone`.
 MODES = ("recurrent", "parallel")
