@@ -66,6 +66,7 @@ from statseq.models.neural import (  # noqa: E402
 )
 from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
 from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
+from statseq.models.neural.seq2seq import EncoderDecoder, IdentityBackbone  # noqa: E402
 from statseq.models.neural.transformer import Transformer, TransformerBackbone  # noqa: E402
 from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
 from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
@@ -103,6 +104,7 @@ from statseq.models.switching import (  # noqa: E402
 # Name -> module that defines it; a module's own name maps to None (the module itself).
 _LAZY = {
     "datasets": None,
+    "distributed": None,
     # subpackages that `import statseq` used to load, still reachable as attributes
     "bayes": None,
     "evaluation": None,
@@ -209,6 +211,8 @@ __all__ = [
     "S5Backbone",
     "Transformer",
     "TransformerBackbone",
+    "EncoderDecoder",
+    "IdentityBackbone",
     "NGRC",
     "NGRCParams",
     "ElmanRNN",

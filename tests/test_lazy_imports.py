@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Heavy dependencies that a plain `import statseq` must not load (each costs 0.1-0.6 s).
 HEAVY = ["pandas", "matplotlib", "arviz", "optax", "scipy.stats", "dynamax", "statsmodels",
          "statseq.bayes", "statseq.datasets", "statseq.evaluation.stattests",
-         "statseq.plotting", "statseq.fit.lbfgs", "statseq.fit.sgd"]
+         "statseq.plotting", "statseq.fit.lbfgs", "statseq.fit.sgd", "statseq.distributed"]
 
 
 def _run(code: str) -> dict:

@@ -505,6 +505,15 @@ def data_scale(y: Any, mask: Any = None) -> float:
     Returns:
         A positive float.
     """
+    if isinstance(y, jax.Array) and not isinstance(y, jax.core.Tracer) and (
+            not y.is_fully_addressable):  # spread over processes (statseq.distributed)
+        from statseq.distributed.data import global_observed_moments
+
+        moments = global_observed_moments(y, mask)
+        for scale in (moments[1] - moments[0] ** 2, moments[1]):
+            if np.isfinite(scale) and scale > 0:
+                return scale
+        return 1.0
     arr = np.asarray(y, np.float64)
     if mask is not None:
         arr = arr[np.broadcast_to(np.asarray(mask, bool), arr.shape)]

@@ -356,6 +356,14 @@ def prepare_sized(model, y, mask=None, inputs=None, *, trailing: bool = False,
 
 
 def _prepare_data(model, y, mask, inputs, name, bucket=False) -> Prepared:
+    if isinstance(y, jax.Array) and not _is_tracer(y) and len(y.sharding.device_set) > 1:
+        # a batch sharded over a device mesh (statseq.distributed, loaded only here): each
+        # process checks its own sequences, the flat arrays keep the batch sharding
+        from statseq.distributed.data import is_sharded, prepare_sharded
+
+        if is_sharded(y):
+            return prepare_sharded(model, y, mask, inputs, name,
+                                   lambda m, yy, mm, uu, nn: _prepare_data(m, yy, mm, uu, nn))
     event_shape = tuple(model.event_shape)
     event_ndim = len(event_shape)
     if is_pandas(y):
@@ -607,6 +615,16 @@ def check_positive_int(value, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def all_observed(mask) -> bool:
+    """Whether every entry of a concrete ``mask`` is ``True`` (also for a mask spread over
+    processes, `statseq.distributed`, where it is one reduction all processes agree on)."""
+    if isinstance(mask, jax.Array) and not mask.is_fully_addressable:
+        from statseq.distributed.data import global_any
+
+        return not global_any(~mask)
+    return bool(np.all(np.asarray(mask)))
+
+
 def require_observed(data: Prepared, method: str) -> None:
     """``ValueError`` when nothing in the prepared data is observed: a fit to no data.
 
@@ -614,6 +632,14 @@ def require_observed(data: Prepared, method: str) -> None:
     maximizing that is not.)
     """
     mask = data.mask
+    if isinstance(mask, jax.Array) and not _is_tracer(mask) and not mask.is_fully_addressable:
+        # spread over processes (statseq.distributed): one reduction every process agrees on
+        from statseq.distributed.data import global_any
+
+        if not global_any(mask):
+            raise ValueError(f"{method}: y has no observed values (every entry is masked or "
+                             "missing): there is nothing to fit")
+        return
     if not _is_tracer(mask) and not np.any(np.asarray(mask)):
         raise ValueError(f"{method}: y has no observed values (every entry is masked or "
                          "missing): there is nothing to fit")

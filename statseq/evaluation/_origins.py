@@ -18,7 +18,8 @@ step as 0 plus an indicator) the marginal is estimated instead (`_rb_marginals`)
 Rao-Blackwellised ancestral Monte Carlo average
 
     p(y_{o+k} | y_{0:o-1}) ~= (1/S) sum_s p(y_{o+k} | y_{0:o-1}, Y^s_{o:o+k-1}),
-    Y^s ~ the model's own ancestral sampler from the carry at ``o``,
+    Y^s ~ the model's own ancestral sampler from the carry at ``o``
+    (its ``sample_step`` when it has one, as `statseq.forecast` draws),
 
 returned with its standard error on the log scale (delta method,
 ``sd(w) / (sqrt(S) mean(w))`` with ``w`` the path densities); ``k = 0`` is exact (SE 0).
@@ -116,6 +117,8 @@ def _rb_marginals(model, p, carry, ys, ms, us, key, num_paths, dims):
             lp = masked_log_prob(d, y_t, m_t)
             lp_d = jnp.zeros((0,), lp.dtype) if dims is None else jax.vmap(
                 lambda e: masked_log_prob(d, y_t, e))(dims)
+            if hasattr(model, "sample_step"):  # a model drawing its own future
+                return model.sample_step(p, c, kk, u_t)[1], (lp, lp_d)  # (EncoderDecoder)
             return model.update(p, c, d.sample(kk), full, u_t), (lp, lp_d)
 
         return jax.lax.scan(body, carry, (ys, ms, us, jax.random.split(k, h)))[1]

@@ -32,6 +32,7 @@ from statseq.core.recurrence import run_filter
 from statseq.core.restrict import restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import (
+    all_observed,
     check_key,
     check_positive_int,
     float_dtype,
@@ -336,8 +337,8 @@ def fit_sgd(model, params, y, *, num_steps, key, optimizer=None, learning_rate=N
             np.int32(patience), np.int32(min_steps),
             num_steps=num_steps, batch_size=batch_size, eval_every=eval_every,
             progress_every=progress_every,
-            train_complete=bool(np.all(np.asarray(train[1]))),
-            val_complete=val is not None and bool(np.all(np.asarray(val[1]))),
+            train_complete=all_observed(train[1]),
+            val_complete=val is not None and all_observed(val[1]),
         )
         i, up, trace, vtrace, best_up, best_val, stop = jax.block_until_ready(out)
     num_iter, stop = int(i), int(stop)

@@ -36,7 +36,6 @@ from statseq.inference.hmm import (
     HMMFilterResult,
     HMMPosterior,
     _prepare_inputs,
-    broadcast_transitions,
 )
 
 
@@ -67,18 +66,34 @@ def _combine_backward(later, earlier):
 
 
 def _elements(pi, log_trans, ll):
-    """``(T, K, K)`` log-space elements ``E_t`` (module docstring)."""
-    num_states = ll.shape[1]
-    first = jnp.broadcast_to(jnp.log(pi) + ll[0], (num_states, num_states))
-    return jnp.concatenate([first[None], log_trans + ll[1:, None, :]])
+    """``(T, K, K)`` log-space elements ``E_t`` (module docstring); ``log_trans`` is
+    ``(T-1, K, K)`` or one ``(K, K)`` matrix for every step."""
+    num_t, num_states = ll.shape
+    first = (jnp.arange(num_t) == 0)[:, None, None]
+    # no slices ll[1:] or concatenations along time: with time split over devices they would
+    # be arrays of T - 1 steps, which XLA keeps whole on every device
+    return jnp.where(first, jnp.log(pi), _steps(log_trans, num_t)) + ll[:, None, :]
 
 
-def _forward(pi, fixed, per_step, ll):
-    """Log transitions ``(T-1, K, K)``, elements, normalized log filtered ``(T, K)``."""
-    trans = broadcast_transitions(fixed if per_step is None else per_step, ll.shape[0])
-    log_trans = jnp.log(trans)
+def _steps(log_trans, num_t):
+    """``log A_{t-1}`` at every step ``t`` (``(T, K, K)``, a placeholder at ``t = 0``) or the
+    fixed ``(K, K)``."""
+    if log_trans.ndim == 2:
+        return log_trans
+    return jnp.concatenate([jnp.zeros_like(log_trans[:1]), log_trans])
+
+
+def _forward(pi, fixed, per_step, ll, scan=jax.lax.associative_scan):
+    """Log transitions (``(T-1, K, K)``, or ``(K, K)`` if fixed), elements, normalized log
+    filtered ``(T, K)``.
+
+    ``scan`` is `jax.lax.associative_scan` or a drop-in with its signature (the time-sharded
+    scan of `statseq.distributed.time`)."""
+    # a fixed matrix stays (K, K) and broadcasts against the steps: a (T-1, K, K) copy would
+    # double the memory of the elements (and be whole on every device when time is sharded)
+    log_trans = jnp.log(fixed if per_step is None else per_step)
     elements = _elements(pi, log_trans, ll)
-    prefixes = jax.lax.associative_scan(_combine, elements)
+    prefixes = scan(_combine, elements)
     log_filtered = jax.nn.log_softmax(prefixes[:, 0, :], axis=-1)
     return log_trans, elements, log_filtered
 
@@ -94,9 +109,11 @@ def _skip_impossible(ll):
 
 def _filter_result(pi, log_trans, ll, log_filtered, impossible=None) -> HMMFilterResult:
     # log p(z_t = j | y_{<t}) = logsumexp_i (log f_{t-1}(i) + log A_{t-1}[i, j])
-    log_predicted = jnp.concatenate(
-        [jnp.log(pi)[None], _log_matmul(log_filtered[:-1, None, :], log_trans)[:, 0, :]]
-    )
+    num_t = ll.shape[0]
+    previous = jnp.roll(log_filtered, 1, axis=0)  # row 0 (the last step) is replaced below
+    log_predicted = jnp.where(
+        (jnp.arange(num_t) == 0)[:, None], jnp.log(pi),
+        _log_matmul(previous[:, None, :], _steps(log_trans, num_t))[:, 0, :])
     log_normalizers = jax.nn.logsumexp(log_predicted + ll, axis=-1)
     if impossible is not None:
         log_normalizers = jnp.where(impossible, -jnp.inf, log_normalizers)
@@ -166,15 +183,18 @@ def hmm_smoother(
         An `~statseq.inference.hmm.HMMPosterior`.
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
+    return _smoother(pi, fixed, per_step, ll, sum_transitions)
+
+
+def _smoother(pi, fixed, per_step, ll, sum_transitions, scan=jax.lax.associative_scan):
+    """`hmm_smoother` on checked inputs, with the associative scan ``scan`` (`_forward`)."""
     ll, impossible = _skip_impossible(ll)
-    log_trans, elements, log_filtered = _forward(pi, fixed, per_step, ll)
+    log_trans, elements, log_filtered = _forward(pi, fixed, per_step, ll, scan)
     filt = _filter_result(pi, log_trans, ll, log_filtered, impossible)
 
     num_states = ll.shape[1]
     last = jnp.zeros((1, num_states, num_states), ll.dtype)
-    suffixes = jax.lax.associative_scan(
-        _combine_backward, jnp.concatenate([elements[1:], last]), reverse=True
-    )
+    suffixes = scan(_combine_backward, jnp.concatenate([elements[1:], last]), reverse=True)
     log_beta = suffixes[:, :, 0]
     smoothed = jax.nn.softmax(log_filtered + log_beta, axis=-1)
 

@@ -291,12 +291,12 @@ def _cov_combine(earlier, later):
             symmetrize(_mT(m_a) @ j2 @ a1 + j1))
 
 
-def _filtered_covs(arrays, y, mask, inputs):
+def _filtered_covs(arrays, y, mask, inputs, scan=None):
     """``(T, n, n)`` filtered covariances by a prefix scan over ``(A_t, C_t, J_t)``."""
     elements = jax.vmap(_cov_element, in_axes=(None, 0, 0, 0, 0))(
         arrays, jnp.arange(y.shape[0]), y, mask, inputs
     )
-    return _scan(_cov_combine, elements)[1]
+    return (scan or _scan)(_cov_combine, elements)[1]
 
 
 def _affine_combine(earlier, later):
@@ -334,10 +334,13 @@ def _congruence_combine(earlier, later):
     return phi2 @ phi1, symmetrize(phi2 @ r1 @ _mT(phi2) + r2)
 
 
-def _forward(arrays, y, mask, inputs) -> _Forward:
+def _forward(arrays, y, mask, inputs, scan=None) -> _Forward:
+    """The forward pass; ``scan`` replaces `_scan` (the time-sharded scan of
+    `statseq.distributed.time`), default `_scan`."""
     _check(arrays, y, mask, inputs)
+    scan = scan or _scan
     num_t = y.shape[0]
-    filt_c = _filtered_covs(arrays, y, mask, inputs)
+    filt_c = _filtered_covs(arrays, y, mask, inputs, scan)
     dtype = filt_c.dtype
     n = filt_c.shape[-1]
     steps = jnp.arange(num_t)
@@ -370,7 +373,7 @@ def _forward(arrays, y, mask, inputs) -> _Forward:
     eye = jnp.eye(n, dtype=dtype)
     phi = jnp.concatenate([jnp.zeros((1, n, n), dtype), (eye - _mT(w[1:]) @ lh[1:]) @ f])
     defect = symmetrize(pred_c - _mT(w) @ w) - filt_c
-    filt_c = symmetrize(filt_c + _scan(_congruence_combine, (phi, defect))[1])
+    filt_c = symmetrize(filt_c + scan(_congruence_combine, (phi, defect))[1])
 
     # the means are linear given the gains: m_t = Phi_t m_{t-1} + beta_t with
     # Phi_t = (I - K_t H~_t) F_{t-1}, beta_t = c_{t-1} + K_t (y_t - H_t c_{t-1} - e_t)
@@ -388,7 +391,7 @@ def _forward(arrays, y, mask, inputs) -> _Forward:
         axis=2,
     )
     phi = jnp.concatenate([jnp.zeros((1, n, n), dtype), closed[1:] @ f])
-    filt_b = _scan(_affine_combine, (phi, jnp.concatenate([first[None], rest])))[1]
+    filt_b = scan(_affine_combine, (phi, jnp.concatenate([first[None], rest])))[1]
 
     pred_b = (f @ filt_b[:-1]).at[:, :, 0].add(offset)
     pred_b = jnp.concatenate(
@@ -537,14 +540,15 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
     return _parallel_smoother(arrays, y, mask, inputs)[0]
 
 
-def _parallel_smoother(arrays: GaussianSSMArrays, y, mask, inputs):
+def _parallel_smoother(arrays: GaussianSSMArrays, y, mask, inputs, scan=None):
     """`parallel_kalman_smoother`'s result, with ``r_{-1}`` ``(n, 1 + q)`` and ``N_{-1}``
     ``(n, n)`` (the backward recursion's values at the start of step 0) and the per-step
-    log-densities."""
-    fwd = _forward(arrays, y, mask, inputs)
+    log-densities. ``scan`` replaces `_scan` (see `_forward`)."""
+    scan = scan or _scan
+    fwd = _forward(arrays, y, mask, inputs, scan)
     log_probs, _, _, filt_mean, filt_cov = _log_probs(fwd)
     elements = _smoother_elements(arrays, fwd)
-    _, r_prev, n_prev = _scan(_smoother_combine, elements, reverse=True)
+    _, r_prev, n_prev = scan(_smoother_combine, elements, reverse=True)
     l_mat = elements[0]
     cov = fwd.pred_c
     sm_b = fwd.pred_b + cov @ r_prev  # (T, n, 1 + q): smoothed mean and regression on delta

@@ -91,9 +91,33 @@ def _sequential(a, b, h0):
     return jax.lax.scan(body, h0, (a.reshape(num_t, -1), b))[1].reshape(shape)
 
 
-def _parallel(a, b, h0):
+def _parallel(a, b, h0, scan=jax.lax.associative_scan):
+    """All states by ``scan`` (`jax.lax.associative_scan` or the time-sharded scan of
+    `statseq.distributed.time`) over the maps ``(a_t, b_t)``, ``h0`` folded into ``b_0``."""
     b = b.at[0].add(a[0] * h0)
-    return jax.lax.associative_scan(combine_affine, (a, b))[1]
+    return scan(combine_affine, (a, b))[1]
+
+
+def _prepare(a, b, h0):
+    """Checked ``(a, b, h0)`` in one dtype, and whether ``a`` is one multiplier for all steps."""
+    b = jnp.asarray(b)
+    a = jnp.asarray(a)
+    if b.ndim < 1:
+        raise ValueError(f"b must have a leading time axis, got shape {b.shape}")
+    state_shape = b.shape[1:]
+    constant = a.shape == state_shape and a.shape != b.shape
+    if a.shape != b.shape and not constant:
+        raise ValueError(
+            f"a must have the shape of b {b.shape} (or of one state {state_shape}), "
+            f"got {a.shape}"
+        )
+    dtype = jnp.result_type(a, b) if h0 is None else jnp.result_type(a, b, h0)
+    if h0 is None:
+        h0 = jnp.zeros(state_shape, dtype)
+    h0 = jnp.asarray(h0)
+    if h0.shape != state_shape:
+        raise ValueError(f"h0 must have shape {state_shape}, got {h0.shape}")
+    return a.astype(dtype), b.astype(dtype), h0.astype(dtype)
 
 
 def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
@@ -124,24 +148,7 @@ def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
         >>> [float(v) for v in h]  # 0.5*4 + 1, 0.5*3 + 0, 0.5*1.5 + 2
         [3.0, 1.5, 2.75]
     """
-    b = jnp.asarray(b)
-    a = jnp.asarray(a)
-    if b.ndim < 1:
-        raise ValueError(f"b must have a leading time axis, got shape {b.shape}")
-    state_shape = b.shape[1:]
-    constant = a.shape == state_shape and a.shape != b.shape
-    if a.shape != b.shape and not constant:
-        raise ValueError(
-            f"a must have the shape of b {b.shape} (or of one state {state_shape}), "
-            f"got {a.shape}"
-        )
-    dtype = jnp.result_type(a, b) if h0 is None else jnp.result_type(a, b, h0)
-    if h0 is None:
-        h0 = jnp.zeros(state_shape, dtype)
-    h0 = jnp.asarray(h0)
-    if h0.shape != state_shape:
-        raise ValueError(f"h0 must have shape {state_shape}, got {h0.shape}")
-    a, b, h0 = a.astype(dtype), b.astype(dtype), h0.astype(dtype)
+    a, b, h0 = _prepare(a, b, h0)
     if b.shape[0] == 0:
         return b
     if use_parallel(parallel):

@@ -16,6 +16,12 @@ from statseq.models.neural.rnn import GRU, LSTM, ElmanRNN, readout_only
 from statseq.models.neural.rwkv import RWKV, RWKVBackbone
 from statseq.models.neural.s4 import S4D, S4DBackbone
 from statseq.models.neural.s5 import S5, S5Backbone
+from statseq.models.neural.seq2seq import (
+    EncoderDecoder,
+    EncoderDecoderCarry,
+    EncoderDecoderParams,
+    IdentityBackbone,
+)
 from statseq.models.neural.transformer import Transformer, TransformerBackbone
 from statseq.models.neural.wavenet import WaveNet, WaveNetBackbone
 
@@ -52,4 +58,8 @@ __all__ = [
     "WaveNetBackbone",
     "Transformer",
     "TransformerBackbone",
+    "EncoderDecoder",
+    "EncoderDecoderCarry",
+    "EncoderDecoderParams",
+    "IdentityBackbone",
 ]

@@ -45,7 +45,13 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import attention as att
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, rms_norm
+from statseq.models.neural.residual import (
+    ResidualStack,
+    check_mode,
+    dense_init,
+    resolve_mode,
+    rms_norm,
+)
 
 #: Whole-sequence evaluation modes of `TransformerBackbone`.
 MODES = ("recurrent", "parallel")
@@ -168,13 +174,8 @@ class TransformerBackbone(ResidualStack):
 
     def resolved_mode(self, num_timesteps: int) -> str:
         """The mode used for a whole sequence of ``num_timesteps`` steps."""
-        if self.mode is not None:
-            return self.mode
-        if self.evaluation == "sequential" or self.parallel is False:
-            return "recurrent"
-        if self.parallel is True:
-            return "parallel"
-        return default_mode(num_timesteps)
+        return resolve_mode(self.mode, self.parallel, self.evaluation,
+                            when_parallel="parallel", default=default_mode(num_timesteps))
 
     def layer_param_shapes(self) -> TransformerLayerParams:
         d, m = self.hidden_dim, self.mlp_ratio * self.hidden_dim

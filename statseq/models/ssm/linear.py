@@ -324,9 +324,15 @@ class LinearGaussianSSM(GaussianSSMBase):
             return post, _em_stats(params, post, y_s, m_s, u_s)
 
         post, stats = jax.vmap(one)(y, mask, inputs)
-        stats = jax.tree.map(lambda a: jnp.sum(a, axis=0), stats)
+        # a sequence with no observed entry (e.g. the padding of a batch sharded over
+        # devices, statseq.distributed) carries no information: weight zero
+        seen = jnp.any(jnp.reshape(mask, (mask.shape[0], -1)), axis=1).astype(dtype)
+        stats = jax.tree.map(
+            lambda a: jnp.sum(a * jnp.reshape(seen, (-1,) + (1,) * (a.ndim - 1)), axis=0),
+            stats)
         stats["x0"] = post.smoothed_means[:, 0]
         stats["v0"] = post.smoothed_covs[:, 0]
+        stats["seen"] = seen
         return stats, jnp.sum(post.marginal_log_lik)
 
     #: `fit_em` may pass boolean arrays (per-entry trainable masks) to `m_step`
@@ -358,8 +364,9 @@ class LinearGaussianSSM(GaussianSSMBase):
                                 params.emission_bias), params.emission_cov)
         if self.initial == "free":
             dev = stats["x0"] - params.initial_mean
-            s = jnp.sum(stats["v0"] + dev[:, :, None] * dev[:, None, :], axis=0)
-            out = out + _gaussian_term(s, dev.shape[0], params.initial_cov)
+            w = stats["seen"][:, None, None]
+            s = jnp.sum(w * (stats["v0"] + dev[:, :, None] * dev[:, None, :]), axis=0)
+            out = out + _gaussian_term(s, jnp.sum(stats["seen"]), params.initial_cov)
         return out
 
     def m_step(self, params, stats, priors, inputs, trainable=None):
@@ -398,14 +405,16 @@ class LinearGaussianSSM(GaussianSSMBase):
             m_old, p_old = params.initial_mean, params.initial_cov
             free = jnp.broadcast_to(jnp.asarray(tr.initial_mean, bool), m_old.shape)
             fm = free.astype(m_old.dtype)
-            xbar = jnp.mean(x0, axis=0)
+            seen = stats["seen"]
+            xbar = jnp.sum(seen[:, None] * x0, axis=0) / jnp.sum(seen)
             # fixed entries of m: the free ones maximize given them (conditional mean)
             a = jnp.linalg.pinv(p_old, hermitian=True)
             lhs = a * (fm[:, None] * fm[None, :]) + jnp.diag(1.0 - fm)
             delta = jnp.linalg.pinv(lhs) @ (-(a @ ((1.0 - fm) * (m_old - xbar))) * fm)
             m0 = jnp.where(free, xbar + delta, m_old)
             dev = x0 - m0
-            p0 = symmetrize(jnp.mean(v0 + dev[:, :, None] * dev[:, None, :], axis=0))
+            p0 = symmetrize(jnp.sum(seen[:, None, None] * (v0 + dev[:, :, None] * dev[:, None, :]),
+                                    axis=0) / jnp.sum(seen))
             p0 = jnp.where(jnp.asarray(tr.initial_cov, bool), p0, p_old)
             new = new._replace(initial_mean=m0, initial_cov=p0)
         return new
