@@ -150,7 +150,7 @@ def fit_network(model, seed):
 gru = ss.GRU(input_dim=u_net.shape[1], hidden_dim=16)
 gru_params = fit_network(gru, 0)
 transformer = ss.Transformer(input_dim=u_net.shape[1], hidden_dim=16, num_layers=2,
-                             num_heads=2, max_len=WEEK)
+                             num_heads=2, max_len=48 if SMOKE else WEEK)
 transformer_params = fit_network(transformer, 2)
 
 # %% [markdown]
@@ -169,7 +169,8 @@ windows, scored, window_inputs = seq2seq_train.windows(y_train, horizon=H, strid
 start = seq2seq_train.initialize(windows, inputs=window_inputs, key=jax.random.key(4))
 seq2seq_fit = ss.fit_sgd(seq2seq_train, start, windows, inputs=window_inputs, scored=scored,
                          num_steps=NUM_SGD, learning_rate=0.01, clip_norm=10.0,
-                         batch_size=32, key=jax.random.key(5), progress=False)
+                         batch_size=min(32, windows.shape[0]), key=jax.random.key(5),
+                         progress=False)
 seq2seq = ss.EncoderDecoder(encoder=ss.GRU(hidden_dim=16), input_dim=u_net.shape[1])
 seq2seq_params = seq2seq_fit.params
 print(f"EncoderDecoder: {windows.shape[0]} windows of {windows.shape[1]} hours, "
