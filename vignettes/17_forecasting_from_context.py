@@ -259,7 +259,7 @@ plt.show()
 #
 # - **The GRU has the lowest mean CRPS** (0.13 GW over the 24 hours, against 0.22 GW for
 #   the structural model) and the highest mean log score; the **encoder-decoder** is
-#   close behind on the CRPS (0.15 GW) and is the best forecaster of the first hours
+#   close behind on the CRPS (0.15 GW) and is the best forecaster one hour ahead
 #   (CRPS 0.04 GW and log score 1.17 at $h = 1$). Both networks learned the daily
 #   profile and the temperature response well enough to beat the structural model at
 #   every horizon in the CRPS table.
@@ -277,7 +277,7 @@ plt.show()
 #   observation equation is a crude description of air-conditioning load, which the
 #   networks capture better.
 #
-# These are four weeks of autumn forecasts from one training period and one seed per
+# These are four weeks of late-summer forecasts from one training period and one seed per
 # network; with 28 origins the differences between the GRU and the encoder-decoder are
 # within the noise of such a backtest, while the gaps to the structural model and to
 # the Transformer are large.
