@@ -317,16 +317,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
     def __init__(self, model, *, method="auto", fit_options=None, init_params=None,
                  class_prior=None, classes=None, mmi_steps=0, mmi_learning_rate=0.01,
                  mmi_tol=1e-4, random_state=0):
-        self.model = model
-        self.method = method
-        self.fit_options = fit_options
-        self.init_params = init_params
-        self.class_prior = class_prior
-        self.classes = classes
-        self.mmi_steps = mmi_steps
-        self.mmi_learning_rate = mmi_learning_rate
-        self.mmi_tol = mmi_tol
-        self.random_state = random_state
+        self._store_init_args(locals())
 
     # ---- checks ------------------------------------------------------------------------
     def _check_config(self):
@@ -359,22 +350,6 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             raise TypeError(f"random_state must be an integer seed, got "
                             f"{type(self.random_state).__name__}")
         return method
-
-    def _set_classes(self, labels):
-        if self.classes is not None:
-            classes = check_labels(list(self.classes) if not isinstance(self.classes, np.ndarray)
-                                   else self.classes)
-        else:
-            try:
-                classes = np.unique(labels)
-            except TypeError:  # mixed label types: first appearance
-                seen = dict.fromkeys(x.item() if isinstance(x, np.generic) else x for x in labels)
-                classes = np.array(list(seen), dtype=object)
-        if len(classes) < 2:
-            raise ValueError(f"a classifier needs at least two classes; got {list(classes)}")
-        if len({(c.item() if isinstance(c, np.generic) else c) for c in classes}) != len(classes):
-            raise ValueError(f"classes has repeated labels: {list(classes)}")
-        self.classes_ = classes
 
     def _log_prior(self, codes):
         num = len(self.classes_)
