@@ -206,6 +206,22 @@ class ClassifierMixin:
             raise ValueError(f"classes has repeated labels: {list(classes)}")
         self.classes_ = classes
 
+    def _fit_codes(self, y, num_sequences: int) -> np.ndarray:
+        """For ``fit``: check the labels ``y`` of ``num_sequences`` sequences, set
+        ``classes_`` and return the labels' codes; every class needs a sequence."""
+        labels = check_labels(y)
+        if labels.shape[0] != num_sequences:
+            raise ValueError(f"X holds {num_sequences} sequences but y holds "
+                             f"{labels.shape[0]} labels: they must match one to one")
+        self._set_classes(labels)
+        codes = self._encode(labels)
+        counts = np.bincount(codes, minlength=len(self.classes_))
+        if np.any(counts == 0):
+            empty = [self.classes_[i] for i in np.flatnonzero(counts == 0)]
+            raise ValueError(f"class(es) {empty} have no training sequence: every class needs "
+                             "at least one")
+        return codes
+
     def _encode(self, y, *, num_expected: int | None = None) -> np.ndarray:
         """Integer codes (indices into ``classes_``) of labels ``y``; clear errors else."""
         labels = check_labels(y)

@@ -25,7 +25,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
 
-from statseq.classify._estimator import ClassifierMixin, SequenceEstimator, check_labels
+from statseq.classify._estimator import ClassifierMixin, SequenceEstimator
 from statseq.core.params import from_unconstrained, to_unconstrained, validate_params
 from statseq.core.recurrence import run_filter
 from statseq.core.validation import float_dtype, pad_sequences, prepare_sized
@@ -480,18 +480,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             ``self``.
         """
         method = self._check_config()
-        labels = check_labels(y)
-        num = len(_sequences(X, len(self.model.event_shape)))
-        if labels.shape[0] != num:
-            raise ValueError(f"X holds {num} sequences but y holds {labels.shape[0]} labels: "
-                             "they must match one to one")
-        self._set_classes(labels)
-        codes = self._encode(labels)
-        counts = np.bincount(codes, minlength=len(self.classes_))
-        if np.any(counts == 0):
-            empty = [self.classes_[i] for i in np.flatnonzero(counts == 0)]
-            raise ValueError(f"class(es) {empty} have no training sequence: every class needs "
-                             "at least one")
+        codes = self._fit_codes(y, len(_sequences(X, len(self.model.event_shape))))
         self.log_class_prior_ = self._log_prior(codes)
         ybat, mbat = _batch(self.model, X, mask)
         keys = jax.random.split(jax.random.key(int(self.random_state)), len(self.classes_))

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from statseq.classify._estimator import ClassifierMixin, SequenceEstimator, check_labels
+from statseq.classify._estimator import ClassifierMixin, SequenceEstimator
 from statseq.core.validation import float_dtype
 from statseq.models.neural.base import Backbone
 from statseq.models.neural.heads import make_head
@@ -593,16 +593,7 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
             ``self``.
         """
         x, lengths = pad_sequences(X, lengths)
-        labels = check_labels(y)
-        if labels.shape[0] != x.shape[0]:
-            raise ValueError(f"X holds {x.shape[0]} sequences but y holds {labels.shape[0]} "
-                             "labels: they must match one to one")
-        self._set_classes(labels)
-        codes = self._encode(labels)
-        counts = np.bincount(codes, minlength=len(self.classes_))
-        if np.any(counts == 0):
-            raise ValueError(f"class {self.classes_[int(np.argmin(counts))]!r} has no "
-                             "sequence: every class needs training data")
+        codes = self._fit_codes(y, x.shape[0])
         head_kwargs = {"emission": "categorical", "num_classes": len(self.classes_)}
         return self._fit_arrays(x, lengths, codes, np.ones(codes.shape, bool), head_kwargs)
 
