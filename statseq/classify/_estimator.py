@@ -217,7 +217,7 @@ class ClassifierMixin:
         codes = self._encode(labels)
         counts = np.bincount(codes, minlength=len(self.classes_))
         if np.any(counts == 0):
-            empty = [self.classes_[i] for i in np.flatnonzero(counts == 0)]
+            empty = [_label_key(self.classes_[i]) for i in np.flatnonzero(counts == 0)]
             raise ValueError(f"class(es) {empty} have no training sequence: every class needs "
                              "at least one")
         return codes
