@@ -121,6 +121,13 @@ class SequenceEstimator:
                                  f"nested parameters (got {list(subs)})")
         return self
 
+    def _store_init_args(self, args: dict[str, Any]) -> None:
+        """Store every ``__init__`` argument unchanged under its own name: call
+        ``self._store_init_args(locals())`` as the first line of ``__init__``."""
+        for name, value in args.items():
+            if name not in ("self", "__class__"):
+                setattr(self, name, value)
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
         return f"{type(self).__name__}({args})"
@@ -181,6 +188,40 @@ class ClassifierMixin:
         return float(np.mean(pred == codes))
 
     # ---- labels -----------------------------------------------------------------------
+    def _set_classes(self, labels: np.ndarray) -> None:
+        """Set ``classes_``: the constructor's ``classes`` if given, else the distinct
+        ``labels`` (sorted; by first appearance when mixed types cannot be sorted)."""
+        if self.classes is not None:
+            classes = check_labels(list(self.classes) if not isinstance(self.classes, np.ndarray)
+                                   else self.classes)
+        else:
+            try:
+                classes = np.unique(labels)
+            except TypeError:  # mixed label types: first appearance
+                seen = dict.fromkeys(_label_key(x) for x in labels)
+                classes = np.array(list(seen), dtype=object)
+        if len(classes) < 2:
+            raise ValueError(f"a classifier needs at least two classes; got {list(classes)}")
+        if len({_label_key(c) for c in classes}) != len(classes):
+            raise ValueError(f"classes has repeated labels: {list(classes)}")
+        self.classes_ = classes
+
+    def _fit_codes(self, y, num_sequences: int) -> np.ndarray:
+        """For ``fit``: check the labels ``y`` of ``num_sequences`` sequences, set
+        ``classes_`` and return the labels' codes; every class needs a sequence."""
+        labels = check_labels(y)
+        if labels.shape[0] != num_sequences:
+            raise ValueError(f"X holds {num_sequences} sequences but y holds "
+                             f"{labels.shape[0]} labels: they must match one to one")
+        self._set_classes(labels)
+        codes = self._encode(labels)
+        counts = np.bincount(codes, minlength=len(self.classes_))
+        if np.any(counts == 0):
+            empty = [_label_key(self.classes_[i]) for i in np.flatnonzero(counts == 0)]
+            raise ValueError(f"class(es) {empty} have no training sequence: every class needs "
+                             "at least one")
+        return codes
+
     def _encode(self, y, *, num_expected: int | None = None) -> np.ndarray:
         """Integer codes (indices into ``classes_``) of labels ``y``; clear errors else."""
         labels = check_labels(y)

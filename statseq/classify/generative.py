@@ -25,7 +25,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
 
-from statseq.classify._estimator import ClassifierMixin, SequenceEstimator, check_labels
+from statseq.classify._estimator import ClassifierMixin, SequenceEstimator
 from statseq.core.params import from_unconstrained, to_unconstrained, validate_params
 from statseq.core.recurrence import run_filter
 from statseq.core.validation import float_dtype, pad_sequences, prepare_sized
@@ -317,16 +317,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
     def __init__(self, model, *, method="auto", fit_options=None, init_params=None,
                  class_prior=None, classes=None, mmi_steps=0, mmi_learning_rate=0.01,
                  mmi_tol=1e-4, random_state=0):
-        self.model = model
-        self.method = method
-        self.fit_options = fit_options
-        self.init_params = init_params
-        self.class_prior = class_prior
-        self.classes = classes
-        self.mmi_steps = mmi_steps
-        self.mmi_learning_rate = mmi_learning_rate
-        self.mmi_tol = mmi_tol
-        self.random_state = random_state
+        self._store_init_args(locals())
 
     # ---- checks ------------------------------------------------------------------------
     def _check_config(self):
@@ -359,22 +350,6 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             raise TypeError(f"random_state must be an integer seed, got "
                             f"{type(self.random_state).__name__}")
         return method
-
-    def _set_classes(self, labels):
-        if self.classes is not None:
-            classes = check_labels(list(self.classes) if not isinstance(self.classes, np.ndarray)
-                                   else self.classes)
-        else:
-            try:
-                classes = np.unique(labels)
-            except TypeError:  # mixed label types: first appearance
-                seen = dict.fromkeys(x.item() if isinstance(x, np.generic) else x for x in labels)
-                classes = np.array(list(seen), dtype=object)
-        if len(classes) < 2:
-            raise ValueError(f"a classifier needs at least two classes; got {list(classes)}")
-        if len({(c.item() if isinstance(c, np.generic) else c) for c in classes}) != len(classes):
-            raise ValueError(f"classes has repeated labels: {list(classes)}")
-        self.classes_ = classes
 
     def _log_prior(self, codes):
         num = len(self.classes_)
@@ -505,18 +480,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             ``self``.
         """
         method = self._check_config()
-        labels = check_labels(y)
-        num = len(_sequences(X, len(self.model.event_shape)))
-        if labels.shape[0] != num:
-            raise ValueError(f"X holds {num} sequences but y holds {labels.shape[0]} labels: "
-                             "they must match one to one")
-        self._set_classes(labels)
-        codes = self._encode(labels)
-        counts = np.bincount(codes, minlength=len(self.classes_))
-        if np.any(counts == 0):
-            empty = [self.classes_[i] for i in np.flatnonzero(counts == 0)]
-            raise ValueError(f"class(es) {empty} have no training sequence: every class needs "
-                             "at least one")
+        codes = self._fit_codes(y, len(_sequences(X, len(self.model.event_shape))))
         self.log_class_prior_ = self._log_prior(codes)
         ybat, mbat = _batch(self.model, X, mask)
         keys = jax.random.split(jax.random.key(int(self.random_state)), len(self.classes_))

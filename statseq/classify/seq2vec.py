@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from statseq.classify._estimator import ClassifierMixin, SequenceEstimator, check_labels
+from statseq.classify._estimator import ClassifierMixin, SequenceEstimator
 from statseq.core.validation import float_dtype
 from statseq.models.neural.base import Backbone
 from statseq.models.neural.heads import make_head
@@ -579,18 +579,7 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
     def __init__(self, encoder=None, *, bidirectional=False, pooling="last", num_steps=300,
                  batch_size=32, learning_rate=0.01, weight_decay=0.0, validation=None,
                  patience=10, eval_every=10, random_state=0, classes=None):
-        self.encoder = encoder
-        self.bidirectional = bidirectional
-        self.pooling = pooling
-        self.num_steps = num_steps
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.weight_decay = weight_decay
-        self.validation = validation
-        self.patience = patience
-        self.eval_every = eval_every
-        self.random_state = random_state
-        self.classes = classes
+        self._store_init_args(locals())
 
     def fit(self, X, y, *, lengths=None):
         """Fit on sequences ``X`` and one label per sequence ``y``.
@@ -604,32 +593,9 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
             ``self``.
         """
         x, lengths = pad_sequences(X, lengths)
-        labels = check_labels(y)
-        if labels.shape[0] != x.shape[0]:
-            raise ValueError(f"X holds {x.shape[0]} sequences but y holds {labels.shape[0]} "
-                             "labels: they must match one to one")
-        self._set_classes(labels)
-        codes = self._encode(labels)
-        counts = np.bincount(codes, minlength=len(self.classes_))
-        if np.any(counts == 0):
-            raise ValueError(f"class {self.classes_[int(np.argmin(counts))]!r} has no "
-                             "sequence: every class needs training data")
+        codes = self._fit_codes(y, x.shape[0])
         head_kwargs = {"emission": "categorical", "num_classes": len(self.classes_)}
         return self._fit_arrays(x, lengths, codes, np.ones(codes.shape, bool), head_kwargs)
-
-    def _set_classes(self, labels):
-        if self.classes is not None:
-            classes = check_labels(list(self.classes))
-        else:
-            try:
-                classes = np.unique(labels)
-            except TypeError:
-                seen = dict.fromkeys(a.item() if isinstance(a, np.generic) else a
-                                     for a in labels)
-                classes = np.array(list(seen), dtype=object)
-        if len(classes) < 2:
-            raise ValueError(f"a classifier needs at least two classes; got {list(classes)}")
-        self.classes_ = classes
 
     def predict_log_proba(self, X, *, lengths=None) -> np.ndarray:
         """``log p(c | x_n)``, shape ``(N, num_classes)`` (columns: ``classes_``)."""
@@ -677,18 +643,7 @@ class SequenceRegressor(_Seq2VecBase):
     def __init__(self, encoder=None, *, bidirectional=False, pooling="last", num_steps=300,
                  batch_size=32, learning_rate=0.01, weight_decay=0.0, validation=None,
                  patience=10, eval_every=10, random_state=0, emission="gaussian"):
-        self.encoder = encoder
-        self.bidirectional = bidirectional
-        self.pooling = pooling
-        self.num_steps = num_steps
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.weight_decay = weight_decay
-        self.validation = validation
-        self.patience = patience
-        self.eval_every = eval_every
-        self.random_state = random_state
-        self.emission = emission
+        self._store_init_args(locals())
 
     def fit(self, X, y, *, lengths=None):
         """Fit on sequences ``X`` and one target (scalar or ``(D,)`` vector) per sequence.
@@ -823,17 +778,7 @@ class SequenceLabeller(_Seq2VecBase):
     def __init__(self, encoder=None, *, bidirectional=False, num_steps=300, batch_size=32,
                  learning_rate=0.01, weight_decay=0.0, validation=None, patience=10,
                  eval_every=10, random_state=0, num_classes=None):
-        self.encoder = encoder
-        self.bidirectional = bidirectional
-        self.num_steps = num_steps
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.weight_decay = weight_decay
-        self.validation = validation
-        self.patience = patience
-        self.eval_every = eval_every
-        self.random_state = random_state
-        self.num_classes = num_classes
+        self._store_init_args(locals())
 
     pooling = "last"  # unused: the head reads every step
 

@@ -170,6 +170,22 @@ def _rounding_tolerance(dtype) -> float:
     return 1e-5 if jnp.dtype(dtype) == jnp.float32 else 1e-10
 
 
+def _stop_rule(trace, i, value, tol, noise):
+    """EM's stopping tests at iteration ``i`` for the objective ``value`` (``trace[i - 1]``
+    holds the one before): ``(converged, broken, decreased)``.
+
+    ``converged``: the relative change is within ``tol``; ``broken``: ``value`` is not
+    finite; ``decreased``: it fell by more than ``max(tol, noise)`` relative (EM never
+    decreases its objective, so that means the iteration broke down).
+    """
+    last = trace[jnp.maximum(i - 1, 0)]
+    scale = jnp.maximum(1.0, jnp.abs(value))
+    converged = (i > 0) & (jnp.abs(value - last) <= tol * scale)
+    broken = ~jnp.isfinite(value)
+    decreased = (i > 0) & ~broken & (value < last - jnp.maximum(tol, noise) * scale)
+    return converged, broken, decreased
+
+
 @partial(jax.jit, static_argnames=("model", "capacity", "progress"))
 def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inputs, tol,
                      num_iters, progress_every, *, capacity, progress):
@@ -204,13 +220,9 @@ def _fit_em_compiled(model, params, trainable, restriction, priors, y, mask, inp
                 restriction.contract(model, new)))
             # tied simplex entries: the exact constrained maximizer (Newton on the ties)
             new = tied_simplex_m_step(restriction, q_of, new)
-        last = trace[jnp.maximum(i - 1, 0)]
-        scale = jnp.maximum(1.0, jnp.abs(value))
-        converged = (i > 0) & (jnp.abs(value - last) <= tol * scale)
-        broken = ~jnp.isfinite(value)
-        # EM never decreases the objective; a decrease beyond the tolerance and rounding
-        # means the iteration broke down (e.g. a covariance collapsing): stop there
-        decreased = (i > 0) & ~broken & (value < last - jnp.maximum(tol, noise) * scale)
+        # a decrease beyond the tolerance and rounding means the iteration broke down
+        # (e.g. a covariance collapsing): stop there
+        converged, broken, decreased = _stop_rule(trace, i, value, tol, noise)
         status = jnp.where(broken, _NONFINITE, jnp.where(
             decreased, _DECREASED, jnp.where(converged, _CONVERGED, _RUNNING)))
         failed = broken | decreased

@@ -186,7 +186,7 @@ def test_bad_input_gives_clear_errors(two_classes):
     clf = ss.SequenceClassifier(ss.ElmanRNN(hidden_dim=2), num_steps=2)
     with pytest.raises(ValueError, match="24 sequences but y holds 23"):
         clf.fit(X, y[:-1])
-    with pytest.raises(ValueError, match="no sequence"):
+    with pytest.raises(ValueError, match="no training sequence"):
         ss.SequenceClassifier(classes=["down", "up", "flat"], num_steps=2).fit(X, y)
     with pytest.raises(ValueError, match="not one of the classes"):
         ss.SequenceClassifier(classes=["down", "flat"], num_steps=2).fit(X, y)

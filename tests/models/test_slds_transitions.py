@@ -25,6 +25,7 @@ from scipy.special import logsumexp, softmax
 
 import statseq as ss
 from statseq.inference import kalman
+from statseq.inference.switching_gibbs import path_arrays
 
 K, N_DIM, T_SHORT = 2, 2, 7
 W_IN = np.array([[2.0], [-2.0]])
@@ -58,16 +59,6 @@ def _random_params(model, rng):
         emission_cov=jnp.asarray(pd(shapes.emission_cov, 0.3)))
 
 
-def _path_arrays(arrays, path):
-    reg = arrays.regimes
-    nxt = path[1:]
-    return kalman.GaussianSSMArrays(
-        reg.initial_mean[path[0]], reg.initial_cov[path[0]], reg.dynamics_weights[nxt],
-        reg.dynamics_input_weights[nxt], reg.dynamics_bias[nxt], reg.dynamics_cov[nxt],
-        reg.emission_weights[path], reg.emission_input_weights[path], reg.emission_bias[path],
-        reg.emission_cov[path], reg.initial_diffuse[0])
-
-
 def _log_trans(params, u):
     """``(T-1, K, K)`` log transition matrices of the steps into t = 1..T-1 (NumPy)."""
     logits = (np.log(np.asarray(params.transitions))[None]
@@ -87,7 +78,7 @@ def _exact(model, params, y, mask, u):
     @jax.jit
     def joint(paths, log_prior):
         def one(path, lp):
-            return lp + kalman.kalman_log_prob(_path_arrays(arrays, path), y, mask, u)
+            return lp + kalman.kalman_log_prob(path_arrays(arrays, path), y, mask, u)
 
         return jax.vmap(one)(paths, log_prior)
 

@@ -52,7 +52,13 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import aft
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, resolve_mode
+from statseq.models.neural.residual import (
+    ResidualStack,
+    StackedBackboneModel,
+    check_mode,
+    dense_init,
+    resolve_mode,
+)
 
 #: Whole-sequence evaluation modes of `AFTBackbone`.
 MODES = ("recurrent", "parallel")
@@ -220,7 +226,7 @@ class AFTBackbone(ResidualStack):
 
 @register_model
 @dataclasses.dataclass(frozen=True)
-class AFT(NeuralSequenceModel):
+class AFT(StackedBackboneModel, NeuralSequenceModel):
     """Stacked causal attention-free transformer layers (Zhai et al. 2021) with a head.
 
         a_t = sum_{t'<=t} exp(K_{t'} + w_{t,t'}) V_{t'} / sum_{t'<=t} exp(K_{t'} + w_{t,t'}),
@@ -262,15 +268,6 @@ class AFT(NeuralSequenceModel):
     window: int | None = None
     max_len: int | None = None
     mode: str | None = None
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim
 
     @property
     def backbone(self) -> AFTBackbone:

@@ -42,7 +42,13 @@ from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import linear_attention as la
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, resolve_mode
+from statseq.models.neural.residual import (
+    ResidualStack,
+    StackedBackboneModel,
+    check_mode,
+    dense_init,
+    resolve_mode,
+)
 
 #: Whole-sequence evaluation modes of `LinearAttentionBackbone`.
 MODES = ("recurrent", "parallel", "chunked")
@@ -236,7 +242,7 @@ class LinearAttentionBackbone(ResidualStack):
 
 @register_model
 @dataclasses.dataclass(frozen=True)
-class LinearAttention(NeuralSequenceModel):
+class LinearAttention(StackedBackboneModel, NeuralSequenceModel):
     """Stacked causal linear attention (Katharopoulos et al. 2020) with an emission head.
 
         S_t = γ S_{t-1} + phi(k_t) v_t^T,   z_t = γ z_{t-1} + phi(k_t),
@@ -283,15 +289,6 @@ class LinearAttention(NeuralSequenceModel):
     eps: float = 1e-6
     mode: str | None = None
     chunk_size: int = 64
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim
 
     @property
     def backbone(self) -> LinearAttentionBackbone:

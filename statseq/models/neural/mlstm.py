@@ -55,7 +55,13 @@ from statseq.inference.matrix_memory import (
     matrix_memory_step,
 )
 from statseq.models.neural.base import NeuralSequenceModel
-from statseq.models.neural.residual import ResidualStack, check_mode, dense_init, resolve_mode
+from statseq.models.neural.residual import (
+    ResidualStack,
+    StackedBackboneModel,
+    check_mode,
+    dense_init,
+    resolve_mode,
+)
 
 #: Whole-sequence evaluation modes of `MLSTMBackbone`.
 MODES = ("recurrent", "parallel", "chunked")
@@ -259,7 +265,7 @@ class MLSTMBackbone(ResidualStack):
 
 @register_model
 @dataclasses.dataclass(frozen=True)
-class MLSTM(NeuralSequenceModel):
+class MLSTM(StackedBackboneModel, NeuralSequenceModel):
     """Stacked multi-head mLSTM (matrix-memory xLSTM) layers with an emission head.
 
         C_t = f_t C_{t-1} + i_t v_t k_t^T,  n_t = f_t n_{t-1} + i_t k_t,
@@ -308,16 +314,6 @@ class MLSTM(NeuralSequenceModel):
     forget_gate: str = "sigmoid"
     mode: str | None = None
     chunk_size: int = 64
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        check_positive_int(self.num_layers, "num_layers")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim
 
     @property
     def backbone(self) -> MLSTMBackbone:

@@ -343,8 +343,29 @@ class ResidualStack(Backbone):
         return swap(final), hs
 
 
+class StackedBackboneModel:
+    """Mixin for a `NeuralSequenceModel` whose features are the ``hidden_dim`` outputs of
+    a ``num_layers``-deep ``backbone`` property: checks both fields, runs the base model's
+    checks, then builds the backbone once so that its own checks fail at construction.
+
+    Put it before `NeuralSequenceModel` in the bases (``class M(StackedBackboneModel,
+    NeuralSequenceModel)``); it declares no dataclass fields, so the model's fields keep
+    their order.
+    """
+
+    def __post_init__(self):
+        check_positive_int(self.hidden_dim, "hidden_dim")
+        check_positive_int(self.num_layers, "num_layers")
+        super().__post_init__()
+        self.backbone  # noqa: B018 - validates the architecture fields eagerly
+
+    @property
+    def feature_dim(self) -> int:
+        return self.hidden_dim
+
+
 @dataclasses.dataclass(frozen=True)
-class ResidualStackModel(NeuralSequenceModel):
+class ResidualStackModel(StackedBackboneModel, NeuralSequenceModel):
     """Fields and checks shared by the models built on a `ResidualStack` (Mamba, LRU).
 
     Args:
@@ -356,13 +377,4 @@ class ResidualStackModel(NeuralSequenceModel):
     hidden_dim: int = 16
     state_dim: int = 16
     num_layers: int = 2
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim
 

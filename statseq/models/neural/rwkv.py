@@ -66,6 +66,7 @@ from statseq.inference.wkv import (
 from statseq.models.neural.base import NeuralSequenceModel
 from statseq.models.neural.residual import (
     ResidualStack,
+    StackedBackboneModel,
     check_mode,
     dense_init,
     resolve_mode,
@@ -303,7 +304,7 @@ class RWKVBackbone(ResidualStack):
 
 @register_model
 @dataclasses.dataclass(frozen=True)
-class RWKV(NeuralSequenceModel):
+class RWKV(StackedBackboneModel, NeuralSequenceModel):
     """Stacked RWKV-4 blocks (time mixing with the WKV operator, channel mixing) with an
     emission head.
 
@@ -351,16 +352,6 @@ class RWKV(NeuralSequenceModel):
     ffn_dim: int | None = None
     mode: str | None = None
     chunk_size: int = 64
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        check_positive_int(self.num_layers, "num_layers")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim
 
     @property
     def backbone(self) -> RWKVBackbone:

@@ -49,6 +49,7 @@ from statseq.inference import attention as att
 from statseq.models.neural.base import NeuralSequenceModel
 from statseq.models.neural.residual import (
     ResidualStack,
+    StackedBackboneModel,
     check_mode,
     dense_init,
     resolve_mode,
@@ -273,7 +274,7 @@ class TransformerBackbone(ResidualStack):
 
 @register_model
 @dataclasses.dataclass(frozen=True)
-class Transformer(NeuralSequenceModel):
+class Transformer(StackedBackboneModel, NeuralSequenceModel):
     """A causal softmax-attention Transformer (decoder-only, pre-norm) with an emission head.
 
         a_t = sum_{s = max(0, t - W + 1)}^{t} softmax_s(q_t . k_s / sqrt(D)) v_s   (per head),
@@ -319,15 +320,6 @@ class Transformer(NeuralSequenceModel):
     mlp_ratio: int = 4
     rope_base: float = 10000.0
     mode: str | None = None
-
-    def __post_init__(self):
-        check_positive_int(self.hidden_dim, "hidden_dim")
-        super().__post_init__()
-        self.backbone  # noqa: B018 - validates the architecture fields eagerly
-
-    @property
-    def feature_dim(self) -> int:
-        return self.hidden_dim
 
     @property
     def backbone(self) -> TransformerBackbone:

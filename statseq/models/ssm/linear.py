@@ -494,6 +494,15 @@ def check_innovation_covariances(model, params, *, max_steps: int = 2000) -> Non
         p = p_next
 
 
+def _second_moments(e_xx, mu_x, r):
+    """``E[z z^T]`` per step for ``z = (x, r)`` with ``r`` known: ``e_xx = E[x x^T]``
+    ``(T, N, N)``, ``mu_x = E[x]`` ``(T, N)``, ``r`` ``(T, R)``; shape ``(T, N+R, N+R)``."""
+    top = jnp.concatenate([e_xx, mu_x[:, :, None] * r[:, None, :]], axis=2)
+    bottom = jnp.concatenate([r[:, :, None] * mu_x[:, None, :],
+                              r[:, :, None] * r[:, None, :]], axis=2)
+    return jnp.concatenate([top, bottom], axis=1)
+
+
 def _em_stats(params, post, y, mask, u):
     """Summed second moments for one sequence (see `LinearGaussianSSM.e_step`)."""
     mu, v, c = post.smoothed_means, post.smoothed_covs, post.smoothed_cross_covs
@@ -502,16 +511,9 @@ def _em_stats(params, post, y, mask, u):
     ones = jnp.ones((num_t, 1), dtype)
     exx = v + mu[:, :, None] * mu[:, None, :]  # E[x_t x_t^T]
 
-    def second(e_xx, mu_x, r):
-        """E[z z^T] for z = (x, r) with r known."""
-        top = jnp.concatenate([e_xx, mu_x[:, :, None] * r[:, None, :]], axis=2)
-        bottom = jnp.concatenate([r[:, :, None] * mu_x[:, None, :],
-                                  r[:, :, None] * r[:, None, :]], axis=2)
-        return jnp.concatenate([top, bottom], axis=1)
-
     # dynamics: targets x_{t+1}, regressors z_t = (x_t, u_{t+1}, 1)
     r_dyn = jnp.concatenate([u[1:], ones[1:]], axis=1)
-    zz = jnp.sum(second(exx[:-1], mu[:-1], r_dyn), axis=0)
+    zz = jnp.sum(_second_moments(exx[:-1], mu[:-1], r_dyn), axis=0)
     cross = c + mu[1:, :, None] * mu[:-1, None, :]  # E[x_{t+1} x_t^T]
     xz = jnp.sum(jnp.concatenate([cross, mu[1:, :, None] * r_dyn[:, None, :]], axis=2), axis=0)
     xx = jnp.sum(exx[1:], axis=0)
@@ -542,7 +544,7 @@ def _em_stats(params, post, y, mask, u):
            + gm[:, :, None] * g_vec[:, None, :] + g_vec[:, :, None] * gm[:, None, :]
            + g_vec[:, :, None] * g_vec[:, None, :] + v_res)
     r_emit = jnp.concatenate([u, ones], axis=1)
-    ww = jnp.sum(second(exx, mu, r_emit), axis=0)
+    ww = jnp.sum(_second_moments(exx, mu, r_emit), axis=0)
     yw = jnp.sum(jnp.concatenate([eyx, ey[:, :, None] * r_emit[:, None, :]], axis=2), axis=0)
     yy = jnp.sum(eyy, axis=0)
     return {

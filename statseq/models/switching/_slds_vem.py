@@ -58,9 +58,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.fit.em import _rounding_tolerance, _stop_rule
 from statseq.inference import hmm, kalman
 from statseq.inference import switching_kalman as kim
 from statseq.inference.gaussian import symmetrize
+from statseq.models.ssm.linear import _second_moments
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _NEWTON_STEPS = 8
@@ -243,14 +245,8 @@ def _stats(reg, gamma, mu, cov, cross, y, mask, u):
     exx = cov + mu[:, :, None] * mu[:, None, :]
     ones = jnp.ones((num_t, 1), dtype)
 
-    def second(e_xx, mu_x, r):
-        top = jnp.concatenate([e_xx, mu_x[:, :, None] * r[:, None, :]], axis=2)
-        bottom = jnp.concatenate([r[:, :, None] * mu_x[:, None, :],
-                                  r[:, :, None] * r[:, None, :]], axis=2)
-        return jnp.concatenate([top, bottom], axis=1)
-
     r_dyn = jnp.concatenate([u[1:], ones[1:]], axis=1)
-    zz_t = second(exx[:-1], mu[:-1], r_dyn)
+    zz_t = _second_moments(exx[:-1], mu[:-1], r_dyn)
     xz_t = jnp.concatenate([cross + mu[1:, :, None] * mu[:-1, None, :],
                             mu[1:, :, None] * r_dyn[:, None, :]], axis=2)
     w = gamma[1:]
@@ -258,7 +254,7 @@ def _stats(reg, gamma, mu, cov, cross, y, mask, u):
            jnp.einsum("tk,tij->kij", w, exx[1:]), jnp.sum(w, 0))
     # emissions: missing entries of y_t latent, given the observed ones, x_t and z_t = k
     r_emit = jnp.concatenate([u, ones], axis=1)
-    ww_t = second(exx, mu, r_emit)
+    ww_t = _second_moments(exx, mu, r_emit)
     y0 = jnp.where(mask, y, 0.0)
 
     def per_regime(h, du, d, rcov):
@@ -458,7 +454,7 @@ def e_step(model, params, gamma, y, mask, u, num_inner):
 def run_vem(model, params, y, mask, u, tol, *, num_iters, num_inner):
     """The compiled loop (a ``lax.while_loop``); see `SwitchingLDS.fit_vem`."""
     dtype = y.dtype
-    noise = 1e-10 if dtype == jnp.float64 else 1e-5
+    noise = _rounding_tolerance(dtype)
     arrays = model.to_arrays(params)
     gamma = jax.vmap(lambda y_s, m_s, u_s: kim.kim_smoother(
         arrays, y_s, m_s, u_s).smoothed_probs)(y, mask, u)
@@ -483,6 +479,9 @@ def run_vem(model, params, y, mask, u, tol, *, num_iters, num_inner):
         converged = (i > 0) & (jnp.abs(elbo - last) <= tol * scale)
         broken = ~jnp.isfinite(elbo)
         decreased = (i > 0) & ~broken & (elbo < last - jnp.maximum(tol, noise) * scale)
+        new = m_step(model, params, reg, stats, jnp.sum(g[:, 0], 0), jnp.sum(xi, 0),
+                     num_seq)
+        converged, broken, decreased = _stop_rule(trace, i, elbo, tol, noise)
         new_status = jnp.where(broken, _NONFINITE, jnp.where(
             decreased, _DECREASED, jnp.where(converged, _CONVERGED, _RUNNING)))
         failed = broken | decreased

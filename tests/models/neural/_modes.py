@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import statseq as ss
+
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
@@ -80,3 +82,22 @@ def assert_modes_agree(runs_at_t: dict, reference: str = "recurrent",
         np.testing.assert_allclose(float(lp), float(lp_r), rtol=rtol)
         flat = np.concatenate([np.ravel(a) for a in jax.tree.leaves(g)])
         np.testing.assert_allclose(flat, flat_r, rtol=rtol, atol=rtol * scale)
+
+
+def assert_missing_steps_match_whole_sequence(model, params, y, mask, modes) -> None:
+    """The filter on ``y`` with missing steps (the generation step, one step at a time)
+    against the whole-sequence backbone in each of ``modes`` fed the same network inputs
+    (0 and indicator 0 at each gap): the same one-step log-probabilities, 0 at the gaps."""
+    step = np.asarray(ss.filter(model, params, y, mask=mask).log_probs)
+    assert np.all(step[~mask] == 0.0) and np.all(np.isfinite(step))
+    head = model.head
+    enc = jax.vmap(head.encode)(jnp.asarray(y), jnp.asarray(mask))
+    xs = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]])
+
+    @jax.jit
+    def whole(p, xs):
+        return [dataclasses.replace(model, mode=m).backbone.sequence(p, xs) for m in modes]
+
+    for hs in whole(params.backbone, xs):
+        lp = np.where(mask, head.distribution(params.head, hs).log_prob(y), 0.0)
+        np.testing.assert_allclose(lp, step, rtol=1e-10, atol=1e-12)

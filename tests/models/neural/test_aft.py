@@ -216,19 +216,7 @@ def test_missing_value_step_path_equals_whole_sequence(params):
     y = np.cos(np.arange(20) / 3.0)
     mask = np.ones(20, bool)
     mask[7] = False
-    step = np.asarray(ss.filter(MODEL, params, y, mask=mask).log_probs)
-    assert step[7] == 0.0 and np.all(np.isfinite(step))
-    head = MODEL.head
-    enc = jax.vmap(head.encode)(jnp.asarray(y), jnp.asarray(mask))
-    xs = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]])
-
-    @jax.jit
-    def whole(p, xs):
-        return [dataclasses.replace(MODEL, mode=m).backbone.sequence(p, xs) for m in MODES]
-
-    for hs in whole(params.backbone, xs):
-        lp = np.where(mask, head.distribution(params.head, hs).log_prob(y), 0.0)
-        np.testing.assert_allclose(lp, step, rtol=1e-10, atol=1e-12)
+    _modes.assert_missing_steps_match_whole_sequence(MODEL, params, y, mask, MODES)
 
 
 def test_forecast_past_max_len_and_save_load(tmp_path, params):

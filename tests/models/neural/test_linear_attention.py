@@ -216,14 +216,7 @@ def test_missing_value_step_path_equals_whole_sequence(params):
     y = np.cos(np.arange(20) / 3.0)
     mask = np.ones(20, bool)
     mask[7] = False
-    step = np.asarray(ss.filter(MODEL, params, y, mask=mask).log_probs)
-    assert step[7] == 0.0 and np.all(np.isfinite(step))
-    head, bb = MODEL.head, dataclasses.replace(MODEL, mode="chunked").backbone
-    enc = jax.vmap(head.encode)(jnp.asarray(y), jnp.asarray(mask))
-    xs = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]])
-    hs = jax.jit(bb.sequence)(params.backbone, xs)
-    lp = np.where(mask, head.distribution(params.head, hs).log_prob(y), 0.0)
-    np.testing.assert_allclose(lp, step, rtol=1e-10, atol=1e-12)
+    _modes.assert_missing_steps_match_whole_sequence(MODEL, params, y, mask, ("chunked",))
 
 
 def test_fit_sgd_decreases_the_loss_and_save_load_round_trip(tmp_path, params):

@@ -273,18 +273,13 @@ def test_float32_long_sequence_is_finite():
 def test_missing_value_step_path_equals_whole_sequence(model_params):
     """The filter with a missing value (KV-cache steps) against the whole-sequence
     parallel form fed the same network inputs (0 and indicator 0 at the gap)."""
-    model, params = MODELS["rope"], model_params["rope"]
+    from tests.models.neural._modes import assert_missing_steps_match_whole_sequence
+
     y = np.cos(np.arange(100) / 3.0)  # T = 100: the filter program of the test above
     mask = np.ones(100, bool)
     mask[[7, 60]] = False
-    step = np.asarray(ss.filter(model, params, y, mask=mask).log_probs)
-    assert step[7] == step[60] == 0.0 and np.all(np.isfinite(step))
-    head, bb = model.head, dataclasses.replace(model, mode="parallel").backbone
-    enc = jax.vmap(head.encode)(jnp.asarray(y), jnp.asarray(mask))
-    xs = jnp.concatenate([jnp.zeros_like(enc[:1]), enc[:-1]])
-    hs = jax.jit(bb.sequence)(params.backbone, xs)
-    lp = np.where(mask, head.distribution(params.head, hs).log_prob(y), 0.0)
-    np.testing.assert_allclose(lp, step, rtol=1e-10, atol=1e-12)
+    assert_missing_steps_match_whole_sequence(MODELS["rope"], model_params["rope"], y, mask,
+                                              ("parallel",))
 
 
 def test_fit_sgd_decreases_the_loss_and_save_load_round_trip(tmp_path, model_params):
