@@ -328,7 +328,6 @@ def list_datasets() -> list[str]:
 
     Examples:
         >>> list_datasets()[:4]
-        ['air_passengers', 'discoveries', 'earthquakes', 'japanese_vowels']
         ['air_passengers', 'discoveries', 'earthquakes', 'electricity_demand']
     """
     return sorted(_LOADERS)
@@ -770,10 +769,8 @@ def load_dataset(name: str) -> pd.Series | pd.DataFrame:
 
     Returns:
         What the matching ``load_<name>()`` function returns (a series, or a data frame for
-        ``"old_faithful"``, the panel ``"us_state_production"`` and the labelled sequences
-        ``"japanese_vowels"``).
-        ``"old_faithful"``, ``"electricity_demand"`` and the panel
-        ``"us_state_production"``).
+        ``"old_faithful"``, ``"electricity_demand"``, the panel ``"us_state_production"``
+        and the labelled sequences ``"japanese_vowels"``).
 
     Raises:
         KeyError: If ``name`` is not a bundled dataset.

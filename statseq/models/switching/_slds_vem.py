@@ -474,13 +474,6 @@ def run_vem(model, params, y, mask, u, tol, *, num_iters, num_inner):
         else:
             new = m_step(model, params, reg, stats, jnp.sum(g[:, 0], 0), jnp.sum(xi, 0),
                          num_seq)
-        last = trace[jnp.maximum(i - 1, 0)]
-        scale = jnp.maximum(1.0, jnp.abs(elbo))
-        converged = (i > 0) & (jnp.abs(elbo - last) <= tol * scale)
-        broken = ~jnp.isfinite(elbo)
-        decreased = (i > 0) & ~broken & (elbo < last - jnp.maximum(tol, noise) * scale)
-        new = m_step(model, params, reg, stats, jnp.sum(g[:, 0], 0), jnp.sum(xi, 0),
-                     num_seq)
         converged, broken, decreased = _stop_rule(trace, i, elbo, tol, noise)
         new_status = jnp.where(broken, _NONFINITE, jnp.where(
             decreased, _DECREASED, jnp.where(converged, _CONVERGED, _RUNNING)))
