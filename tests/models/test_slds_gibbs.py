@@ -1,7 +1,6 @@
 """Blocked Gibbs sampling of a `SwitchingLDS` with missing observations, and its
 simulation-based calibration (Talts et al. 2018)."""
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +20,9 @@ MODEL = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
 PRIOR = SLDSGibbsPrior(concentration=2.0, dynamics_precision=2.0, dynamics_df=5.0,
                        dynamics_scale=0.5 * jnp.eye(1), emission_precision=0.5,
                        emission_df=5.0, emission_scale=0.5 * jnp.eye(1))
-# checks over the CI time budget (each compiles one more program): STATSEQ_SLOW=1 runs them
-slow = pytest.mark.skipif(not os.environ.get("STATSEQ_SLOW"),
-                          reason="slow check: set STATSEQ_SLOW=1 to run")
+# checks over the CI time budget (each compiles one more program): the slow tier
+# (`python -m pytest -m slow`, see tests/conftest.py) runs them
+slow = pytest.mark.slow
 
 
 def _draw_prior(rng):
