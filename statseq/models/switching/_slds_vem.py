@@ -125,7 +125,8 @@ def pseudo_model(reg: kalman.GaussianSSMArrays, gamma, y, mask, u):
     Args:
         reg: per-regime arrays (``K`` leading).
         gamma: ``(T, K)`` ``q(z_t = k)``.
-        y, mask: ``(T, D)``.
+        y: ``(T, D)`` observations.
+        mask: ``(T, D)`` observed entries.
         u: ``(T, m)``.
 
     Returns:
