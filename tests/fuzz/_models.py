@@ -96,6 +96,8 @@ def _specs():
         Spec("wavenet", ss.WaveNet(hidden_dim=2, num_layers=1), "real", scalar),
         Spec("transformer", ss.Transformer(hidden_dim=2, num_layers=1, num_heads=1, max_len=4,
                                            mlp_ratio=1), "real", scalar),
+        Spec("encoder_decoder", ss.EncoderDecoder(encoder=ss.ElmanRNN(hidden_dim=2)), "real",
+             scalar),
         Spec("ngrc", ss.NGRC(num_lags=2, degree=2), "real", scalar),
         Spec("slds", ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None), "real",
              scalar, excluded=SLDS_EXCLUDED),
