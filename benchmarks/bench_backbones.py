@@ -76,7 +76,7 @@ from _harness import Timer, load_average, md_table, paired_ratio  # noqa: E402
 
 #: Backbone factories looked up in ``statseq`` (those missing are skipped), in table order.
 CANDIDATES = ("LSTM", "GRU", "Mamba", "LRU", "S4D", "S5", "LinearAttention", "AFT",
-              "RWKV", "mLSTM", "MLSTM", "WaveNet")
+              "RWKV", "mLSTM", "MLSTM", "WaveNet", "Transformer")
 #: The issue's whole-sequence mode names (issue 15), tried in this order.
 MODE_NAMES = ("recurrent", "scan", "convolution", "parallel", "chunked")
 #: Modes whose cost grows like ``T^2`` (the extrapolation assumes at least that slope).
