@@ -422,6 +422,13 @@ def _features(encoder, per_step, params, x, lengths):
 _features_jit = jax.jit(_features, static_argnames=("encoder", "per_step"))
 
 
+def _features_draws(encoder, per_step, params, x, lengths):
+    return jax.vmap(lambda p: _features(encoder, per_step, p, x, lengths))(params)
+
+
+_features_draws_jit = jax.jit(_features_draws, static_argnames=("encoder", "per_step"))
+
+
 # ---------------------------------------------------------------------------------------
 # estimators
 # ---------------------------------------------------------------------------------------
@@ -467,9 +474,8 @@ class _Seq2VecBase(SequenceEstimator):
         self.encoder_, self.head_ = self._build(x.shape[-1], head_kwargs)
         self.n_features_in_ = int(x.shape[-1])
         key = jax.random.key(int(self.random_state))
-        k_enc, k_head, k_split, k_fit = jax.random.split(key, 4)
-        head_params = self.head_.init_params(k_head, np.asarray(y), y_mask)
-        params0 = Seq2VecParams(self.encoder_.init_params(k_enc), head_params)
+        params0 = self._init_params(key, y, y_mask)
+        k_split, k_fit = jax.random.split(key, 4)[2:]
         num = x.shape[0]
         if self.validation is None:
             train, val = (x, lengths, y), None
@@ -506,9 +512,106 @@ class _Seq2VecBase(SequenceEstimator):
                           "parameters (lower learning_rate)", RuntimeWarning, stacklevel=3)
         return self
 
+    def _init_params(self, key, y, y_mask):
+        """Random starting `Seq2VecParams` (encoder weights; head bias from ``y``)."""
+        k_enc, k_head = jax.random.split(key, 4)[:2]
+        head_params = self.head_.init_params(k_head, np.asarray(y), y_mask)
+        return Seq2VecParams(self.encoder_.init_params(k_enc), head_params)
+
+    def fit(self, X, y, *, lengths=None):
+        """Fit by maximum likelihood (Adam, minibatches; see the class docstring).
+
+        Args:
+            X: sequences (a list, or a padded array with ``lengths``).
+            y: labels (one per sequence; for `SequenceLabeller`, one per step).
+            lengths: optional lengths of a padded array ``X``.
+
+        Returns:
+            ``self``.
+        """
+        self.posterior_draws_ = None
+        self.method_ = "sgd"
+        return self._fit_arrays(*self._fit_inputs(X, y, lengths))
+
+    def fit_bayes(self, X, y, *, method, key, lengths=None, prior_scale=1.0, num_warmup=200,
+                  num_samples=200, num_chains=2, chain_method="sequential",
+                  target_accept_prob=0.8, max_tree_depth=8, guide="normal", num_steps=1000,
+                  optimizer=None, num_particles=1, progress=False):
+        """Bayesian fit: NUTS samples, or an SVI approximation of, the posterior
+
+            p(theta | c, x) ∝ prod_i Normal(u_i; 0, prior_scale) prod_n p(c_n | x_n, theta)
+
+        over the flat unconstrained parameters ``u`` (every backbone weight and bias, the
+        attention vector, the head's readout; a positive head parameter through its
+        bijection), the likelihood on the padded ragged batch with padding masked
+        (labeller: every valid step). Predictions then average over the posterior draws:
+        ``predict_proba`` / ``predict_log_proba`` / ``log_prob`` are the posterior
+        predictive ``log mean_s p(c | x, theta_s)``, a regressor's ``predict`` the posterior
+        mean of the predictive mean, a classifier's ``predict`` the posterior predictive
+        mode. **Small models only**: NUTS for tiny encoders (hidden size <= 8, a few hundred
+        parameters, a few hundred sequences), SVI (``guide="normal"``) for larger ones;
+        ``guide="delta"`` gives the MAP. Network posteriors are multimodal (hidden units
+        permute, tanh units flip sign): chains explore one mode each, so read R-hat across
+        chains as a mode count, not as a failure of the sampler.
+
+        Args:
+            X: sequences (a list, or a padded array with ``lengths``).
+            y: labels, as for ``fit``.
+            method: ``"nuts"`` (NumPyro NUTS) or ``"svi"`` (NumPyro SVI, optax).
+            key: a ``jax.random`` key (keyword-only, required).
+            lengths: optional lengths of a padded array ``X``.
+            prior_scale: standard deviation of the Gaussian prior on each unconstrained
+                parameter.
+            num_warmup: NUTS adaptation steps per chain.
+            num_samples: NUTS draws kept per chain; SVI draws from the fitted guide.
+            num_chains: NUTS chains (each starts from its own random initialization).
+            chain_method: NUTS ``"sequential"``, ``"vectorized"`` or ``"parallel"``.
+            target_accept_prob: NUTS target acceptance probability.
+            max_tree_depth: NUTS maximum tree depth.
+            guide: SVI guide, ``"normal"`` (mean field), ``"mvn"`` (full rank) or
+                ``"delta"`` (point mass: the MAP).
+            num_steps: SVI optimizer steps.
+            optimizer: SVI optax optimizer (default ``optax.adam(1e-2)``).
+            num_particles: SVI Monte Carlo samples per ELBO gradient.
+            progress: show NumPyro's progress bar.
+
+        Returns:
+            ``self``, with ``posterior_draws_`` (`Seq2VecParams` with a leading
+            ``(num_draws,)`` axis; NUTS: chains merged), ``params_`` (the posterior mean of
+            each parameter, used by ``transform``), ``bayes_result_`` (NUTS: ArviZ
+            ``InferenceData`` with one posterior variable per leaf named by its path,
+            e.g. ``"encoder.forward.0.w_rec"``, ``sample_stats`` and the per-sequence
+            ``log_likelihood`` for `arviz.loo`; SVI: a `statseq.SVIResult`) and
+            ``method_``.
+
+        Raises:
+            ValueError: an unknown ``method`` or ``guide``, a non-positive count or
+                ``prior_scale``, or bad data (as ``fit``).
+
+        Examples:
+            >>> import jax, numpy as np, statseq as ss
+            >>> rng = np.random.default_rng(0)
+            >>> X = [rng.normal(size=6) + 2 * (n % 2) - 1 for n in range(12)]
+            >>> y = [n % 2 for n in range(12)]
+            >>> clf = ss.SequenceClassifier(ss.ElmanRNN(hidden_dim=2), pooling="mean")
+            >>> clf = clf.fit_bayes(X, y, method="svi", key=jax.random.key(0),
+            ...                     num_steps=200, num_samples=50)
+            >>> clf.posterior_draws_.head.weight.shape, clf.score(X, y) > 0.8
+            ((50, 2, 2), True)
+        """
+        from statseq.classify.seq2vec_bayes import fit_bayes
+
+        return fit_bayes(self, X, y, method=method, key=key, lengths=lengths,
+                         prior_scale=prior_scale, num_warmup=num_warmup,
+                         num_samples=num_samples, num_chains=num_chains,
+                         chain_method=chain_method, target_accept_prob=target_accept_prob,
+                         max_tree_depth=max_tree_depth, guide=guide, num_steps=num_steps,
+                         optimizer=optimizer, num_particles=num_particles, progress=progress)
+
     def _check_fitted(self):
         if not hasattr(self, "params_"):
-            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y)")
+            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) "
+                             "or fit_bayes(X, y, ...)")
 
     def _inputs(self, X, lengths=None):
         self._check_fitted()
@@ -524,11 +627,29 @@ class _Seq2VecBase(SequenceEstimator):
         return np.asarray(_features_jit(self.encoder_, self._per_step, self.params_.encoder,
                                         x, lengths))
 
-    def _predictive(self, X, lengths):
+    def _predictive(self, X, lengths, stat):
+        """``stat(d)`` of the predictive ``d``: at ``params_`` after ``fit``, stacked over
+        the posterior draws (a leading axis) after ``fit_bayes``."""
         x, lengths = self._inputs(X, lengths)
-        features = _features_jit(self.encoder_, self._per_step, self.params_.encoder, x,
-                                 lengths)
-        return self.head_.distribution(self.params_.head, features), lengths
+        draws = getattr(self, "posterior_draws_", None)
+        if draws is None:
+            features = _features_jit(self.encoder_, self._per_step, self.params_.encoder, x,
+                                     lengths)
+            return stat(self.head_.distribution(self.params_.head, features)), lengths
+        features = _features_draws_jit(self.encoder_, self._per_step, draws.encoder, x,
+                                       lengths)
+        out = jax.vmap(lambda hp, f: stat(self.head_.distribution(hp, f)))(draws.head,
+                                                                           features)
+        return out, lengths
+
+    def _bayes(self) -> bool:
+        return getattr(self, "posterior_draws_", None) is not None
+
+    def _mix_log(self, log_p):
+        """``log mean_s p_s`` over the draws' axis after ``fit_bayes`` (else unchanged)."""
+        if not self._bayes():
+            return log_p
+        return jax.scipy.special.logsumexp(log_p, axis=0) - np.log(log_p.shape[0])
 
 
 _DOC_ARGS = """
@@ -581,26 +702,18 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
                  patience=10, eval_every=10, random_state=0, classes=None):
         self._store_init_args(locals())
 
-    def fit(self, X, y, *, lengths=None):
-        """Fit on sequences ``X`` and one label per sequence ``y``.
-
-        Args:
-            X: sequences (a list, or a padded array with ``lengths``).
-            y: one label per sequence.
-            lengths: optional lengths of a padded array ``X``.
-
-        Returns:
-            ``self``.
-        """
+    def _fit_inputs(self, X, y, lengths):
+        """Padded ``x``, lengths, label codes, their mask and the head's configuration."""
         x, lengths = pad_sequences(X, lengths)
         codes = self._fit_codes(y, x.shape[0])
         head_kwargs = {"emission": "categorical", "num_classes": len(self.classes_)}
-        return self._fit_arrays(x, lengths, codes, np.ones(codes.shape, bool), head_kwargs)
+        return x, lengths, codes, np.ones(codes.shape, bool), head_kwargs
 
     def predict_log_proba(self, X, *, lengths=None) -> np.ndarray:
-        """``log p(c | x_n)``, shape ``(N, num_classes)`` (columns: ``classes_``)."""
-        d, _ = self._predictive(X, lengths)
-        return np.asarray(jax.nn.log_softmax(d.logits, axis=-1))
+        """``log p(c | x_n)``, shape ``(N, num_classes)`` (columns: ``classes_``); after
+        ``fit_bayes`` the posterior predictive ``log mean_s p(c | x_n, theta_s)``."""
+        lp, _ = self._predictive(X, lengths, lambda d: jax.nn.log_softmax(d.logits, axis=-1))
+        return np.asarray(self._mix_log(lp))
 
     def predict_proba(self, X, *, lengths=None) -> np.ndarray:
         """``p(c | x_n)``, shape ``(N, num_classes)``; rows sum to 1."""
@@ -645,17 +758,8 @@ class SequenceRegressor(_Seq2VecBase):
                  patience=10, eval_every=10, random_state=0, emission="gaussian"):
         self._store_init_args(locals())
 
-    def fit(self, X, y, *, lengths=None):
-        """Fit on sequences ``X`` and one target (scalar or ``(D,)`` vector) per sequence.
-
-        Args:
-            X: sequences.
-            y: ``(N,)`` or ``(N, D)`` targets.
-            lengths: optional lengths of a padded array ``X``.
-
-        Returns:
-            ``self``.
-        """
+    def _fit_inputs(self, X, y, lengths):
+        """Padded ``x``, lengths, targets ``(N,)`` / ``(N, D)``, their mask, head config."""
         allowed = ("gaussian", "student_t", "poisson", "negative_binomial")
         if self.emission not in allowed:
             raise ValueError(f"emission must be one of {allowed}, got {self.emission!r}")
@@ -671,17 +775,20 @@ class SequenceRegressor(_Seq2VecBase):
         head = make_head(feature_dim=1, **head_kwargs)
         head.validate(target, np.ones(target.shape, bool))
         self._target_ndim = target.ndim
-        return self._fit_arrays(x, lengths, target, np.ones(target.shape, bool), head_kwargs)
+        return x, lengths, target, np.ones(target.shape, bool), head_kwargs
 
     def predict(self, X, *, lengths=None) -> np.ndarray:
-        """The predictive mean of each sequence's target."""
-        d, _ = self._predictive(X, lengths)
-        return np.asarray(d.mean)
+        """The predictive mean of each sequence's target (after ``fit_bayes``: its
+        posterior mean, the mean over the draws)."""
+        mean, _ = self._predictive(X, lengths, lambda d: d.mean)
+        return np.asarray(jnp.mean(mean, axis=0) if self._bayes() else mean)
 
     def log_prob(self, X, y, *, lengths=None) -> np.ndarray:
-        """``log p(y_n | x_n)`` per sequence, shape ``(N,)``."""
-        d, _ = self._predictive(X, lengths)
-        return np.asarray(d.log_prob(jnp.asarray(_as_float(y, "y"))))
+        """``log p(y_n | x_n)`` per sequence, shape ``(N,)`` (after ``fit_bayes``: the
+        posterior predictive ``log mean_s p(y_n | x_n, theta_s)``)."""
+        target = jnp.asarray(_as_float(y, "y"))
+        lp, _ = self._predictive(X, lengths, lambda d: d.log_prob(target))
+        return np.asarray(self._mix_log(lp))
 
     def score(self, X, y, *, lengths=None) -> float:
         """Coefficient of determination ``R^2`` of `predict` (scikit-learn's regressor score)."""
@@ -782,17 +889,8 @@ class SequenceLabeller(_Seq2VecBase):
 
     pooling = "last"  # unused: the head reads every step
 
-    def fit(self, X, y, *, lengths=None):
-        """Fit on sequences ``X`` and per-step labels ``y`` (one per input step).
-
-        Args:
-            X: sequences.
-            y: per-step integer labels, matching ``X``'s lengths.
-            lengths: optional lengths of a padded array ``X``.
-
-        Returns:
-            ``self``.
-        """
+    def _fit_inputs(self, X, y, lengths):
+        """Padded ``x``, lengths, per-step labels ``(N, T)``, the valid steps, head config."""
         x, lengths = pad_sequences(X, lengths)
         labels = pad_labels(y, lengths, x.shape[1])
         valid = np.arange(x.shape[1])[None, :] < lengths[:, None]
@@ -808,12 +906,14 @@ class SequenceLabeller(_Seq2VecBase):
                                  f"(labels must lie in 0..{num - 1})")
         self.classes_ = np.arange(num)
         head_kwargs = {"emission": "categorical", "num_classes": num}
-        return self._fit_arrays(x, lengths, labels, valid, head_kwargs)
+        return x, lengths, labels, valid, head_kwargs
 
     def predict_log_proba(self, X, *, lengths=None) -> list[np.ndarray]:
-        """Per-step ``log p(c_t | x)``: a list of ``(T_n, num_classes)`` arrays."""
-        d, lengths = self._predictive(X, lengths)
-        lp = np.asarray(jax.nn.log_softmax(d.logits, axis=-1))
+        """Per-step ``log p(c_t | x)``: a list of ``(T_n, num_classes)`` arrays (after
+        ``fit_bayes``: the posterior predictive, averaged over the draws)."""
+        lp, lengths = self._predictive(X, lengths,
+                                       lambda d: jax.nn.log_softmax(d.logits, axis=-1))
+        lp = np.asarray(self._mix_log(lp))
         return [lp[n, :lengths[n]] for n in range(len(lengths))]
 
     def predict_proba(self, X, *, lengths=None) -> list[np.ndarray]:
