@@ -29,6 +29,7 @@ from statseq.classify.seq2vec import (
     pad_sequences,
     reverse_within_lengths,
 )
+from statseq.classify.seq2vec_bayes import Seq2VecTarget, bayes_target
 
 __all__ = [
     "ClassifierMixin",
@@ -52,4 +53,6 @@ __all__ = [
     "plot_reliability_diagram",
     "plot_sequence_uncertainty",
     "reverse_within_lengths",
+    "Seq2VecTarget",
+    "bayes_target",
 ]

@@ -589,15 +589,26 @@ class _Seq2VecBase(SequenceEstimator):
                 ``prior_scale``, or bad data (as ``fit``).
 
         Examples:
-            >>> import jax, numpy as np, statseq as ss
-            >>> rng = np.random.default_rng(0)
-            >>> X = [rng.normal(size=6) + 2 * (n % 2) - 1 for n in range(12)]
-            >>> y = [n % 2 for n in range(12)]
+            >>> import jax, statseq as ss
             >>> clf = ss.SequenceClassifier(ss.ElmanRNN(hidden_dim=2), pooling="mean")
-            >>> clf = clf.fit_bayes(X, y, method="svi", key=jax.random.key(0),
-            ...                     num_steps=200, num_samples=50)
-            >>> clf.posterior_draws_.head.weight.shape, clf.score(X, y) > 0.8
-            ((50, 2, 2), True)
+            >>> clf.fit_bayes([[0.0, 1.0], [1.0]], [0, 1], method="hmc", key=jax.random.key(0))
+            Traceback (most recent call last):
+            ...
+            ValueError: method must be one of ('nuts', 'svi'), got 'hmc'
+
+            A fit (not run here: NUTS compiles for a few seconds; see
+            ``tests/classify/test_seq2vec_bayes.py``)::
+
+                rng = np.random.default_rng(0)
+                X = [0.2 * rng.normal(size=rng.integers(3, 7)) + (n % 2) * 2 - 1
+                     for n in range(8)]
+                y = [n % 2 for n in range(8)]
+                clf.fit_bayes(X, y, method="nuts", key=jax.random.key(0), prior_scale=3.0,
+                              num_warmup=50, num_samples=150, num_chains=1,
+                              max_tree_depth=4)
+                clf.predict_proba([np.full(5, 0.3)])       # averaged over 150 draws
+                az.summary(clf.bayes_result_)              # ArviZ InferenceData
+                clf.fit_bayes(X, y, method="svi", guide="delta", key=jax.random.key(0))  # MAP
         """
         from statseq.classify.seq2vec_bayes import fit_bayes
 

@@ -22,12 +22,13 @@ its flattening.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 from statseq.classify.seq2vec import (
     Seq2VecParams,
@@ -41,19 +42,22 @@ BAYES_METHODS = ("nuts", "svi")
 SVI_GUIDES = ("normal", "mvn", "delta")
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class Seq2VecTarget:
     """The posterior of a seq2vec model's parameters as a NumPyro model.
 
         u ~ Normal(0, prior_scale I_P),   theta = bijection(u),
         log p(u | c, x) = sum_i log Normal(u_i; 0, prior_scale) + log p(c | x, theta) + const.
 
+    Hashable (the data take no part in equality), so compiled functions of it are shared
+    between fits of the same configuration.
+
     Attributes:
         encoder: the `statseq.classify.SequenceEncoder`.
         head: the head.
         per_step: a labeller (the head at every step) rather than a pooled model.
-        unravel: maps a flat ``(P,)`` vector to unconstrained `Seq2VecParams`.
-        size: ``P``, the number of scalar parameters.
+        treedef: the tree structure of the unconstrained `Seq2VecParams`.
+        shapes: the shapes of its leaves (flattened in this order).
         prior_scale: the prior's standard deviation.
         data: ``(x, lengths, y)`` padded arrays (``x`` ``(N, T, D)``, ``y`` the labels).
         y_mask: which entries of ``y`` are labels (not padding).
@@ -72,21 +76,33 @@ class Seq2VecTarget:
     encoder: Any
     head: Any
     per_step: bool
-    unravel: Any
-    size: int
+    treedef: Any
+    shapes: tuple
     prior_scale: float
-    data: tuple
-    y_mask: Any = None
+    data: tuple = dataclasses.field(compare=False, repr=False)
+    y_mask: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def size(self) -> int:
+        """``P``, the number of scalar parameters."""
+        return int(sum(math.prod(s) for s in self.shapes))
 
     def params(self, theta) -> Seq2VecParams:
         """Natural (constrained) `Seq2VecParams` of a flat unconstrained vector ``theta``."""
-        u = self.unravel(jnp.asarray(theta, float_dtype()))
+        theta = jnp.asarray(theta, float_dtype())
+        leaves, start = [], 0
+        for shape in self.shapes:
+            stop = start + math.prod(shape)
+            leaves.append(theta[start:stop].reshape(shape))
+            start = stop
+        u = jax.tree.unflatten(self.treedef, leaves)
         return Seq2VecParams(u.encoder, _to_constrained(self.head, u.head))
 
     def flatten(self, params: Seq2VecParams):
         """The flat unconstrained vector of natural `Seq2VecParams` (inverse of `params`)."""
         u = Seq2VecParams(params.encoder, _to_unconstrained(self.head, params.head))
-        return ravel_pytree(u)[0]
+        return jnp.concatenate([jnp.ravel(jnp.asarray(a, float_dtype()))
+                                for a in jax.tree.leaves(u)])
 
     def log_likelihood(self, theta, x=None, lengths=None, y=None):
         """``sum_n log p(c_n | x_n, theta)`` (the training data unless given)."""
@@ -95,9 +111,10 @@ class Seq2VecTarget:
         return _sum_log_lik(self.encoder, self.head, self.per_step, self.params(theta), x,
                             lengths, y)
 
-    def per_sequence_log_likelihood(self, theta):
+    def per_sequence_log_likelihood(self, theta, x=None, lengths=None, y=None):
         """``(N,)`` log-likelihoods ``log p(c_n | x_n, theta)`` (labeller: summed over steps)."""
-        x, lengths, y = self.data
+        if x is None:
+            x, lengths, y = self.data
         return jax.vmap(lambda a, n, b: self.log_likelihood(theta, a[None], n[None],
                                                             b[None]))(x, lengths, y)
 
@@ -141,6 +158,15 @@ def bayes_target(estimator, X, y, *, prior_scale=1.0, lengths=None) -> Seq2VecTa
 
     Returns:
         A `Seq2VecTarget`.
+
+    Examples:
+        >>> import jax, numpy as np, statseq as ss
+        >>> reg = ss.SequenceRegressor(ss.ElmanRNN(hidden_dim=1), emission="student_t")
+        >>> target = bayes_target(reg, [np.zeros(3), np.ones(2)], [0.5, 1.0], prior_scale=2.0)
+        >>> target.size, target.params(np.zeros(target.size)).head.df.tolist()  # df = 2 + e^0
+        (8, [3.0])
+        >>> float(target.log_likelihood(np.zeros(8))) < 0
+        True
     """
     prior_scale = _check_prior_scale(prior_scale)
     x, lengths, labels, y_mask, head_kwargs = estimator._fit_inputs(X, y, lengths)
@@ -150,10 +176,22 @@ def bayes_target(estimator, X, y, *, prior_scale=1.0, lengths=None) -> Seq2VecTa
     params0 = estimator._init_params(jax.random.key(int(estimator.random_state)), labels,
                                      y_mask)
     u0 = Seq2VecParams(params0.encoder, _to_unconstrained(estimator.head_, params0.head))
-    flat0, unravel = ravel_pytree(u0)
+    leaves, treedef = jax.tree.flatten(u0)
     data = (jnp.asarray(x), jnp.asarray(lengths), jnp.asarray(labels))
     return Seq2VecTarget(estimator.encoder_, estimator.head_, bool(estimator._per_step),
-                         unravel, int(flat0.shape[0]), prior_scale, data, np.asarray(y_mask))
+                         treedef, tuple(tuple(np.shape(a)) for a in leaves), prior_scale, data,
+                         np.asarray(y_mask))
+
+
+@functools.partial(jax.jit, static_argnames=("target", "log_lik"))
+def _draws(target, flat, x, lengths, y, log_lik):
+    """Natural parameters of flat draws ``(S, P)`` and, with ``log_lik``, their
+    per-sequence log-likelihoods ``(S, N)``."""
+    draws = jax.vmap(target.params)(flat)
+    if not log_lik:
+        return draws, None
+    return draws, jax.vmap(lambda th: target.per_sequence_log_likelihood(th, x, lengths,
+                                                                          y))(flat)
 
 
 def _leaf_names(params) -> list[str]:
@@ -192,7 +230,7 @@ def _inference_data(target, theta, extra):
 
     num_chains, num_samples = theta.shape[:2]
     flat = theta.reshape((-1, theta.shape[-1]))
-    draws = jax.vmap(target.params)(flat)
+    draws, ll = _draws(target, flat, *target.data, log_lik=True)
     names = _leaf_names(draws)
     posterior = {name: np.asarray(leaf).reshape((num_chains, num_samples) + leaf.shape[1:])
                  for name, leaf in zip(names, jax.tree.leaves(draws), strict=True)}
@@ -201,7 +239,6 @@ def _inference_data(target, theta, extra):
              "acceptance_rate": np.asarray(extra["accept_prob"]),
              "n_steps": np.asarray(extra["num_steps"]),
              "energy": np.asarray(extra["energy"])}
-    ll = jax.vmap(target.per_sequence_log_likelihood)(flat)
     _, _, labels = target.data
     groups = {"posterior": posterior, "sample_stats": stats,
               "observed_data": {"y": np.asarray(labels)},
@@ -231,7 +268,7 @@ def _svi(target, key, *, guide, num_steps, optimizer, num_samples, num_particles
     run_key, draw_key = jax.random.split(key)
     result = svi.run(run_key, num_steps, *target.data, progress_bar=progress)
     theta = auto.sample_posterior(draw_key, result.params, sample_shape=(num_samples,))["theta"]
-    draws = jax.vmap(target.params)(theta)
+    draws, _ = _draws(target, theta, *target.data, log_lik=False)
     return draws, SVIResult(draws=draws, losses=np.asarray(result.losses), guide=auto,
                             guide_params=result.params)
 
