@@ -22,8 +22,11 @@ where ``g`` is a second backbone reading the sequence reversed *within its own l
 
 Each is a likelihood ``p(c | x)``; ``fit`` maximizes the mean log-likelihood of the labels
 with optax (Adam, minibatches, optional early stopping on a held-out fraction of the
-sequences), the whole fit one compiled `jax.lax.scan`. The estimators follow
-scikit-learn's conventions through `statseq.classify.SequenceEstimator`.
+sequences), the whole fit one compiled `jax.lax.scan`. ``fit_bayes`` instead samples the
+posterior of the weights under a Gaussian prior with NUTS, or fits an SVI approximation
+(`statseq.classify.seq2vec_bayes`), and the predictions average over the posterior draws.
+The estimators follow scikit-learn's conventions through
+`statseq.classify.SequenceEstimator`.
 
 The sequence labeller and the generative answer (an input-driven HMM's posterior state
 marginals, `statseq.InputDrivenHMM` with `statseq.smoother`) are compared on one footing by
@@ -694,8 +697,13 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
 
     Attributes:
         classes_: the labels, in column order of ``predict_proba``.
-        params_: fitted `Seq2VecParams`.
-        loss_trace_: training loss (mean negative log-likelihood per sequence) per step.
+        params_: fitted `Seq2VecParams` (after ``fit_bayes``: the posterior mean).
+        loss_trace_: training loss (mean negative log-likelihood per sequence) per step
+            (SVI: the negative ELBO per step; NUTS: ``None``).
+        posterior_draws_: after ``fit_bayes``, `Seq2VecParams` with a leading draw axis
+            (predictions average over them); ``None`` after ``fit``.
+        bayes_result_: after ``fit_bayes``, ArviZ ``InferenceData`` (NUTS) or a
+            `statseq.SVIResult`.
 
     Examples:
         >>> import numpy as np, statseq as ss
@@ -750,7 +758,10 @@ class SequenceRegressor(_Seq2VecBase):
             ``"negative_binomial"``.
 
     Attributes:
-        params_: fitted `Seq2VecParams`.
+        params_: fitted `Seq2VecParams` (after ``fit_bayes``: the posterior mean).
+        posterior_draws_: after ``fit_bayes``, the posterior draws (a leading axis);
+            ``predict`` is then the posterior mean of the predictive mean, ``log_prob``
+            the posterior predictive log-density.
 
     Examples:
         >>> import numpy as np, statseq as ss
@@ -877,7 +888,9 @@ class SequenceLabeller(_Seq2VecBase):
 
     Attributes:
         classes_: ``arange(num_classes)``.
-        params_: fitted `Seq2VecParams`.
+        params_: fitted `Seq2VecParams` (after ``fit_bayes``: the posterior mean).
+        posterior_draws_: after ``fit_bayes``, the posterior draws (a leading axis) that
+            the per-step predictive probabilities average over.
 
     Examples:
         >>> import numpy as np, statseq as ss

@@ -36,17 +36,30 @@ def _log_joint_reference(est, target, theta, X, y, per_sequence_log_lik):
     return log_lik + norm.logpdf(np.asarray(theta), 0.0, target.prior_scale).sum()
 
 
-def _check_density(est, X, y, per_sequence_log_lik, prior_scale):
+def _check_density(est, X, y, per_sequence_log_lik, prior_scale, predictions):
     target = bayes_target(est, X, y, prior_scale=prior_scale)
     theta = 0.7 * jax.random.normal(jax.random.key(3), (target.size,), jnp.float64)
     nuts_log_density = -jax.jit(
         lambda th: potential_energy(target.model, target.data, {}, {"theta": th}))(theta)
     ref = _log_joint_reference(est, target, theta, X, y, per_sequence_log_lik)
     np.testing.assert_allclose(float(nuts_log_density), ref, rtol=1e-10, atol=1e-10)
+    # with posterior draws, predictions mix the plug-in ones: probabilities and means
+    # average, log-densities are log-mean-exp
+    thetas = jnp.stack([theta, -0.5 * theta, 0.3 * theta])
+    plug_in = []
+    for th in thetas:
+        est.params_, est.posterior_draws_ = target.params(th), None
+        plug_in.append([np.asarray(f(est)) for f, _ in predictions])
+    est.posterior_draws_ = jax.vmap(target.params)(thetas)
+    for k, (f, combine) in enumerate(predictions):
+        each = np.stack([p[k] for p in plug_in])
+        expected = (each.mean(0) if combine == "mean"
+                    else np.log(np.exp(each).mean(0)))
+        np.testing.assert_allclose(np.asarray(f(est)), expected, rtol=1e-12, atol=1e-14)
     return target
 
 
-def test_log_density_is_sum_of_conditional_log_likelihoods_plus_prior():
+def test_log_density_is_sum_of_conditional_log_likelihoods_plus_prior_and_mixtures():
     # bidirectional attention classifier, ragged (lengths 2 and 4)
     rng = np.random.default_rng(5)
     X = [rng.normal(size=(t, 2)) for t in (2, 4, 4, 2, 4)]
@@ -57,7 +70,9 @@ def test_log_density_is_sum_of_conditional_log_likelihoods_plus_prior():
     def clf_lik(est, x, c):
         return est.predict_log_proba([x])[0, list(est.classes_).index(c)]
 
-    target = _check_density(clf, X, y, clf_lik, prior_scale=0.8)
+    target = _check_density(clf, X, y, clf_lik, prior_scale=0.8, predictions=[
+        (lambda e: e.predict_proba(X[:1]), "mean"),
+        (lambda e: e.predict_log_proba(X[:1]), "log_mean_exp")])
     assert target.size == 2 * (2 * 2 + 2 * 2 + 2) + 4 + 3 * 4 + 3  # 2 RNNs, attention, head
 
     # Student-t regressor: df > 2 enters through its bijection, the prior on log(df - 2)
@@ -67,7 +82,9 @@ def test_log_density_is_sum_of_conditional_log_likelihoods_plus_prior():
     def reg_lik(est, x, t):
         return est.log_prob([x], [t])[0]
 
-    _check_density(reg, X, targets, reg_lik, prior_scale=1.5)
+    _check_density(reg, X, targets, reg_lik, prior_scale=1.5, predictions=[
+        (lambda e: e.predict(X[:1]), "mean"),
+        (lambda e: e.log_prob(X[:1], targets[:1]), "log_mean_exp")])
 
     # labeller: every valid step scored, padding never
     labels = [rng.integers(0, 3, len(x)) for x in X]
@@ -76,7 +93,8 @@ def test_log_density_is_sum_of_conditional_log_likelihoods_plus_prior():
     def lab_lik(est, x, c):
         return est.predict_log_proba([x])[0][np.arange(len(c)), c].sum()
 
-    _check_density(lab, X, labels, lab_lik, prior_scale=1.0)
+    _check_density(lab, X, labels, lab_lik, prior_scale=1.0, predictions=[
+        (lambda e: e.predict_proba(X[:1])[0], "mean")])
 
 
 PRIOR_SCALE = 3.0  # weak: the MAP is confident, the posterior is broad
