@@ -423,13 +423,7 @@ def _features(encoder, per_step, params, x, lengths):
 
 
 _features_jit = jax.jit(_features, static_argnames=("encoder", "per_step"))
-
-
-def _features_draws(encoder, per_step, params, x, lengths):
-    return jax.vmap(lambda p: _features(encoder, per_step, p, x, lengths))(params)
-
-
-_features_draws_jit = jax.jit(_features_draws, static_argnames=("encoder", "per_step"))
+_encoder_init_jit = jax.jit(lambda encoder, key: encoder.init_params(key), static_argnums=0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -519,7 +513,7 @@ class _Seq2VecBase(SequenceEstimator):
         """Random starting `Seq2VecParams` (encoder weights; head bias from ``y``)."""
         k_enc, k_head = jax.random.split(key, 4)[:2]
         head_params = self.head_.init_params(k_head, np.asarray(y), y_mask)
-        return Seq2VecParams(self.encoder_.init_params(k_enc), head_params)
+        return Seq2VecParams(_encoder_init_jit(self.encoder_, k_enc), head_params)
 
     def fit(self, X, y, *, lengths=None):
         """Fit by maximum likelihood (Adam, minibatches; see the class docstring).
@@ -641,29 +635,43 @@ class _Seq2VecBase(SequenceEstimator):
         return np.asarray(_features_jit(self.encoder_, self._per_step, self.params_.encoder,
                                         x, lengths))
 
-    def _predictive(self, X, lengths, stat):
-        """``stat(d)`` of the predictive ``d``: at ``params_`` after ``fit``, stacked over
-        the posterior draws (a leading axis) after ``fit_bayes``."""
+    def _predictive(self, X, lengths, kind, target=None, *, mix=True):
+        """A predictive statistic (``kind``: ``"log_proba"``, ``"mean"`` or ``"log_prob"``
+        of ``target``) at ``params_`` after ``fit``; after ``fit_bayes`` mixed over the
+        posterior draws (``mix=False``: per draw, a leading axis). One compiled program."""
         x, lengths = self._inputs(X, lengths)
         draws = getattr(self, "posterior_draws_", None)
-        if draws is None:
-            features = _features_jit(self.encoder_, self._per_step, self.params_.encoder, x,
-                                     lengths)
-            return stat(self.head_.distribution(self.params_.head, features)), lengths
-        features = _features_draws_jit(self.encoder_, self._per_step, draws.encoder, x,
-                                       lengths)
-        out = jax.vmap(lambda hp, f: stat(self.head_.distribution(hp, f)))(draws.head,
-                                                                           features)
+        bayes = draws is not None
+        out = _predict_jit(self.encoder_, self.head_, self._per_step, bayes, kind,
+                           bayes and mix, draws if bayes else self.params_, x, lengths,
+                           None if target is None else jnp.asarray(target))
         return out, lengths
 
     def _bayes(self) -> bool:
         return getattr(self, "posterior_draws_", None) is not None
 
-    def _mix_log(self, log_p):
-        """``log mean_s p_s`` over the draws' axis after ``fit_bayes`` (else unchanged)."""
-        if not self._bayes():
-            return log_p
-        return jax.scipy.special.logsumexp(log_p, axis=0) - np.log(log_p.shape[0])
+
+def _predict_stat(encoder, head, per_step, draws, kind, mix, params, x, lengths, target):
+    def one(p):
+        d = head.distribution(p.head, _features(encoder, per_step, p.encoder, x, lengths))
+        if kind == "log_proba":
+            return jax.nn.log_softmax(d.logits, axis=-1)
+        if kind == "mean":
+            return d.mean
+        return d.log_prob(target)
+
+    if not draws:
+        return one(params)
+    out = jax.vmap(one)(params)
+    if not mix:
+        return out
+    if kind == "mean":
+        return jnp.mean(out, axis=0)
+    return jax.scipy.special.logsumexp(out, axis=0) - jnp.log(out.shape[0])
+
+
+_predict_jit = jax.jit(_predict_stat, static_argnames=("encoder", "head", "per_step",
+                                                       "draws", "kind", "mix"))
 
 
 _DOC_ARGS = """
@@ -731,8 +739,7 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
     def predict_log_proba(self, X, *, lengths=None) -> np.ndarray:
         """``log p(c | x_n)``, shape ``(N, num_classes)`` (columns: ``classes_``); after
         ``fit_bayes`` the posterior predictive ``log mean_s p(c | x_n, theta_s)``."""
-        lp, _ = self._predictive(X, lengths, lambda d: jax.nn.log_softmax(d.logits, axis=-1))
-        return np.asarray(self._mix_log(lp))
+        return np.asarray(self._predictive(X, lengths, "log_proba")[0])
 
     def predict_proba(self, X, *, lengths=None) -> np.ndarray:
         """``p(c | x_n)``, shape ``(N, num_classes)``; rows sum to 1."""
@@ -802,15 +809,12 @@ class SequenceRegressor(_Seq2VecBase):
     def predict(self, X, *, lengths=None) -> np.ndarray:
         """The predictive mean of each sequence's target (after ``fit_bayes``: its
         posterior mean, the mean over the draws)."""
-        mean, _ = self._predictive(X, lengths, lambda d: d.mean)
-        return np.asarray(jnp.mean(mean, axis=0) if self._bayes() else mean)
+        return np.asarray(self._predictive(X, lengths, "mean")[0])
 
     def log_prob(self, X, y, *, lengths=None) -> np.ndarray:
         """``log p(y_n | x_n)`` per sequence, shape ``(N,)`` (after ``fit_bayes``: the
         posterior predictive ``log mean_s p(y_n | x_n, theta_s)``)."""
-        target = jnp.asarray(_as_float(y, "y"))
-        lp, _ = self._predictive(X, lengths, lambda d: d.log_prob(target))
-        return np.asarray(self._mix_log(lp))
+        return np.asarray(self._predictive(X, lengths, "log_prob", _as_float(y, "y"))[0])
 
     def score(self, X, y, *, lengths=None) -> float:
         """Coefficient of determination ``R^2`` of `predict` (scikit-learn's regressor score)."""
@@ -935,9 +939,8 @@ class SequenceLabeller(_Seq2VecBase):
     def predict_log_proba(self, X, *, lengths=None) -> list[np.ndarray]:
         """Per-step ``log p(c_t | x)``: a list of ``(T_n, num_classes)`` arrays (after
         ``fit_bayes``: the posterior predictive, averaged over the draws)."""
-        lp, lengths = self._predictive(X, lengths,
-                                       lambda d: jax.nn.log_softmax(d.logits, axis=-1))
-        lp = np.asarray(self._mix_log(lp))
+        lp, lengths = self._predictive(X, lengths, "log_proba")
+        lp = np.asarray(lp)
         return [lp[n, :lengths[n]] for n in range(len(lengths))]
 
     def predict_proba(self, X, *, lengths=None) -> list[np.ndarray]:

@@ -89,7 +89,9 @@ class Seq2VecTarget:
 
     def params(self, theta) -> Seq2VecParams:
         """Natural (constrained) `Seq2VecParams` of a flat unconstrained vector ``theta``."""
-        theta = jnp.asarray(theta, float_dtype())
+        return _params_jit(self, jnp.asarray(theta, float_dtype()))
+
+    def _params(self, theta):
         leaves, start = [], 0
         for shape in self.shapes:
             stop = start + math.prod(shape)
@@ -128,6 +130,9 @@ class Seq2VecTarget:
                             jnp.full((self.size,), self.prior_scale, dtype)).to_event(1)
         theta = numpyro.sample("theta", prior)
         numpyro.factor("log_lik", self.log_likelihood(theta, x, lengths, y))
+
+
+_params_jit = jax.jit(lambda target, theta: target._params(theta), static_argnums=0)
 
 
 def _check_prior_scale(prior_scale) -> float:
