@@ -110,8 +110,7 @@ class Seq2VecTarget:
         """``sum_n log p(c_n | x_n, theta)`` (the training data unless given)."""
         if x is None:
             x, lengths, y = self.data
-        return _sum_log_lik(self.encoder, self.head, self.per_step, self.params(theta), x,
-                            lengths, y)
+        return _log_lik_jit(self, jnp.asarray(theta, float_dtype()), x, lengths, y)
 
     def per_sequence_log_likelihood(self, theta, x=None, lengths=None, y=None):
         """``(N,)`` log-likelihoods ``log p(c_n | x_n, theta)`` (labeller: summed over steps)."""
@@ -133,6 +132,11 @@ class Seq2VecTarget:
 
 
 _params_jit = jax.jit(lambda target, theta: target._params(theta), static_argnums=0)
+# one compiled likelihood per configuration and data shape, shared by NumPyro's eager
+# initialization, NUTS, SVI and later fits of the same configuration
+_log_lik_jit = jax.jit(lambda target, theta, x, lengths, y: _sum_log_lik(
+    target.encoder, target.head, target.per_step, target._params(theta), x, lengths, y),
+    static_argnums=0)
 
 
 def _check_prior_scale(prior_scale) -> float:
