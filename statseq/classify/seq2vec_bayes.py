@@ -252,8 +252,9 @@ def _inference_data(target, theta, extra):
     groups = {"posterior": posterior, "sample_stats": stats,
               "observed_data": {"y": np.asarray(labels)},
               "log_likelihood": {"y": np.asarray(ll).reshape((num_chains, num_samples, -1))}}
-    dims = {"y": ["sequence"] + [f"y_dim_{j}" for j in range(np.ndim(labels) - 1)]}
-    return draws, _from_dict(groups, {**dims}, coords=None)
+    # observed "y" is (N,) or (N, T) / (N, D), its log-likelihood (chain, draw, N): both
+    # get ArviZ's default dims, whose first (y_dim_0, the sequence) agrees
+    return draws, _from_dict(groups, None, coords=None)
 
 
 def _svi(target, key, *, guide, num_steps, optimizer, num_samples, num_particles, flat0,
