@@ -287,7 +287,42 @@ def fit_bayes(estimator, X, y, *, method, key, lengths=None, prior_scale=1.0,
               num_warmup=200, num_samples=200, num_chains=2, chain_method="sequential",
               target_accept_prob=0.8, max_tree_depth=8, guide="normal", num_steps=1000,
               optimizer=None, num_particles=1, progress=False):
-    """Posterior inference for a seq2vec estimator; the body of its ``fit_bayes`` method."""
+    """Posterior inference for a seq2vec estimator: the body of its ``fit_bayes`` method
+    (`statseq.SequenceClassifier.fit_bayes`, same arguments, documented there).
+
+    Args:
+        estimator: a `statseq.SequenceClassifier`, `statseq.SequenceRegressor` or
+            `statseq.SequenceLabeller` (fitted in place).
+        X: sequences.
+        y: labels, as for ``estimator.fit``.
+        method: ``"nuts"`` or ``"svi"``.
+        key: a ``jax.random`` key.
+        lengths: optional lengths of a padded array ``X``.
+        prior_scale: standard deviation of the Gaussian prior.
+        num_warmup: NUTS adaptation steps per chain.
+        num_samples: NUTS draws per chain, or SVI draws from the guide.
+        num_chains: NUTS chains.
+        chain_method: NUTS ``"sequential"``, ``"vectorized"`` or ``"parallel"``.
+        target_accept_prob: NUTS target acceptance probability.
+        max_tree_depth: NUTS maximum tree depth.
+        guide: SVI ``"normal"``, ``"mvn"`` or ``"delta"`` (MAP).
+        num_steps: SVI optimizer steps.
+        optimizer: SVI optax optimizer (default ``optax.adam(1e-2)``).
+        num_particles: SVI Monte Carlo samples per ELBO gradient.
+        progress: NumPyro's progress bar.
+
+    Returns:
+        ``estimator``.
+
+    Examples:
+        >>> import jax, statseq as ss
+        >>> clf = ss.SequenceRegressor(ss.ElmanRNN(hidden_dim=1))
+        >>> fit_bayes(clf, [[0.0, 1.0], [1.0]], [0.5, 1.0], method="svi", guide="laplace",
+        ...           key=jax.random.key(0))
+        Traceback (most recent call last):
+        ...
+        ValueError: guide must be one of ('normal', 'mvn', 'delta'), got 'laplace'
+    """
     check_key(key)
     if method not in BAYES_METHODS:
         raise ValueError(f"method must be one of {BAYES_METHODS}, got {method!r}")
