@@ -1,7 +1,7 @@
 """Backend- and length-dependent defaults (`statseq.inference._backend`) and every neural
 backbone's ``mode=None`` / ``parallel=None`` choice under a monkeypatched backend: the
 documented table (docs/design.md, "Default evaluation modes by backend and length"). No
-compiles except one tiny S5 check that a default changes the program, not the numbers."""
+compiles except one tiny S4D check that a default changes the program, not the numbers."""
 
 from __future__ import annotations
 
@@ -139,19 +139,18 @@ def test_memory_guard_of_the_quadratic_forms(backend):
 
 
 def test_default_changes_the_program_not_the_numbers(backend):
-    """S5 at T = 12, float64, under a patched GPU backend: ``mode=None`` runs the scan
-    (bitwise the explicit ``mode="scan"`` program) and equals the recurrence (the CPU
-    default) to 1e-10. (The mode is resolved at trace time: a model already traced under
-    another backend would reuse that trace, hence a configuration used nowhere else.)"""
-    import dataclasses
-
-    backend("gpu")
-    model = ss.S5(hidden_dim=3, state_dim=6, num_layers=1, dt_max=0.0937)
-    y = np.sin(np.arange(12.0) / 2)
-    params = model.initialize(y, key=jax.random.key(0))
-    assert model.backbone.whole_sequence_mode(12) == "scan"
-    value = float(ss.log_prob(model, params, y))
-    scan = float(ss.log_prob(dataclasses.replace(model, mode="scan"), params, y))
-    rec = float(ss.log_prob(dataclasses.replace(model, mode="recurrent"), params, y))
-    assert value == scan
-    assert abs(value - rec) <= 1e-10 * abs(rec)
+    """S4D over 12 steps, float64: under a patched GPU backend ``mode=None`` traces the FFT
+    convolution (an ``fft`` in the program), under CPU the recurrence (none), and the two
+    give the same outputs to 1e-10. The backbone is called unjitted, so each backend's
+    call traces afresh."""
+    bb = s4.S4DBackbone(input_dim=1, hidden_dim=2, state_dim=4)
+    params = bb.init_params(jax.random.key(0))
+    xs = np.sin(np.arange(12.0) / 2)[:, None]
+    out, jaxprs = {}, {}
+    for name in ("gpu", "cpu"):
+        backend(name)
+        jaxprs[name] = str(jax.make_jaxpr(bb.sequence)(params, xs))
+        out[name] = np.asarray(bb.sequence(params, xs))
+    assert "fft" in jaxprs["gpu"] and "fft" not in jaxprs["cpu"]
+    assert out["gpu"].shape == (12, 2) and out["gpu"].dtype == np.float64
+    np.testing.assert_allclose(out["gpu"], out["cpu"], rtol=1e-10, atol=1e-12)
