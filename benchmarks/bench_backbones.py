@@ -37,7 +37,13 @@ Caps: a case whose program XLA estimates above ``--mem-cap-gb`` is compiled but 
 a case whose time, extrapolated from the longest shorter length of this run (linearly in
 ``T``, or as ``T^2`` for the quadratic modes), exceeds
 ``--max-step-s`` is neither compiled nor run; the attention reference is not even compiled
-when its ``B x heads x T^2`` score matrices alone exceed the memory cap. Each skip is a row
+when its ``B x heads x T^2`` score matrices alone exceed the memory cap, and no case is
+compiled whose XLA estimate, extrapolated from a shorter length of this run like the time,
+exceeds ``--compile-cap-gb`` (default 4x the memory cap): on a GPU, XLA's autotuner runs
+candidate kernels on real buffers of a fusion's operand sizes *while compiling*, so the
+first H100 run's AFT and RWKV parallel forms at ``T = 10^4`` failed in compilation (763 and
+191 GiB allocations) before any estimate existed (`benchmarks/RESULTS.md`, "Modern
+backbones on a GPU"). Each skip is a row
 whose status says why; so is every case left when ``--budget-s`` has passed. A warm-up
 call longer than ``--max-call-s`` is the one timing (``runs = 1``).
 
@@ -480,7 +486,9 @@ def machine_info(args):
                 load_average_start=load_average(), command=" ".join(sys.argv),
                 date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                 caps=dict(mem_cap_gb=args.mem_cap_gb, max_step_s=args.max_step_s,
-                          max_call_s=args.max_call_s))
+                          max_call_s=args.max_call_s,
+                          compile_cap_gb=(4 * args.mem_cap_gb if args.compile_cap_gb is None
+                                          else args.compile_cap_gb)))
 
 
 def write(path, info, rows, elapsed):
@@ -517,6 +525,9 @@ def parse_args(argv=None):
     ap.add_argument("--mem-cap-gb", type=float, default=None,
                     help="do not run a program XLA estimates above this (default: half the "
                          "device memory where known, else 4)")
+    ap.add_argument("--compile-cap-gb", type=float, default=None,
+                    help="do not compile a case whose XLA estimate, extrapolated from a "
+                         "shorter length, exceeds this (default: 4x --mem-cap-gb)")
     ap.add_argument("--max-step-s", type=float, default=20.0,
                     help="do not compile a case whose extrapolated step exceeds this")
     ap.add_argument("--max-call-s", type=float, default=5.0,
@@ -580,6 +591,8 @@ def main(argv=None):
             limit = None
         args.mem_cap_gb = 0.5 * limit / 2**30 if limit else 4.0
     cap = args.mem_cap_gb * 2**30
+    compile_cap = (4 * args.mem_cap_gb if args.compile_cap_gb is None
+                   else args.compile_cap_gb) * 2**30
     info = machine_info(args)
     print(json.dumps(info, indent=1), file=sys.stderr)
     names = available_backbones(args.backbones).values()
@@ -588,7 +601,7 @@ def main(argv=None):
     plan = {n: m for n, m in plan.items() if m}
     info["backbones"] = {n: sorted(m) for n, m in plan.items()}
     print(f"backbones and modes: {info['backbones']}", file=sys.stderr, flush=True)
-    rows, history, start = [], {}, time.perf_counter()
+    rows, history, mem_history, start = [], {}, {}, time.perf_counter()
     for num_t in args.lengths:
         for name, modes in plan.items():
             cases = {}
@@ -608,6 +621,14 @@ def main(argv=None):
                     case["extrapolated_step_s"] = guess
                     rows.append(case)
                     continue
+                mem_guess = extrapolate(mem_history.get((name, mode), []), num_t, quad)
+                if mem_guess is not None and mem_guess > compile_cap:
+                    case["status"] = (f"skipped: XLA estimate extrapolated to "
+                                      f"{fmt_b(mem_guess)} > compile cap {fmt_b(compile_cap)} "
+                                      "(not compiled)")
+                    case["extrapolated_program_bytes"] = mem_guess
+                    rows.append(case)
+                    continue
                 if name == ATTENTION and attention_score_bytes(args.batch, num_t, 4) > cap:
                     est = attention_score_bytes(args.batch, num_t, 4)
                     case["status"] = (f"skipped: attention scores alone {fmt_b(est)} > cap "
@@ -619,6 +640,9 @@ def main(argv=None):
                 row, compiled, fargs = prepare_row(name, mode, num_t, batch=args.batch,
                                                    hidden=args.hidden, layers=args.layers)
                 rows.append(row)
+                if row.get("program_bytes"):
+                    mem_history.setdefault((name, mode), []).append(
+                        (num_t, row["program_bytes"]))
                 if compiled is None:
                     continue
                 if row.get("program_bytes", 0) > cap:

@@ -9,7 +9,9 @@
 # (value and gradient of -mean log p, batch 32, Gaussian head, d = 64, 2 layers, float32) at
 # T = 10^2, 10^3, 10^4, 10^5; a program XLA estimates above 40 GiB is compiled but not run,
 # a case extrapolated (from the shorter lengths) above 10 s per step is not compiled, a
-# warm-up call over 2 s is the one timing, and no new case starts after 420 s (so the
+# warm-up call over 2 s is the one timing, a case whose XLA estimate extrapolated from a
+# shorter length exceeds 160 GiB (4x the cap) is not even compiled (XLA:GPU autotunes on
+# real buffers while compiling), and no new case starts after 420 s (so the
 # 10^5 column may be partly skipped: the rows say so). Records nvidia-smi (GPU, driver,
 # memory) before and after, jax's devices, the JSON of rows and the Markdown table, in
 # OUTDIR (results.tgz and the .md), refreshed after every length in case the run is cut off.

@@ -9,6 +9,7 @@ Examples:
 """
 
 from statseq.classify._estimator import ClassifierMixin, SequenceEstimator, check_labels
+from statseq.classify.embedding import EmbeddedBackbone, EmbeddingParams, pad_tokens
 from statseq.classify.generative import GenerativeClassifier, MMIResult, describe_mmi
 from statseq.classify.plots import (
     plot_confusion_matrix,
@@ -53,6 +54,9 @@ __all__ = [
     "plot_reliability_diagram",
     "plot_sequence_uncertainty",
     "reverse_within_lengths",
+    "EmbeddedBackbone",
+    "EmbeddingParams",
+    "pad_tokens",
     "Seq2VecTarget",
     "bayes_target",
 ]

@@ -7,10 +7,13 @@ posterior is Bayes' rule,
 
     p(c | y) = pi_c p(y | c) / sum_k pi_k p(y | k),
 
-with priors ``pi`` estimated (class frequencies) or given. The per-class fits use the
-model's own routes (`statseq.fit_em`, `statseq.fit_lbfgs`, `statseq.fit_sgd`,
-`statseq.fit_nuts`). Discriminative training (maximum mutual information, MMI) then moves
-all class models jointly to maximize ``sum_n log p(c_n | y_n)``.
+with priors ``pi`` estimated (class frequencies) or given. A model with covariates
+(an input-driven HMM, an AR model with exogenous inputs, a neural model with ``u_t``)
+classifies given each sequence's inputs: ``p(c | y, u) propto pi_c p(y | u, theta_c)``.
+The per-class fits use the model's own routes (`statseq.fit_em`, `statseq.fit_lbfgs`,
+`statseq.fit_sgd`, `statseq.fit_nuts`). Discriminative training (maximum mutual
+information, MMI) then moves all class models jointly to maximize
+``sum_n log p(c_n | y_n)``.
 """
 
 from __future__ import annotations
@@ -105,14 +108,62 @@ def _sequences(X, event_ndim: int, name: str = "X") -> list[np.ndarray]:
     return out
 
 
-def _batch(model, X, mask=None):
-    """Pad ragged sequences into ``(y, mask)``; ``NaN`` entries become masked.
+def _covariates(model, inputs, seqs):
+    """Per-sequence covariates ``(T_n, input_dim)`` padded to ``(N, T_max, input_dim)``
+    (``None`` for a model without inputs), with clear errors."""
+    num_inputs = model.num_inputs
+    name = type(model).__name__
+    if not num_inputs:
+        if inputs is not None:
+            raise ValueError(f"{name} takes no covariates (input_dim=0), but inputs were "
+                             "given; use a model with input_dim > 0 or leave inputs out")
+        return None
+    if inputs is None:
+        raise ValueError(f"{name} takes covariates (input_dim={num_inputs}): pass inputs=, "
+                         f"one array (T_n, {num_inputs}) per sequence of X")
+    if isinstance(inputs, list | tuple):
+        given = list(inputs)
+    else:
+        arr = np.asarray(inputs)
+        if arr.dtype != object and arr.ndim not in (2, 3):
+            raise ValueError(f"inputs must be a list of (T_n, {num_inputs}) arrays or an "
+                             f"array (num_sequences, num_timesteps, {num_inputs}); got shape "
+                             f"{arr.shape}")
+        given = list(arr)
+    if len(given) != len(seqs):
+        raise ValueError(f"inputs hold {len(given)} sequences but X holds {len(seqs)}: one "
+                         "covariate sequence per sequence")
+    out = []
+    for n, (u, s) in enumerate(zip(given, seqs, strict=True)):
+        u = np.asarray(u)
+        if u.dtype == object or not (np.issubdtype(u.dtype, np.number) or u.dtype == bool) \
+                or np.issubdtype(u.dtype, np.complexfloating):
+            raise TypeError(f"inputs of sequence {n} must be real numbers, got dtype {u.dtype}")
+        if u.ndim == 1 and num_inputs == 1:
+            u = u[:, None]
+        if u.ndim != 2 or u.shape[1] != num_inputs:
+            raise ValueError(f"inputs of sequence {n} must have shape (T_n, {num_inputs}) "
+                             f"(input_dim={num_inputs}); got shape {u.shape}")
+        if u.shape[0] != s.shape[0]:
+            raise ValueError(f"inputs of sequence {n} have {u.shape[0]} time steps but the "
+                             f"sequence has {s.shape[0]}: one covariate row per step")
+        if not np.all(np.isfinite(u)):
+            raise ValueError(f"inputs of sequence {n} hold NaN or infinite values: covariates "
+                             "cannot be missing (mark the observation missing instead)")
+        out.append(u.astype(float_dtype()))
+    return pad_sequences(out)[0]
 
-    Returns ``y`` ``(N, T_max) + event_shape`` (zeros where masked) and a mask per step
-    ``(N, T_max)`` or, when some vector is partly missing, per entry.
+
+def _batch(model, X, mask=None, inputs=None):
+    """Pad ragged sequences into ``(y, mask, u)``; ``NaN`` entries become masked.
+
+    Returns ``y`` ``(N, T_max) + event_shape`` (zeros where masked), a mask per step
+    ``(N, T_max)`` or, when some vector is partly missing, per entry, and the padded
+    covariates ``(N, T_max, input_dim)`` (``None`` for a model without inputs).
     """
     event_ndim = len(model.event_shape)
     seqs = _sequences(X, event_ndim)
+    u = _covariates(model, inputs, seqs)
     y, step = pad_sequences(seqs)
     y = np.asarray(y)
     entry = np.broadcast_to(step.reshape(step.shape + (1,) * event_ndim), y.shape).copy()
@@ -157,9 +208,9 @@ def _batch(model, X, mask=None):
     if event_ndim:
         flat = entry.reshape(entry.shape[:2] + (-1,))
         if np.all(flat.all(-1) == flat.any(-1)):
-            return y, flat.all(-1)
-        return y, entry
-    return y, entry
+            return y, flat.all(-1), u
+        return y, entry, u
+    return y, entry, u
 
 
 def _stack(trees):
@@ -254,7 +305,16 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
     training conditional log-likelihood never ends below the start (`MMIResult`).
 
     Sequences ``X`` are a list of arrays ``(T_n,) + event_shape`` of different lengths
-    (padded and masked internally) or one array ``(N, T) + event_shape``. ``NaN`` marks a
+    (padded and masked internally) or one array ``(N, T) + event_shape``. A model with
+    covariates (``input_dim > 0``: `statseq.GaussianHMM` with input-driven transitions, an
+    ARX model ``ss.AR(order=p, input_dim=k)``, a neural model with ``u_t``) takes
+    ``inputs=``, one array ``(T_n, input_dim)`` per sequence (or ``(N, T, input_dim)``),
+    in ``fit``, the predictions and MMI alike, and classifies by
+
+        p(c | y, u) = pi_c p(y | u, theta_c) / sum_k pi_k p(y | u, theta_k),
+
+    every class model fitted and scored given its sequences' covariates (which cannot be
+    missing; an observation can). ``NaN`` marks a
     missing observation (marginalized by the model's filter), as does ``False`` in an
     optional ``mask`` (per step or per entry). Labels are any hashable values (integers,
     strings), mapped through ``classes_``.
@@ -269,7 +329,8 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
     parameter) without importing scikit-learn.
 
     Args:
-        model: any statseq model without inputs (HMM, AR, LGSSM, neural model, ...).
+        model: any statseq model (HMM, AR, LGSSM, neural model, ...), with or without
+            covariates (``input_dim``).
         method: ``"em"``, ``"lbfgs"``, ``"sgd"``, ``"nuts"`` or ``"auto"`` (EM when the
             model has an M-step, else L-BFGS).
         fit_options: keyword arguments for the fitting function (`statseq.fit_em`,
@@ -325,10 +386,6 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
 
         if not isinstance(self.model, SequenceModel):
             raise TypeError(f"model must be a statseq model, got {type(self.model).__name__}")
-        if self.model.num_inputs:
-            raise ValueError(f"{type(self.model).__name__} takes inputs (input_dim="
-                             f"{self.model.num_inputs}); GenerativeClassifier supports "
-                             "models without covariates")
         if self.method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, got {self.method!r}")
         method = self.method
@@ -419,7 +476,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         return clf
 
     # ---- fitting ------------------------------------------------------------------------
-    def _fit_one(self, method, y, mask, p0, key):
+    def _fit_one(self, method, y, mask, inputs, p0, key):
         from statseq import fit as _fit  # noqa: F401  (optax loaded lazily)
 
         opts = dict(self.fit_options or {})
@@ -428,12 +485,12 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         if method == "em":
             from statseq.fit.em import fit_em
 
-            res = fit_em(model, p0, y, mask=mask, **opts)
+            res = fit_em(model, p0, y, mask=mask, inputs=inputs, **opts)
             return res.params, res
         if method == "lbfgs":
             from statseq.fit.lbfgs import fit_lbfgs
 
-            res = fit_lbfgs(model, p0, y, mask=mask, **opts)
+            res = fit_lbfgs(model, p0, y, mask=mask, inputs=inputs, **opts)
             return res.params, res
         if method == "sgd":
             from statseq.fit.sgd import fit_sgd
@@ -441,19 +498,19 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
             opts.setdefault("num_steps", 500)
             if "optimizer" not in opts:
                 opts.setdefault("learning_rate", 0.01)
-            res = fit_sgd(model, p0, y, mask=mask, key=key, **opts)
+            res = fit_sgd(model, p0, y, mask=mask, inputs=inputs, key=key, **opts)
             return res.params, res
         from statseq.bayes import fit_nuts, posterior_params
 
         opts.setdefault("init_params", p0)
-        idata = fit_nuts(model, y, mask=mask, key=key, **opts)
+        idata = fit_nuts(model, y, mask=mask, inputs=inputs, key=key, **opts)
         draws = posterior_params(model, idata)
         draws = jax.tree.map(  # (chain, draw) merged; explicit sizes (zero-size leaves)
             lambda a: jnp.reshape(jnp.asarray(a), (a.shape[0] * a.shape[1],) + a.shape[2:]),
             draws)
         return draws, idata
 
-    def _start(self, c, y, mask, key):
+    def _start(self, c, y, mask, inputs, key):
         ip = self.init_params
         if ip is not None:
             if isinstance(ip, list | tuple) and not hasattr(ip, "_fields"):
@@ -463,11 +520,11 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
                 return ip[c]
             return ip
         try:
-            return self.model.initialize(y, key=key, mask=mask)
+            return self.model.initialize(y, key=key, mask=mask, inputs=inputs)
         except (NotImplementedError, TypeError):
             return self.model.default_params()
 
-    def fit(self, X, y, *, mask=None):
+    def fit(self, X, y, *, mask=None, inputs=None):
         """Fit one model per class (and, with ``mmi_steps``, train them jointly by MMI).
 
         Args:
@@ -475,6 +532,9 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
                 marks a missing value) or an array ``(N, T) + event_shape``.
             y: ``N`` labels (any hashable values).
             mask: optional ``False`` = missing, per step or per entry, like ``X``.
+            inputs: covariates of a model with ``input_dim > 0``: a list of arrays
+                ``(T_n, input_dim)`` matching ``X``'s sequences (or ``(N, T, input_dim)``);
+                finite everywhere. Required for such a model, an error for one without.
 
         Returns:
             ``self``.
@@ -482,17 +542,18 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         method = self._check_config()
         codes = self._fit_codes(y, len(_sequences(X, len(self.model.event_shape))))
         self.log_class_prior_ = self._log_prior(codes)
-        ybat, mbat = _batch(self.model, X, mask)
+        ybat, mbat, ubat = _batch(self.model, X, mask, inputs)
         keys = jax.random.split(jax.random.key(int(self.random_state)), len(self.classes_))
         params, fits = [], []
         for c in range(len(self.classes_)):
             rows = codes == c
             yc, mc = ybat[rows], mbat[rows]
+            uc = None if ubat is None else ubat[rows]
             # every class keeps the common padded length: classes with equally many
             # sequences then share one compiled fitting program
             init_key, fit_key = jax.random.split(keys[c])
-            p0 = self._start(c, yc, mc, init_key)
-            p, res = self._fit_one(method, yc, mc, p0, fit_key)
+            p0 = self._start(c, yc, mc, uc, init_key)
+            p, res = self._fit_one(method, yc, mc, uc, p0, fit_key)
             params.append(p)
             fits.append(res)
         self.method_ = method
@@ -500,11 +561,11 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         self.fits_ = fits
         self.mmi_ = None
         if self.mmi_steps:
-            self._mmi(ybat, mbat, codes)
+            self._mmi(ybat, mbat, ubat, codes)
         return self
 
-    def _prepared(self, y, mask):
-        model, data = prepare_sized(self.model, y, mask)
+    def _prepared(self, y, mask, inputs=None):
+        model, data = prepare_sized(self.model, y, mask, inputs)
         return model, data
 
     def _unconstrained_start(self, model):
@@ -516,8 +577,8 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         return jax.tree.map(lambda a: jnp.nan_to_num(a, posinf=_BOUND, neginf=-_BOUND)
                             if jnp.issubdtype(a.dtype, jnp.floating) else a, u)
 
-    def _mmi(self, y, mask, codes):
-        model, data = self._prepared(y, mask)
+    def _mmi(self, y, mask, inputs, codes):
+        model, data = self._prepared(y, mask, inputs)
         u0 = self._unconstrained_start(model)
         dtype = float_dtype()
         best_u, trace, gnorm, bad = _mmi_compiled(
@@ -535,13 +596,14 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
                               grad_norm=float(gnorm), converged=bool(gnorm <= self.mmi_tol),
                               num_nonfinite=int(bad))
 
-    def mmi_objective(self, X, y, *, mask=None):
+    def mmi_objective(self, X, y, *, mask=None, inputs=None):
         """The MMI objective as a function of flat unconstrained class parameters.
 
         Args:
             X: sequences, as for ``fit``.
             y: their labels (in ``classes_``).
             mask: optional missing-data mask.
+            inputs: covariates, as for ``fit`` (models with ``input_dim > 0`` only).
 
         Returns:
             ``(objective, x)``: a jitted, differentiable ``objective(x) = sum_n log p(c_n |
@@ -552,7 +614,7 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         if self.method_ == "nuts":
             raise ValueError("the MMI objective needs point estimates (not method='nuts')")
         codes = self._encode(y, num_expected=len(_sequences(X, len(self.model.event_shape))))
-        model, data = self._prepared(*_batch(self.model, X, mask))
+        model, data = self._prepared(*_batch(self.model, X, mask, inputs))
         x0, unravel = ravel_pytree(self._unconstrained_start(model))
         fn = _conditional_log_likelihood(model, unravel, data.y, data.mask, data.inputs,
                                          data.complete, jnp.asarray(codes),
@@ -560,75 +622,82 @@ class GenerativeClassifier(ClassifierMixin, SequenceEstimator):
         return jax.jit(fn), x0
 
     # ---- prediction ---------------------------------------------------------------------
-    def log_likelihoods(self, X, *, mask=None) -> np.ndarray:
-        """Per-class log-likelihoods ``log p(y_n | c)``, shape ``(N, num_classes)``.
+    def log_likelihoods(self, X, *, mask=None, inputs=None) -> np.ndarray:
+        """Per-class log-likelihoods ``log p(y_n | c)`` (``log p(y_n | u_n, c)`` with
+        covariates), shape ``(N, num_classes)``.
 
         Args:
             X: sequences, as for ``fit``.
             mask: optional missing-data mask.
+            inputs: covariates, as for ``fit`` (models with ``input_dim > 0`` only).
 
         Returns:
             A NumPy array; for NUTS, the log posterior predictive of each class.
         """
         self._check_fitted()
-        model, data = self._prepared(*_batch(self.model, X, mask))
+        model, data = self._prepared(*_batch(self.model, X, mask, inputs))
         stacked = _stack(self.params_)
         out = _loglik_matrix(model, stacked, data.y, data.mask, data.inputs,
                              complete=data.complete, draws=self.method_ == "nuts")
         return np.asarray(out)
 
-    def predict_log_proba(self, X, *, mask=None) -> np.ndarray:
+    def predict_log_proba(self, X, *, mask=None, inputs=None) -> np.ndarray:
         """Log class posteriors ``log p(c | y_n)``, shape ``(N, num_classes)``.
 
         Args:
             X: sequences, as for ``fit``.
             mask: optional missing-data mask.
+            inputs: covariates, as for ``fit`` (models with ``input_dim > 0`` only).
 
         Returns:
             ``log pi_c + log p(y_n | c)`` normalized over classes (columns: ``classes_``).
         """
-        joint = self.log_likelihoods(X, mask=mask) + self.log_class_prior_
+        joint = self.log_likelihoods(X, mask=mask, inputs=inputs) + self.log_class_prior_
         return joint - np.asarray(logsumexp(joint, axis=1, keepdims=True))
 
-    def predict_proba(self, X, *, mask=None) -> np.ndarray:
+    def predict_proba(self, X, *, mask=None, inputs=None) -> np.ndarray:
         """Class posteriors ``p(c | y_n)``, shape ``(N, num_classes)``, rows sum to 1.
 
         Args:
             X: sequences, as for ``fit``.
             mask: optional missing-data mask.
+            inputs: covariates, as for ``fit`` (models with ``input_dim > 0`` only).
 
         Returns:
             A NumPy array whose columns follow ``classes_``.
         """
-        return np.exp(self.predict_log_proba(X, mask=mask))
+        return np.exp(self.predict_log_proba(X, mask=mask, inputs=inputs))
 
-    def predict(self, X, *, mask=None) -> np.ndarray:
+    def predict(self, X, *, mask=None, inputs=None) -> np.ndarray:
         """The most probable class of each sequence (a label from ``classes_``).
 
         Args:
             X: sequences, as for ``fit``.
             mask: optional missing-data mask.
+            inputs: covariates, as for ``fit`` (models with ``input_dim > 0`` only).
 
         Returns:
             ``(N,)`` labels.
         """
         self._check_fitted()
-        return self.classes_[np.argmax(self.predict_log_proba(X, mask=mask), axis=1)]
+        return self.classes_[np.argmax(self.predict_log_proba(X, mask=mask, inputs=inputs),
+                                       axis=1)]
 
-    def log_loss(self, X, y, *, mask=None) -> float:
+    def log_loss(self, X, y, *, mask=None, inputs=None) -> float:
         """Mean negative log posterior of the true class, ``-mean_n log p(c_n | y_n)``.
 
         Args:
             X: sequences, as for ``fit``.
             y: their true labels.
             mask: optional missing-data mask.
+            inputs: covariates, as for ``fit`` (models with ``input_dim > 0`` only).
 
         Returns:
             The log loss (cross-entropy) in nats.
         """
         self._check_fitted()
         codes = self._encode(y, num_expected=len(_sequences(X, len(self.model.event_shape))))
-        logp = self.predict_log_proba(X, mask=mask)
+        logp = self.predict_log_proba(X, mask=mask, inputs=inputs)
         return float(-np.mean(logp[np.arange(len(codes)), codes]))
 
 

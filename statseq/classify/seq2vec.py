@@ -9,7 +9,9 @@ non-recurrent encoder), optionally **bidirectional**,
     h^f_t = f(x_{1:t}),   h^b_t = g(x_{t:T}),   h_t = [h^f_t, h^b_t],
 
 where ``g`` is a second backbone reading the sequence reversed *within its own length*
-(padding stays after the sequence, so the backward pass starts at ``x_T``). Then
+(padding stays after the sequence, so the backward pass starts at ``x_T``). Categorical
+inputs (integer tokens ``x_t in 0..K-1``, ``input_vocab=K`` or any integer ``X``) enter
+through a learned embedding, ``f(E[x_1], ..., E[x_t])`` (`statseq.classify.embedding`). Then
 
 * `SequenceClassifier` / `SequenceRegressor`: a mask-aware pooling ``z = pool(h_{1:T})``
   (``"last"``: ``h^f_T`` (and ``h^b_1``, the backward final state); ``"mean"``; ``"max"``;
@@ -44,6 +46,7 @@ import numpy as np
 import optax
 
 from statseq.classify._estimator import ClassifierMixin, SequenceEstimator
+from statseq.classify.embedding import EmbeddedBackbone, is_token_data, pad_tokens
 from statseq.core.validation import float_dtype
 from statseq.models.neural.base import Backbone
 from statseq.models.neural.heads import make_head
@@ -460,7 +463,13 @@ class _Seq2VecBase(SequenceEstimator):
         return GRU(hidden_dim=16)
 
     def _build(self, input_dim, head_kwargs):
-        backbone = encoder_backbone(self._encoder_model(), input_dim)
+        vocab = getattr(self, "input_vocab_", None)
+        if vocab:  # integer tokens through a learned embedding (statseq.classify.embedding)
+            dim = min(vocab, 16) if self.embed_dim is None else self.embed_dim
+            backbone = EmbeddedBackbone(encoder_backbone(self._encoder_model(), dim), vocab,
+                                        dim)
+        else:
+            backbone = encoder_backbone(self._encoder_model(), input_dim)
         encoder = SequenceEncoder(backbone, bool(self.bidirectional),
                                   "last" if self._per_step else self.pooling)
         head = make_head(feature_dim=encoder.feature_dim, **head_kwargs)
@@ -621,9 +630,28 @@ class _Seq2VecBase(SequenceEstimator):
             raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) "
                              "or fit_bayes(X, y, ...)")
 
+    def _pad(self, X, lengths=None, *, fitting=False):
+        """``(x, lengths)``: real features (`pad_sequences`) or, for a model of integer
+        tokens (``input_vocab`` given, or integer ``X`` at fit time), `pad_tokens`."""
+        if fitting:
+            vocab, dim = self.input_vocab, self.embed_dim
+            for name, value in (("input_vocab", vocab), ("embed_dim", dim)):
+                if value is not None and (isinstance(value, bool) or not isinstance(
+                        value, int | np.integer) or value < 1):
+                    raise ValueError(f"{name} must be a positive integer or None, got "
+                                     f"{value!r}")
+            if vocab is None and is_token_data(X):
+                tokens, _ = pad_tokens(X, lengths)
+                vocab = int(tokens.max()) + 1
+            self.input_vocab_ = None if vocab is None else int(vocab)
+        vocab = getattr(self, "input_vocab_", None)
+        if vocab is None:
+            return pad_sequences(X, lengths)
+        return pad_tokens(X, lengths, vocab)
+
     def _inputs(self, X, lengths=None):
         self._check_fitted()
-        x, lengths = pad_sequences(X, lengths)
+        x, lengths = self._pad(X, lengths)
         if x.shape[-1] != self.n_features_in_:
             raise ValueError(f"X has {x.shape[-1]} features per step but the model was fitted "
                              f"with {self.n_features_in_}")
@@ -690,6 +718,12 @@ _DOC_ARGS = """
         patience: evaluations without improvement before stopping.
         eval_every: steps between validation evaluations.
         random_state: integer seed of the initialization, split and minibatches.
+        input_vocab: categorical inputs: ``X`` holds integer tokens ``0 .. K - 1`` (one
+            per step), read through a learned embedding ``E[x_t]``
+            (`statseq.classify.embedding.EmbeddedBackbone`); ``None``: tokens when ``X``
+            is an integer array at ``fit`` (``K = max + 1``), else real features. A
+            negative or out-of-range token is an error.
+        embed_dim: size of a token's embedding (``None``: ``min(K, 16)``); tokens only.
 """
 
 
@@ -698,7 +732,9 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
     ``z = pool(h_{1:T})`` of a (bidirectional) statseq backbone.
 
     ``X`` is a list of ``(T_n,)`` / ``(T_n, D)`` arrays of real values (ragged) or an
-    ``(N, T[, D])`` array; labels are any hashable values (``classes_`` orders them).
+    ``(N, T[, D])`` array, or of integer tokens (``input_vocab``: text-like sequences read
+    through a learned embedding); labels are any hashable values (``classes_`` orders
+    them).
 
     Args:{args}        classes: the possible labels (``None``: the distinct training labels);
             given, a label outside it or a class with no sequence is an error.
@@ -726,12 +762,13 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
 
     def __init__(self, encoder=None, *, bidirectional=False, pooling="last", num_steps=300,
                  batch_size=32, learning_rate=0.01, weight_decay=0.0, validation=None,
-                 patience=10, eval_every=10, random_state=0, classes=None):
+                 patience=10, eval_every=10, random_state=0, classes=None,
+                 input_vocab=None, embed_dim=None):
         self._store_init_args(locals())
 
     def _fit_inputs(self, X, y, lengths):
         """Padded ``x``, lengths, label codes, their mask and the head's configuration."""
-        x, lengths = pad_sequences(X, lengths)
+        x, lengths = self._pad(X, lengths, fitting=True)
         codes = self._fit_codes(y, x.shape[0])
         head_kwargs = {"emission": "categorical", "num_classes": len(self.classes_)}
         return x, lengths, codes, np.ones(codes.shape, bool), head_kwargs
@@ -752,7 +789,7 @@ class SequenceClassifier(ClassifierMixin, _Seq2VecBase):
 
     def log_loss(self, X, y, *, lengths=None) -> float:
         """Mean negative log-probability of the true labels (nats per sequence)."""
-        codes = self._encode(y, num_expected=len(pad_sequences(X, lengths)[1]))
+        codes = self._encode(y, num_expected=len(self._pad(X, lengths)[1]))
         lp = self.predict_log_proba(X, lengths=lengths)
         return float(-np.mean(lp[np.arange(len(codes)), codes]))
 
@@ -784,7 +821,8 @@ class SequenceRegressor(_Seq2VecBase):
 
     def __init__(self, encoder=None, *, bidirectional=False, pooling="last", num_steps=300,
                  batch_size=32, learning_rate=0.01, weight_decay=0.0, validation=None,
-                 patience=10, eval_every=10, random_state=0, emission="gaussian"):
+                 patience=10, eval_every=10, random_state=0, emission="gaussian",
+                 input_vocab=None, embed_dim=None):
         self._store_init_args(locals())
 
     def _fit_inputs(self, X, y, lengths):
@@ -792,7 +830,7 @@ class SequenceRegressor(_Seq2VecBase):
         allowed = ("gaussian", "student_t", "poisson", "negative_binomial")
         if self.emission not in allowed:
             raise ValueError(f"emission must be one of {allowed}, got {self.emission!r}")
-        x, lengths = pad_sequences(X, lengths)
+        x, lengths = self._pad(X, lengths, fitting=True)
         target = _as_float(y, "y")
         if target.ndim not in (1, 2) or target.shape[0] != x.shape[0]:
             raise ValueError(f"y must be ({x.shape[0]},) or ({x.shape[0]}, D) to match X's "
@@ -912,14 +950,15 @@ class SequenceLabeller(_Seq2VecBase):
 
     def __init__(self, encoder=None, *, bidirectional=False, num_steps=300, batch_size=32,
                  learning_rate=0.01, weight_decay=0.0, validation=None, patience=10,
-                 eval_every=10, random_state=0, num_classes=None):
+                 eval_every=10, random_state=0, num_classes=None,
+                 input_vocab=None, embed_dim=None):
         self._store_init_args(locals())
 
     pooling = "last"  # unused: the head reads every step
 
     def _fit_inputs(self, X, y, lengths):
         """Padded ``x``, lengths, per-step labels ``(N, T)``, the valid steps, head config."""
-        x, lengths = pad_sequences(X, lengths)
+        x, lengths = self._pad(X, lengths, fitting=True)
         labels = pad_labels(y, lengths, x.shape[1])
         valid = np.arange(x.shape[1])[None, :] < lengths[:, None]
         top = int(labels[valid].max())

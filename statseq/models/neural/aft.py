@@ -35,7 +35,8 @@ causal (the paper's autoregressive setting).
 **Modes** (``mode=``): ``"recurrent"`` (`jax.lax.scan` of the generation step; the state
 per layer is the stabilized sums of the positions past the window, the last ``s - 1`` keys
 and values, and the step count) and ``"parallel"`` (the ``T x T x d`` exponent array,
-``O(T^2 d)`` memory); ``None`` picks by backend and length (`default_mode`). A test checks
+``O(T^2 d)`` memory); ``None`` picks by backend, length and estimated memory
+(`default_mode`; measured on CPU and an H100). A test checks
 they agree to 1e-10 in float64.
 """
 
@@ -51,6 +52,7 @@ import jax.numpy as jnp
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import aft
+from statseq.inference._backend import backend_kind, quadratic_fits
 from statseq.models.neural.base import NeuralSequenceModel
 from statseq.models.neural.residual import (
     ResidualStack,
@@ -64,22 +66,41 @@ from statseq.models.neural.residual import (
 MODES = ("recurrent", "parallel")
 #: AFT variants.
 VARIANTS = ("simple", "local", "full")
-#: Longest sequence the default mode evaluates in parallel on a GPU/TPU (not measured
-#: yet: the exponent array has ``T^2 d`` entries per layer).
+#: Longest sequence the default mode evaluates in parallel on a GPU/TPU (memory permitting).
 PARALLEL_MAX_T = 1024
+#: XLA's estimate of the parallel form's training step per ``(t, s)`` pair, channel, layer
+#: and byte of a float (H100, batch 32, width 64, 2 layers, float32: 27.0 GiB at
+#: ``T = 10^3``, i.e. 1.77 per unit).
+PARALLEL_BYTES_PER_PAIR = 1.8
 
 
-def default_mode(num_timesteps: int, backend: str | None = None) -> str:
-    """The mode ``mode=None`` picks: recurrent on CPU, parallel on GPU/TPU up to
-    `PARALLEL_MAX_T` steps (its ``T^2 d`` exponents), recurrent beyond.
+def default_mode(num_timesteps: int, backend: str | None = None, *, hidden_dim: int = 16,
+                 num_layers: int = 2, itemsize: int = 4, max_bytes: int | None = None) -> str:
+    """The mode ``mode=None`` picks: recurrent on CPU; on GPU/TPU parallel up to
+    `PARALLEL_MAX_T` steps while its ``T^2 d`` exponents fit, recurrent beyond.
 
-    On this project's 2-core CPU (float32, XLA optimized, width 32, window 16, 2 layers,
-    forward and backward of ``log_prob``), the recurrent form took 8 ms at ``T = 256``
-    and 110 ms at ``T = 2048``, the parallel form 0.68 s and 41 s.
+    **CPU**: on this project's 2-core CPU (float32, XLA optimized, width 32, window 16, 2
+    layers, forward and backward of ``log_prob``), the recurrent form took 8 ms at
+    ``T = 256`` and 110 ms at ``T = 2048``, the parallel form 0.68 s and 41 s (and in the
+    backbone benchmark, batch 1, width 64: parallel 14.5x slower at ``T = 100``).
+
+    **GPU/TPU**: parallel while ``T <= PARALLEL_MAX_T`` and its estimated memory per
+    sequence, ``PARALLEL_BYTES_PER_PAIR * d * L * itemsize * T^2``, stays within
+    ``max_bytes`` (`statseq.inference._backend.quadratic_fits`, 128 MiB: ``T <= 381`` at
+    width 64 and 2 layers, ``T <= 763`` at the default width 16). Measured on an H100
+    (training step, batch 32, width 64, 2 layers, float32; `benchmarks/RESULTS.md`,
+    "Modern backbones on a GPU"): the parallel form 5.7x faster than the recurrence at
+    ``T = 100`` (298 MiB), only 1.38x at ``T = 1000`` for 27 GiB against 0.3 GiB, and at
+    ``T = 10^4`` it could not be compiled (XLA's autotuner asked for 763 GiB). TPU assumed
+    like GPU, not measured.
 
     Args:
         num_timesteps: ``T``.
         backend: ``jax.default_backend()`` when ``None``.
+        hidden_dim: ``d`` (for the memory estimate).
+        num_layers: ``L`` (for the memory estimate).
+        itemsize: bytes per float (for the memory estimate).
+        max_bytes: the memory bound per sequence (``None``: 128 MiB).
 
     Returns:
         ``"recurrent"`` or ``"parallel"``.
@@ -87,11 +108,13 @@ def default_mode(num_timesteps: int, backend: str | None = None) -> str:
     Examples:
         >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10**5, "gpu")
         ('recurrent', 'parallel', 'recurrent')
+        >>> default_mode(1000, "gpu", hidden_dim=64), default_mode(300, "gpu", hidden_dim=64)
+        ('recurrent', 'parallel')
     """
-    backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu" or num_timesteps > PARALLEL_MAX_T:
+    if backend_kind(backend) == "cpu" or num_timesteps > PARALLEL_MAX_T:
         return "recurrent"
-    return "parallel"
+    per_pair = PARALLEL_BYTES_PER_PAIR * hidden_dim * num_layers * itemsize
+    return "parallel" if quadratic_fits(num_timesteps, per_pair, max_bytes) else "recurrent"
 
 
 class AFTLayerParams(NamedTuple):
@@ -189,7 +212,9 @@ class AFTBackbone(ResidualStack):
     def resolved_mode(self, num_timesteps: int) -> str:
         """The mode used for a whole sequence of ``num_timesteps`` steps."""
         return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="parallel",
-                            default=lambda: default_mode(num_timesteps))
+                            default=lambda: default_mode(
+                                num_timesteps, hidden_dim=self.hidden_dim,
+                                num_layers=self.num_layers))
 
     def layer_param_shapes(self) -> AFTLayerParams:
         d, s = self.hidden_dim, self.window_size
@@ -251,7 +276,8 @@ class AFT(StackedBackboneModel, NeuralSequenceModel):
         max_len: ``T_max``, the rows of the bias table (``"local"``, ``"full"``); longer
             sequences reuse the last row (module docstring).
         mode: whole-sequence evaluation, ``"recurrent"``, ``"parallel"`` or ``None``
-            (`default_mode`: recurrent on CPU).
+            (`default_mode`: recurrent on CPU; on GPU/TPU parallel up to 1024 steps
+            within 128 MiB per sequence, recurrent beyond).
 
     Examples:
         >>> import jax, numpy as np, statseq as ss

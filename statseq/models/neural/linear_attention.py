@@ -25,7 +25,8 @@ option. The bias-free projections are the paper's.
 ``"recurrent"`` (`jax.lax.scan` of the generation step, state ``(S, z)`` per layer),
 ``"parallel"`` (the masked ``T x T`` attention matrix, ``O(T^2)`` memory) and
 ``"chunked"`` (blocks of ``chunk_size`` steps, ``O(T)`` memory); ``None`` picks one by
-backend and length (`default_mode`). Generation (`statseq.sample`, `statseq.forecast`,
+backend, length and estimated memory (`default_mode`; measured on CPU and an H100).
+Generation (`statseq.sample`, `statseq.forecast`,
 the filter with missing data) always takes one recurrent step at a time.
 """
 
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
 from statseq.inference import linear_attention as la
+from statseq.inference._backend import backend_kind, quadratic_fits
 from statseq.models.neural.base import NeuralSequenceModel
 from statseq.models.neural.residual import (
     ResidualStack,
@@ -54,33 +56,60 @@ from statseq.models.neural.residual import (
 MODES = ("recurrent", "parallel", "chunked")
 
 
-def default_mode(num_timesteps: int, chunk_size: int, backend: str | None = None) -> str:
-    """The mode ``mode=None`` picks: the parallel form for sequences of at most one chunk
-    (one matrix product) and the chunked form beyond (``O(T)`` memory), on every backend.
+#: ``mode=None`` on GPU/TPU: the parallel form up to this many steps (memory permitting).
+PARALLEL_MAX_T = 1024
+#: XLA's estimate of the parallel form's training step per ``(t, s)`` pair, head, layer and
+#: byte of a float (H100, batch 32, width 64, 2 heads, 2 layers, float32: 1.26 GiB at
+#: ``T = 10^3``, 122 GiB at ``10^4``, i.e. 2.64 and 2.56 per unit).
+PARALLEL_BYTES_PER_PAIR = 2.7
 
-    Measured on this project's 2-core CPU with nothing else running (training step, batch
-    32, float32, 2 layers; `benchmarks/RESULTS.md`, "Modern backbones"): at width 64
-    (2 heads of 32) the parallel form was fastest at ``T = 100`` (2.4x the recurrence) and
-    the chunked form at ``T = 1000`` (1.9x), and at ``T = 10^4`` the recurrence's
-    program needed an estimated 10.6 GiB against the chunked form's 3.8 GiB; at the
-    default width 16 (heads of 8) the chunked form and the recurrence ran within 11% of
-    each other. The GPU rule is not measured yet.
+
+def default_mode(num_timesteps: int, chunk_size: int, backend: str | None = None, *,
+                 num_heads: int = 2, num_layers: int = 2, itemsize: int = 4,
+                 max_bytes: int | None = None) -> str:
+    """The mode ``mode=None`` picks.
+
+    **CPU**: the parallel form for sequences of at most one chunk (one matrix product),
+    the chunked form beyond (``O(T)`` memory). Measured on this project's 2-core CPU with
+    nothing else running (training step, batch 32, float32, 2 layers; `benchmarks/
+    RESULTS.md`, "Modern backbones"): at width 64 (2 heads of 32) the parallel form was
+    fastest at ``T = 100`` (2.4x the recurrence) and the chunked form at ``T = 1000``
+    (1.9x), and at ``T = 10^4`` the recurrence's program needed an estimated 10.6 GiB
+    against the chunked form's 3.8 GiB; at the default width 16 (heads of 8) the chunked
+    form and the recurrence ran within 11% of each other.
+
+    **GPU/TPU**: the parallel form up to `PARALLEL_MAX_T` steps while its estimated memory
+    per sequence, ``PARALLEL_BYTES_PER_PAIR * H * L * itemsize * T^2``, stays within
+    ``max_bytes`` (`statseq.inference._backend.quadratic_fits`, 128 MiB), the chunked form
+    beyond. Measured on an H100 (same step, width 64, batch 32; `benchmarks/RESULTS.md`,
+    "Modern backbones on a GPU"): the parallel form fastest at ``T = 100`` (chunked 1.82x
+    its time, recurrence 7.6x) and ``T = 1000`` (chunked 1.06x, recurrence 12.8x); at
+    ``T = 10^4`` its program was estimated at 122 GiB (not run) and the chunked form took
+    40 ms per step (3.6 GiB). TPU assumed like GPU, not measured.
 
     Args:
         num_timesteps: ``T``.
         chunk_size: the model's ``chunk_size``.
-        backend: ``jax.default_backend()`` when ``None`` (the rule does not depend on it
-            yet; kept so a measured GPU rule can).
+        backend: ``jax.default_backend()`` when ``None``.
+        num_heads: ``H`` (for the memory estimate).
+        num_layers: ``L`` (for the memory estimate).
+        itemsize: bytes per float (for the memory estimate).
+        max_bytes: the memory bound per sequence (``None``: 128 MiB).
 
     Returns:
         ``"parallel"`` or ``"chunked"``.
 
     Examples:
         >>> [default_mode(t, 64, backend) for t, backend in
-        ...  ((1000, "cpu"), (16, "gpu"), (1000, "gpu"))]
-        ['chunked', 'parallel', 'chunked']
+        ...  ((1000, "cpu"), (16, "gpu"), (1000, "gpu"), (10**4, "gpu"))]
+        ['chunked', 'parallel', 'parallel', 'chunked']
     """
-    return "parallel" if num_timesteps <= chunk_size else "chunked"
+    if num_timesteps <= chunk_size:
+        return "parallel"
+    if backend_kind(backend) == "cpu" or num_timesteps > PARALLEL_MAX_T:
+        return "chunked"
+    per_pair = PARALLEL_BYTES_PER_PAIR * num_heads * num_layers * itemsize
+    return "parallel" if quadratic_fits(num_timesteps, per_pair, max_bytes) else "chunked"
 
 
 class LinearAttentionLayerParams(NamedTuple):
@@ -115,8 +144,8 @@ class LinearAttentionBackbone(ResidualStack):
         hidden_dim: the model width ``d``.
         num_layers: number of layers.
         parallel: ``None``; ``False`` asks for the recurrent mode and ``True`` for a
-            non-recurrent one (``mode`` says which, else parallel up to one chunk and
-            chunked beyond; a contradiction is refused).
+            non-recurrent one (``mode`` says which, else `default_mode`'s GPU rule; a
+            contradiction is refused).
         evaluation: ``None`` or ``"sequential"`` (the recurrent mode); the Newton
             solvers are refused (the recurrence is linear: use ``mode``).
         evaluation_max_iter: must stay ``None``.
@@ -181,8 +210,14 @@ class LinearAttentionBackbone(ResidualStack):
         """The mode used for a whole sequence of ``num_timesteps`` steps."""
         return resolve_mode(  # parallel=True: a non-recurrent form, as on a GPU
             self.mode, self.parallel, self.evaluation,
-            when_parallel=lambda: default_mode(num_timesteps, self.chunk_size, backend="gpu"),
-            default=lambda: default_mode(num_timesteps, self.chunk_size))
+            when_parallel=lambda: default_mode(num_timesteps, self.chunk_size, backend="gpu",
+                                               **self._memory_sizes),
+            default=lambda: default_mode(num_timesteps, self.chunk_size,
+                                         **self._memory_sizes))
+
+    @property
+    def _memory_sizes(self) -> dict:
+        return dict(num_heads=self.num_heads, num_layers=self.num_layers)
 
     def layer_param_shapes(self) -> LinearAttentionLayerParams:
         d, hd = self.hidden_dim, self.num_heads * self.dim_head
@@ -268,7 +303,9 @@ class LinearAttention(StackedBackboneModel, NeuralSequenceModel):
             ``"learned"`` (one ``γ_h = sigmoid(θ_h)`` per head).
         eps: added to the normalizer ``z_t^T phi(q_t)``.
         mode: whole-sequence evaluation: ``"recurrent"``, ``"parallel"``, ``"chunked"``
-            or ``None`` (`default_mode`: parallel up to one chunk, chunked beyond).
+            or ``None`` (`default_mode`: on CPU parallel up to one chunk, chunked beyond;
+            on GPU/TPU parallel up to 1024 steps within 128 MiB per sequence, chunked
+            beyond).
         chunk_size: block size of the chunked mode.
 
     Examples:

@@ -20,8 +20,8 @@ The exponential gates are computed stably with the stabilizer state ``m_t``
 used for generation (projections hoisted out of the scan); ``mode="parallel"``: the
 ``T x T`` log-space gate matrix with the row-maximum stabilizer (``O(H T^2)`` memory per
 layer); ``mode="chunked"``: the parallel form within chunks of ``chunk_size`` steps and a
-scan over the chunks (``O(H T L)`` memory); ``mode=None`` picks by backend and length
-(`default_mode`). Generation carries per
+scan over the chunks (``O(H T L)`` memory); ``mode=None`` picks by backend, length and
+estimated memory (`default_mode`; measured on CPU and an H100). Generation carries per
 layer and head the state ``(C', n', m)``. Tests check the modes give the same
 log-probabilities and gradients (float64, relative 1e-10) and the cell against the
 unstabilized recurrence.
@@ -46,6 +46,7 @@ import jax.numpy as jnp
 
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
+from statseq.inference._backend import backend_kind, quadratic_fits
 from statseq.inference.matrix_memory import (
     MatrixMemoryState,
     matrix_memory_chunked,
@@ -69,34 +70,57 @@ MODES = ("recurrent", "parallel", "chunked")
 #: Forget gates: ``log f = log σ(f̃)`` or ``log f = f̃``.
 FORGET_GATES = ("sigmoid", "exp")
 
-#: Longest sequence evaluated by the parallel form under ``mode=None`` on a GPU/TPU.
+#: Longest sequence evaluated by the parallel form under ``mode=None`` on CPU.
 PARALLEL_MAX_TIMESTEPS = 1024
+#: Longest sequence evaluated by the parallel form under ``mode=None`` on GPU/TPU (the
+#: H100's measured crossover with the chunked form is at ``T ≈ 340``).
+PARALLEL_MAX_TIMESTEPS_ACCELERATOR = 256
+#: XLA's estimate of the parallel form's training step per ``(t, s)`` pair, head, layer
+#: and byte of a float (H100, batch 32, width 64, 2 heads, 2 layers, float32: 3.56 GiB at
+#: ``T = 10^3``, 304 GiB at ``10^4``, i.e. 7.5 and 6.4 per unit).
+PARALLEL_BYTES_PER_PAIR = 7.5
 
 
-def default_mode(num_timesteps: int, backend: str | None = None) -> str:
-    """The mode ``mode=None`` picks: ``"parallel"`` up to `PARALLEL_MAX_TIMESTEPS` steps (its
-    memory grows as ``T^2``), ``"chunked"`` beyond, on every backend.
+def default_mode(num_timesteps: int, backend: str | None = None, *, num_heads: int = 2,
+                 num_layers: int = 2, itemsize: int = 4, max_bytes: int | None = None) -> str:
+    """The mode ``mode=None`` picks: ``"parallel"`` up to a length (its memory grows as
+    ``T^2``), ``"chunked"`` beyond; the length is `PARALLEL_MAX_TIMESTEPS` (1024) on CPU
+    and `PARALLEL_MAX_TIMESTEPS_ACCELERATOR` (256) on GPU/TPU, where the parallel form
+    must also fit ``max_bytes`` per sequence (estimate ``PARALLEL_BYTES_PER_PAIR * H * L *
+    itemsize * T^2``, `statseq.inference._backend.quadratic_fits`, 128 MiB).
 
-    Measured on this project's 2-core CPU (training step, width 64, 2 layers, float32;
-    `benchmarks/RESULTS.md`): the parallel form 3-12 times faster than the recurrence up to
-    ``T = 10^3``; at ``T = 10^4`` (batch 1, nothing else running) the chunked form 5.6
+    **CPU** (this project's 2 cores; training step, width 64, 2 layers, float32;
+    `benchmarks/RESULTS.md`): the parallel form 3-12 times faster than the recurrence up
+    to ``T = 10^3``; at ``T = 10^4`` (batch 1, nothing else running) the chunked form 5.6
     times faster than the recurrence with an estimated 0.37 GiB against 3.3 GiB, and at
-    batch 32 the recurrence's program was estimated at 97 GiB against 11.6 GiB. The GPU
-    rule is not measured yet.
+    batch 32 the recurrence's program was estimated at 97 GiB against 11.6 GiB.
+    **GPU** (H100, same step, batch 32; "Modern backbones on a GPU"): the parallel form
+    fastest at ``T = 100`` (chunked 1.12x its time), the chunked form at ``T = 1000``
+    (parallel 1.10x, with 3.6 GiB against 1.1 GiB): paired crossover ``T ≈ 340``; at
+    ``T = 10^4`` the parallel program was estimated at 304 GiB (not run), the chunked form
+    took 76 ms per step. TPU assumed like GPU, not measured.
 
     Args:
         num_timesteps: the sequence length ``T``.
-        backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: `jax.default_backend`; the rule
-            does not depend on it yet).
+        backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: `jax.default_backend`).
+        num_heads: ``H`` (for the memory estimate).
+        num_layers: ``L`` (for the memory estimate).
+        itemsize: bytes per float (for the memory estimate).
+        max_bytes: the memory bound per sequence on GPU/TPU (``None``: 128 MiB).
 
     Returns:
         ``"parallel"`` or ``"chunked"``.
 
     Examples:
-        >>> default_mode(100, "cpu"), default_mode(10**4, "cpu"), default_mode(10**5, "gpu")
-        ('parallel', 'chunked', 'chunked')
+        >>> default_mode(100, "cpu"), default_mode(1000, "cpu"), default_mode(1000, "gpu")
+        ('parallel', 'parallel', 'chunked')
     """
-    return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
+    if backend_kind(backend) == "cpu":
+        return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
+    if num_timesteps > PARALLEL_MAX_TIMESTEPS_ACCELERATOR:
+        return "chunked"
+    per_pair = PARALLEL_BYTES_PER_PAIR * num_heads * num_layers * itemsize
+    return "parallel" if quadratic_fits(num_timesteps, per_pair, max_bytes) else "chunked"
 
 
 class MLSTMLayerParams(NamedTuple):
@@ -197,7 +221,9 @@ class MLSTMBackbone(ResidualStack):
     def mode_for(self, num_timesteps: int) -> str:
         """The mode that evaluates a sequence of ``num_timesteps`` steps."""
         return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="parallel",
-                            default=lambda: default_mode(num_timesteps))
+                            default=lambda: default_mode(
+                                num_timesteps, num_heads=self.num_heads,
+                                num_layers=self.num_layers))
 
     def layer_param_shapes(self) -> MLSTMLayerParams:
         d, e, h = self.hidden_dim, self.inner_dim, self.num_heads
@@ -291,8 +317,8 @@ class MLSTM(StackedBackboneModel, NeuralSequenceModel):
             ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space gate matrix),
             ``"chunked"`` (the parallel form within chunks of ``chunk_size`` steps, a scan
             over the chunks: ``O(T L)`` memory) or ``None``
-            (`statseq.models.neural.mlstm.default_mode`: parallel up to 1024 steps,
-            chunked beyond).
+            (`statseq.models.neural.mlstm.default_mode`: parallel up to 1024 steps on
+            CPU and 256 on GPU/TPU, chunked beyond).
         chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:

@@ -26,8 +26,8 @@ RMSNorm read by the head).
 used for generation, the projections hoisted out of the scan; ``mode="parallel"``: the
 ``T x T`` log-space form (a causal softmax-like average, ``O(T^2 d)`` memory per layer);
 ``mode="chunked"``: the parallel form within chunks of ``chunk_size`` steps and a scan over
-the chunks (``O(T L d)`` memory); ``mode=None`` picks by backend and length
-(`default_mode`). Generation (`statseq.sample`,
+the chunks (``O(T L d)`` memory); ``mode=None`` picks by backend
+(`default_mode`: recurrent on CPU, chunked on GPU/TPU; measured). Generation (`statseq.sample`,
 `statseq.forecast`, the filter with missing data) carries per block the two token-shift
 inputs and the WKV state. Tests check the modes give the same log-probabilities and
 gradients (float64, relative 1e-10) and the operator against the direct sum.
@@ -55,6 +55,7 @@ import numpy as np
 
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
+from statseq.inference._backend import backend_kind
 from statseq.inference.wkv import (
     WKVState,
     wkv_chunked,
@@ -76,30 +77,34 @@ from statseq.models.neural.residual import (
 #: Whole-sequence evaluation modes of `RWKVBackbone`.
 MODES = ("recurrent", "parallel", "chunked")
 
-#: Longest sequence evaluated by the parallel form under ``mode=None`` on a GPU/TPU.
-PARALLEL_MAX_TIMESTEPS = 1024
-
-
 def default_mode(num_timesteps: int, backend: str | None = None) -> str:
-    """The mode ``mode=None`` picks: ``"recurrent"`` on CPU; on GPU/TPU ``"parallel"`` up to
-    `PARALLEL_MAX_TIMESTEPS` steps (its memory grows as ``T^2``), ``"chunked"`` beyond (not
-    yet measured on a GPU: the benchmarks refine this rule).
+    """The mode ``mode=None`` picks: ``"recurrent"`` on CPU, ``"chunked"`` on GPU/TPU at
+    every length.
+
+    **CPU** (the project's 2 cores; `benchmarks/RESULTS.md`, "Modern backbones"): the
+    recurrence was the fastest measured form (the parallel one 3.4x slower at
+    ``T = 100``, batch 1, and about 100x at ``T = 1000``; the chunked form was not timed
+    on CPU: its program at batch 32, ``T = 10^4`` was estimated at 38 GiB). **GPU**
+    (H100, training step, batch 32, width 64, 2 layers, float32; "Modern backbones on a
+    GPU"): the chunked form was the fastest at every length it ran, ``T = 100``
+    (parallel 1.16x its time, recurrence 3.75x) and ``T = 1000`` (recurrence 4.3x; the
+    parallel program was estimated at 52 GiB), and it ran at ``T = 10^4`` (174 ms per
+    step) where the parallel form could not be compiled (XLA's autotuner ran out of
+    memory). TPU assumed like GPU, not measured.
 
     Args:
-        num_timesteps: the sequence length ``T``.
+        num_timesteps: the sequence length ``T`` (the rule does not depend on it).
         backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: `jax.default_backend`).
 
     Returns:
-        ``"recurrent"``, ``"parallel"`` or ``"chunked"``.
+        ``"recurrent"`` or ``"chunked"``.
 
     Examples:
         >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10**5, "gpu")
-        ('recurrent', 'parallel', 'chunked')
+        ('recurrent', 'chunked', 'chunked')
     """
-    backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu":
-        return "recurrent"
-    return "parallel" if num_timesteps <= PARALLEL_MAX_TIMESTEPS else "chunked"
+    del num_timesteps
+    return "recurrent" if backend_kind(backend) == "cpu" else "chunked"
 
 
 def _shift(prev, x, mix):
@@ -331,8 +336,8 @@ class RWKV(StackedBackboneModel, NeuralSequenceModel):
             ``lax.scan``), ``"parallel"`` (the ``T x T`` log-space form), ``"chunked"``
             (the parallel form within chunks of ``chunk_size`` steps, a scan over the
             chunks: ``O(T L)`` memory) or ``None``
-            (`statseq.models.neural.rwkv.default_mode`: recurrent on CPU; parallel on
-            GPU/TPU up to 1024 steps, chunked beyond).
+            (`statseq.models.neural.rwkv.default_mode`: recurrent on CPU, chunked on
+            GPU/TPU).
         chunk_size: steps per chunk of ``mode="chunked"``.
 
     Raises:

@@ -28,8 +28,10 @@ scan, `statseq.inference.linear_recurrence`) and ``"convolution"`` (the kernel
 ``K_j = 2 Re sum_n c_n b̄_n ā_n^j`` in closed form, `statseq.inference.diagonal_ssm.ssm_kernel`,
 applied by FFT, `statseq.inference.diagonal_ssm.causal_convolution`, plus the free response
 ``2 Re sum_n c_n ā_n^{t+1} x_{-1,n}`` of a carried state). ``mode=None`` chooses by
-backend and length (`default_mode`), and for S4D by the estimated memory of the program
-(`program_bytes`: the convolution where the recurrence would exceed 2 GiB). Generation
+backend (`default_mode` for S4D: the recurrence on CPU, the convolution on GPU/TPU;
+`s5_default_mode` for S5: the recurrence on CPU, the scan on GPU/TPU; measured), and for
+S4D on CPU by the estimated memory of the program (`program_bytes`: the convolution where
+the recurrence would exceed 2 GiB). Generation
 (`statseq.sample`, `statseq.forecast`,
 the filter with missing values) runs one step at a time; each layer's complex state is
 carried as a real array ``[Re x, Im x]`` (``(2, H, N/2)``). Tests show the modes give the
@@ -47,6 +49,7 @@ import jax.numpy as jnp
 
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int
+from statseq.inference._backend import backend_kind
 from statseq.inference.diagonal_ssm import (
     causal_convolution,
     discretize_bilinear,
@@ -69,8 +72,6 @@ MODES = ("recurrent", "scan", "convolution")
 DISCRETIZATIONS = ("zoh", "bilinear")
 #: Output mixings after the SSM.
 OUTPUTS = ("glu", "gelu")
-#: ``mode=None`` on an accelerator: convolution from this many steps, scan below.
-CONVOLUTION_MIN_STEPS = 1024
 #: The convolution mode's final state sums the inputs in chunks of this many steps.
 FINAL_STATE_CHUNK = 2048
 
@@ -129,15 +130,20 @@ def default_mode(num_steps: int, backend: str | None = None, *, batch: int = 1,
                  width: int | None = None, state_dim: int | None = None,
                  num_layers: int = 1, itemsize: int = 4,
                  max_bytes: int | None = None) -> str:
-    """The whole-sequence mode that ``mode=None`` picks for ``num_steps`` steps.
+    """The whole-sequence mode that ``mode=None`` picks for S4D over ``num_steps`` steps.
 
     ``"recurrent"`` on CPU (the associative scan and the FFT do more arithmetic for no
-    gain on a few cores); on GPU/TPU ``"convolution"`` from `CONVOLUTION_MIN_STEPS`
-    steps and ``"scan"`` below (provisional thresholds, to be set from the backbone
-    benchmarks). **Memory-aware** when the sizes are given (``width`` and ``state_dim``):
-    if that pick's program is estimated (`program_bytes`) above ``max_bytes`` and the
-    convolution's estimate is smaller, the convolution instead (on CPU at batch 32,
-    ``T = 10^4``, width 64, ``N = 16``, two layers: recurrence 12.2 GiB, convolution 5.5 GiB).
+    gain on a few cores: on the project's 2-core CPU, batch 1, the recurrence was the
+    fastest at ``T = 10^2`` and ``10^3``, the convolution 1.4-1.6x and the scan 2.1-2.3x
+    slower); ``"convolution"`` on GPU/TPU at every length (H100, training step, batch 32,
+    width 64, ``N = 16``, 2 layers, float32: the convolution 0.95x, 0.44x, 0.38x the
+    scan's time and 0.26x, 0.045x, 0.033x the recurrence's at ``T = 10^2, 10^3, 10^4``,
+    and the least memory: 3.1 GiB at ``10^4`` against 12.0 GiB for the scan; TPU assumed
+    like GPU, not measured). **Memory-aware** when the sizes are given (``width`` and
+    ``state_dim``): if the recurrence's program is estimated (`program_bytes`) above
+    ``max_bytes`` and the convolution's estimate is smaller, the convolution instead (on
+    CPU at batch 32, ``T = 10^4``, width 64, ``N = 16``, two layers: recurrence 12.2 GiB,
+    convolution 5.5 GiB).
 
     Args:
         num_steps: sequence length ``T``.
@@ -154,15 +160,11 @@ def default_mode(num_steps: int, backend: str | None = None, *, batch: int = 1,
 
     Examples:
         >>> default_mode(100, "cpu"), default_mode(100, "gpu"), default_mode(10_000, "gpu")
-        ('recurrent', 'scan', 'convolution')
+        ('recurrent', 'convolution', 'convolution')
         >>> default_mode(10_000, "cpu", batch=32, width=64, state_dim=16, num_layers=2)
         'convolution'
     """
-    backend = jax.default_backend() if backend is None else backend
-    if backend == "cpu":
-        pick = "recurrent"
-    else:
-        pick = "convolution" if num_steps >= CONVOLUTION_MIN_STEPS else "scan"
+    pick = "recurrent" if backend_kind(backend) == "cpu" else "convolution"
     if pick == "convolution" or width is None or state_dim is None:
         return pick
     max_bytes = MAX_PROGRAM_BYTES if max_bytes is None else max_bytes
@@ -172,6 +174,31 @@ def default_mode(num_steps: int, backend: str | None = None, *, batch: int = 1,
             and program_bytes("convolution", **sizes) < program_bytes(pick, **sizes)):
         return "convolution"
     return pick
+
+
+def s5_default_mode(num_steps: int, backend: str | None = None) -> str:
+    """The whole-sequence mode that ``mode=None`` picks for S5 over ``num_steps`` steps.
+
+    ``"recurrent"`` on CPU (on the project's 2-core CPU the three modes ran within noise
+    of each other, 1.0-1.26x, at ``T = 10^2 .. 10^4``); ``"scan"`` on GPU/TPU at every
+    length (H100, training step, batch 32, width 64, 2 layers, float32: the scan was the
+    fastest at ``T = 10^2, 10^3, 10^4, 10^5``, the convolution 1.56x and 1.07x its time
+    at ``10^2, 10^3``, the recurrence 6.3x, 28x, 73x at ``10^2 .. 10^4``; TPU assumed like
+    GPU, not measured).
+
+    Args:
+        num_steps: sequence length ``T`` (the rule does not depend on it).
+        backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (default: `jax.default_backend`).
+
+    Returns:
+        ``"recurrent"`` or ``"scan"``.
+
+    Examples:
+        >>> s5_default_mode(100, "cpu"), s5_default_mode(10**5, "gpu")
+        ('recurrent', 'scan')
+    """
+    del num_steps
+    return "recurrent" if backend_kind(backend) == "cpu" else "scan"
 
 
 def _power_weighted_sum(log_a, vs):
@@ -258,7 +285,12 @@ class DiagonalSSMStack(ResidualStack):
                       num_layers=self.num_layers, itemsize=itemsize)
                  if self.memory_aware_default else {})
         return resolve_mode(self.mode, self.parallel, self.evaluation, when_parallel="scan",
-                            default=lambda: default_mode(num_steps, **sizes))
+                            default=lambda: self.default_mode_rule(num_steps, **sizes))
+
+    @staticmethod
+    def default_mode_rule(num_steps: int, **sizes) -> str:
+        """The backend/length rule of ``mode=None``: `default_mode` (S4D)."""
+        return default_mode(num_steps, **sizes)
 
     def scan_time_major(self, params, state, xs):
         """A batch ``xs`` ``(T, B, input_dim)``: under ``mode=None`` the mode is chosen once
@@ -484,8 +516,9 @@ class S4D(ResidualStackModel):
         dt_min: smallest initial time step ``Δ``.
         dt_max: largest initial time step ``Δ``.
         mode: ``"recurrent"`` (``lax.scan``), ``"scan"`` (associative scan),
-            ``"convolution"`` (Vandermonde kernel and FFT) or ``None`` (by backend, length
-            and estimated memory, `default_mode`).
+            ``"convolution"`` (Vandermonde kernel and FFT) or ``None`` (by backend and
+            estimated memory, `default_mode`: the recurrence on CPU, the convolution there
+            when the recurrence's program exceeds 2 GiB, the convolution on GPU/TPU).
         parallel: the older switch of the other backbones: ``True`` means
             ``mode="scan"``, ``False`` ``mode="recurrent"``; a contradiction with
             ``mode`` is a ValueError.

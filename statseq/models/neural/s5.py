@@ -44,7 +44,12 @@ from statseq.inference.diagonal_ssm import causal_convolution, ssm_kernel
 from statseq.inference.hippo import hippo_n_eig
 from statseq.inference.linear_recurrence import linear_recurrence
 from statseq.models.neural.residual import ResidualStackModel
-from statseq.models.neural.s4 import DiagonalSSMStack, _complex_state, _real_state
+from statseq.models.neural.s4 import (
+    DiagonalSSMStack,
+    _complex_state,
+    _real_state,
+    s5_default_mode,
+)
 
 
 class S5LayerParams(NamedTuple):
@@ -93,7 +98,8 @@ class S5Backbone(DiagonalSSMStack):
         evaluation_max_iter: unused.
         state_dim: the shared real state size ``P`` (even).
         mode: ``"recurrent"``, ``"scan"``, ``"convolution"`` or ``None``
-            (`statseq.models.neural.s4.default_mode`).
+            (`statseq.models.neural.s4.s5_default_mode`: the recurrence on CPU, the scan
+            on GPU/TPU).
         discretization: ``"zoh"`` or ``"bilinear"``.
         output: ``"glu"`` or ``"gelu"``.
         dt_min: smallest initial ``Δ``.
@@ -106,6 +112,12 @@ class S5Backbone(DiagonalSSMStack):
         >>> bb.sequence(params, jax.numpy.ones((5, 3))).shape
         (5, 4)
     """
+
+    @staticmethod
+    def default_mode_rule(num_steps: int, **sizes) -> str:
+        """The backend rule of ``mode=None``: `statseq.models.neural.s4.s5_default_mode`."""
+        del sizes  # S5's default is not memory-aware
+        return s5_default_mode(num_steps)
 
     def layer_param_shapes(self) -> S5LayerParams:
         h, m = self.hidden_dim, self.num_modes
@@ -226,7 +238,8 @@ class S5(ResidualStackModel):
         dt_max: largest initial time step ``Δ``.
         mode: ``"recurrent"`` (``lax.scan``), ``"scan"`` (associative scan),
             ``"convolution"`` (per-state Vandermonde kernels and FFT) or ``None`` (by
-            backend and length, `statseq.models.neural.s4.default_mode`).
+            backend, `statseq.models.neural.s4.s5_default_mode`: the recurrence on CPU,
+            the scan on GPU/TPU).
         parallel: ``True`` means ``mode="scan"``, ``False`` ``mode="recurrent"``; a
             contradiction with ``mode`` is a ValueError.
         evaluation: ``None`` or ``"sequential"`` (``mode="recurrent"``); the parallel

@@ -81,7 +81,13 @@ def default_wavenet_mode(backend: str | None = None, num_timesteps: int | None =
 
     The convolution does the same arithmetic as the queue step run ``T`` times, but as
     ``K`` large matrix products per layer instead of ``T`` sequential tiny ones, so it
-    is never slower (the queue mode is kept for generation and for checking).
+    is never slower (the queue mode is kept for generation and for checking). Measured
+    (training step, width 64, 2 layers, float32; `benchmarks/RESULTS.md`, "Modern
+    backbones"): on the project's 2-core CPU the convolution 9.3-9.5x faster than the
+    queue recurrence at ``T = 10^2, 10^3`` (batch 1) and 2.5x at ``T = 10^4`` (batch 32;
+    one loaded batch-32 run at ``T = 10^3`` had it 1.36x slower, a single timing); on an
+    H100 (batch 32) 38x faster at ``T = 10^2`` and 288x at ``10^3``, and 5.2 ms per step
+    at ``10^4``.
 
     Args:
         backend: ``"cpu"``, ``"gpu"``, ``"tpu"`` (``None``: JAX's default backend).

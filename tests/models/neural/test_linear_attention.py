@@ -234,10 +234,12 @@ def test_fit_sgd_decreases_the_loss_and_save_load_round_trip(tmp_path, params):
 def test_default_mode():
     for backend in ("cpu", "gpu"):
         assert default_mode(8, 8, backend) == "parallel"
-        assert default_mode(9, 8, backend) == "chunked"
+    assert default_mode(9, 8, "cpu") == "chunked"
+    assert default_mode(9, 8, "gpu") == "parallel" and default_mode(1025, 8, "gpu") == "chunked"
     bb = MODEL.backbone
     assert bb.resolved_mode(1000) == default_mode(1000, 8)
-    assert dataclasses.replace(bb, parallel=True).resolved_mode(1000) == "chunked"
+    assert dataclasses.replace(bb, parallel=True).resolved_mode(1000) == "parallel"  # GPU rule
+    assert dataclasses.replace(bb, parallel=True).resolved_mode(2000) == "chunked"
     assert dataclasses.replace(bb, parallel=True).resolved_mode(8) == "parallel"
     assert dataclasses.replace(bb, parallel=False).resolved_mode(1000) == "recurrent"
     assert dataclasses.replace(bb, evaluation="sequential").resolved_mode(10) == "recurrent"

@@ -302,7 +302,7 @@ def test_save_load_round_trip(tmp_path, case):
 
 def test_default_mode_rule():
     assert default_mode(50, "cpu") == "recurrent"
-    assert default_mode(50, "gpu") == "parallel"
+    assert default_mode(50, "gpu") == "chunked"
     assert default_mode(10**5, "gpu") == "chunked"
     assert RWKVBackbone(input_dim=1, hidden_dim=2, parallel=True).mode_for(10) == "parallel"
     assert RWKVBackbone(input_dim=1, hidden_dim=2, evaluation="sequential").mode_for(
