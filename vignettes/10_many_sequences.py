@@ -365,7 +365,7 @@ if not SMOKE:  # the prose below
 # exact posterior (up to Monte Carlo error), on the population means and scales.
 
 # %%
-small = y_train[:8]
+small = y_train if SMOKE else y_train[:8]  # smoke mode: section 2's shapes, compiled once
 svi_small, draws_small = fit_svi("partial", small, jax.random.key(5))
 mcmc = MCMC(NUTS(panel_model, target_accept_prob=0.9), num_warmup=NUM_WARMUP,
             num_samples=NUM_NUTS, num_chains=1, progress_bar=False)

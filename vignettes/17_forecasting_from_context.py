@@ -53,12 +53,12 @@ import statseq as ss  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 SMOKE = os.environ.get("STATSEQ_SMOKE", "") not in ("", "0")  # fast mode for the tests
 WEEK = 7 * 24
-NUM_TRAIN = (3 if SMOKE else 8) * WEEK  # from 1 Jan: 8 summer weeks, with two heat waves
-NUM_TEST = (1 if SMOKE else 4) * WEEK  # then daily origins for four weeks
+NUM_TRAIN = (2 if SMOKE else 8) * WEEK  # from 1 Jan: 8 summer weeks, with two heat waves
 H = 24  # forecast horizon: the next day, hour by hour
-NUM_SAMPLES = 200 if SMOKE else 500
-NUM_PATHS = 200 if SMOKE else 500  # Monte Carlo paths for the neural log scores
-NUM_SGD = 30 if SMOKE else 400
+NUM_TEST = 2 * H if SMOKE else 4 * WEEK  # then daily origins for four weeks
+NUM_SAMPLES = 50 if SMOKE else 500
+NUM_PATHS = 50 if SMOKE else 500  # Monte Carlo paths for the neural log scores
+NUM_SGD = 10 if SMOKE else 400
 
 elec = ss.datasets.load_electricity_demand().iloc[: NUM_TRAIN + NUM_TEST]
 y = elec["demand"].to_numpy()
@@ -123,7 +123,7 @@ def fit_structural(model, inputs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a variance on the boundary 0
         fit = ss.fit_lbfgs(model, start, y_train, inputs=inputs[:NUM_TRAIN],
-                           num_iters=30 if SMOKE else 150, progress=False)
+                           num_iters=10 if SMOKE else 150, progress=False)
     return fit.params
 
 
