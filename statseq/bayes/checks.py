@@ -120,7 +120,7 @@ class PredictiveCheck:
     Examples:
         >>> import jax, statseq as ss
         >>> from statseq.bayes import predictive_check, sample_prior
-        >>> model = ss.PoissonHMM(num_states=1)
+        >>> model = ss.PoissonHMM(num_states=2)
         >>> draws = sample_prior(model, num_samples=20, key=jax.random.key(0), scale=20.0)
         >>> check = predictive_check(model, draws, [3, 5, 4, 6, 2], key=jax.random.key(1))
         >>> type(check).__name__, check.replicas.shape
