@@ -521,17 +521,18 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
         sequential smoother reports them).
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from statseq.inference.kalman import GaussianSSMArrays, kalman_smoother
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.9 * jnp.eye(1),
         ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
         >>> y = jnp.array([[0.5], [1.0], [-0.3]])
         >>> args = (arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
-        >>> res = parallel_kalman_smoother(*args)
+        >>> res = jax.jit(parallel_kalman_smoother)(*args)  # not jitted itself
         >>> res.smoothed_cross_covs.shape
         (2, 1, 1)
-        >>> bool(jnp.allclose(res.smoothed_means, kalman_smoother(*args).smoothed_means))
+        >>> seq = jax.jit(kalman_smoother)(*args)
+        >>> bool(jnp.allclose(res.smoothed_means, seq.smoothed_means))
         True
     """
     if arrays.initial_diffuse.shape[-1]:
