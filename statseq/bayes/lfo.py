@@ -119,7 +119,7 @@ class LFOResult:
         >>> from statseq.bayes import lfo_cv
         >>> y = ss.datasets.load_earthquakes().to_numpy()[:40]
         >>> res = lfo_cv(ss.PoissonHMM(num_states=1), y, first_origin=39,
-        ...              key=jax.random.key(0), num_warmup=20, num_samples=20, num_chains=1)
+        ...              key=jax.random.key(0), num_warmup=50, num_samples=50, num_chains=1)
         >>> type(res).__name__, res.origins.tolist(), bool(res.elpd == res.pointwise.sum())
         ('LFOResult', [39], True)
     """
@@ -178,7 +178,7 @@ def lfo_cv(model, y, *, first_origin, key, pareto_k_threshold=0.7, priors=None,
         >>> from statseq.bayes import lfo_cv
         >>> y = ss.datasets.load_earthquakes().to_numpy()[:40]
         >>> res = lfo_cv(ss.PoissonHMM(num_states=1), y, first_origin=38,
-        ...              key=jax.random.key(0), num_warmup=20, num_samples=20, num_chains=1)
+        ...              key=jax.random.key(0), num_warmup=50, num_samples=50, num_chains=1)
         >>> res.pointwise.shape, res.refits[0]
         ((2,), 38)
     """
