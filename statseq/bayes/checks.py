@@ -120,7 +120,7 @@ class PredictiveCheck:
     Examples:
         >>> import jax, statseq as ss
         >>> from statseq.bayes import predictive_check, sample_prior
-        >>> model = ss.PoissonHMM(num_states=1)
+        >>> model = ss.PoissonHMM(num_states=2)
         >>> draws = sample_prior(model, num_samples=20, key=jax.random.key(0), scale=20.0)
         >>> check = predictive_check(model, draws, [3, 5, 4, 6, 2], key=jax.random.key(1))
         >>> type(check).__name__, check.replicas.shape
@@ -197,11 +197,11 @@ def predictive_check(model, draws, y, *, key, statistics=None, inputs=None):
         >>> import jax, numpy as np, statseq as ss
         >>> from statseq.bayes import predictive_check, sample_prior
         >>> model = ss.PoissonHMM(num_states=2)
-        >>> prior = sample_prior(model, num_samples=50, key=jax.random.key(0), scale=20.0)
-        >>> y = ss.datasets.load_earthquakes().to_numpy()
+        >>> prior = sample_prior(model, num_samples=20, key=jax.random.key(0), scale=20.0)
+        >>> y = ss.datasets.load_earthquakes().to_numpy()[:40]
         >>> check = predictive_check(model, prior, y, key=jax.random.key(1))
         >>> check.replicas.shape, sorted(check.p_values)[0]
-        ((50, 107), 'lag-1 autocorrelation')
+        ((20, 40), 'lag-1 autocorrelation')
     """
     check_key(key)
     yv = np.asarray(y, float)

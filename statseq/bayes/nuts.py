@@ -109,10 +109,10 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
     Examples:
         >>> import jax, arviz as az, numpy as np, statseq as ss
         >>> y = ss.datasets.load_nile().to_numpy()
-        >>> idata = ss.fit_nuts(ss.LocalLevel(), y, key=jax.random.key(0), num_warmup=20,
-        ...                     num_samples=10, num_chains=2)
+        >>> idata = ss.fit_nuts(ss.LocalLevel(), y[:50], key=jax.random.key(0), num_warmup=10,
+        ...                     num_samples=5, num_chains=1)
         >>> idata.posterior["obs_var"].shape
-        (2, 10)
+        (1, 5)
     """
     check_key(key)
     from numpyro.infer import MCMC, NUTS

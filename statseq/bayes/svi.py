@@ -120,10 +120,10 @@ def fit_svi(model, y, *, key, num_steps=2000, guide="normal", optimizer=None,
     Examples:
         >>> import jax, statseq as ss
         >>> y = ss.datasets.load_nile().to_numpy()
-        >>> res = ss.fit_svi(ss.LocalLevel(), y, key=jax.random.key(0), num_steps=200,
-        ...                  num_samples=50)
+        >>> res = ss.fit_svi(ss.LocalLevel(), y, key=jax.random.key(0), num_steps=50,
+        ...                  num_samples=20)
         >>> res.draws.obs_var.shape, res.losses.shape
-        ((50,), (200,))
+        ((20,), (50,))
 
         Subsampling 8 of 32 sequences per step (not run here: one more compilation)::
 

@@ -120,17 +120,15 @@ def fit_restarts(model: Any, y: Any, *, key: jax.Array, num_restarts: int | None
         >>> import jax, statseq as ss
         >>> y = ss.datasets.load_earthquakes().to_numpy()
         >>> res = ss.fit_restarts(ss.PoissonHMM(num_states=2), y, key=jax.random.key(0),
-        ...                       num_restarts=3, num_iters=200)
+        ...                       num_restarts=2, num_iters=50)
         >>> res.final_log_joints.shape
-        (3,)
+        (2,)
 
-        A structural model restarts by L-BFGS:
+        A structural model (the local level) restarts by L-BFGS:
 
-        >>> import numpy as np
-        >>> y = np.log(ss.datasets.load_air_passengers().to_numpy())
-        >>> model = ss.StructuralModel((ss.Trend(slope=True), ss.Seasonal(period=12)))
-        >>> res = ss.fit_restarts(model, y, key=jax.random.key(0), num_restarts=3,
-        ...                       method="lbfgs", num_iters=100)
+        >>> y = ss.datasets.load_nile().to_numpy()
+        >>> res = ss.fit_restarts(ss.LocalLevel(), y, key=jax.random.key(0), num_restarts=2,
+        ...                       method="lbfgs", num_iters=30)
         >>> res.best.method
         'lbfgs'
     """

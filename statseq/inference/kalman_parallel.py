@@ -437,17 +437,18 @@ def parallel_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalman
         A `~statseq.inference.kalman.KalmanFilterResult`.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from statseq.inference.kalman import GaussianSSMArrays, kalman_filter
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.9 * jnp.eye(1),
         ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
         >>> y = jnp.array([[0.5], [1.0], [-0.3]])
         >>> args = (arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
-        >>> res = parallel_kalman_filter(*args)
+        >>> res = jax.jit(parallel_kalman_filter)(*args)  # not jitted itself
         >>> res.filtered_means.shape
         (3, 1)
-        >>> bool(jnp.allclose(res.marginal_log_lik, kalman_filter(*args).marginal_log_lik))
+        >>> seq = jax.jit(kalman_filter)(*args)
+        >>> bool(jnp.allclose(res.marginal_log_lik, seq.marginal_log_lik))
         True
     """
     if arrays.initial_diffuse.shape[-1]:
@@ -520,17 +521,18 @@ def parallel_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs) -> Kalm
         sequential smoother reports them).
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from statseq.inference.kalman import GaussianSSMArrays, kalman_smoother
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.9 * jnp.eye(1),
         ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
         >>> y = jnp.array([[0.5], [1.0], [-0.3]])
         >>> args = (arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
-        >>> res = parallel_kalman_smoother(*args)
+        >>> res = jax.jit(parallel_kalman_smoother)(*args)  # not jitted itself
         >>> res.smoothed_cross_covs.shape
         (2, 1, 1)
-        >>> bool(jnp.allclose(res.smoothed_means, kalman_smoother(*args).smoothed_means))
+        >>> seq = jax.jit(kalman_smoother)(*args)
+        >>> bool(jnp.allclose(res.smoothed_means, seq.smoothed_means))
         True
     """
     if arrays.initial_diffuse.shape[-1]:

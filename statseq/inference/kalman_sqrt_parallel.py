@@ -206,14 +206,14 @@ def parallel_sqrt_kalman_filter_factors(
         NotImplementedError: if the initial law has diffuse directions.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from statseq.inference.kalman import GaussianSSMArrays
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)), jnp.zeros(1),
         ...     jnp.eye(1), jnp.zeros((1, 0)))
         >>> y = jnp.array([[0.5], [1.0]])
-        >>> res = parallel_sqrt_kalman_filter_factors(arr, y, jnp.ones_like(y, bool),
-        ...                                           jnp.zeros((2, 0)))
+        >>> res = jax.jit(parallel_sqrt_kalman_filter_factors)(arr, y, jnp.ones_like(y, bool),
+        ...                                                    jnp.zeros((2, 0)))
         >>> round(float(res.filtered_chols[1, 0, 0] ** 2), 6)  # 1.5 / 2.5
         0.6
     """
@@ -295,15 +295,16 @@ def parallel_sqrt_kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs
         NotImplementedError: if the initial law has diffuse directions.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from statseq.inference.kalman import GaussianSSMArrays, kalman_filter
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.9 * jnp.eye(1),
         ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
         >>> y = jnp.array([[0.5], [1.0], [-0.3]])
         >>> args = (arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
-        >>> res = parallel_sqrt_kalman_filter(*args)
-        >>> bool(jnp.allclose(res.marginal_log_lik, kalman_filter(*args).marginal_log_lik))
+        >>> res = jax.jit(parallel_sqrt_kalman_filter)(*args)  # not jitted itself
+        >>> seq = jax.jit(kalman_filter)(*args)
+        >>> bool(jnp.allclose(res.marginal_log_lik, seq.marginal_log_lik))
         True
     """
     res = parallel_sqrt_kalman_filter_factors(arrays, y, mask, inputs)
@@ -373,14 +374,14 @@ def parallel_sqrt_kalman_smoother_factors(
         NotImplementedError: if the initial law has diffuse directions.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from statseq.inference.kalman import GaussianSSMArrays
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)), jnp.zeros(1),
         ...     jnp.eye(1), jnp.zeros((1, 0)))
         >>> y = jnp.array([[0.5], [1.0]])
-        >>> res = parallel_sqrt_kalman_smoother_factors(arr, y, jnp.ones_like(y, bool),
-        ...                                             jnp.zeros((2, 0)))
+        >>> smoother = jax.jit(parallel_sqrt_kalman_smoother_factors)  # not jitted itself
+        >>> res = smoother(arr, y, jnp.ones_like(y, bool), jnp.zeros((2, 0)))
         >>> round(float(res.smoothed_chols[0, 0, 0] ** 2), 6)  # 1/2 - (1/3)^2 (3/2 - 3/5)
         0.4
     """
@@ -422,15 +423,16 @@ def parallel_sqrt_kalman_smoother(arrays: GaussianSSMArrays, y, mask, inputs
         NotImplementedError: if the initial law has diffuse directions.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from statseq.inference.kalman import GaussianSSMArrays, kalman_smoother
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.9 * jnp.eye(1),
         ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
         >>> y = jnp.array([[0.5], [1.0], [-0.3]])
         >>> args = (arr, y, jnp.ones_like(y, bool), jnp.zeros((3, 0)))
-        >>> res = parallel_sqrt_kalman_smoother(*args)
-        >>> bool(jnp.allclose(res.smoothed_means, kalman_smoother(*args).smoothed_means))
+        >>> res = jax.jit(parallel_sqrt_kalman_smoother)(*args)  # not jitted itself
+        >>> seq = jax.jit(kalman_smoother)(*args)
+        >>> bool(jnp.allclose(res.smoothed_means, seq.smoothed_means))
         True
     """
     res = parallel_sqrt_kalman_smoother_factors(arrays, y, mask, inputs)

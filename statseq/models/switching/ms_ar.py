@@ -648,14 +648,18 @@ class MarkovSwitchingAR(SequenceModel):
         `statseq.fit_em` takes accepted gradient steps on it for ``ties``.
 
         Examples:
-            >>> import jax.numpy as jnp, statseq as ss
+            >>> import jax, jax.numpy as jnp, statseq as ss
             >>> model = ss.MarkovSwitchingAR(num_regimes=2, order=1)
             >>> params = ss.MSARParams(None, jnp.array([[0.9, 0.1], [0.2, 0.8]]),
             ...                        jnp.array([-1.0, 1.0]), jnp.array([0.5]),
             ...                        jnp.array(0.3))
             >>> y = jnp.array([[0.1, -0.9, -1.2, 0.8, 1.1, 1.3]])
-            >>> stats, log_lik = model.e_step(params, y, jnp.ones_like(y, bool), None)
-            >>> bool(model.expected_log_joint(params, stats) < log_lik)  # Q = ll - entropy
+            >>> @jax.jit  # one compiled program (as in fit_em), not one per operation
+            ... def q_and_log_lik(params, y):
+            ...     stats, log_lik = model.e_step(params, y, jnp.ones_like(y, bool), None)
+            ...     return model.expected_log_joint(params, stats), log_lik
+            >>> q, log_lik = q_and_log_lik(params, y)
+            >>> bool(q < log_lik)  # Q = ll - entropy
             True
         """
         return _ms_ar_em.expected_log_joint(self, params, stats)

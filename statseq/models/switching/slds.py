@@ -677,11 +677,11 @@ class SwitchingLDS(SequenceModel):
         Examples:
             >>> import jax, statseq as ss
             >>> model = ss.SwitchingLDS(num_regimes=2, state_dim=1, emission_dim=None)
-            >>> y = ss.sample(model, model.default_params(), num_timesteps=40,
+            >>> y = ss.sample(model, model.default_params(), num_timesteps=30,
             ...               key=jax.random.key(0))
             >>> fit = model.fit_vem(model.default_params(), y, num_iters=5, tol=None)
             >>> fit.elbo.shape, fit.stopped, fit.regime_probs.shape
-            ((5,), 'max_iters', (40, 2))
+            ((5,), 'max_iters', (30, 2))
         """
         from statseq.models.switching import _slds_vem
 
