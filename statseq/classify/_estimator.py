@@ -300,3 +300,28 @@ def check_labels(y) -> np.ndarray:
     if np.issubdtype(arr.dtype, np.complexfloating):
         raise TypeError(f"labels must be integers or strings, got complex dtype {arr.dtype}")
     return arr
+
+
+def padded_lengths(lengths, shape) -> np.ndarray:
+    """Check the ``lengths`` of a padded ``(N, T, ...)`` batch (``None``: all ``T``).
+
+    Raises:
+        ValueError: no sequence, no time step, a wrong shape or a length outside ``1..T``.
+        TypeError: non-integer lengths.
+    """
+    num, num_t = shape
+    if num == 0:
+        raise ValueError("X holds no sequences")
+    if num_t == 0:
+        raise ValueError("X has no time steps: every sequence needs a step")
+    if lengths is None:
+        return np.full(num, num_t, np.int64)
+    lengths = np.asarray(lengths)
+    if not np.issubdtype(lengths.dtype, np.integer):
+        raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
+    if lengths.shape != (num,):
+        raise ValueError(f"lengths must have shape ({num},), got {lengths.shape}")
+    if np.any(lengths < 1) or np.any(lengths > num_t):
+        raise ValueError(f"lengths must lie in 1..{num_t} (an empty sequence has no "
+                         f"step); got {lengths.tolist()}")
+    return lengths

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import constraints
 
+from statseq.classify._estimator import padded_lengths
 from statseq.core.validation import float_dtype
 from statseq.models.neural.base import Backbone
 
@@ -206,22 +207,8 @@ def pad_tokens(X, lengths=None, vocab_size=None):
         if arr.ndim != 2:
             raise ValueError(f"token X must be (N, T) (or a list of token sequences), got "
                              f"shape {arr.shape}")
-        if arr.shape[0] == 0:
-            raise ValueError("X holds no sequences")
-        if arr.shape[1] == 0:
-            raise ValueError("X has no time steps: every sequence needs a step")
-        num, num_t = arr.shape
-        if lengths is None:
-            lengths = np.full(num, num_t, np.int64)
-        else:
-            lengths = np.asarray(lengths)
-            if not np.issubdtype(lengths.dtype, np.integer):
-                raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
-            if lengths.shape != (num,):
-                raise ValueError(f"lengths must have shape ({num},), got {lengths.shape}")
-            if np.any(lengths < 1) or np.any(lengths > num_t):
-                raise ValueError(f"lengths must lie in 1..{num_t} (an empty sequence has no "
-                                 f"step); got {lengths.tolist()}")
+        num_t = arr.shape[1]
+        lengths = padded_lengths(lengths, arr.shape)
         valid = np.arange(num_t)[None, :] < lengths[:, None]
         if np.issubdtype(arr.dtype, np.floating):
             arr = np.where(valid, arr, 0)  # padding may hold NaN

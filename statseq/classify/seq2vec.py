@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from statseq.classify._estimator import ClassifierMixin, SequenceEstimator
+from statseq.classify._estimator import ClassifierMixin, SequenceEstimator, padded_lengths
 from statseq.classify.embedding import EmbeddedBackbone, is_token_data, pad_tokens
 from statseq.core.validation import float_dtype
 from statseq.models.neural.base import Backbone
@@ -108,22 +108,8 @@ def pad_sequences(X, lengths=None):
         if x.ndim != 3:
             raise ValueError(f"X must be (N, T) or (N, T, D) (or a list of sequences), got "
                              f"shape {x.shape}")
-        if x.shape[0] == 0:
-            raise ValueError("X holds no sequences")
-        if x.shape[1] == 0:
-            raise ValueError("X has no time steps: every sequence needs a step")
-        num, num_t = x.shape[:2]
-        if lengths is None:
-            lengths = np.full(num, num_t, np.int64)
-        else:
-            lengths = np.asarray(lengths)
-            if not np.issubdtype(lengths.dtype, np.integer):
-                raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
-            if lengths.shape != (num,):
-                raise ValueError(f"lengths must have shape ({num},), got {lengths.shape}")
-            if np.any(lengths < 1) or np.any(lengths > num_t):
-                raise ValueError(f"lengths must lie in 1..{num_t} (an empty sequence has no "
-                                 f"step); got {lengths.tolist()}")
+        num_t = x.shape[1]
+        lengths = padded_lengths(lengths, x.shape[:2])
         x = np.where(np.arange(num_t)[None, :, None] < lengths[:, None, None], x, 0.0)
         x = x.astype(dtype)
     if not np.all(np.isfinite(x)):
