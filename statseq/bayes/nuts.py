@@ -37,6 +37,25 @@ def _from_dict(groups, dims, coords):
     return az.from_dict(groups, dims=dims, coords=coords)  # pragma: no cover - arviz 1.x
 
 
+def check_nuts_settings(num_warmup, num_samples, num_chains, chain_method,
+                        target_accept_prob) -> tuple[int, int, int]:
+    """Check NUTS's run settings; return ``(num_warmup, num_samples, num_chains)`` as ints.
+
+    Raises:
+        ValueError: a count that is not a positive integer, an unknown ``chain_method`` or a
+            ``target_accept_prob`` outside ``(0, 1)``.
+    """
+    num_warmup = check_positive_int(num_warmup, "num_warmup")
+    num_samples = check_positive_int(num_samples, "num_samples")
+    num_chains = check_positive_int(num_chains, "num_chains")
+    if chain_method not in ("sequential", "vectorized", "parallel"):
+        raise ValueError("chain_method must be 'sequential', 'vectorized' or 'parallel', "
+                         f"got {chain_method!r}")
+    if not 0.0 < float(target_accept_prob) < 1.0:
+        raise ValueError(f"target_accept_prob must be in (0, 1), got {target_accept_prob}")
+    return num_warmup, num_samples, num_chains
+
+
 def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, priors=None,
              mask=None, inputs=None, init_params=None, trainable=None, ordered=None,
              ties=None, chain_method="sequential", target_accept_prob=0.8, max_tree_depth=10,
@@ -117,14 +136,8 @@ def fit_nuts(model, y, *, key, num_warmup=500, num_samples=500, num_chains=4, pr
     check_key(key)
     from numpyro.infer import MCMC, NUTS
 
-    num_warmup = check_positive_int(num_warmup, "num_warmup")
-    num_samples = check_positive_int(num_samples, "num_samples")
-    num_chains = check_positive_int(num_chains, "num_chains")
-    if chain_method not in ("sequential", "vectorized", "parallel"):
-        raise ValueError("chain_method must be 'sequential', 'vectorized' or 'parallel', "
-                         f"got {chain_method!r}")
-    if not 0.0 < float(target_accept_prob) < 1.0:
-        raise ValueError(f"target_accept_prob must be in (0, 1), got {target_accept_prob}")
+    num_warmup, num_samples, num_chains = check_nuts_settings(
+        num_warmup, num_samples, num_chains, chain_method, target_accept_prob)
     if not float(jitter) >= 0.0:
         raise ValueError(f"jitter must be >= 0, got {jitter}")
     init_key, run_key = jax.random.split(key)

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.bayes.nuts import check_nuts_settings
 from statseq.classify.seq2vec import (
     Seq2VecParams,
     _sum_log_lik,
@@ -328,14 +329,9 @@ def fit_bayes(estimator, X, y, *, method, key, lengths=None, prior_scale=1.0,
         raise ValueError(f"method must be one of {BAYES_METHODS}, got {method!r}")
     num_samples = check_positive_int(num_samples, "num_samples")
     if method == "nuts":
-        num_warmup = check_positive_int(num_warmup, "num_warmup")
-        num_chains = check_positive_int(num_chains, "num_chains")
+        num_warmup, num_samples, num_chains = check_nuts_settings(
+            num_warmup, num_samples, num_chains, chain_method, target_accept_prob)
         max_tree_depth = check_positive_int(max_tree_depth, "max_tree_depth")
-        if chain_method not in ("sequential", "vectorized", "parallel"):
-            raise ValueError("chain_method must be 'sequential', 'vectorized' or 'parallel', "
-                             f"got {chain_method!r}")
-        if not 0.0 < float(target_accept_prob) < 1.0:
-            raise ValueError(f"target_accept_prob must be in (0, 1), got {target_accept_prob}")
     else:
         if guide not in SVI_GUIDES:
             raise ValueError(f"guide must be one of {SVI_GUIDES}, got {guide!r}")
