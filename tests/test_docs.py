@@ -318,6 +318,9 @@ def test_docs_smoke_switch_sets_the_vignettes_mode(monkeypatch):
         # smoke kernels compile at -O0 (compile-bound, no numbers asserted); full stays as set
         assert ("--xla_backend_optimization_level=0" in os.environ["XLA_FLAGS"]) is (
             smoke == "1")
+        # and, on jaxlib 0.10.x only (0.12 aborts on the unknown flag), the older emitters
+        old_emitters = smoke == "1" and hooks._jaxlib_version().startswith("0.10.")
+        assert ("--xla_cpu_use_fusion_emitters=false" in os.environ["XLA_FLAGS"]) is old_emitters
         assert "--xla_cpu_enable_fast_math=false" in os.environ["XLA_FLAGS"]
         assert os.environ.get("STATSEQ_SMOKE") == smoke
         assert os.environ.get("MPLBACKEND") is None
