@@ -283,6 +283,14 @@ def _recurrence_before(a, b):
     return jax.lax.scan(body, jnp.zeros(b.shape[1:], b.dtype), (a, b))[1]
 
 
+def _recurrence_scan(a, b):
+    """statseq's sequential linear recurrence before the in-place loop (issue 13, point
+    4): a `lax.scan` that stacks its states (a zero-filled output plus a copy per step)."""
+    from statseq.inference.linear_recurrence import _prepare, _sequential_scan
+
+    return _sequential_scan(*_prepare(a, b, None))
+
+
 def floor_inputs(kind, t_len):
     import jax.numpy as jnp
     import numpy as np
@@ -329,6 +337,8 @@ def bench_floor(timer, kind, t_len, kernels, rows, ratios, log):
             "numba": partial(recurrence if kind == "per-step" else recurrence_const, *views),
             "NumPy loop": partial(numpy_recurrence, *views),
         }
+        # the sequential form before the in-place loop: `lax.scan` stacking its states
+        impls["statseq lax.scan"] = partial(jax.jit(_recurrence_scan), *inputs)
         if kind == "constant":
             impls["statseq before"] = partial(jax.jit(_recurrence_before), *inputs)
         label = f"linear recurrence, {kind} a (all h_t)"
@@ -360,8 +370,13 @@ def run_floor(args, log):
     kernels = floor_kernels()
     timer = Timer(min_rounds=3 if args.quick else 5, budget_s=2.0 if args.quick else 6.0)
     lengths = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    if args.lengths:
+        lengths = tuple(int(float(v)) for v in args.lengths.split(","))
+    kinds = ("selective", "constant", "per-step")
+    if args.kinds:
+        kinds = tuple(args.kinds.split(","))
     rows, ratios = [], {}
-    for kind in ("selective", "constant", "per-step"):
+    for kind in kinds:
         for t_len in lengths:
             bench_floor(timer, kind, t_len, kernels, rows, ratios, log)
     headers = ["workload", "T", "implementation", "first call (compile)", "steady median",
@@ -371,8 +386,10 @@ def run_floor(args, log):
              "function under `jax.jit`, `parallel=False` (the CPU default). numba: the same "
              "recursion as a compiled `@njit` loop (no fastmath; compile time is its first "
              "call). NumPy loop: a Python loop over time, vectorized over the state. "
-             "statseq before: the code before this change (selective scan with an (E, N) "
-             "state; the constant multiplier broadcast over time). Ratios are statseq's time "
+             "statseq before: the code before the 2026-11-26 change (selective scan with an "
+             "(E, N) state; the constant multiplier broadcast over time). statseq lax.scan: "
+             "the sequential recurrence before the in-place loop (a `lax.scan` stacking its "
+             "states). Ratios are statseq's time "
              "over the row's (< 1: statseq faster), the median of per-round ratios and the "
              f"ratio of minima. Load average {load_average()}.")
     return ("S0. The diagonal recurrence against the numba floor and a NumPy loop", intro,
@@ -445,6 +462,10 @@ def main():
                         help="markdown file to update (default RESULTS.md for a full run)")
     parser.add_argument("--floor-only", action="store_true",
                         help="only S0 (statseq against numba and a NumPy loop)")
+    parser.add_argument("--lengths", type=str, default=None,
+                        help="S0 only at these T, e.g. '1e3' (prints only, with --floor-only)")
+    parser.add_argument("--kinds", type=str, default=None,
+                        help="S0 workloads, e.g. 'constant,per-step' (prints only)")
     parser.add_argument("--cpus", type=str, default=None,
                         help="pin to these CPUs, e.g. '0' (os.sched_setaffinity)")
     args = parser.parse_args()
@@ -466,8 +487,9 @@ def main():
     info["load average at end"] = load_average()
     text = render(info, command, started, time.perf_counter() - t0, sections)
     print(text)
+    partial_run = args.quick or args.lengths or args.kinds
     output = args.output if args.output is not None else (
-        None if args.quick else HERE / "RESULTS.md")
+        None if partial_run else HERE / "RESULTS.md")
     if output is not None:
         write_results(output, command, text)
         log(f"wrote {output}")
