@@ -14,6 +14,9 @@ Workloads, float32 (the training precision), data from a fixed seed:
    an LRU's ``λ``) against the same recursion as a numba ``@njit`` loop (the compiled
    floor), a NumPy loop over time, and statseq's code before this change. Ratios
    (statseq time / other time) go to ``benchmarks/ratios/scan.json`` on full runs.
+   Also (T = 10^3, 10^4) the LRU's use: ``b = tanh(u) / 2`` computed in the same jitted
+   function, forward and ``value_and_grad``, the in-place loop against the `lax.scan`
+   stacking its states (``--kinds inside``).
 
 1. *Selective scan* of Mamba's shape: ``d = 64`` channels times ``N = 16`` states,
    ``h_t = exp(Δ_t A) * h_{t-1} + (Δ_t x_t) B_t``, ``y_t = h_t C_t`` for
@@ -366,19 +369,71 @@ def bench_floor(timer, kind, t_len, kernels, rows, ratios, log):
         f"{fmt_s(res['numba']['median'])} ratio {paired_ratio(base, res['numba']):.2f}")
 
 
+def bench_inside(timer, t_len, rows, ratios, log):
+    """An LRU's use of `linear_recurrence`: the increments computed in the same jitted
+    function (``b = tanh(u) / 2``, so the in-place loop may write over ``b``'s buffer
+    without a copy), a constant multiplier; forward, and the gradient of a scalar loss
+    with respect to ``λ`` and ``u`` (`jax.value_and_grad`). statseq (in-place loop)
+    against the `lax.scan` that stacks its states (the form before it)."""
+    from functools import partial
+
+    import jax
+    import jax.numpy as jnp
+
+    from statseq.inference.linear_recurrence import linear_recurrence
+
+    lam, u = floor_inputs("constant", t_len)
+    forms = {"statseq": partial(linear_recurrence, parallel=False),
+             "statseq lax.scan": _recurrence_scan}
+    for what in ("forward", "value_and_grad"):
+        impls = {}
+        for name, rec in forms.items():
+            if what == "forward":
+                fn = jax.jit(lambda lam, u, rec=rec: rec(lam, 0.5 * jnp.tanh(u)))
+            else:
+                fn = jax.jit(jax.value_and_grad(
+                    lambda lam, u, rec=rec: jnp.mean(jnp.sin(rec(lam, 0.5 * jnp.tanh(u)))),
+                    argnums=(0, 1)))
+            impls[name] = partial(fn, lam, u)
+        firsts = {name: timer.first(fn) for name, fn in impls.items()}
+        diff = _rel_diff(firsts["statseq"][0], firsts["statseq lax.scan"][0])
+        res = timer.rounds(impls)
+        base = res["statseq"]
+        label = f"LRU use, b = tanh(u)/2 in the jit, {what}"
+        for name in impls:
+            r = res[name]
+            rows.append([
+                label if name == "statseq" else "", f"{t_len:,}", name,
+                f"{fmt_s(firsts[name][1])} ({fmt_s(firsts[name][2])})",
+                fmt_s(r["median"]), fmt_s(r["min"]),
+                "1" if name == "statseq" else f"{paired_ratio(base, r):.2f}",
+                "1" if name == "statseq" else f"{base['min'] / r['min']:.2f}",
+                f"{diff:.1e} (vs lax.scan)",
+            ])
+        key = f"linear recurrence, LRU use {what} D={D_FLOOR} N={N} T={t_len:.0e} f32"
+        ratios[f"{key.replace('+0', '')} | statseq / statseq lax.scan"] = paired_ratio(
+            base, res["statseq lax.scan"])
+        log(f"{label} T={t_len}: statseq / lax.scan "
+            f"{paired_ratio(base, res['statseq lax.scan']):.2f}")
+
+
 def run_floor(args, log):
     kernels = floor_kernels()
     timer = Timer(min_rounds=3 if args.quick else 5, budget_s=2.0 if args.quick else 6.0)
     lengths = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
     if args.lengths:
         lengths = tuple(int(float(v)) for v in args.lengths.split(","))
-    kinds = ("selective", "constant", "per-step")
+    kinds = ("selective", "constant", "per-step", "inside")
     if args.kinds:
         kinds = tuple(args.kinds.split(","))
     rows, ratios = [], {}
     for kind in kinds:
         for t_len in lengths:
-            bench_floor(timer, kind, t_len, kernels, rows, ratios, log)
+            if kind == "inside":
+                if t_len <= 10_000:
+                    bench_inside(timer, t_len, rows, ratios, log)
+            else:
+                bench_floor(timer, kind, t_len, kernels, rows, ratios, log)
     headers = ["workload", "T", "implementation", "first call (compile)", "steady median",
                "min", "statseq / this (median of rounds)", "statseq / this (ratio of minima)",
                "max rel. diff vs numba"]
@@ -465,7 +520,8 @@ def main():
     parser.add_argument("--lengths", type=str, default=None,
                         help="S0 only at these T, e.g. '1e3' (prints only, with --floor-only)")
     parser.add_argument("--kinds", type=str, default=None,
-                        help="S0 workloads, e.g. 'constant,per-step' (prints only)")
+                        help="S0 workloads among selective, constant, per-step, inside (the LRU "
+                             "use, T <= 10^4), e.g. 'constant,per-step' (prints only)")
     parser.add_argument("--cpus", type=str, default=None,
                         help="pin to these CPUs, e.g. '0' (os.sched_setaffinity)")
     args = parser.parse_args()

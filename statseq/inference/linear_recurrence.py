@@ -17,9 +17,14 @@ then ``(a2, b2)``) gives another one,
 which is associative, so all prefixes ``h_0, ..., h_{T-1}`` are computed by
 `jax.lax.associative_scan` in ``O(log T)`` depth and ``O(T)`` work (Blelloch 1990;
 Martin and Cundy 2018). The initial state is folded into the first element
-(``b_0 <- a_0 h0 + b_0``). The sequential form is a `jax.lax.scan`; both are
-differentiable and give the same numbers up to rounding (a test checks ``1e-12`` in
-float64, including ``|a|`` close to one and complex ``a``).
+(``b_0 <- a_0 h0 + b_0``). The sequential form is a loop that writes each state over
+``b``'s buffer in place (a `jax.lax.fori_loop` with ``dynamic_update_slice``: no
+zero-filled stacked output, about 1.2 to 2 times faster than a `jax.lax.scan` stacking
+its states at ``T = 10^3`` on CPU), differentiated through the tangent recursion run as a
+`jax.lax.scan` (`jax.custom_jvp`). Both forms are differentiable (forward and reverse
+mode) and give the same numbers up to rounding (a test checks ``1e-12`` in float64,
+including ``|a|`` close to one and complex ``a``; the loop equals the stacking scan bit
+for bit).
 
 `selective_scan` is Mamba's input-dependent instance with a readout,
 ``y_t = C_t h_t``; its sequential form never stores the ``(T, E, N)`` states (about five
@@ -184,7 +189,8 @@ def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
         b: ``(T, *shape)`` increments, real or complex.
         h0: ``shape`` initial state (default zeros).
         parallel: ``True`` for `jax.lax.associative_scan` (``O(log T)`` depth), ``False``
-            for `jax.lax.scan`, ``None`` to choose by backend (sequential on CPU).
+            for the sequential loop (states written over a copy of ``b`` in place),
+            ``None`` to choose by backend (sequential on CPU).
 
     Returns:
         ``(T, *shape)`` states ``h_0, ..., h_{T-1}``, in the common dtype of ``a``, ``b``
