@@ -98,7 +98,7 @@ def machine_info():
         "jax / jaxlib": f"{jax.__version__} / {jaxlib.__version__}",
         "JAX backend": f"{jax.default_backend()} ({', '.join(str(d) for d in jax.devices())})",
         "statseq `parallel=None` on this backend":
-            "parallel (associative scan)" if use_parallel(None) else "sequential (lax.scan)",
+            "parallel (associative scan)" if use_parallel(None) else "sequential (in-place loop)",
         "statseq": f"{statseq.__version__} (commit {commit})",
         "dtype": "float32",
         "persistent compilation cache": "off (first calls compile from scratch)",
