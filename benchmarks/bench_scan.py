@@ -14,6 +14,9 @@ Workloads, float32 (the training precision), data from a fixed seed:
    an LRU's ``λ``) against the same recursion as a numba ``@njit`` loop (the compiled
    floor), a NumPy loop over time, and statseq's code before this change. Ratios
    (statseq time / other time) go to ``benchmarks/ratios/scan.json`` on full runs.
+   Also (T = 10^3, 10^4) the LRU's use: ``b = tanh(u) / 2`` computed in the same jitted
+   function, forward and ``value_and_grad``, the in-place loop against the `lax.scan`
+   stacking its states (``--kinds inside``).
 
 1. *Selective scan* of Mamba's shape: ``d = 64`` channels times ``N = 16`` states,
    ``h_t = exp(Δ_t A) * h_{t-1} + (Δ_t x_t) B_t``, ``y_t = h_t C_t`` for
@@ -95,7 +98,7 @@ def machine_info():
         "jax / jaxlib": f"{jax.__version__} / {jaxlib.__version__}",
         "JAX backend": f"{jax.default_backend()} ({', '.join(str(d) for d in jax.devices())})",
         "statseq `parallel=None` on this backend":
-            "parallel (associative scan)" if use_parallel(None) else "sequential (lax.scan)",
+            "parallel (associative scan)" if use_parallel(None) else "sequential (in-place loop)",
         "statseq": f"{statseq.__version__} (commit {commit})",
         "dtype": "float32",
         "persistent compilation cache": "off (first calls compile from scratch)",
@@ -283,6 +286,14 @@ def _recurrence_before(a, b):
     return jax.lax.scan(body, jnp.zeros(b.shape[1:], b.dtype), (a, b))[1]
 
 
+def _recurrence_scan(a, b):
+    """statseq's sequential linear recurrence before the in-place loop (issue 13, point
+    4): a `lax.scan` that stacks its states (a zero-filled output plus a copy per step)."""
+    from statseq.inference.linear_recurrence import _prepare, _sequential_scan
+
+    return _sequential_scan(*_prepare(a, b, None))
+
+
 def floor_inputs(kind, t_len):
     import jax.numpy as jnp
     import numpy as np
@@ -329,6 +340,8 @@ def bench_floor(timer, kind, t_len, kernels, rows, ratios, log):
             "numba": partial(recurrence if kind == "per-step" else recurrence_const, *views),
             "NumPy loop": partial(numpy_recurrence, *views),
         }
+        # the sequential form before the in-place loop: `lax.scan` stacking its states
+        impls["statseq lax.scan"] = partial(jax.jit(_recurrence_scan), *inputs)
         if kind == "constant":
             impls["statseq before"] = partial(jax.jit(_recurrence_before), *inputs)
         label = f"linear recurrence, {kind} a (all h_t)"
@@ -356,14 +369,71 @@ def bench_floor(timer, kind, t_len, kernels, rows, ratios, log):
         f"{fmt_s(res['numba']['median'])} ratio {paired_ratio(base, res['numba']):.2f}")
 
 
+def bench_inside(timer, t_len, rows, ratios, log):
+    """An LRU's use of `linear_recurrence`: the increments computed in the same jitted
+    function (``b = tanh(u) / 2``, so the in-place loop may write over ``b``'s buffer
+    without a copy), a constant multiplier; forward, and the gradient of a scalar loss
+    with respect to ``λ`` and ``u`` (`jax.value_and_grad`). statseq (in-place loop)
+    against the `lax.scan` that stacks its states (the form before it)."""
+    from functools import partial
+
+    import jax
+    import jax.numpy as jnp
+
+    from statseq.inference.linear_recurrence import linear_recurrence
+
+    lam, u = floor_inputs("constant", t_len)
+    forms = {"statseq": partial(linear_recurrence, parallel=False),
+             "statseq lax.scan": _recurrence_scan}
+    for what in ("forward", "value_and_grad"):
+        impls = {}
+        for name, rec in forms.items():
+            if what == "forward":
+                fn = jax.jit(lambda lam, u, rec=rec: rec(lam, 0.5 * jnp.tanh(u)))
+            else:
+                fn = jax.jit(jax.value_and_grad(
+                    lambda lam, u, rec=rec: jnp.mean(jnp.sin(rec(lam, 0.5 * jnp.tanh(u)))),
+                    argnums=(0, 1)))
+            impls[name] = partial(fn, lam, u)
+        firsts = {name: timer.first(fn) for name, fn in impls.items()}
+        diff = _rel_diff(firsts["statseq"][0], firsts["statseq lax.scan"][0])
+        res = timer.rounds(impls)
+        base = res["statseq"]
+        label = f"LRU use, b = tanh(u)/2 in the jit, {what}"
+        for name in impls:
+            r = res[name]
+            rows.append([
+                label if name == "statseq" else "", f"{t_len:,}", name,
+                f"{fmt_s(firsts[name][1])} ({fmt_s(firsts[name][2])})",
+                fmt_s(r["median"]), fmt_s(r["min"]),
+                "1" if name == "statseq" else f"{paired_ratio(base, r):.2f}",
+                "1" if name == "statseq" else f"{base['min'] / r['min']:.2f}",
+                f"{diff:.1e} (vs lax.scan)",
+            ])
+        key = f"linear recurrence, LRU use {what} D={D_FLOOR} N={N} T={t_len:.0e} f32"
+        ratios[f"{key.replace('+0', '')} | statseq / statseq lax.scan"] = paired_ratio(
+            base, res["statseq lax.scan"])
+        log(f"{label} T={t_len}: statseq / lax.scan "
+            f"{paired_ratio(base, res['statseq lax.scan']):.2f}")
+
+
 def run_floor(args, log):
     kernels = floor_kernels()
     timer = Timer(min_rounds=3 if args.quick else 5, budget_s=2.0 if args.quick else 6.0)
     lengths = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    if args.lengths:
+        lengths = tuple(int(float(v)) for v in args.lengths.split(","))
+    kinds = ("selective", "constant", "per-step", "inside")
+    if args.kinds:
+        kinds = tuple(args.kinds.split(","))
     rows, ratios = [], {}
-    for kind in ("selective", "constant", "per-step"):
+    for kind in kinds:
         for t_len in lengths:
-            bench_floor(timer, kind, t_len, kernels, rows, ratios, log)
+            if kind == "inside":
+                if t_len <= 10_000:
+                    bench_inside(timer, t_len, rows, ratios, log)
+            else:
+                bench_floor(timer, kind, t_len, kernels, rows, ratios, log)
     headers = ["workload", "T", "implementation", "first call (compile)", "steady median",
                "min", "statseq / this (median of rounds)", "statseq / this (ratio of minima)",
                "max rel. diff vs numba"]
@@ -371,8 +441,10 @@ def run_floor(args, log):
              "function under `jax.jit`, `parallel=False` (the CPU default). numba: the same "
              "recursion as a compiled `@njit` loop (no fastmath; compile time is its first "
              "call). NumPy loop: a Python loop over time, vectorized over the state. "
-             "statseq before: the code before this change (selective scan with an (E, N) "
-             "state; the constant multiplier broadcast over time). Ratios are statseq's time "
+             "statseq before: the code before the 2026-11-26 change (selective scan with an "
+             "(E, N) state; the constant multiplier broadcast over time). statseq lax.scan: "
+             "the sequential recurrence before the in-place loop (a `lax.scan` stacking its "
+             "states). Ratios are statseq's time "
              "over the row's (< 1: statseq faster), the median of per-round ratios and the "
              f"ratio of minima. Load average {load_average()}.")
     return ("S0. The diagonal recurrence against the numba floor and a NumPy loop", intro,
@@ -445,6 +517,11 @@ def main():
                         help="markdown file to update (default RESULTS.md for a full run)")
     parser.add_argument("--floor-only", action="store_true",
                         help="only S0 (statseq against numba and a NumPy loop)")
+    parser.add_argument("--lengths", type=str, default=None,
+                        help="S0 only at these T, e.g. '1e3' (prints only, with --floor-only)")
+    parser.add_argument("--kinds", type=str, default=None,
+                        help="S0 workloads among selective, constant, per-step, inside (the LRU "
+                             "use, T <= 10^4), e.g. 'constant,per-step' (prints only)")
     parser.add_argument("--cpus", type=str, default=None,
                         help="pin to these CPUs, e.g. '0' (os.sched_setaffinity)")
     args = parser.parse_args()
@@ -466,8 +543,9 @@ def main():
     info["load average at end"] = load_average()
     text = render(info, command, started, time.perf_counter() - t0, sections)
     print(text)
+    partial_run = args.quick or args.lengths or args.kinds
     output = args.output if args.output is not None else (
-        None if args.quick else HERE / "RESULTS.md")
+        None if partial_run else HERE / "RESULTS.md")
     if output is not None:
         write_results(output, command, text)
         log(f"wrote {output}")
