@@ -565,11 +565,10 @@ def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, k
         z_{T-1} ~ p(z_{T-1} | y_{0:T-1}),
         z_t | z_{t+1} ~ p(z_t | y_{<=t}, z_{t+1}) proportional to f_t(i) A_t[i, z_{t+1}],
 
-    where every backward draw is made for all values of ``z_{t+1}`` at once by an
-    exponential race (``argmax_i f_t(i) A_t[i, j] / E_t[i]`` with ``E ~ Exp(1)``), so that
-    only the backtracking is sequential, and it is blocked
-    (`statseq.inference.hmm_paths`). The same key gives the same path. ``vmap`` over keys
-    for many paths.
+    where each backward draw is the inverse CDF of ``f_t(i) A_t[i, z_{t+1}]`` at a
+    uniform ``u_t``, the ``T-1`` uniforms drawn at once, so that the backward scan carries
+    one integer (`statseq.inference.hmm_paths.posterior_sample`). The same key gives the
+    same path. ``vmap`` over keys for many paths.
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
