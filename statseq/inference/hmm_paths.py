@@ -11,9 +11,9 @@ Posterior sampling (forward filtering, backward sampling) filters once, then dra
 ``z_t | z_{t+1}`` backwards by the inverse CDF of ``w_i = f_t(i) A_t[i, z_{t+1}]`` with
 one uniform per step, drawn for all steps at once: the backward scan carries one integer
 and reads one row of ``A^T`` per step. (An earlier version drew the whole ``(T-1, K)``
-pointer table by an exponential race and backtracked it in blocks; at ``K = 16`` the
-``(T, K, K)`` table cost four times the scan, and its ``T K`` exponentials twice the
-``T`` uniforms: benchmarks/RESULTS.md, "HMM paths".) If every product ``f_t(i) A_t[i, j]``
+pointer table by an exponential race (``T K`` exponentials, a ``(T, K, K)`` table) and
+backtracked it in blocks; this takes 0.45-0.65 of its time in same-round runs:
+benchmarks/RESULTS.md, "HMM paths".) If every product ``f_t(i) A_t[i, j]``
 of the realized ``j`` underflowed to zero the draw would fall to state ``K-1``.
 
 For Viterbi, sequential work can be cut by **blocking** the time axis into ``C`` chunks
