@@ -163,6 +163,77 @@ def previous_kernels():
     return jax.jit(viterbi), jax.jit(ffbs)
 
 
+#: the commit before the inverse-CDF FFBS and the linearized gradient path (same-round
+#: "before" rows: the exponential-race FFBS and the gradient through the plain filter)
+BEFORE_COMMIT = "2d00e12"
+
+
+def race_kernel():
+    """The exponential-race FFBS (pointer table + blocked backtracking) of `BEFORE_COMMIT`,
+    on the current filter; ``None`` outside a git checkout."""
+    import jax
+    from _harness import load_module_at
+
+    from statseq.inference.hmm import _filter, _prepare_inputs
+
+    old = load_module_at(BEFORE_COMMIT, "statseq/inference/hmm_paths.py", "hmm_paths_race")
+    if old is None:
+        return None
+
+    def ffbs(pi, a, ll, key):
+        pi, fixed, per_step, ll = _prepare_inputs(pi, a, ll)
+        filtered = _filter(pi, fixed, per_step, ll).filtered_probs
+        return old.posterior_sample(filtered, fixed, per_step, key)
+
+    return jax.jit(ffbs)
+
+
+def bench_gradient(timer, cases, log):
+    """`hmm_smoother_by_gradient` against `hmm_smoother` (forward-backward), and the
+    gradient path of `BEFORE_COMMIT`, same rounds; results compared to 1e-10 first."""
+    import jax
+    import jax.numpy as jnp
+    from _harness import load_module_at
+
+    from statseq.inference import hmm
+
+    old = load_module_at(BEFORE_COMMIT, "statseq/inference/hmm.py", "hmm_before")
+    rows, ratios = [], {}
+    for k, t in cases:
+        pi, a, ll = (jnp.asarray(x) for x in problem(k, t))
+        fns = {"forward-backward": jax.jit(hmm.hmm_smoother),
+               "by gradient": jax.jit(hmm.hmm_smoother_by_gradient)}
+        if old is not None:
+            fns["by gradient before"] = jax.jit(old.hmm_smoother_by_gradient)
+        ref = fns["forward-backward"](pi, a, ll)
+        for name, fn in fns.items():
+            got = fn(pi, a, ll)
+            for x, y in zip(ref, got, strict=True):
+                np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-10,
+                                           atol=1e-12, err_msg=name)
+        fns = {name: (lambda fn=fn, args=(pi, a, ll): fn(*args)) for name, fn in fns.items()}
+        compile_s = {}
+        for name, fn in fns.items():
+            _, wall, comp = timer.first(fn)
+            compile_s[name] = comp if comp > 0 else wall
+        res = timer.rounds(fns)
+        tag = f"K{k}_T{t}"
+        for num in fns:
+            if num == "forward-backward":
+                continue
+            key_name = f"{num.replace(' ', '_')}_vs_fb_{tag}"
+            ratios[key_name] = paired_ratio(res[num], res["forward-backward"])
+            ratios["min_" + key_name] = res[num]["min"] / res["forward-backward"]["min"]
+        for name in fns:
+            rows.append([f"K={k}, T={t}", name, fmt_s(res[name]["median"]),
+                         fmt_s(res[name]["min"]), fmt_s(compile_s[name]),
+                         "yes" if res[name]["recompiled"] else ""])
+        log(f"gradient K={k} T={t}: " + ", ".join(
+            f"{n} {fmt_s(res[n]['min'])}" for n in fns))
+    return md_table(["case", "implementation", "median", "min", "first-call compile",
+                     "recompiled?"], rows), ratios
+
+
 def _path_fns(k, t, kernels):
     """The timed callables of one (K, T) case, and the arrays to check."""
     import jax
@@ -171,7 +242,7 @@ def _path_fns(k, t, kernels):
 
     import statseq as ss
 
-    core_v, core_s, dyn_s, nb_viterbi, nb_ffbs, prev_v, prev_s = kernels
+    core_v, core_s, dyn_s, nb_viterbi, nb_ffbs, prev_v, prev_s, race_s = kernels
     pi, a, ll = problem(k, t)
     jpi, ja, jll = (jnp.asarray(x) for x in (pi, a, ll))
     key = jax.random.key(0)
@@ -195,6 +266,8 @@ def _path_fns(k, t, kernels):
         "ffbs numba": lambda: nb_ffbs(pi, a, ll, u),
         "ffbs dynamax": lambda: dyn_s(key, jpi, ja, jll),
     }
+    if race_s is not None:
+        fns["ffbs race"] = lambda: race_s(jpi, ja, jll, key)
     return fns, (pi, a, ll)
 
 
@@ -209,7 +282,7 @@ def bench_paths(timer, cases, log):
     kernels = (jax.jit(hmm_viterbi),
                jax.jit(lambda p, a, ll, k: hmm_posterior_sample(p, a, ll, key=k)),
                jax.jit(lambda k, p, a, ll: dyn.hmm_posterior_sample(k, p, a, ll)[1]),
-               nb_viterbi, nb_ffbs, *previous_kernels())
+               nb_viterbi, nb_ffbs, *previous_kernels(), race_kernel())
     rows, ratios = [], {}
     for k, t in cases:
         fns, (pi, a, ll) = _path_fns(k, t, kernels)
@@ -227,7 +300,9 @@ def bench_paths(timer, cases, log):
                          ("viterbi core", "viterbi previous"), ("ffbs core", "ffbs previous"),
                          ("viterbi public", "viterbi hmmlearn"),
                          ("ffbs core", "ffbs numba"), ("ffbs core", "ffbs dynamax"),
-                         ("ffbs public", "ffbs numba")]:
+                         ("ffbs public", "ffbs numba"), ("ffbs core", "ffbs race")]:
+            if den not in res:
+                continue
             key_name = f"{num.replace(' ', '_')}_vs_{den.split()[-1]}_{tag}"
             ratios[key_name] = paired_ratio(res[num], res[den])
             ratios["min_" + key_name] = res[num]["min"] / res[den]["min"]
@@ -337,6 +412,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--no-em", action="store_true")
+    parser.add_argument("--only-gradient", action="store_true",
+                        help="only the gradient-as-marginals rows")
     args = parser.parse_args()
     import jax
 
@@ -346,7 +423,15 @@ def main():
              [(2, 10**6), (16, 10**5), (16, 10**3)])
     timer = Timer(min_rounds=5, budget_s=3.0 if args.quick else 8.0)
     print("load average:", load_average())
-    table, ratios = bench_paths(timer, cases, print)
+    grad_cases = [(2, 10**4), (16, 10**3)] if args.quick else [(2, 10**5), (16, 10**4)]
+    grad_table, ratios = bench_gradient(timer, grad_cases, print)
+    print(grad_table)
+    if args.only_gradient:
+        for name, r in sorted(ratios.items()):
+            print(f"{name}: {r:.3f}")
+        return
+    table, path_ratios = bench_paths(timer, cases, print)
+    ratios.update(path_ratios)
     print(table)
     if not args.no_em:
         em_table, em_ratios = bench_em(timer, print, 10 if args.quick else 20)

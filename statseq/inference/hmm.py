@@ -34,7 +34,8 @@ Speed on CPU: with 8 to 32 states the forward and backward scans write their
 matrix-vector products as sums of rows and run 4 steps per loop iteration (about 5 times
 faster at 16 states; fewer states run fastest one step at a time), and the backward pass
 exponentiates the likelihoods before its loop. The gradient path (`hmm_smoother_by_gradient`)
-differentiates the unrolled scan with ``@`` products, whose transposes are cheaper.
+differentiates a filter whose normalizers are held constant (an exact rewrite), so that its
+reverse pass is the scaled backward recursion.
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
 one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
@@ -420,6 +421,68 @@ def trailing_transition_weights(mask):
     return later.astype(jnp.result_type(float))
 
 
+#: steps per loop iteration of the gradient path's filter for `UNROLLED_STATES` (it and
+#: its reverse pass, whose steps are a matrix-vector product and two vector products)
+GRADIENT_UNROLL = 8
+
+
+def _linearized_log_marginal(pi, fixed, per_step, ll, perturbation):
+    """``log p(y)`` through the filter with its normalizers held constant, for
+    `hmm_smoother_by_gradient`: ``(log p(y), filtered_probs)``.
+
+    With any constants ``s_t > 0`` and ``a_0 = pi * l_0 / s_0``,
+    ``a_{t+1} = ((a_t A_t) + e_t) * l_{t+1} / s_{t+1}`` (``l_t = exp(ll[t] - c_t)``,
+    ``e_t = 0`` a perturbation of the predicted message), the identity
+
+        log p(y) = sum_t (c_t + log s_t) + log sum_k a_{T-1}(k)
+
+    holds, so its right side does not depend on the ``s_t``, to any order: taking the
+    normalizers ``s_t = sum_k (...)`` of the normalized filter under ``stop_gradient``
+    changes no derivative, and makes the recursion linear in the message. Its reverse pass
+    is then the scaled backward recursion ``g_t = A_t (g_{t+1} * l_{t+1} / s_{t+1})``, with
+    none of the normalization's derivative terms. ``d log p / d e_t = g_{t+1} * l_{t+1} /
+    s_{t+1}`` gives the transition counts outside the loop (``f_t (x) d/de_t``), so the
+    matrix's gradient is not summed step by step inside it. The value returned is the
+    filter's (the ``log sum a_{T-1}`` term, zero up to rounding, only carries the
+    derivative).
+    """
+    num_states = ll.shape[1]
+    shift = jax.lax.stop_gradient(jnp.max(ll, axis=1, keepdims=True))
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # every state impossible: ll = -inf
+    lik = jnp.exp(ll - shift)
+
+    def condition(probs, lik_t):
+        unnormalized = probs * lik_t
+        norm = jax.lax.stop_gradient(jnp.sum(unnormalized))
+        possible = norm > 0  # impossible under every state: keep the message (as _filter)
+        scale = 1.0 / jnp.where(possible, norm, 1.0)
+        return jnp.where(possible, unnormalized, probs) * scale, norm
+
+    # sums of rows (a broadcast product reduced over the leading axis) for small K: its
+    # transpose is as cheap; `@` beyond the unrolled sizes
+    rows = num_states <= UNROLLED_STATES[1]
+
+    def step(filtered_prev, xs):
+        lik_t, a_prev, e_t = xs
+        a = _pick(fixed, a_prev)
+        if rows:
+            predicted = jnp.sum(filtered_prev[:, None] * a, axis=0) + e_t
+        else:
+            predicted = filtered_prev @ a + e_t
+        filtered, norm = condition(predicted, lik_t)
+        return filtered, (norm, filtered)
+
+    filtered0, norm0 = condition(pi, lik[0])
+    last, (norms, filtered) = jax.lax.scan(
+        step, filtered0, (lik[1:], per_step, perturbation),
+        unroll=GRADIENT_UNROLL if _unrolled(num_states) else 1,
+    )
+    log_normalizers = jnp.log(jnp.concatenate([norm0[None], norms])) + shift[:, 0]
+    tail = jnp.log(jnp.sum(last))
+    value = pairwise_sum(log_normalizers) + (tail - jax.lax.stop_gradient(tail))
+    return value, jnp.concatenate([filtered0[None], filtered])
+
+
 def hmm_smoother_by_gradient(
     initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True
 ) -> HMMPosterior:
@@ -431,16 +494,17 @@ def hmm_smoother_by_gradient(
         d log p(y) / d ll[t, k]        = p(z_t = k | y),
         d log p(y) / d log A_t[i, j]   = p(z_t = i, z_{t+1} = j | y),
 
-    (for a fixed matrix, the second sums over ``t``). This differentiates
-    `hmm_filter` in reverse mode, using ``d/d log A = A * d/d A`` so that zero
-    entries need no logarithm. It agrees with `hmm_smoother` to rounding error and
-    shows that backpropagation through the forward recursion *is* the backward pass.
-
-    For a fixed matrix, reverse mode accumulates the summed counts as a plain running sum
-    over time steps; in float32 over 10^6 steps that costs about 1e-3 relative error in
-    ``expected_transitions`` (`hmm_smoother` sums in chunks and then as a tree and
-    keeps about 1e-7). For a time-varying matrix the per-step counts are summed as a balanced
-    tree.
+    (for a fixed matrix, the second sums over ``t``). This differentiates the forward
+    filter in reverse mode, which shows that backpropagation through the forward
+    recursion *is* the backward pass. Two exact rewrites make that reverse pass as lean as
+    forward-backward's: the filter's normalizers are held constant (``log p(y)`` does not
+    depend on them, to any order, so no derivative changes and the recursion is linear in
+    the message), and the transition counts come from the gradient with respect to a zero
+    perturbation of each predicted message, ``d/d log A_t[i, j] = f_t(i) A_t[i, j]
+    d/d pred_{t+1}(j)``, computed for all steps after the loop (for a fixed matrix summed
+    in chunks and then as a balanced tree, as in `hmm_smoother`). It agrees with
+    `hmm_smoother` to rounding error, and derivatives of its outputs (second derivatives
+    of ``log p(y)``) agree with those of `hmm_smoother`'s.
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
@@ -451,28 +515,33 @@ def hmm_smoother_by_gradient(
 
     Returns:
         An `HMMPosterior`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> A = jnp.array([[0.9, 0.1], [0.2, 0.8]])
+        >>> ll = jnp.log(jnp.array([[0.7, 0.1], [0.6, 0.3], [0.2, 0.6]]))
+        >>> post = hmm_smoother_by_gradient(jnp.array([0.5, 0.5]), A, ll)
+        >>> ref = hmm_smoother(jnp.array([0.5, 0.5]), A, ll)
+        >>> bool(jnp.allclose(post.smoothed_probs, ref.smoothed_probs, atol=1e-6))
+        True
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
-    if per_step is None and not sum_transitions:
-        per_step, fixed = broadcast_transitions(fixed, ll.shape[0]), None
-    trans = _pick(fixed, per_step)
-
-    def log_marginal(trans, ll):
-        if per_step is None:
-            result = _filter(pi, trans, None, ll, rows=False)
-        else:
-            result = _filter(pi, None, trans, ll, rows=False)
-        return result.marginal_log_lik, result
-
-    (value, filt), (grad_trans, grad_ll) = jax.value_and_grad(
-        log_marginal, argnums=(0, 1), has_aux=True
-    )(trans, ll)
-    transitions = trans * grad_trans
-    if per_step is not None and sum_transitions:
-        transitions = pairwise_sum(transitions, axis=0)
+    num_timesteps, num_states = ll.shape
+    perturbation = jnp.zeros((num_timesteps - 1, num_states), ll.dtype)
+    (value, filtered), (grad_predicted, grad_ll) = jax.value_and_grad(
+        lambda e, ll: _linearized_log_marginal(pi, fixed, per_step, ll, e),
+        argnums=(0, 1), has_aux=True,
+    )(perturbation, ll)
+    f = filtered[:-1]
+    if fixed is not None and sum_transitions:
+        transitions = fixed * _sum_outer_products(f, grad_predicted)
+    else:
+        transitions = _pick(fixed, per_step) * f[:, :, None] * grad_predicted[:, None, :]
+        if sum_transitions:
+            transitions = pairwise_sum(transitions, axis=0)
     return HMMPosterior(
         marginal_log_lik=value,
-        filtered_probs=filt.filtered_probs,
+        filtered_probs=filtered,
         smoothed_probs=grad_ll,
         expected_transitions=transitions,
         initial_probs=grad_ll[0],
@@ -565,11 +634,10 @@ def hmm_posterior_sample(initial_probs, transition_matrix, log_likelihoods, *, k
         z_{T-1} ~ p(z_{T-1} | y_{0:T-1}),
         z_t | z_{t+1} ~ p(z_t | y_{<=t}, z_{t+1}) proportional to f_t(i) A_t[i, z_{t+1}],
 
-    where every backward draw is made for all values of ``z_{t+1}`` at once by an
-    exponential race (``argmax_i f_t(i) A_t[i, j] / E_t[i]`` with ``E ~ Exp(1)``), so that
-    only the backtracking is sequential, and it is blocked
-    (`statseq.inference.hmm_paths`). The same key gives the same path. ``vmap`` over keys
-    for many paths.
+    where each backward draw is the inverse CDF of ``f_t(i) A_t[i, z_{t+1}]`` at a
+    uniform ``u_t``, the ``T-1`` uniforms drawn at once, so that the backward scan carries
+    one integer (`statseq.inference.hmm_paths.posterior_sample`). The same key gives the
+    same path. ``vmap`` over keys for many paths.
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.

@@ -1,30 +1,24 @@
-"""Kernels behind `hmm_viterbi` and `hmm_posterior_sample`: blocked max-product and FFBS.
+"""Kernels behind `hmm_viterbi` and `hmm_posterior_sample`: max-product and FFBS.
 
-Both public functions reduce to the same two pieces:
+Viterbi reduces to two pieces:
 
 1. a **pointer table** ``P[t, j]``, ``t = 0, ..., T-2``: the state at ``t`` chosen when
-   the state at ``t+1`` is ``j``;
+   the state at ``t+1`` is ``j``, ``P[t, j] = argmax_i (delta_t[i] + log A_t[i, j])``
+   (ties to the lowest ``i``), where ``delta`` is the max-product message;
 2. **backtracking** ``z_{T-1} = last``, ``z_t = P[t, z_{t+1}]``.
 
-For Viterbi ``P[t, j] = argmax_i (delta_t[i] + log A_t[i, j])`` (ties to the lowest
-``i``), where ``delta`` is the max-product message. For posterior sampling (forward
-filtering, backward sampling) an exponential race (the Gumbel-max trick without its
-logarithms) turns the backward draws into the same form: with independent ``E_t[i] ~
-Exp(1)``,
+Posterior sampling (forward filtering, backward sampling) filters once, then draws
+``z_t | z_{t+1}`` backwards by the inverse CDF of ``w_i = f_t(i) A_t[i, z_{t+1}]`` with
+one uniform per step, drawn for all steps at once: the backward scan carries one integer
+and reads one row of ``A^T`` per step. (An earlier version drew the whole ``(T-1, K)``
+pointer table by an exponential race (``T K`` exponentials, a ``(T, K, K)`` table) and
+backtracked it in blocks; this takes 0.45-0.65 of its time in same-round runs:
+benchmarks/RESULTS.md, "HMM paths".) If every product ``f_t(i) A_t[i, j]``
+of the realized ``j`` underflowed to zero the draw would fall to state ``K-1``.
 
-    P[t, j] = argmax_i f_t(i) A_t[i, j] / E_t[i]
-
-is a draw from ``p(z_t = i | y_{<=t}, z_{t+1} = j)``, proportional to ``f_t(i) A_t[i, j]``,
-for every ``j`` at once. The noise does not depend on ``j``, so the whole table is
-computed without any sequential step, and following it from a draw of ``z_{T-1} ~
-f_{T-1}`` yields one exact sample of ``p(z_{0:T-1} | y_{0:T-1})`` (the draws at different
-``t`` use independent noise). (Rows of ``f / E`` and columns of ``A`` are rescaled to a
-maximum of one first; only if every product ``f_t(i) A_t[i, j]`` of a column were below the
-smallest normal float relative to the largest would the draw fall to state 0.)
-
-Sequential work is cut by **blocking** the time axis into ``C`` chunks of ``L`` steps
-(``C L >= T - 1``, ``L`` about ``sqrt(T)``, padded in front with steps that change
-nothing):
+For Viterbi, sequential work can be cut by **blocking** the time axis into ``C`` chunks
+of ``L`` steps (``C L >= T - 1``, ``L`` about ``sqrt(T)``, padded in front with steps that
+change nothing):
 
 * backtracking: every chunk follows its pointers for all ``K`` possible states after its
   end at once (one ``(C, K)`` gather per step, ``L`` steps), then a scan over the ``C``
@@ -290,8 +284,31 @@ def viterbi(pi, fixed, per_step, ll, *, blocked=None):
 # forward filtering, backward sampling
 
 
+def _inverse_cdf(weights, u):
+    """``#{i < K-1 : w_0 + ... + w_i <= u (w_0 + ... + w_{K-1})}`` for ``weights``
+    ``(..., K)``: the inverse-CDF draw from ``w / sum(w)`` with the uniform ``u``, the
+    partial sums taken left to right (a state of weight zero is never drawn, a uniform of
+    0 gives the first state of positive weight)."""
+    num = weights.shape[-1]
+    sums = [weights[..., 0]]
+    for i in range(1, num):
+        sums.append(sums[-1] + weights[..., i])
+    target = u * sums[-1]
+    state = jnp.zeros(jnp.shape(target), jnp.int32)
+    for i in range(num - 1):
+        state = state + (sums[i] <= target).astype(jnp.int32)
+    return state
+
+
 def posterior_sample(filtered, fixed, per_step, key):
-    """One path from ``p(z | y)`` given the filtered probabilities (Gumbel-max FFBS).
+    """One path from ``p(z | y)`` given the filtered probabilities (FFBS with inverse-CDF
+    backward draws).
+
+    ``z_{T-1}`` is a categorical draw from ``filtered[-1]`` (``key``'s first split);
+    then, from ``t = T-2`` down, ``z_t`` is the inverse-CDF draw (`_inverse_cdf`) from
+    ``w_i = f_t(i) A_t[i, z_{t+1}]`` with one uniform ``u_t`` per step, all ``T-1``
+    uniforms drawn at once from ``key``'s second split. The backward scan carries one
+    integer and reads one row of ``A^T`` per step.
 
     Args:
         filtered: ``(T, K)`` ``p(z_t | y_{<=t})``.
@@ -302,26 +319,19 @@ def posterior_sample(filtered, fixed, per_step, key):
     Returns:
         ``(T,)`` int32 states.
     """
-    num_timesteps, num_states = filtered.shape
+    num_timesteps = filtered.shape[0]
     key_last, key_noise = jax.random.split(key)
     last = jax.random.categorical(key_last, jnp.log(filtered[-1])).astype(jnp.int32)
     if num_timesteps == 1:
         return last[None]
-    # exponential race: argmax_i w_i / E_i with E_i ~ Exp(1) is a draw from w / sum(w)
-    # (the Gumbel-max trick with exp taken); rows and columns are rescaled to a maximum of
-    # one (this does not move the argmax) so that the products do not underflow
-    race = jax.random.exponential(key_noise, (num_timesteps - 1, num_states), filtered.dtype)
-    h = filtered[:-1] / race
-    h = h / jnp.max(h, axis=1, keepdims=True)
-    a = fixed if per_step is None else per_step
-    col = jnp.max(a, axis=-2, keepdims=True)
-    a = a / jnp.where(col > 0, col, 1.0)  # an all-zero column (unreachable j) stays 0
-    # pointers[t, j] = argmax_i h[t, i] a_t[i, j]: a draw of z_t given z_{t+1} = j
-    best = h[:, 0, None] * a[..., 0, :]
-    pointers = jnp.zeros(best.shape, jnp.int32)
-    for i in range(1, num_states):
-        s = h[:, i, None] * a[..., i, :]
-        better = s > best
-        best = jnp.where(better, s, best)
-        pointers = jnp.where(better, jnp.int32(i), pointers)
-    return backtrack(pointers, last)
+    uniforms = jax.random.uniform(key_noise, (num_timesteps - 1,), filtered.dtype)
+    fixed_t = None if fixed is None else fixed.T
+
+    def step(state_next, xs):
+        filtered_t, u_t, a_t = xs
+        column = fixed_t[state_next] if a_t is None else a_t[:, state_next]
+        state = _inverse_cdf(filtered_t * column, u_t)
+        return state, state
+
+    _, states = jax.lax.scan(step, last, (filtered[:-1], uniforms, per_step), reverse=True)
+    return jnp.concatenate([states, last[None]])

@@ -269,6 +269,82 @@ def test_gradient_smoother_equals_forward_backward(time_varying):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10, err_msg=field)
 
 
+def numpy_forward_backward(pi, trans, ll):
+    """Scaled forward-backward in NumPy: ``(log p(y), filtered, smoothed, pairs)`` with
+    per-step pair marginals ``(T-1, K, K)`` (fixed or time-varying ``trans``)."""
+    a = per_step(trans, ll.shape[0])
+    lik = np.exp(ll)
+    filtered, norms, probs = [], [], pi
+    for t in range(ll.shape[0]):
+        if t:
+            probs = filtered[-1] @ a[t - 1]
+        joint = probs * lik[t]
+        norms.append(joint.sum())
+        filtered.append(joint / norms[-1])
+    beta, betas = np.ones_like(pi), [np.ones_like(pi)]
+    for t in range(ll.shape[0] - 2, -1, -1):
+        beta = a[t] @ (lik[t + 1] * beta) / norms[t + 1]
+        betas.append(beta)
+    filtered, betas = np.array(filtered), np.array(betas[::-1])
+    pairs = (filtered[:-1, :, None] * a * (lik[1:] * betas[1:])[:, None, :]
+             / np.array(norms[1:])[:, None, None])
+    return np.log(norms).sum(), filtered, filtered * betas, pairs
+
+
+def test_gradient_smoother_at_the_unrolled_size():
+    """K = 16 runs the gradient path's filter 8 steps per iteration: 17 transitions (not a
+    multiple of 8), masked steps, impossible states (-inf), a vmapped batch, against
+    forward-backward in NumPy. (Time-varying matrices take the same loop: checked at
+    K = 4 above.)"""
+    rng = np.random.default_rng(12)
+    k = 16
+    pi, trans, _ = random_hmm(rng, k, 18)
+    lls = rng.normal(size=(2, 18, k)) * 2.0
+    lls[:, 3] = 0.0
+    lls[0, -1, :5] = -np.inf
+    batch = jax.jit(jax.vmap(hmm.hmm_smoother_by_gradient, in_axes=(None, None, 0)))(
+        pi, trans, lls)
+    for i in range(2):
+        got = jax.tree.map(lambda x, i=i: x[i], batch)
+        log_lik, filtered, smoothed, pairs = numpy_forward_backward(pi, trans, lls[i])
+        np.testing.assert_allclose(got.marginal_log_lik, log_lik, rtol=1e-12)
+        np.testing.assert_allclose(got.filtered_probs, filtered, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(got.smoothed_probs, smoothed, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(got.expected_transitions, pairs.sum(0), rtol=1e-12)
+
+
+def test_gradient_smoother_float32_and_second_derivatives():
+    """float32 stays float32 and accurate; the gradient path holds the filter's normalizers
+    constant (log p(y) does not depend on them, to any order), so derivatives *of* its
+    outputs are right: a directional derivative against central differences."""
+    rng = np.random.default_rng(13)
+    pi, trans, ll = random_hmm(rng, K, 6)
+    weights = rng.normal(size=(6, K)), rng.normal(size=(K, K))
+    direction = rng.normal(size=(K, K)) * trans * 0.1, rng.normal(size=ll.shape)
+
+    def loss(trans, ll):
+        post = hmm.hmm_smoother_by_gradient(pi, trans, ll)
+        return (jnp.sum(weights[0] * post.smoothed_probs)
+                + jnp.sum(weights[1] * post.expected_transitions) + post.marginal_log_lik)
+
+    @jax.jit
+    def run(trans, ll, steps):
+        grads = jax.grad(loss, argnums=(0, 1))(trans, ll)
+        moved = jax.vmap(lambda h: loss(trans + h * direction[0], ll + h * direction[1]))(steps)
+        f32 = [jnp.asarray(x, jnp.float32) for x in (pi, trans, ll)]
+        return grads, moved, hmm.hmm_smoother_by_gradient(*f32)
+
+    h = 1e-5
+    grads, moved, single = run(trans, ll, jnp.array([h, -h]))
+    along = sum(np.sum(g * d) for g, d in zip(grads, direction, strict=True))
+    np.testing.assert_allclose(along, (moved[0] - moved[1]) / (2 * h), rtol=1e-7)
+    log_lik, _, smoothed, pairs = numpy_forward_backward(pi, trans, ll)
+    assert single.smoothed_probs.dtype == jnp.float32
+    np.testing.assert_allclose(single.smoothed_probs, smoothed, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(single.expected_transitions, pairs.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(single.marginal_log_lik, log_lik, rtol=1e-6)
+
+
 def test_parallel_equals_sequential_on_hostile_parameters():
     """Near-deterministic transitions (some steps diffuse), ll near -700, masked steps.
 
