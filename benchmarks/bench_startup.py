@@ -187,6 +187,53 @@ def time_imports(repos: dict, rounds: int) -> str:
                      "CPU min"], rows)
 
 
+def compare(other: Path, repo: Path, rounds: int) -> str:
+    """Warm runs of every script here and in another checkout, interleaved in rounds.
+
+    Each checkout gets its own cache directory, filled by one cold run per script first;
+    then every round runs each script warm in both checkouts (alternating which goes
+    first). Returns a markdown table of CPU and wall seconds (median / min) and the paired
+    ratios this / other (median of per-round ratios, ratio of minima).
+    """
+    checkouts = {"this": repo, "other": other}
+    caches = {k: tempfile.mkdtemp(prefix=f"statseq-startup-{k}-") for k in checkouts}
+    runs = {(name, k): [] for name in SCRIPTS for k in checkouts}
+    try:
+        for name in SCRIPTS:
+            for k, path in checkouts.items():
+                run_child(name, caches[k], path)  # fill the cache
+        for r in range(rounds):
+            for name in SCRIPTS:
+                order = list(checkouts) if r % 2 == 0 else list(reversed(checkouts))
+                for k in order:
+                    runs[(name, k)].append(run_child(name, caches[k], checkouts[k]))
+                print(f"round {r}: {name}: this {runs[(name, 'this')][-1]['total_cpu']:.2f} "
+                      f"s CPU, other {runs[(name, 'other')][-1]['total_cpu']:.2f} s CPU",
+                      file=sys.stderr)
+    finally:
+        for c in caches.values():
+            shutil.rmtree(c, ignore_errors=True)
+    rows = []
+    parts = ["interpreter_cpu", "import_cpu", "data_cpu", "first_cpu", "total_cpu"]
+    for name in SCRIPTS:
+        for k in checkouts:
+            recs = runs[(name, k)]
+            rows.append([name, f"{k} ({checkouts[k]})"] + [
+                f"{statistics.median(x[p] for x in recs):.2f} / {min(x[p] for x in recs):.2f}"
+                for p in parts + ["total_s"]] + [
+                max(x["compiled"] for x in recs),
+                statistics.median(x["hits"] for x in recs)])
+        a, b = runs[(name, "this")], runs[(name, "other")]
+        for p in ("total_cpu", "first_cpu", "interpreter_cpu"):
+            med = statistics.median(x[p] / y[p] for x, y in zip(a, b, strict=True))
+            mins = min(x[p] for x in a) / min(y[p] for y in b)
+            rows.append([name, f"ratio this / other, {p}", f"{med:.2f} (minima {mins:.2f})"]
+                        + [""] * (len(parts) + 2))
+    return md_table(["script", "checkout", "interpreter CPU", "import CPU", "data CPU",
+                     "first call CPU", "**total CPU**", "total wall", "compiled (max)",
+                     "programs traced (median)"], rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="cold+warm pairs per script")
@@ -196,8 +243,16 @@ def main(argv=None):
     ap.add_argument("--import-ab", metavar="CHECKOUT", default=None,
                     help="only time `import statseq` here against another checkout's "
                          "(e.g. the main branch), interleaved; writes nothing")
+    ap.add_argument("--compare", metavar="CHECKOUT", default=None,
+                    help="only warm runs of every script here against another checkout's "
+                         "(e.g. the main branch), interleaved; writes nothing")
     args = ap.parse_args(argv)
     repo = Path(__file__).resolve().parent.parent
+    if args.compare:
+        print(f"load average before: {load_average()}; rounds: {args.rounds}\n")
+        print(compare(Path(args.compare), repo, args.rounds))
+        print(f"\nload average after: {load_average()}")
+        return
     if args.import_ab:
         print(f"load average before: {load_average()}; rounds: {args.rounds}\n")
         print(time_imports({"this checkout": repo, args.import_ab: Path(args.import_ab)},
