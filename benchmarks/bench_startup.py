@@ -231,7 +231,7 @@ def compare(other: Path, repo: Path, rounds: int) -> str:
                         + [""] * (len(parts) + 2))
     return md_table(["script", "checkout", "interpreter CPU", "import CPU", "data CPU",
                      "first call CPU", "**total CPU**", "total wall", "compiled (max)",
-                     "programs traced (median)"], rows)
+                     "programs loaded (cache hits)"], rows)
 
 
 def main(argv=None):
