@@ -103,7 +103,8 @@ def freeze_import_time_objects() -> bool:
     the user's included, are collected as usual.
     The price: a reference cycle among objects that existed at ``import statseq`` and
     later becomes garbage is never collected (kept until exit), and its ``__del__``
-    does not run at exit (Python does not promise that it does). Set
+    does not run at exit (Python does not promise that it does), and `gc.get_objects`
+    no longer lists the frozen objects (memory tools that walk it miss them). Set
     ``STATSEQ_NO_GC_FREEZE=1`` before importing statseq to opt out. Returns whether it froze.
     """
     import gc
