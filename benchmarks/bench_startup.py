@@ -24,6 +24,11 @@ compilations that were not served from the persistent cache
 time JAX spent tracing and lowering to MLIR, which the persistent cache cannot save (it
 caches compiled executables, keyed by the lowered program).
 
+Bytecode: each cold/warm pair gets a fresh ``PYTHONPYCACHEPREFIX`` directory with bytecode
+writing on, so the cold run compiles statseq's modules and the warm run reads them, as a
+user's second run would (this machine sets ``PYTHONDONTWRITEBYTECODE=1``, under which every
+run compiled them from source; ``--no-bytecode`` keeps that).
+
 Usage (from the repository root)::
 
     nice -n 10 .venv/bin/python benchmarks/bench_startup.py            # 5 rounds
@@ -135,9 +140,20 @@ def child_code(name: str) -> str:
     return PRELUDE.replace("{data}", data).replace("{work}", work)
 
 
-def run_child(name: str, cache_dir: str, repo: Path) -> dict:
+def run_child(name: str, cache_dir: str, repo: Path, pycache: str | None = None) -> dict:
+    """Run one script in a fresh process with ``cache_dir`` as its compilation cache.
+
+    ``pycache``: a directory for Python's bytecode (``PYTHONPYCACHEPREFIX``, with bytecode
+    writing on even if ``PYTHONDONTWRITEBYTECODE`` is set here), so that a second run reads
+    statseq's modules compiled, as a user's second run does; ``None`` inherits the
+    environment (with ``PYTHONDONTWRITEBYTECODE=1`` every run compiles statseq's ~80
+    modules from source, about 0.2 s of CPU).
+    """
     env = dict(os.environ, STATSEQ_CACHE_DIR=cache_dir)
     env.pop("STATSEQ_NO_COMPILATION_CACHE", None)
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pycache
     env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -197,21 +213,22 @@ def compare(other: Path, repo: Path, rounds: int) -> str:
     """
     checkouts = {"this": repo, "other": other}
     caches = {k: tempfile.mkdtemp(prefix=f"statseq-startup-{k}-") for k in checkouts}
+    pyc = tempfile.mkdtemp(prefix="statseq-startup-pyc-")  # paths mirrored: one for both
     runs = {(name, k): [] for name in SCRIPTS for k in checkouts}
     try:
         for name in SCRIPTS:
             for k, path in checkouts.items():
-                run_child(name, caches[k], path)  # fill the cache
+                run_child(name, caches[k], path, pyc)  # fill the caches
         for r in range(rounds):
             for name in SCRIPTS:
                 order = list(checkouts) if r % 2 == 0 else list(reversed(checkouts))
                 for k in order:
-                    runs[(name, k)].append(run_child(name, caches[k], checkouts[k]))
+                    runs[(name, k)].append(run_child(name, caches[k], checkouts[k], pyc))
                 print(f"round {r}: {name}: this {runs[(name, 'this')][-1]['total_cpu']:.2f} "
                       f"s CPU, other {runs[(name, 'other')][-1]['total_cpu']:.2f} s CPU",
                       file=sys.stderr)
     finally:
-        for c in caches.values():
+        for c in [*caches.values(), pyc]:
             shutil.rmtree(c, ignore_errors=True)
     rows = []
     parts = ["interpreter_cpu", "import_cpu", "data_cpu", "first_cpu", "total_cpu"]
@@ -243,6 +260,9 @@ def main(argv=None):
     ap.add_argument("--import-ab", metavar="CHECKOUT", default=None,
                     help="only time `import statseq` here against another checkout's "
                          "(e.g. the main branch), interleaved; writes nothing")
+    ap.add_argument("--no-bytecode", action="store_true",
+                    help="inherit PYTHONDONTWRITEBYTECODE (before Nov 27 every run compiled "
+                         "statseq's modules from source on this machine)")
     ap.add_argument("--compare", metavar="CHECKOUT", default=None,
                     help="only warm runs of every script here against another checkout's "
                          "(e.g. the main branch), interleaved; writes nothing")
@@ -266,11 +286,14 @@ def main(argv=None):
     for r in range(args.rounds):
         for name in SCRIPTS:
             cache = tempfile.mkdtemp(prefix="statseq-startup-")
-            try:
-                cold = run_child(name, cache, repo)
-                warm = run_child(name, cache, repo)
+            pyc = None if args.no_bytecode else tempfile.mkdtemp(prefix="statseq-startup-pyc-")
+            try:  # cold: no compiled programs and no bytecode; warm: both from the cold run
+                cold = run_child(name, cache, repo, pyc)
+                warm = run_child(name, cache, repo, pyc)
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
+                if pyc is not None:
+                    shutil.rmtree(pyc, ignore_errors=True)
             if cold["result"] != warm["result"]:
                 raise RuntimeError(f"{name}: cold {cold['result']} != warm {warm['result']}")
             results[name]["cold"].append(cold)
