@@ -275,7 +275,9 @@ def expand_compiled(model, restriction, z):
     """``restriction.expand(model, z)`` as one compiled program, for callers outside a
     trace (the end of a fit): eagerly each of its operations is a small program of its own
     (17 for an AR(2)), each traced, lowered and loaded from the persistent cache in a new
-    process. Identical values; ``model`` must be hashable (it is a static argument)."""
+    process. The same values up to rounding (a covariance's ``L @ L.T`` may round its last
+    bit differently inside one program: an AR(2) fit's variance moved by 1 ulp, its
+    log-likelihood by 3e-15 relative); ``model`` must be hashable (a static argument)."""
     return restriction.expand(model, z)
 
 

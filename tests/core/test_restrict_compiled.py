@@ -2,8 +2,8 @@
 
 `restrict` inverts every leaf in one compiled program (`_inverses`) and the fits expand the
 result with `expand_compiled`; eagerly each operation was a program of its own, traced and
-loaded again in every new process (benchmarks/bench_startup.py). Both must give exactly the
-eager values (float64, bitwise).
+loaded again in every new process (benchmarks/bench_startup.py). Both must give the eager
+values (float64: the inverse bitwise, the expansion to 1e-15 relative).
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def test_expand_compiled_equals_expand(which):
     z = jnp.asarray(z0) + 0.125 * jnp.arange(z0.size)          # fixed coordinates move too
     got = R.expand_compiled(model, res, z)
     want = res.expand(model, z)
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(got, want, strict=True):  # one program may round L @ L.T's last bit
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-15, atol=0)
     # fixed entries come back exactly as given
     if which == "ar":
         np.testing.assert_array_equal(np.asarray(got.intercept), np.asarray(params.intercept))
