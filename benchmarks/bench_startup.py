@@ -24,6 +24,14 @@ compilations that were not served from the persistent cache
 time JAX spent tracing and lowering to MLIR, which the persistent cache cannot save (it
 caches compiled executables, keyed by the lowered program).
 
+Bytecode: the children write and read Python bytecode in one temporary
+``PYTHONPYCACHEPREFIX`` directory (bytecode writing on), filled before the first round by
+one untimed run of each script with a throwaway compilation cache, so that cold and warm
+runs alike read compiled modules, as a user's do after ``pip install`` (this machine sets
+``PYTHONDONTWRITEBYTECODE=1``, under which every run compiled statseq's ~80 modules from
+source, about 0.2 s of CPU; ``--no-bytecode`` keeps that). "Cold" is the compilation
+cache only.
+
 Usage (from the repository root)::
 
     nice -n 10 .venv/bin/python benchmarks/bench_startup.py            # 5 rounds
@@ -135,9 +143,20 @@ def child_code(name: str) -> str:
     return PRELUDE.replace("{data}", data).replace("{work}", work)
 
 
-def run_child(name: str, cache_dir: str, repo: Path) -> dict:
+def run_child(name: str, cache_dir: str, repo: Path, pycache: str | None = None) -> dict:
+    """Run one script in a fresh process with ``cache_dir`` as its compilation cache.
+
+    ``pycache``: a directory for Python's bytecode (``PYTHONPYCACHEPREFIX``, with bytecode
+    writing on even if ``PYTHONDONTWRITEBYTECODE`` is set here), so that a second run reads
+    statseq's modules compiled, as a user's second run does; ``None`` inherits the
+    environment (with ``PYTHONDONTWRITEBYTECODE=1`` every run compiles statseq's ~80
+    modules from source, about 0.2 s of CPU).
+    """
     env = dict(os.environ, STATSEQ_CACHE_DIR=cache_dir)
     env.pop("STATSEQ_NO_COMPILATION_CACHE", None)
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pycache
     env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -187,6 +206,54 @@ def time_imports(repos: dict, rounds: int) -> str:
                      "CPU min"], rows)
 
 
+def compare(other: Path, repo: Path, rounds: int) -> str:
+    """Warm runs of every script here and in another checkout, interleaved in rounds.
+
+    Each checkout gets its own cache directory, filled by one cold run per script first;
+    then every round runs each script warm in both checkouts (alternating which goes
+    first). Returns a markdown table of CPU and wall seconds (median / min) and the paired
+    ratios this / other (median of per-round ratios, ratio of minima).
+    """
+    checkouts = {"this": repo, "other": other}
+    caches = {k: tempfile.mkdtemp(prefix=f"statseq-startup-{k}-") for k in checkouts}
+    pyc = tempfile.mkdtemp(prefix="statseq-startup-pyc-")  # paths mirrored: one for both
+    runs = {(name, k): [] for name in SCRIPTS for k in checkouts}
+    try:
+        for name in SCRIPTS:
+            for k, path in checkouts.items():
+                run_child(name, caches[k], path, pyc)  # fill the caches
+        for r in range(rounds):
+            for name in SCRIPTS:
+                order = list(checkouts) if r % 2 == 0 else list(reversed(checkouts))
+                for k in order:
+                    runs[(name, k)].append(run_child(name, caches[k], checkouts[k], pyc))
+                print(f"round {r}: {name}: this {runs[(name, 'this')][-1]['total_cpu']:.2f} "
+                      f"s CPU, other {runs[(name, 'other')][-1]['total_cpu']:.2f} s CPU",
+                      file=sys.stderr)
+    finally:
+        for c in [*caches.values(), pyc]:
+            shutil.rmtree(c, ignore_errors=True)
+    rows = []
+    parts = ["interpreter_cpu", "import_cpu", "data_cpu", "first_cpu", "total_cpu"]
+    for name in SCRIPTS:
+        for k in checkouts:
+            recs = runs[(name, k)]
+            rows.append([name, f"{k} ({checkouts[k]})"] + [
+                f"{statistics.median(x[p] for x in recs):.2f} / {min(x[p] for x in recs):.2f}"
+                for p in parts + ["total_s"]] + [
+                max(x["compiled"] for x in recs),
+                statistics.median(x["hits"] for x in recs)])
+        a, b = runs[(name, "this")], runs[(name, "other")]
+        for p in ("total_cpu", "first_cpu", "interpreter_cpu"):
+            med = statistics.median(x[p] / y[p] for x, y in zip(a, b, strict=True))
+            mins = min(x[p] for x in a) / min(y[p] for y in b)
+            rows.append([name, f"ratio this / other, {p}", f"{med:.2f} (minima {mins:.2f})"]
+                        + [""] * (len(parts) + 2))
+    return md_table(["script", "checkout", "interpreter CPU", "import CPU", "data CPU",
+                     "first call CPU", "**total CPU**", "total wall", "compiled (max)",
+                     "programs loaded (cache hits)"], rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="cold+warm pairs per script")
@@ -196,8 +263,19 @@ def main(argv=None):
     ap.add_argument("--import-ab", metavar="CHECKOUT", default=None,
                     help="only time `import statseq` here against another checkout's "
                          "(e.g. the main branch), interleaved; writes nothing")
+    ap.add_argument("--no-bytecode", action="store_true",
+                    help="inherit PYTHONDONTWRITEBYTECODE (before Nov 27 every run compiled "
+                         "statseq's modules from source on this machine)")
+    ap.add_argument("--compare", metavar="CHECKOUT", default=None,
+                    help="only warm runs of every script here against another checkout's "
+                         "(e.g. the main branch), interleaved; writes nothing")
     args = ap.parse_args(argv)
     repo = Path(__file__).resolve().parent.parent
+    if args.compare:
+        print(f"load average before: {load_average()}; rounds: {args.rounds}\n")
+        print(compare(Path(args.compare), repo, args.rounds))
+        print(f"\nload average after: {load_average()}")
+        return
     if args.import_ab:
         print(f"load average before: {load_average()}; rounds: {args.rounds}\n")
         print(time_imports({"this checkout": repo, args.import_ab: Path(args.import_ab)},
@@ -208,12 +286,20 @@ def main(argv=None):
         f" --rounds {args.rounds}" if args.rounds != 5 else "")
     load_before = load_average()
     results = {name: {"cold": [], "warm": []} for name in SCRIPTS}
+    pyc = None if args.no_bytecode else tempfile.mkdtemp(prefix="statseq-startup-pyc-")
+    if pyc is not None:
+        for name in SCRIPTS:  # untimed: fill the bytecode directory
+            throwaway = tempfile.mkdtemp(prefix="statseq-startup-")
+            try:
+                run_child(name, throwaway, repo, pyc)
+            finally:
+                shutil.rmtree(throwaway, ignore_errors=True)
     for r in range(args.rounds):
         for name in SCRIPTS:
             cache = tempfile.mkdtemp(prefix="statseq-startup-")
-            try:
-                cold = run_child(name, cache, repo)
-                warm = run_child(name, cache, repo)
+            try:  # cold: no compiled programs; warm: the cold run's
+                cold = run_child(name, cache, repo, pyc)
+                warm = run_child(name, cache, repo, pyc)
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
             if cold["result"] != warm["result"]:
@@ -224,6 +310,8 @@ def main(argv=None):
                   f"({cold['compiled']} compiled), warm {warm['total_s']:.2f} s "
                   f"({warm['compiled']} compiled, {warm['hits']} cache hits)", file=sys.stderr)
     load_after = load_average()
+    if pyc is not None:
+        shutil.rmtree(pyc, ignore_errors=True)
 
     wall = ["interpreter_s", "import_s", "data_s", "first_s", "total_s", "rerun_s",
             "trace_lower_s", "backend_s"]

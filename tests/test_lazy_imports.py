@@ -30,11 +30,13 @@ def _run(code: str) -> dict:
 
 def test_import_statseq_does_not_load_heavy_modules():
     got = _run(
-        "import json, sys, statseq\n"
+        "import gc, json, sys, statseq\n"
         f"heavy = {HEAVY!r}\n"
         "print(json.dumps(dict(loaded=[m for m in heavy if m in sys.modules],\n"
-        "    statseq_file=statseq.__file__)))\n")
+        "    frozen=gc.get_freeze_count(), statseq_file=statseq.__file__)))\n")
     assert got["loaded"] == []
+    # the import-time objects are out of the collector's way (a faster exit; _compat)
+    assert got["frozen"] > 10_000
     assert Path(got["statseq_file"]).resolve().parent == REPO / "statseq"
 
 
@@ -101,3 +103,14 @@ def test_registry_and_load_need_no_prior_access(tmp_path):
         f"model, params = ss.load({str(path)!r})\n"
         "print(json.dumps([type(model).__name__, model.num_states]))\n")
     assert got == ["PoissonHMM", 2]
+
+
+def test_gc_freeze_opt_out(monkeypatch):
+    import gc
+
+    from statseq import _compat
+
+    monkeypatch.setenv("STATSEQ_NO_GC_FREEZE", "1")
+    before = gc.get_freeze_count()
+    assert _compat.freeze_import_time_objects() is False
+    assert gc.get_freeze_count() == before

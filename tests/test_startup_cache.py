@@ -33,6 +33,9 @@ def test_second_run_of_a_script_compiles_nothing(tmp_path):
     cold = bench.run_child(name, str(tmp_path), repo)
     warm = bench.run_child(name, str(tmp_path), repo)
     assert cold["compiled"] >= 5 and cold["hits"] == 0       # fit loop + eager small ops
+    # each eager program costs a trace, a lowering and a cache lookup in every new process:
+    # initialization casts with NumPy and the fit's scalars are NumPy (9 programs; was 20)
+    assert cold["compiled"] <= 12
     assert warm["compiled"] == 0
     assert warm["hits"] == cold["compiled"]
     assert warm["result"] == cold["result"]                   # the same log-likelihood

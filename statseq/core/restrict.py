@@ -47,6 +47,7 @@ of their probabilities, halved when that leaves no mass to the row's untied entr
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -269,6 +270,17 @@ class _Builder:
         return len(self.z) - 1
 
 
+@partial(jax.jit, static_argnums=0)
+def expand_compiled(model, restriction, z):
+    """``restriction.expand(model, z)`` as one compiled program, for callers outside a
+    trace (the end of a fit): eagerly each of its operations is a small program of its own
+    (17 for an AR(2)), each traced, lowered and loaded from the persistent cache in a new
+    process. The same values up to rounding (a covariance's ``L @ L.T`` may round its last
+    bit differently inside one program: an AR(2) fit's variance moved by 1 ulp, its
+    log-likelihood by 3e-15 relative); ``model`` must be hashable (a static argument)."""
+    return restriction.expand(model, z)
+
+
 def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.ndarray]:
     """A `Restriction` of ``params`` and the starting free vector ``z0``.
 
@@ -313,14 +325,16 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
     build = _Builder()
     kinds, arrays, fixed_coords = [], [], []
     partial = []
-    for name, value, con, mask, lab in zip(names, leaves, cons, masks, labels, strict=True):
+    inverses = _inverses(leaves, cons, masks, labels)
+    for name, value, con, mask, lab, u in zip(names, leaves, cons, masks, labels, inverses,
+                                              strict=True):
         value = jnp.asarray(value)
         if lab is not None and (~mask & (lab >= 0)).any():
             raise ValueError(f"ties.{name} ties entries that trainable fixes; tie only free "
                              "entries")
         if lab is None and (mask.all() or not mask.any()):
             start = len(build.z)
-            kinds.append(_whole(build, name, value, con, bool(mask.any())))
+            kinds.append(_whole(build, name, value, con, bool(mask.any()), u))
             if not mask.any():
                 fixed_coords.extend(range(start, len(build.z)))
             arrays.append((value, jnp.asarray(not mask.any())))
@@ -335,16 +349,16 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
                     "or False")
             kinds.append(None)
             arrays.append(None)
-            partial.append((name, value, con, mask, lab))
+            partial.append((name, value, con, mask, lab, u))
     # the entry-wise coordinates come after every whole leaf's: freezing whole leaves then
     # changes only ``keep``, not the layout
     for i, item in enumerate(partial):
         if item is None:
             continue
-        name, value, con, mask, lab = item
+        name, value, con, mask, lab, u = item
         if con.event_dim == 0:
             kinds[i] = ("entry",)
-            arrays[i] = _entries(build, name, value, con, mask, lab)
+            arrays[i] = _entries(build, name, value, con, mask, lab, u)
         elif con is constraints.simplex:
             kinds[i] = ("simplex",)
             arrays[i] = _simplex(build, name, value, mask, lab)
@@ -356,11 +370,45 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
     keep[fixed_coords] = False
     z0[fixed_coords] = 0.0
     restriction = Restriction(treedef, tuple(kinds), tuple(arrays), jnp.asarray(keep),
-                              jnp.asarray(z0, float_dtype()))
+                              jnp.asarray(np.asarray(z0, float_dtype())))
     return restriction, z0
 
 
-def _whole(build, name, value, con, trainable):
+@jax.jit
+def _inverse_leaves(cons, values):
+    return [biject_to(con).inv(v) for con, v in zip(cons, values, strict=True)]
+
+
+def _inverses(leaves, cons, masks, labels) -> list:
+    """``biject_to(con).inv(value)`` (float64 numpy) of each leaf that `_whole` or
+    `_entries` inverts, ``None`` for the others, from one compiled program: eagerly a
+    covariance leaf's inverse alone is about 15 small programs, each traced, lowered and
+    compiled (or loaded from the persistent cache) in a new process. numpyro's constraints
+    are pytrees, so their parameters are arguments of that program, not constants. Any
+    failure leaves every entry ``None``: the leaves are then inverted one by one, eagerly,
+    where the checks of `restrict` come first."""
+    which = []
+    for i, (con, mask, lab) in enumerate(zip(cons, masks, labels, strict=True)):
+        whole = lab is None and (mask.all() or not mask.any())
+        if (whole and mask.any()) or (not whole and con.event_dim == 0):
+            which.append(i)
+    out = [None] * len(leaves)
+    if which:
+        try:
+            got = _inverse_leaves([cons[i] for i in which],
+                                  [jnp.asarray(leaves[i]) for i in which])
+        except Exception:  # noqa: BLE001 - the eager path raises the precise error
+            return out
+        for i, u in zip(which, got, strict=True):
+            out[i] = np.asarray(u, np.float64)
+    return out
+
+
+def _inverse(con, value, u):
+    return np.asarray(biject_to(con).inv(value), np.float64) if u is None else u
+
+
+def _whole(build, name, value, con, trainable, u):
     size = math.prod(biject_to(con).inverse_shape(tuple(np.shape(value))))
     ushape = tuple(biject_to(con).inverse_shape(tuple(np.shape(value))))
     start = len(build.z)
@@ -377,7 +425,7 @@ def _whole(build, name, value, con, trainable):
     if con is constraints.positive and not (arr > 0).all():
         raise ValueError(f"params.{name} has zero entries and cannot be fitted as a whole: "
                          "fix them with a boolean trainable mask")
-    u = np.asarray(biject_to(con).inv(value), np.float64)
+    u = _inverse(con, value, u)
     if not np.isfinite(u).all():
         raise ValueError(f"params.{name} lies on the boundary of its constraint ({con}): fix "
                          "it, or start inside")
@@ -386,8 +434,8 @@ def _whole(build, name, value, con, trainable):
     return ("leaf", start, size, ushape)
 
 
-def _entries(build, name, value, con, mask, lab):
-    u = np.asarray(biject_to(con).inv(value), np.float64)
+def _entries(build, name, value, con, mask, lab, u):
+    u = _inverse(con, value, u)
     if not np.isfinite(u[mask]).all():
         raise ValueError(f"params.{name}: a free entry lies on the boundary of its constraint "
                          f"({con}); fix it or start inside")

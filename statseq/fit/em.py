@@ -349,9 +349,9 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100,
         out = _fit_em_compiled(
             model, params, jax.tree.map(jnp.asarray, m_step_tree), restriction, priors,
             data.y, data.mask,
-            data.inputs, jnp.asarray(tol_value, float_dtype()),
-            jnp.asarray(num_iters, jnp.int32),
-            jnp.asarray(_progress.update_every(num_iters), jnp.int32),
+            data.inputs, np.asarray(tol_value, float_dtype()),  # NumPy: no cast program
+            np.asarray(num_iters, np.int32),
+            np.asarray(_progress.update_every(num_iters), np.int32),
             capacity=_progress.trace_capacity(num_iters), progress=bool(progress),
         )
         i, fitted, other, trace, status, masses = jax.block_until_ready(out)

@@ -29,7 +29,7 @@ from statseq.core.params import (
     validate_params,
     validate_priors,
 )
-from statseq.core.restrict import restrict
+from statseq.core.restrict import expand_compiled, restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import (
     check_positive_int,
@@ -186,14 +186,13 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     with _progress.progress_bar(num_iters, f"fit_lbfgs {type(model).__name__}", progress):
         out = _fit_lbfgs_compiled(
             model, restriction, jnp.asarray(z0, float_dtype()), priors, data.y,
-            data.mask, data.inputs, jnp.asarray(tol, float_dtype()),
-            jnp.asarray(num_iters, jnp.int32),
-            jnp.asarray(_progress.update_every(num_iters), jnp.int32),
+            data.mask, data.inputs, np.asarray(tol, float_dtype()),  # NumPy: no cast program
+            np.asarray(num_iters, np.int32),
+            np.asarray(_progress.update_every(num_iters), np.int32),
             capacity=_progress.trace_capacity(num_iters), progress=bool(progress),
             complete=data.complete,
         )
         i, z, trace, stop = jax.block_until_ready(out)
-    z = jnp.where(restriction.keep, z, restriction.z0)
     num_updates, stop = int(i), int(stop)
     if stop == _NONFINITE:
         warnings.warn(
@@ -202,7 +201,8 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
             "objective. Check the starting parameters and the data scale.",
             RuntimeWarning, stacklevel=2,
         )
-    fitted = restriction.expand(model, z)  # fixed entries come back exactly as given
+    # fixed entries come back exactly as given (expand reads them from z0)
+    fitted = expand_compiled(model, restriction, z)
     fitted, replaced, boundary = finish_fit(model, [fitted, params], "fit_lbfgs", data.y,
                                             data.mask, restriction)
     trace = np.asarray(trace)[:num_iters]

@@ -29,7 +29,7 @@ from statseq.core.params import (
     validate_priors,
 )
 from statseq.core.recurrence import run_filter
-from statseq.core.restrict import restrict
+from statseq.core.restrict import expand_compiled, restrict
 from statseq.core.results import FitResult
 from statseq.core.validation import (
     all_observed,
@@ -353,7 +353,8 @@ def fit_sgd(model, params, y, *, num_steps, key, optimizer=None, learning_rate=N
     steps = np.arange(eval_every - 1, num_steps, eval_every)[: vtrace.shape[0]]
     vtrace = np.asarray(vtrace)
     keep = np.isfinite(vtrace) if val is not None else np.zeros(vtrace.shape, bool)
-    fitted = restriction.expand(model, final_up)  # fixed entries come back exactly as given
+    # fixed entries come back exactly as given; one compiled program
+    fitted = expand_compiled(model, restriction, final_up)
     fitted, replaced, boundary = finish_fit(model, [fitted, params], "fit_sgd", train[0],
                                             train[1], restriction)
     return FitResult(

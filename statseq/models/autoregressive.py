@@ -425,11 +425,15 @@ class AR(SequenceModel):
         cov = resid.T @ resid / x.shape[0]
         lag_block = beta[1 : 1 + p * d].T.reshape(d, p, d).transpose(1, 0, 2)
         dtype = float_dtype()
+        # cast and symmetrize with NumPy in the target dtype: the same values as jnp's,
+        # without six small programs to trace and load in a new process
+        cov = np.asarray(cov, dtype)
         return ARParams(
-            coeffs=jnp.asarray(lag_block, dtype),
-            intercept=jnp.asarray(beta[0], dtype),
-            input_weights=jnp.asarray(beta[1 + p * d :].T.reshape(d, self.input_dim), dtype),
-            cov=jnp.asarray(symmetrize(cov), dtype),
+            coeffs=jnp.asarray(np.asarray(lag_block, dtype)),
+            intercept=jnp.asarray(np.asarray(beta[0], dtype)),
+            input_weights=jnp.asarray(
+                np.asarray(beta[1 + p * d :].T.reshape(d, self.input_dim), dtype)),
+            cov=jnp.asarray(0.5 * (cov + np.swapaxes(cov, -1, -2))),
         )
 
 

@@ -244,7 +244,9 @@ class HMMBase(SequenceModel):
         if k == 1:
             return jnp.ones((1, 1), dtype)
         off = (1.0 - stickiness) / (k - 1)
-        return jnp.full((k, k), off, dtype) + (stickiness - off) * jnp.eye(k, dtype=dtype)
+        # NumPy in the same dtype gives the same values without five small programs
+        eye = np.eye(k, dtype=dtype)
+        return jnp.asarray(np.full((k, k), off, dtype) + np.asarray(stickiness - off, dtype) * eye)
 
     def assemble_params(self, emissions, transitions=None, initial_probs=None) -> HMMParams:
         """Params from emission parameters, with sticky transitions and a uniform start."""

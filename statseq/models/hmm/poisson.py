@@ -148,7 +148,7 @@ class PoissonHMM(HMMBase):
             rates = (seeds + jitter).reshape((k,) + self.event_shape)
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
-        return PoissonEmissions(jnp.asarray(np.maximum(rates, 1e-3), float_dtype()))
+        return PoissonEmissions(jnp.asarray(np.asarray(np.maximum(rates, 1e-3), float_dtype())))
 
 
 def _check_conjugate(priors, emission_types: dict) -> None:
