@@ -153,6 +153,7 @@ def run_child(name: str, cache_dir: str, repo: Path, pycache: str | None = None)
     modules from source, about 0.2 s of CPU).
     """
     env = dict(os.environ, STATSEQ_CACHE_DIR=cache_dir)
+    env.setdefault("STATSEQ_GC_FREEZE", "1")  # the opt-in faster exit (statseq._compat)
     env.pop("STATSEQ_NO_COMPILATION_CACHE", None)
     if pycache is not None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)

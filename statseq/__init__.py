@@ -335,4 +335,4 @@ __all__ = [
     "SequenceLabeller",
 ]
 
-_compat.freeze_import_time_objects()  # last: a faster exit (see its docstring)
+_compat.freeze_import_time_objects()  # last; opt-in (STATSEQ_GC_FREEZE=1): a faster exit

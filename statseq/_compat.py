@@ -90,7 +90,7 @@ def avoid_cpu_scheduler_deadlock() -> bool:
 
 
 def freeze_import_time_objects() -> bool:
-    """Move the objects created so far (those of statseq's import) out of the collector's way.
+    """Opt-in: move the objects of statseq's import out of the garbage collector's way.
 
     Importing jax, numpyro and statseq creates about 130,000 container objects that live
     until the interpreter exits (modules, functions, classes, their dicts). Python's cyclic
@@ -98,19 +98,19 @@ def freeze_import_time_objects() -> bool:
     the interpreter shuts down: a process that only runs ``import statseq`` spent 0.4 s of
     its 1.5 s of CPU in that shutdown, and a warm-cache PoissonHMM fit script 0.45 s of
     2.8 s (`benchmarks/bench_startup.py`; about 0.2 s for ``import jax`` alone).
-    `gc.freeze` (the standard library's tool for long-lived objects) puts every object
-    tracked now into a permanent generation that collections skip; objects created later,
-    the user's included, are collected as usual.
-    The price: a reference cycle among objects that existed at ``import statseq`` and
-    later becomes garbage is never collected (kept until exit), and its ``__del__``
-    does not run at exit (Python does not promise that it does), and `gc.get_objects`
-    no longer lists the frozen objects (memory tools that walk it miss them). Set
-    ``STATSEQ_NO_GC_FREEZE=1`` before importing statseq to opt out. Returns whether it froze.
+    With ``STATSEQ_GC_FREEZE=1`` set before importing statseq, `gc.freeze` (the standard
+    library's tool for long-lived objects) puts every object tracked then into a permanent
+    generation that collections skip; objects created later are collected as usual.
+    It is off by default because it changes the whole process, not only statseq: a
+    reference cycle among objects that existed at ``import statseq`` (the caller's too)
+    and later becomes garbage is never collected, its ``__del__`` does not run at exit,
+    and `gc.get_objects` no longer lists the frozen objects (memory tools that walk it
+    miss them). Returns whether it froze.
     """
     import gc
     import os
 
-    if os.environ.get("STATSEQ_NO_GC_FREEZE", "").strip() not in ("", "0"):
+    if os.environ.get("STATSEQ_GC_FREEZE", "").strip() in ("", "0"):
         return False
     gc.freeze()
     return True
