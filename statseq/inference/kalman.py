@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from statseq.core.recurrence import pairwise_sum
+from statseq.inference._backend import backend_kind
 from statseq.inference.gaussian import symmetrize
 from statseq.inference.kalman_diffuse import diffuse_update
 
@@ -489,6 +490,81 @@ def _scan_filter(arrays, y, mask, inputs, collapse, keep=None):
     return jax.lax.scan(step, initial_carry(arrays), (y, mask, inputs))
 
 
+def _univariate_fast(arrays: GaussianSSMArrays, y) -> bool:
+    """Whether `kalman_filter` / `kalman_log_prob` take the scalar-observation scan
+    (`_scan_univariate`): one series (``D = 1``), a proper initial law, at most
+    ``SMALL_DIM`` states, on CPU (the GPU keeps the general step, unmeasured there)."""
+    n = arrays.initial_mean.shape[-1]
+    return (y.shape[-1] == 1 and arrays.initial_diffuse.shape[-1] == 0 and 0 < n <= SMALL_DIM
+            and backend_kind() == "cpu")
+
+
+def _vm(a, x):
+    """``a @ x`` for a small ``(k, j)`` matrix and a ``(j,)`` vector, as a sum of scaled
+    columns (element-wise ops that XLA fuses; no reduction)."""
+    if a.shape[-1] == 0:
+        return jnp.zeros(a.shape[:-1], a.dtype)
+    out = a[:, 0] * x[0]
+    for k in range(1, a.shape[-1]):
+        out = out + a[:, k] * x[k]
+    return out
+
+
+def _outer_mm(a, b):
+    """``a @ b`` for small matrices as a sum of outer products (element-wise ops only)."""
+    out = a[:, :1] * b[:1, :]
+    for k in range(1, a.shape[-1]):
+        out = out + a[:, k : k + 1] * b[k : k + 1, :]
+    return out
+
+
+def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, keep):
+    """The Kalman filter for one series (``D = 1``), proper initial law: one fused scan.
+
+    The same recursion and the same Joseph-form covariance as `kalman_step`, written for a
+    scalar observation: ``s = h P h^T + r``, gain ``k = P h^T / s`` (a division, no Cholesky
+    factor or triangular solve), log-density ``-(v^2 / s + log s + log 2 pi) / 2``, filtered
+    covariance ``(I - k h) P (I - k h)^T + r k k^T``. Each step updates with ``y_t`` and then
+    predicts ``x_{t+1}`` (so no step selects between the initial law and a prediction), and
+    every product is a sum of outer products, so that XLA:CPU runs a step as a handful of
+    fused loops (about half the kernels of the general step, which is what a step of a
+    small model costs; `benchmarks/bench_kalman_exact.py`). A missing ``y_t`` gives
+    ``k = 0``, so the filtered moments are the predicted ones exactly. Equal to the general
+    path to rounding (tested, with gradients).
+
+    ``keep(lp, predicted mean, predicted cov, filtered mean, filtered cov)`` picks what is
+    stacked per step.
+    """
+    _check(arrays, y, mask, inputs)
+    num_t = y.shape[0]
+    n = arrays.initial_mean.shape[-1]
+    eye = jnp.eye(n, dtype=arrays.initial_cov.dtype)
+    u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
+
+    def step(carry, xs):
+        mean, cov = carry
+        t, y_t, m_t, u_t, u_n = xs
+        arr = arrays_at(arrays, t)
+        h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], m_t[0]
+        hp = _vm(cov.T, h)  # P h^T (= (h P)^T, P symmetric)
+        s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
+        y_mean = _vm(h[None, :], mean)[0] + _vm(arr.emission_input_weights, u_t)[0]
+        v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
+        lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
+        k = jnp.where(obs, hp / s, 0.0)
+        mean_f = mean + k * v
+        closed = eye - k[:, None] * h[None, :]
+        cov_f = symmetrize(_outer_mm(_outer_mm(closed, cov), closed.T)
+                           + r * (k[:, None] * k[None, :]))
+        dyn = arr.dynamics_weights
+        mean_n = _vm(dyn, mean_f) + _vm(arr.dynamics_input_weights, u_n) + arr.dynamics_bias
+        cov_n = symmetrize(_outer_mm(_outer_mm(dyn, cov_f), dyn.T) + arr.dynamics_cov)
+        return (mean_n, cov_n), keep(lp, mean, cov, mean_f, cov_f)
+
+    init = (arrays.initial_mean, arrays.initial_cov)
+    return jax.lax.scan(step, init, (jnp.arange(num_t), y, mask, inputs, u_next))
+
+
 def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
     """Kalman filter over one sequence (prediction error decomposition of the likelihood).
 
@@ -519,6 +595,10 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         >>> res.filtered_means.shape
         (2, 1)
     """
+    if _univariate_fast(arrays, y):
+        _, (lp, mean, cov, filt_mean, filt_cov) = _scan_univariate(
+            arrays, y, mask, inputs, keep=lambda *out: out)
+        return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
     _, (lp, mean, cov, filt_mean, filt_cov) = _scan_filter(
         arrays, y, mask, inputs, collapse=True,
         keep=lambda lp, mean, cov, _d, new, _i: (lp, mean, cov, new.mean, new.cov))
@@ -527,6 +607,9 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
 
 def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
     """Total log-likelihood only (see `kalman_filter`; no moments are stored)."""
+    if _univariate_fast(arrays, y):
+        _, lp = _scan_univariate(arrays, y, mask, inputs, keep=lambda lp, *_: lp)
+        return pairwise_sum(lp)
     _, lp = _scan_filter(arrays, y, mask, inputs, collapse=True, keep=lambda lp, *_: lp)
     return pairwise_sum(lp)
 
