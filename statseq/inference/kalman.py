@@ -539,6 +539,12 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, keep):
     num_t = y.shape[0]
     n = arrays.initial_mean.shape[-1]
     eye = jnp.eye(n, dtype=arrays.initial_cov.dtype)
+    # T = 1 with time-varying dynamics: no step uses them (the prediction after the last
+    # step is discarded), but indexing an empty time axis fails; stand zeros in
+    arrays = arrays._replace(**{
+        name: jnp.zeros(leaf.shape[1:], leaf.dtype)
+        for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM, strict=True)
+        if name.startswith("dynamics_") and leaf.ndim == nd + 1 and leaf.shape[0] == 0})
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
 
     def step(carry, xs):
