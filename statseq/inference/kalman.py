@@ -518,57 +518,75 @@ def _outer_mm(a, b):
     return out
 
 
-def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, keep):
-    """The Kalman filter for one series (``D = 1``), proper initial law: one fused scan.
+def _no_empty_dynamics(arrays: GaussianSSMArrays) -> GaussianSSMArrays:
+    """Zeros for time-varying dynamics leaves with an empty time axis (``T = 1``): no
+    step uses them (the prediction after the last step is discarded), but indexing an
+    empty axis fails."""
+    return arrays._replace(**{
+        name: jnp.zeros(leaf.shape[1:], leaf.dtype)
+        for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM, strict=True)
+        if name.startswith("dynamics_") and leaf.ndim == nd + 1 and leaf.shape[0] == 0})
 
-    The same recursion and the same Joseph-form covariance as `kalman_step`, written for a
-    scalar observation: ``s = h P h^T + r``, gain ``k = P h^T / s`` (a division, no Cholesky
-    factor or triangular solve), log-density ``-(v^2 / s + log s + log 2 pi) / 2``, filtered
-    covariance ``(I - k h) P (I - k h)^T + r k k^T``. Each step updates with ``y_t`` and then
-    predicts ``x_{t+1}`` (so no step selects between the initial law and a prediction), and
-    every product is a sum of outer products, so that XLA:CPU runs a step as a handful of
-    fused loops (about half the kernels of the general step, which is what a step of a
-    small model costs; `benchmarks/bench_kalman_exact.py`). A missing ``y_t`` gives
-    ``k = 0``, so the filtered moments are the predicted ones exactly. Equal to the general
-    path to rounding (tested, with gradients).
 
-    ``keep(lp, predicted mean, predicted cov, filtered mean, filtered cov)`` picks what is
-    stacked per step.
+def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
+    """``(log p(y_t | y_{<t}), filtered mean, filtered cov)`` for one series (``D = 1``).
+
+    The update of `kalman_step` for a scalar observation: ``s = h P h^T + r``, gain
+    ``k = P h^T / s`` (a division: no Cholesky factor, no triangular solve), log-density
+    ``-(v^2 / s + log s + log 2 pi) / 2``, the Joseph-form covariance
+    ``(I - k h) P (I - k h)^T + r k k^T`` (`joseph_update`), products as sums of outer
+    products (element-wise ops). A missing ``y_t`` gives ``k = 0``: the filtered moments are
+    the predicted ones exactly, and the log-density is 0.
+    """
+    n = mean.shape[-1]
+    h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], mask_t[0]
+    hp = _vm(cov.T, h)  # P h^T (= (h P)^T, P symmetric)
+    s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
+    y_mean = _vm(h[None, :], mean)[0] + _vm(arr.emission_input_weights, u_t)[0]
+    v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
+    lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
+    k = jnp.where(obs, hp / s, 0.0)
+    closed = jnp.eye(n, dtype=cov.dtype) - k[:, None] * h[None, :]
+    cov_f = symmetrize(_outer_mm(_outer_mm(closed, cov), closed.T)
+                       + r * (k[:, None] * k[None, :]))
+    return lp, mean + k * v, cov_f
+
+
+def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool):
+    """The Kalman filter for one series (``D = 1``), proper initial law, as one fused scan:
+    the log-densities ``(T,)``, or with ``moments`` ``(T, 1 + n + n^2)``: each step's
+    log-density and predicted moments ``(mean, vec(cov))``.
+
+    The recursion of `kalman_step` with the scalar update `_univariate_update`. Each step
+    updates with ``y_t`` and then predicts ``x_{t+1}`` (so no step selects between the
+    initial law and a prediction), every product is a sum of outer products, and the carry
+    is one flat vector ``(mean, vec(cov))``: XLA:CPU then runs a step as a few fused loops
+    and writes the new moments in one, which is what a step of a small model costs
+    (with a ``(mean, cov)`` pair as the carry the same step ran several times slower;
+    `benchmarks/bench_kalman_exact.py`). The stacked output is the carry (the predicted
+    moments) of each step, one flat row (two stacked outputs ran several times slower
+    than one); the filtered moments follow without a recursion (`kalman_filter`). Equal
+    to the general step to rounding (tested, with gradients).
     """
     _check(arrays, y, mask, inputs)
     num_t = y.shape[0]
     n = arrays.initial_mean.shape[-1]
-    eye = jnp.eye(n, dtype=arrays.initial_cov.dtype)
-    # T = 1 with time-varying dynamics: no step uses them (the prediction after the last
-    # step is discarded), but indexing an empty time axis fails; stand zeros in
-    arrays = arrays._replace(**{
-        name: jnp.zeros(leaf.shape[1:], leaf.dtype)
-        for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM, strict=True)
-        if name.startswith("dynamics_") and leaf.ndim == nd + 1 and leaf.shape[0] == 0})
+    arrays = _no_empty_dynamics(arrays)
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
 
     def step(carry, xs):
-        mean, cov = carry
         t, y_t, m_t, u_t, u_n = xs
         arr = arrays_at(arrays, t)
-        h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], m_t[0]
-        hp = _vm(cov.T, h)  # P h^T (= (h P)^T, P symmetric)
-        s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
-        y_mean = _vm(h[None, :], mean)[0] + _vm(arr.emission_input_weights, u_t)[0]
-        v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
-        lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
-        k = jnp.where(obs, hp / s, 0.0)
-        mean_f = mean + k * v
-        closed = eye - k[:, None] * h[None, :]
-        cov_f = symmetrize(_outer_mm(_outer_mm(closed, cov), closed.T)
-                           + r * (k[:, None] * k[None, :]))
+        lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:].reshape(n, n),
+                                               y_t, m_t, u_t)
         dyn = arr.dynamics_weights
         mean_n = _vm(dyn, mean_f) + _vm(arr.dynamics_input_weights, u_n) + arr.dynamics_bias
         cov_n = symmetrize(_outer_mm(_outer_mm(dyn, cov_f), dyn.T) + arr.dynamics_cov)
-        return (mean_n, cov_n), keep(lp, mean, cov, mean_f, cov_f)
+        out = jnp.concatenate([lp[None], carry]) if moments else lp
+        return jnp.concatenate([mean_n, cov_n.reshape(-1)]), out
 
-    init = (arrays.initial_mean, arrays.initial_cov)
-    return jax.lax.scan(step, init, (jnp.arange(num_t), y, mask, inputs, u_next))
+    init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)])
+    return jax.lax.scan(step, init, (jnp.arange(num_t), y, mask, inputs, u_next))[1]
 
 
 def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
@@ -602,8 +620,14 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         (2, 1)
     """
     if _univariate_fast(arrays, y):
-        _, (lp, mean, cov, filt_mean, filt_cov) = _scan_univariate(
-            arrays, y, mask, inputs, keep=lambda *out: out)
+        n = arrays.initial_mean.shape[-1]
+        out = _scan_univariate(arrays, y, mask, inputs, moments=True)
+        lp, mean, cov = out[:, 0], out[:, 1 : n + 1], out[:, n + 1 :].reshape(-1, n, n)
+        # the filtered moments from the predicted ones: the same update, vectorized over
+        # time (stacking them in the scan cost more than the scan itself)
+        _, filt_mean, filt_cov = jax.vmap(
+            lambda t, *a: _univariate_update(arrays_at(_no_empty_dynamics(arrays), t), *a)
+        )(jnp.arange(y.shape[0]), mean, cov, y, mask, inputs)
         return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
     _, (lp, mean, cov, filt_mean, filt_cov) = _scan_filter(
         arrays, y, mask, inputs, collapse=True,
@@ -614,8 +638,7 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
 def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
     """Total log-likelihood only (see `kalman_filter`; no moments are stored)."""
     if _univariate_fast(arrays, y):
-        _, lp = _scan_univariate(arrays, y, mask, inputs, keep=lambda lp, *_: lp)
-        return pairwise_sum(lp)
+        return pairwise_sum(_scan_univariate(arrays, y, mask, inputs, moments=False))
     _, lp = _scan_filter(arrays, y, mask, inputs, collapse=True, keep=lambda lp, *_: lp)
     return pairwise_sum(lp)
 
