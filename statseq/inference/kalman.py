@@ -28,7 +28,10 @@ element-wise jnp ops (the same arithmetic as LAPACK's unblocked algorithms), so 
 fuses a step into a few loops instead of calling a kernel per small product and a LAPACK
 routine per factorization; results agree with the generic path to rounding (tested, with
 gradients). `kalman_log_prob` stacks no moments, `kalman_smoother` only what its backward
-pass uses.
+pass uses. For one series (``D = 1``, proper initial law, up to ``SMALL_DIM`` states) on
+CPU, `kalman_log_prob` and `kalman_filter` run `_scan_univariate`: a scalar update (a
+division instead of a Cholesky factor, the same Joseph form) and one flat carry
+``(mean, vec(cov))``, which XLA:CPU runs several times faster than a ``(mean, cov)`` pair.
 
 **Exact diffuse initialization** (de Jong's augmented filter). Directions ``A`` of the
 initial state with infinite variance are carried as regression columns: the filter runs
