@@ -493,12 +493,12 @@ def _scan_filter(arrays, y, mask, inputs, collapse, keep=None):
     return jax.lax.scan(step, initial_carry(arrays), (y, mask, inputs))
 
 
-def _univariate_fast(arrays: GaussianSSMArrays, y) -> bool:
+def _univariate_fast(arrays: GaussianSSMArrays, num_series: int) -> bool:
     """Whether `kalman_filter` / `kalman_log_prob` take the scalar-observation scan
     (`_scan_univariate`): one series (``D = 1``), a proper initial law, at most
     ``SMALL_DIM`` states, on CPU (the GPU keeps the general step, unmeasured there)."""
     n = arrays.initial_mean.shape[-1]
-    return (y.shape[-1] == 1 and arrays.initial_diffuse.shape[-1] == 0 and 0 < n <= SMALL_DIM
+    return (num_series == 1 and arrays.initial_diffuse.shape[-1] == 0 and 0 < n <= SMALL_DIM
             and backend_kind() == "cpu")
 
 
@@ -555,10 +555,13 @@ def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
     return lp, mean + k * v, cov_f
 
 
-def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool):
+def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
+                     steps: int | None = None):
     """The Kalman filter for one series (``D = 1``), proper initial law, as one fused scan:
-    the log-densities ``(T,)``, or with ``moments`` ``(T, 1 + n + n^2)``: each step's
-    log-density and predicted moments ``(mean, vec(cov))``.
+    ``(carry, out)`` with ``out`` the log-densities ``(T,)``, or with ``moments``
+    ``(T, 1 + n + n^2)``: each step's log-density and predicted moments
+    ``(mean, vec(cov))``; ``carry`` is the flat prediction after the last step. With
+    ``steps``, only the first ``steps`` steps run.
 
     The recursion of `kalman_step` with the scalar update `_univariate_update`. Each step
     updates with ``y_t`` and then predicts ``x_{t+1}`` (so no step selects between the
@@ -589,7 +592,36 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool):
         return jnp.concatenate([mean_n, cov_n.reshape(-1)]), out
 
     init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)])
-    return jax.lax.scan(step, init, (jnp.arange(num_t), y, mask, inputs, u_next))[1]
+    num = num_t if steps is None else steps
+    xs = (jnp.arange(num), y[:num], mask[:num], inputs[:num], u_next[:num])
+    return jax.lax.scan(step, init, xs)
+
+
+def univariate_log_probs(arrays: GaussianSSMArrays, y, mask, inputs):
+    """Per-step log-densities and the final `KalmanCarry` of one series, by the
+    scalar-observation scan (what `kalman_step` gives, to rounding, several times faster).
+
+    For ``D = 1``, a proper initial law and up to ``SMALL_DIM`` states (see
+    `_univariate_fast`); the public ``log_prob`` of a linear Gaussian model with one series
+    runs it (`statseq.models.ssm.GaussianSSMBase.masked_data_filter`).
+
+    Args:
+        arrays: the model's matrices.
+        y: ``(T, 1)`` observations (masked entries may hold any finite value).
+        mask: ``(T, 1)`` booleans.
+        inputs: ``(T, m)`` inputs.
+
+    Returns:
+        ``(log_probs (T,), carry)``, the carry after the last step as `kalman_step` leaves it.
+    """
+    n, num_t = arrays.initial_mean.shape[-1], y.shape[0]
+    pred, lp = _scan_univariate(arrays, y, mask, inputs, moments=False, steps=num_t - 1)
+    arr = arrays_at(_no_empty_dynamics(arrays), num_t - 1)
+    lp_last, mean_f, cov_f = _univariate_update(arr, pred[:n], pred[n:].reshape(n, n),
+                                                y[-1], mask[-1], inputs[-1])
+    carry = initial_carry(arrays)._replace(mean=mean_f, cov=cov_f,
+                                           t=jnp.asarray(num_t, jnp.int32))
+    return jnp.concatenate([lp, lp_last[None]]), carry
 
 
 def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
@@ -622,9 +654,9 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         >>> res.filtered_means.shape
         (2, 1)
     """
-    if _univariate_fast(arrays, y):
+    if _univariate_fast(arrays, y.shape[-1]):
         n = arrays.initial_mean.shape[-1]
-        out = _scan_univariate(arrays, y, mask, inputs, moments=True)
+        out = _scan_univariate(arrays, y, mask, inputs, moments=True)[1]
         lp, mean, cov = out[:, 0], out[:, 1 : n + 1], out[:, n + 1 :].reshape(-1, n, n)
         # the filtered moments from the predicted ones: the same update, vectorized over
         # time (stacking them in the scan cost more than the scan itself)
@@ -640,8 +672,8 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
 
 def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
     """Total log-likelihood only (see `kalman_filter`; no moments are stored)."""
-    if _univariate_fast(arrays, y):
-        return pairwise_sum(_scan_univariate(arrays, y, mask, inputs, moments=False))
+    if _univariate_fast(arrays, y.shape[-1]):
+        return pairwise_sum(_scan_univariate(arrays, y, mask, inputs, moments=False)[1])
     _, lp = _scan_filter(arrays, y, mask, inputs, collapse=True, keep=lambda lp, *_: lp)
     return pairwise_sum(lp)
 

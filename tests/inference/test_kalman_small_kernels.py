@@ -233,9 +233,9 @@ def univariate_case():
 
 def test_univariate_scan_is_taken_on_cpu_and_fused(univariate_case):
     arrays, y, mask, inputs = univariate_case
-    assert kalman._univariate_fast(arrays, y)  # the tests run on CPU
-    assert not kalman._univariate_fast(arrays, jnp.zeros((7, 2)))  # two series
-    assert not kalman._univariate_fast(arrays._replace(initial_diffuse=jnp.zeros((3, 1))), y)
+    assert kalman._univariate_fast(arrays, 1)  # the tests run on CPU
+    assert not kalman._univariate_fast(arrays, 2)  # two series
+    assert not kalman._univariate_fast(arrays._replace(initial_diffuse=jnp.zeros((3, 1))), 1)
     hlo = jax.jit(kalman.kalman_log_prob).lower(*univariate_case).as_text()
     assert "lapack" not in hlo and "dot_general" not in hlo and "sqrt" not in hlo
 
@@ -327,3 +327,32 @@ def test_univariate_scan_matches_statsmodels_with_missing_data():
     np.testing.assert_allclose(got.filtered_means, res.filtered_state.T, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(got.filtered_covs, res.filtered_state_cov.transpose(2, 0, 1),
                                rtol=1e-9, atol=1e-11)
+
+
+def test_public_filter_with_missing_data_equals_the_step_scan(univariate_case):
+    """``ss.filter`` / ``ss.log_prob`` of a one-series linear Gaussian model run the scalar
+    scan (`GaussianSSMBase.masked_data_filter`): per-step log-densities and the final
+    carry (the start of a forecast) equal the per-step `kalman_step` scan's, batched."""
+    import statseq as ss
+    from statseq.core import recurrence
+
+    arrays, y, mask, inputs = univariate_case
+    model = ss.TimeVaryingLinearGaussianSSM(state_dim=3, emission_dim=1, num_timesteps=7,
+                                            input_dim=2)
+    params = ss.LGSSMParams(*arrays[:10])
+    assert model.masked_data_filter(params, 7) is not None
+    ys, masks = jnp.stack([y, y[::-1]]), jnp.stack([mask, mask[::-1]])
+    got = ss.filter(model, params, ys, mask=masks, inputs=inputs)
+
+    def steps(yy, mm):
+        return recurrence._scan_one(model, params, yy, mm, inputs,
+                                    model.initial_carry(params), False)
+
+    want_lp, _, want_final = jax.jit(jax.vmap(steps))(ys, masks)
+    np.testing.assert_allclose(got.log_probs, want_lp, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(ss.log_prob(model, params, ys, mask=masks, inputs=inputs),
+                               want_lp.sum(-1), rtol=1e-12)
+    assert jax.tree.structure(got.final_carry) == jax.tree.structure(want_final)
+    for g, w in zip(jax.tree.leaves(got.final_carry), jax.tree.leaves(want_final), strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
