@@ -580,9 +580,27 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
     arrays = _no_empty_dynamics(arrays)
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
 
+    # the per-step leaves packed into one (T, k) array: a step reads one row (one gather
+    # per leaf per step ran several times slower); dynamics rows are padded with their
+    # last entry (the prediction after the last step is discarded)
+    varying = [(name, nd) for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays,
+                                                   _BASE_NDIM, strict=True)
+               if name in _PER_STEP and leaf.ndim == nd + 1]
+    rows = []
+    for name, _ in varying:
+        leaf = getattr(arrays, name)
+        flat = leaf.reshape(leaf.shape[0], -1)
+        rows.append(jnp.concatenate([flat, flat[-1:]]) if leaf.shape[0] == num_t - 1 else flat)
+    packed = jnp.concatenate(rows, axis=1) if rows else jnp.zeros((num_t, 0), y.dtype)
+
     def step(carry, xs):
-        t, y_t, m_t, u_t, u_n = xs
-        arr = arrays_at(arrays, t)
+        row, y_t, m_t, u_t, u_n = xs
+        arr, start = arrays, 0
+        for name, _ in varying:
+            shape = getattr(arrays, name).shape[1:]
+            size = math.prod(shape)
+            arr = arr._replace(**{name: row[start : start + size].reshape(shape)})
+            start += size
         lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:].reshape(n, n),
                                                y_t, m_t, u_t)
         dyn = arr.dynamics_weights
@@ -593,7 +611,7 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
 
     init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)])
     num = num_t if steps is None else steps
-    xs = (jnp.arange(num), y[:num], mask[:num], inputs[:num], u_next[:num])
+    xs = (packed[:num], y[:num], mask[:num], inputs[:num], u_next[:num])
     return jax.lax.scan(step, init, xs)
 
 

@@ -158,7 +158,7 @@ def _generic(fn, *args, monkeypatch):
 
 
 @pytest.mark.parametrize(("n", "d", "m_in", "time_varying"),
-                         [(4, 2, 1, False), (3, 1, 0, True), (1, 1, 0, False), (2, 3, 2, True)])
+                         [(4, 2, 1, False), (3, 1, 2, True), (1, 1, 0, False), (2, 3, 2, True)])
 def test_filter_and_smoother_match_dense_conditioning_and_generic_path(n, d, m_in, time_varying,
                                                                        monkeypatch):
     num_t = 9
@@ -241,11 +241,11 @@ def test_univariate_scan_is_taken_on_cpu_and_fused(univariate_case):
 
 
 def test_univariate_scan_equals_general_step_with_gradients(univariate_case):
-    """Filter, log-likelihood and its gradient (every matrix, time-varying, with inputs and
-    missing steps) equal the general step's to rounding."""
+    """The log-likelihood's gradient (every matrix, time-varying, with inputs and missing
+    steps) equals the general step's to rounding (the filter itself: the dense-conditioning
+    test above, case ``(3, 1, 2, True)``)."""
     arrays, y, mask, inputs = univariate_case
     filt = jax.jit(kalman.kalman_filter)(*univariate_case)
-    _assert_filters_equal(filt, _general(kalman.kalman_filter, *univariate_case))
     # a missing step's filtered moments are its predicted ones, exactly
     np.testing.assert_array_equal(filt.filtered_covs[2], filt.predicted_covs[2])
     np.testing.assert_array_equal(filt.filtered_means[2], filt.predicted_means[2])
