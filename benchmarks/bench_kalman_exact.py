@@ -3,6 +3,9 @@
 
     nice -n 10 python benchmarks/bench_kalman_exact.py            # T = 10^3, 10^4, 10^5
     nice -n 10 python benchmarks/bench_kalman_exact.py --quick    # T = 10^3, 10^4; prints only
+    nice -n 10 python benchmarks/bench_kalman_exact.py --workloads tvreg3 --sizes 10000
+                                                                  # one workload; prints only
+(run with ``PYTHONPATH=$PWD`` from a worktree: the venv's editable install points at main)
 
 Workloads where the steady-state shortcut cannot be used (float64, fixed seed):
 
