@@ -3,6 +3,9 @@
 
     nice -n 10 python benchmarks/bench_kalman_exact.py            # T = 10^3, 10^4, 10^5
     nice -n 10 python benchmarks/bench_kalman_exact.py --quick    # T = 10^3, 10^4; prints only
+    nice -n 10 python benchmarks/bench_kalman_exact.py --workloads tvreg3 --sizes 10000
+                                                                  # one workload; prints only
+(run with ``PYTHONPATH=$PWD`` from a worktree: the venv's editable install points at main)
 
 Workloads where the steady-state shortcut cannot be used (float64, fixed seed):
 
@@ -234,6 +237,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="T = 10^3, 10^4 only; no files")
     ap.add_argument("--sizes", type=int, nargs="*", help="override the lengths (no files)")
+    ap.add_argument("--workloads", nargs="*", choices=("ti4x2", "tvreg3", "level"),
+                    help="only these workloads (no files)")
     args = ap.parse_args(argv)
     import jax
 
@@ -246,11 +251,14 @@ def main(argv=None):
     sizes = [10**3, 10**4] if args.quick else [10**3, 10**4, 10**5]
     if args.sizes:
         sizes, args.quick = args.sizes, True
+    workloads = ("ti4x2", "tvreg3", "level")
+    if args.workloads:
+        workloads, args.quick = tuple(args.workloads), True
     timer = Timer(min_rounds=5, budget_s=2.0)
     log = lambda s: print(s, flush=True)  # noqa: E731
     load_start = load_average()
     rows, ratios = [], {}
-    for name in ("ti4x2", "tvreg3", "level"):
+    for name in workloads:
         for num_t in sizes:
             flt, smo = cases(name, num_t, before)
             budget = 2.0 if num_t < 10**5 else 4.0

@@ -85,6 +85,10 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
     inputs (N, T, U)) -> (log_probs (N, T), final carries)``, which then replaces the
     per-sequence version vmapped over the batch (e.g. one scan over the whole batch with
     matrix-matrix recurrent products and batch-level weight gradients).
+    Otherwise a model may supply ``masked_data_filter(params, num_timesteps)``: ``None``,
+    or a function ``(y, mask, inputs) -> (log_probs (T,), final carry)`` of one sequence
+    (missing entries allowed) that replaces the per-step scan when no carries are wanted
+    and the time axis is not padded.
     """
     fast = hasattr(model, "complete_data_log_probs") and y.shape[1] >= getattr(
         model, "fast_path_min_timesteps", 0
@@ -105,6 +109,14 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
         if num_valid is not None:
             live = jnp.arange(y.shape[1]) < num_valid
             log_probs = jnp.where(live, log_probs, jnp.zeros((), log_probs.dtype))
+        return pairwise_sum(log_probs), log_probs, None, final
+    # a model may run its own filter where no per-step carries are wanted (e.g. a linear
+    # Gaussian model with one series: `GaussianSSMBase.masked_data_filter`)
+    own = getattr(model, "masked_data_filter", None)
+    own = None if own is None or return_carries or num_valid is not None else own(
+        params, y.shape[1])
+    if own is not None:
+        log_probs, final = jax.vmap(own)(y, mask, inputs)
         return pairwise_sum(log_probs), log_probs, None, final
     carry0 = model.initial_carry(params)
     run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries,

@@ -28,7 +28,10 @@ element-wise jnp ops (the same arithmetic as LAPACK's unblocked algorithms), so 
 fuses a step into a few loops instead of calling a kernel per small product and a LAPACK
 routine per factorization; results agree with the generic path to rounding (tested, with
 gradients). `kalman_log_prob` stacks no moments, `kalman_smoother` only what its backward
-pass uses.
+pass uses. For one series (``D = 1``, proper initial law, up to ``SMALL_DIM`` states) on
+CPU, `kalman_log_prob` and `kalman_filter` run `_scan_univariate`: a scalar update (a
+division instead of a Cholesky factor, the same Joseph form) and one flat carry
+``(mean, vec(cov))``, which XLA:CPU runs several times faster than a ``(mean, cov)`` pair.
 
 **Exact diffuse initialization** (de Jong's augmented filter). Directions ``A`` of the
 initial state with infinite variance are carried as regression columns: the filter runs
@@ -60,6 +63,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from statseq.core.recurrence import pairwise_sum
+from statseq.inference._backend import backend_kind
 from statseq.inference.gaussian import symmetrize
 from statseq.inference.kalman_diffuse import diffuse_update
 
@@ -489,6 +493,155 @@ def _scan_filter(arrays, y, mask, inputs, collapse, keep=None):
     return jax.lax.scan(step, initial_carry(arrays), (y, mask, inputs))
 
 
+def _univariate_fast(arrays: GaussianSSMArrays, num_series: int) -> bool:
+    """Whether `kalman_filter` / `kalman_log_prob` take the scalar-observation scan
+    (`_scan_univariate`): one series (``D = 1``), a proper initial law, at most
+    ``SMALL_DIM`` states, on CPU (the GPU keeps the general step, unmeasured there)."""
+    n = arrays.initial_mean.shape[-1]
+    return (num_series == 1 and arrays.initial_diffuse.shape[-1] == 0 and 0 < n <= SMALL_DIM
+            and backend_kind() == "cpu")
+
+
+def _vm(a, x):
+    """``a @ x`` for a small ``(k, j)`` matrix and a ``(j,)`` vector, as a sum of scaled
+    columns (element-wise ops that XLA fuses; no reduction)."""
+    if a.shape[-1] == 0:
+        return jnp.zeros(a.shape[:-1], a.dtype)
+    out = a[:, 0] * x[0]
+    for k in range(1, a.shape[-1]):
+        out = out + a[:, k] * x[k]
+    return out
+
+
+def _outer_mm(a, b):
+    """``a @ b`` for small matrices as a sum of outer products (element-wise ops only)."""
+    out = a[:, :1] * b[:1, :]
+    for k in range(1, a.shape[-1]):
+        out = out + a[:, k : k + 1] * b[k : k + 1, :]
+    return out
+
+
+def _no_empty_dynamics(arrays: GaussianSSMArrays) -> GaussianSSMArrays:
+    """Zeros for time-varying dynamics leaves with an empty time axis (``T = 1``): no
+    step uses them (the prediction after the last step is discarded), but indexing an
+    empty axis fails."""
+    return arrays._replace(**{
+        name: jnp.zeros(leaf.shape[1:], leaf.dtype)
+        for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM, strict=True)
+        if name.startswith("dynamics_") and leaf.ndim == nd + 1 and leaf.shape[0] == 0})
+
+
+def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
+    """``(log p(y_t | y_{<t}), filtered mean, filtered cov)`` for one series (``D = 1``).
+
+    The update of `kalman_step` for a scalar observation: ``s = h P h^T + r``, gain
+    ``k = P h^T / s`` (a division: no Cholesky factor, no triangular solve), log-density
+    ``-(v^2 / s + log s + log 2 pi) / 2``, the Joseph-form covariance
+    ``(I - k h) P (I - k h)^T + r k k^T`` (`joseph_update`), products as sums of outer
+    products (element-wise ops). A missing ``y_t`` gives ``k = 0``: the filtered moments are
+    the predicted ones exactly, and the log-density is 0.
+    """
+    n = mean.shape[-1]
+    h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], mask_t[0]
+    hp = _vm(cov.T, h)  # P h^T (= (h P)^T, P symmetric)
+    s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
+    y_mean = _vm(h[None, :], mean)[0] + _vm(arr.emission_input_weights, u_t)[0]
+    v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
+    lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
+    k = jnp.where(obs, hp / s, 0.0)
+    closed = jnp.eye(n, dtype=cov.dtype) - k[:, None] * h[None, :]
+    cov_f = symmetrize(_outer_mm(_outer_mm(closed, cov), closed.T)
+                       + r * (k[:, None] * k[None, :]))
+    return lp, mean + k * v, cov_f
+
+
+def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
+                     steps: int | None = None):
+    """The Kalman filter for one series (``D = 1``), proper initial law, as one fused scan:
+    ``(carry, out)`` with ``out`` the log-densities ``(T,)``, or with ``moments``
+    ``(T, 1 + n + n^2)``: each step's log-density and predicted moments
+    ``(mean, vec(cov))``; ``carry`` is the flat prediction after the last step. With
+    ``steps``, only the first ``steps`` steps run.
+
+    The recursion of `kalman_step` with the scalar update `_univariate_update`. Each step
+    updates with ``y_t`` and then predicts ``x_{t+1}`` (so no step selects between the
+    initial law and a prediction), every product is a sum of outer products, and the carry
+    is one flat vector ``(mean, vec(cov))``: XLA:CPU then runs a step as a few fused loops
+    and writes the new moments in one, which is what a step of a small model costs
+    (with a ``(mean, cov)`` pair as the carry the same step ran several times slower;
+    `benchmarks/bench_kalman_exact.py`). The stacked output is the carry (the predicted
+    moments) of each step, one flat row (two stacked outputs ran several times slower
+    than one); the filtered moments follow without a recursion (`kalman_filter`). Equal
+    to the general step to rounding (tested, with gradients).
+    """
+    _check(arrays, y, mask, inputs)
+    num_t = y.shape[0]
+    n = arrays.initial_mean.shape[-1]
+    arrays = _no_empty_dynamics(arrays)
+    u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
+
+    # the per-step leaves packed into one (T, k) array: a step reads one row (one gather
+    # per leaf per step ran several times slower); dynamics rows are padded with their
+    # last entry (the prediction after the last step is discarded)
+    varying = [(name, nd) for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays,
+                                                   _BASE_NDIM, strict=True)
+               if name in _PER_STEP and leaf.ndim == nd + 1]
+    rows = []
+    for name, _ in varying:
+        leaf = getattr(arrays, name)
+        flat = leaf.reshape(leaf.shape[0], -1)
+        rows.append(jnp.concatenate([flat, flat[-1:]]) if leaf.shape[0] == num_t - 1 else flat)
+    packed = jnp.concatenate(rows, axis=1) if rows else jnp.zeros((num_t, 0), y.dtype)
+
+    def step(carry, xs):
+        row, y_t, m_t, u_t, u_n = xs
+        arr, start = arrays, 0
+        for name, _ in varying:
+            shape = getattr(arrays, name).shape[1:]
+            size = math.prod(shape)
+            arr = arr._replace(**{name: row[start : start + size].reshape(shape)})
+            start += size
+        lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:].reshape(n, n),
+                                               y_t, m_t, u_t)
+        dyn = arr.dynamics_weights
+        mean_n = _vm(dyn, mean_f) + _vm(arr.dynamics_input_weights, u_n) + arr.dynamics_bias
+        cov_n = symmetrize(_outer_mm(_outer_mm(dyn, cov_f), dyn.T) + arr.dynamics_cov)
+        out = jnp.concatenate([lp[None], carry]) if moments else lp
+        return jnp.concatenate([mean_n, cov_n.reshape(-1)]), out
+
+    init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)])
+    num = num_t if steps is None else steps
+    xs = (packed[:num], y[:num], mask[:num], inputs[:num], u_next[:num])
+    return jax.lax.scan(step, init, xs)
+
+
+def univariate_log_probs(arrays: GaussianSSMArrays, y, mask, inputs):
+    """Per-step log-densities and the final `KalmanCarry` of one series, by the
+    scalar-observation scan (what `kalman_step` gives, to rounding, several times faster).
+
+    For ``D = 1``, a proper initial law and up to ``SMALL_DIM`` states (see
+    `_univariate_fast`); the public ``log_prob`` of a linear Gaussian model with one series
+    runs it (`statseq.models.ssm.GaussianSSMBase.masked_data_filter`).
+
+    Args:
+        arrays: the model's matrices.
+        y: ``(T, 1)`` observations (masked entries may hold any finite value).
+        mask: ``(T, 1)`` booleans.
+        inputs: ``(T, m)`` inputs.
+
+    Returns:
+        ``(log_probs (T,), carry)``, the carry after the last step as `kalman_step` leaves it.
+    """
+    n, num_t = arrays.initial_mean.shape[-1], y.shape[0]
+    pred, lp = _scan_univariate(arrays, y, mask, inputs, moments=False, steps=num_t - 1)
+    arr = arrays_at(_no_empty_dynamics(arrays), num_t - 1)
+    lp_last, mean_f, cov_f = _univariate_update(arr, pred[:n], pred[n:].reshape(n, n),
+                                                y[-1], mask[-1], inputs[-1])
+    carry = initial_carry(arrays)._replace(mean=mean_f, cov=cov_f,
+                                           t=jnp.asarray(num_t, jnp.int32))
+    return jnp.concatenate([lp, lp_last[None]]), carry
+
+
 def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
     """Kalman filter over one sequence (prediction error decomposition of the likelihood).
 
@@ -519,6 +672,16 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         >>> res.filtered_means.shape
         (2, 1)
     """
+    if _univariate_fast(arrays, y.shape[-1]):
+        n = arrays.initial_mean.shape[-1]
+        out = _scan_univariate(arrays, y, mask, inputs, moments=True)[1]
+        lp, mean, cov = out[:, 0], out[:, 1 : n + 1], out[:, n + 1 :].reshape(-1, n, n)
+        # the filtered moments from the predicted ones: the same update, vectorized over
+        # time (stacking them in the scan cost more than the scan itself)
+        _, filt_mean, filt_cov = jax.vmap(
+            lambda t, *a: _univariate_update(arrays_at(_no_empty_dynamics(arrays), t), *a)
+        )(jnp.arange(y.shape[0]), mean, cov, y, mask, inputs)
+        return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
     _, (lp, mean, cov, filt_mean, filt_cov) = _scan_filter(
         arrays, y, mask, inputs, collapse=True,
         keep=lambda lp, mean, cov, _d, new, _i: (lp, mean, cov, new.mean, new.cov))
@@ -527,6 +690,8 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
 
 def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
     """Total log-likelihood only (see `kalman_filter`; no moments are stored)."""
+    if _univariate_fast(arrays, y.shape[-1]):
+        return pairwise_sum(_scan_univariate(arrays, y, mask, inputs, moments=False)[1])
     _, lp = _scan_filter(arrays, y, mask, inputs, collapse=True, keep=lambda lp, *_: lp)
     return pairwise_sum(lp)
 

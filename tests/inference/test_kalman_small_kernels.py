@@ -158,7 +158,7 @@ def _generic(fn, *args, monkeypatch):
 
 
 @pytest.mark.parametrize(("n", "d", "m_in", "time_varying"),
-                         [(4, 2, 1, False), (3, 1, 0, True), (1, 1, 0, False), (2, 3, 2, True)])
+                         [(4, 2, 1, False), (3, 1, 2, True), (1, 1, 0, False), (2, 3, 2, True)])
 def test_filter_and_smoother_match_dense_conditioning_and_generic_path(n, d, m_in, time_varying,
                                                                        monkeypatch):
     num_t = 9
@@ -208,3 +208,151 @@ def test_step_is_fused_without_lapack_calls():
         generic = jax.jit(lambda *a: kalman.kalman_log_prob(*a)).lower(
             arrays, y, mask, inputs).as_text()
     assert "lapack" in generic and "dot_general" in generic
+
+
+# ---- the scalar-observation scan (D = 1) -------------------------------------------------
+def _general(fn, *args):
+    """``fn`` traced with the scalar-observation scan switched off (the general step)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kalman, "_univariate_fast", lambda *a: False)
+        return jax.jit(lambda *a: fn(*a))(*args)  # a new function: traced afresh
+
+
+def _assert_filters_equal(got, want, rtol=1e-12, atol=1e-13):
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def univariate_case():
+    """A time-varying model with one series and inputs; an empty step (``t = 2``),
+    ``t = 3`` and the last step missing, about 30 % missing besides."""
+    arrays, y, mask, inputs = _model(3, 1, 7, 2, True, np.random.default_rng(2711))
+    return arrays, y, mask.at[-1].set(False), inputs
+
+
+def test_univariate_scan_is_taken_on_cpu_and_fused(univariate_case):
+    arrays, y, mask, inputs = univariate_case
+    assert kalman._univariate_fast(arrays, 1)  # the tests run on CPU
+    assert not kalman._univariate_fast(arrays, 2)  # two series
+    assert not kalman._univariate_fast(arrays._replace(initial_diffuse=jnp.zeros((3, 1))), 1)
+    hlo = jax.jit(kalman.kalman_log_prob).lower(*univariate_case).as_text()
+    assert "lapack" not in hlo and "dot_general" not in hlo and "sqrt" not in hlo
+
+
+def test_univariate_scan_equals_general_step_with_gradients(univariate_case):
+    """The log-likelihood's gradient (every matrix, time-varying, with inputs and missing
+    steps) equals the general step's to rounding (the filter itself: the dense-conditioning
+    test above, case ``(3, 1, 2, True)``)."""
+    arrays, y, mask, inputs = univariate_case
+    filt = jax.jit(kalman.kalman_filter)(*univariate_case)
+    # a missing step's filtered moments are its predicted ones, exactly
+    np.testing.assert_array_equal(filt.filtered_covs[2], filt.predicted_covs[2])
+    np.testing.assert_array_equal(filt.filtered_means[2], filt.predicted_means[2])
+    assert float(filt.log_probs[2]) == 0.0
+
+    def loss(a, y):
+        return kalman.kalman_log_prob(a, y, mask, inputs)
+
+    g_new = jax.jit(jax.grad(loss, argnums=(0, 1)))(arrays, y)
+    g_old = _general(jax.grad(loss, argnums=(0, 1)), arrays, y)
+    for a, b in zip(jax.tree.leaves(g_new), jax.tree.leaves(g_old), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    assert float(jnp.max(jnp.abs(g_new[1][~np.asarray(mask)]))) == 0.0  # missing y: no gradient
+
+
+@pytest.mark.parametrize("case", ["length1", "all_missing", "float32", "batch"])
+def test_univariate_scan_edge_cases(case, univariate_case):
+    arrays, y, mask, inputs = univariate_case
+    if case == "length1":  # T = 1 (one dynamics entry: the general step indexes t - 1)
+        arrays = arrays._replace(**{k: getattr(arrays, k)[:1] for k in arrays._fields[2:10]})
+        args = (arrays, y[:1], jnp.ones((1, 1), bool), inputs[:1])
+        # and with the empty dynamics axis of T = 1 (the general step fails on it)
+        empty = arrays._replace(**{k: getattr(arrays, k)[:0] for k in arrays._fields[2:6]})
+        for g, w in zip(jax.jit(kalman.kalman_filter)(empty, *args[1:]),
+                        jax.jit(kalman.kalman_filter)(*args), strict=True):
+            np.testing.assert_array_equal(g, w)  # T = 1 uses no dynamics
+    elif case == "all_missing":
+        args = (arrays, y, jnp.zeros_like(mask), inputs)
+    elif case == "float32":
+        args = (jax.tree.map(lambda a: a.astype(jnp.float32), arrays), y.astype(jnp.float32),
+                mask, inputs.astype(jnp.float32))
+    else:  # a batch (vmapped) against one sequence at a time
+        ys = jnp.stack([y, -2.0 * y])
+        got = jax.jit(jax.vmap(kalman.kalman_log_prob, (None, 0, None, None)))(
+            arrays, ys, mask, inputs)
+        want = _general(jax.vmap(lambda a, yy, m, u: kalman.kalman_log_prob(a, yy, m, u),
+                                 (None, 0, None, None)), arrays, ys, mask, inputs)
+        np.testing.assert_allclose(
+            want[0], _general(kalman.kalman_log_prob, arrays, y, mask, inputs), rtol=1e-12)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        return
+    got = jax.jit(kalman.kalman_filter)(*args)
+    want = _general(kalman.kalman_filter, *args)
+    tol = dict(rtol=2e-5, atol=1e-5) if case == "float32" else {}
+    _assert_filters_equal(got, want, **tol)
+    if case != "float32":
+        np.testing.assert_allclose(jax.jit(kalman.kalman_log_prob)(*args),
+                                   want.marginal_log_lik, rtol=1e-12, atol=1e-13)
+    if case == "float32":
+        assert got.filtered_covs.dtype == jnp.float32
+    if case == "all_missing":
+        assert float(got.marginal_log_lik) == 0.0
+        np.testing.assert_array_equal(got.filtered_covs, got.predicted_covs)
+
+
+def test_univariate_scan_matches_statsmodels_with_missing_data():
+    """A dynamic regression ``y_t = z_t^T beta_t + v_t`` (per-step ``H_t``), 20 % missing:
+    log-likelihood, per-step log-densities and filtered moments equal statsmodels'."""
+    sm = pytest.importorskip("statsmodels.tsa.statespace.mlemodel")
+    rng = np.random.default_rng(1327)
+    num_t, n = 40, 3
+    h = rng.standard_normal((num_t, 1, n))
+    q, r = 0.05 * np.eye(n) + 0.01, np.array([[0.7]])
+    y = np.einsum("tdn,tn->td", h, np.cumsum(rng.standard_normal((num_t, n)), 0))
+    y = y + rng.standard_normal((num_t, 1))
+    mask = rng.random((num_t, 1)) > 0.2
+    mod = sm.MLEModel(np.where(mask, y, np.nan), k_states=n)
+    mod["design"], mod["obs_cov"] = h.transpose(1, 2, 0), r
+    mod["transition"], mod["selection"], mod["state_cov"] = np.eye(n), np.eye(n), q
+    mod.ssm.initialize_known(np.zeros(n), 4.0 * np.eye(n))
+    res = mod.ssm.filter()
+    z = jnp.zeros
+    arrays = GaussianSSMArrays(z(n), 4.0 * jnp.eye(n), jnp.eye(n), z((n, 0)), z(n), jnp.asarray(q),
+                               jnp.asarray(h), z((1, 0)), z(1), jnp.asarray(r), z((n, 0)))
+    got = jax.jit(kalman.kalman_filter)(arrays, jnp.asarray(np.where(mask, y, 0.0)),
+                                        jnp.asarray(mask), z((num_t, 0)))
+    np.testing.assert_allclose(got.marginal_log_lik, res.llf, rtol=1e-12)
+    np.testing.assert_allclose(got.log_probs, res.llf_obs, rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(got.filtered_means, res.filtered_state.T, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(got.filtered_covs, res.filtered_state_cov.transpose(2, 0, 1),
+                               rtol=1e-9, atol=1e-11)
+
+
+def test_public_filter_with_missing_data_equals_the_step_scan(univariate_case):
+    """``ss.filter`` / ``ss.log_prob`` of a one-series linear Gaussian model run the scalar
+    scan (`GaussianSSMBase.masked_data_filter`): per-step log-densities and the final
+    carry (the start of a forecast) equal the per-step `kalman_step` scan's, batched."""
+    import statseq as ss
+    from statseq.core import recurrence
+
+    arrays, y, mask, inputs = univariate_case
+    model = ss.TimeVaryingLinearGaussianSSM(state_dim=3, emission_dim=1, num_timesteps=7,
+                                            input_dim=2)
+    params = ss.LGSSMParams(*arrays[:10])
+    assert model.masked_data_filter(params, 7) is not None
+    ys, masks = jnp.stack([y, y[::-1]]), jnp.stack([mask, mask[::-1]])
+    got = ss.filter(model, params, ys, mask=masks, inputs=inputs)
+
+    def steps(yy, mm):
+        return recurrence._scan_one(model, params, yy, mm, inputs,
+                                    model.initial_carry(params), False)
+
+    want_lp, _, want_final = jax.jit(jax.vmap(steps))(ys, masks)
+    np.testing.assert_allclose(got.log_probs, want_lp, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(ss.log_prob(model, params, ys, mask=masks, inputs=inputs),
+                               want_lp.sum(-1), rtol=1e-12)
+    assert jax.tree.structure(got.final_carry) == jax.tree.structure(want_final)
+    for g, w in zip(jax.tree.leaves(got.final_carry), jax.tree.leaves(want_final), strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)

@@ -244,6 +244,24 @@ class GaussianSSMBase(SequenceModel):
         return kalman_steady.steady_state_log_probs(arrays, y, inputs, head=self.steady_state_head,
                                                     num_valid=num_valid)
 
+    def masked_data_filter(self, params, num_timesteps: int):
+        """``(y, mask, inputs) -> (log_probs (T,), final carry)`` for one sequence by the
+        scalar-observation scan (`statseq.inference.kalman.univariate_log_probs`), where it
+        applies: one series, a proper initial law, at most ``kalman.SMALL_DIM`` states, on
+        CPU; otherwise ``None`` (the per-step `step` scan runs). The same log-densities and
+        final carry as the `step` scan to rounding (tested), with or without missing data;
+        `statseq.core.recurrence` uses it wherever no per-step carries are wanted."""
+        del num_timesteps
+        arrays = self.to_arrays(params)
+        if self.dim != 1 or self.num_conditioned_steps or not kalman._univariate_fast(arrays, 1):
+            return None
+
+        def run(y, mask, inputs):
+            y = jnp.reshape(y, (-1, 1)).astype(arrays.initial_cov.dtype)
+            return kalman.univariate_log_probs(arrays, y, jnp.reshape(mask, (-1, 1)), inputs)
+
+        return run
+
     def update(self, params, carry, y_t, mask_t, inputs_t) -> kalman.KalmanCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
 
