@@ -222,7 +222,22 @@ def _matvec(a_transposed, v, unrolled: bool):
     return sum(a_transposed[j] * v[j] for j in range(a_transposed.shape[0]))
 
 
-def _filter(pi, fixed, per_step, ll, unrolled=None, rows=True) -> HMMFilterResult:
+def _use_blocked(blocked, ll) -> bool:
+    if blocked is not None:
+        return bool(blocked)
+    from statseq.inference.hmm_blocked import use_blocked
+
+    return use_blocked(*ll.shape)
+
+
+def _filter(pi, fixed, per_step, ll, unrolled=None, rows=True,
+            blocked=False) -> HMMFilterResult:
+    """``blocked``: ``True`` for `statseq.inference.hmm_blocked`, ``None`` for its default
+    (`hmm_blocked.use_blocked`), ``False`` for the sequential scan."""
+    if _use_blocked(blocked, ll):
+        from statseq.inference.hmm_blocked import filter_blocked
+
+        return filter_blocked(pi, fixed, per_step, ll)
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
     filtered0, log_norm0 = _condition(pi, ll[0])
 
@@ -275,7 +290,8 @@ def hmm_filter(initial_probs, transition_matrix, log_likelihoods) -> HMMFilterRe
         >>> result.filtered_probs.shape, round(float(result.log_normalizers[1]), 6)
         ((3, 2), 0.0)
     """
-    return _filter(*_prepare_inputs(initial_probs, transition_matrix, log_likelihoods))
+    return _filter(*_prepare_inputs(initial_probs, transition_matrix, log_likelihoods),
+                   blocked=None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -300,9 +316,10 @@ def _sum_outer_products(left, right):
 
 
 def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
-              transition_weights=None) -> HMMPosterior:
+              transition_weights=None, blocked=False) -> HMMPosterior:
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
-    filt = _filter(pi, fixed, per_step, ll, unrolled)
+    blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
+    filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked)
     filtered = filt.filtered_probs
     num_states = ll.shape[1]
     dtype = filtered.dtype
@@ -322,10 +339,19 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
         beta = _matvec(_pick(fixed_t, a_t), v, unrolled)
         return beta / jnp.max(beta), v
 
-    _, v = jax.lax.scan(
-        step, jnp.ones(num_states, dtype), (lik, per_step_t), reverse=True,
-        unroll=UNROLL if unrolled else 1,
-    )
+    def sequential(_):
+        return jax.lax.scan(
+            step, jnp.ones(num_states, dtype), (lik, per_step_t), reverse=True,
+            unroll=UNROLL if unrolled else 1,
+        )[1]
+
+    if blocked:
+        from statseq.inference.hmm_blocked import backward_blocked
+
+        v, ok = backward_blocked(fixed, per_step, lik)
+        v = jax.lax.cond(ok, lambda _: v, sequential, None)
+    else:
+        v = sequential(None)
     if fixed is not None:
         beta = v @ fixed.T  # (T-1, K), unnormalized beta_t for t < T-1
     else:
@@ -395,7 +421,7 @@ def hmm_smoother(
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
     return _smoother(pi, fixed, per_step, ll, sum_transitions,
-                     transition_weights=transition_weights)
+                     transition_weights=transition_weights, blocked=None)
 
 
 def trailing_transition_weights(mask):
