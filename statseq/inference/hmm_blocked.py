@@ -26,12 +26,13 @@ scheme 3 to 4.5 times slower than the sequential scan.
 Pass 3 is exact given the boundary messages, and these equal the sequential ones up to
 rounding (about 1e-15 relative in float64), unless a chunk's product is zero or not
 finite (an observation impossible under every reachable state, or underflow): then the
-whole sequence falls back to the sequential scan (`jax.lax.cond`; under `jax.vmap` with a
-batched predicate both branches run). Gradients flow through every pass.
+boundary messages are taken from the sequential scan instead (`jax.lax.cond` on the
+``(C, K)`` boundary messages only; under `jax.vmap` with a batched predicate both branches
+run). Gradients flow through every pass.
 
-These are private kernels; `hmm_filter` and `hmm_smoother` pick them on CPU for
-``num_states <= BLOCKED_MAX_STATES`` and ``num_timesteps >= BLOCKED_MIN_STEPS``
-(`use_blocked`).
+These are private kernels; `hmm_filter` and `hmm_smoother` pick them on CPU for 6 or 7
+states and ``num_timesteps >= BLOCKED_MIN_STEPS`` (`use_blocked`), where they are 1.3 to
+3.3 times faster; at 2 to 5 states they only tie with the sequential scan.
 """
 
 from __future__ import annotations
@@ -43,15 +44,23 @@ import jax.numpy as jnp
 
 from statseq.inference._backend import backend_kind
 
-#: Largest number of states that takes the blocked path by default.
-BLOCKED_MAX_STATES = 4
+#: Numbers of states (smallest, largest) that take the blocked path by default on CPU.
+BLOCKED_STATES = (6, 7)
 #: Shortest sequence that takes the blocked path by default.
-BLOCKED_MIN_STEPS = 4096
+BLOCKED_MIN_STEPS = 2048
 
 
 def use_blocked(num_timesteps: int, num_states: int, backend: str | None = None) -> bool:
     """Whether `hmm_filter` / `hmm_smoother` take the blocked path by default: on CPU
-    only, for ``num_states <= BLOCKED_MAX_STATES`` and ``num_timesteps >= BLOCKED_MIN_STEPS``.
+    only, for ``BLOCKED_STATES[0] <= num_states <= BLOCKED_STATES[1]`` and
+    ``num_timesteps >= BLOCKED_MIN_STEPS``.
+
+    Measured (`benchmarks/RESULTS.md`, "HMM filter and smoother at the compiled floor"):
+    at 6 and 7 states XLA:CPU's sequential step costs 600 to 700 ns and the blocked
+    filter and smoother run 1.3 to 3.3 times faster from ``T = 10^4`` on; at 2 to 5
+    states the sequential step costs 50 to 90 ns and the blocked passes only tie with it
+    (``K = 2``: 0.9 to 1.1 times its time at ``T = 10^4 .. 10^6``), and from 8 states
+    the unrolled sequential scan is faster.
 
     Args:
         num_timesteps: ``T``.
@@ -63,7 +72,7 @@ def use_blocked(num_timesteps: int, num_states: int, backend: str | None = None)
     """
     return (
         backend_kind(backend) == "cpu"
-        and num_states <= BLOCKED_MAX_STATES
+        and BLOCKED_STATES[0] <= num_states <= BLOCKED_STATES[1]
         and num_timesteps >= BLOCKED_MIN_STEPS
     )
 
@@ -148,7 +157,7 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
         An `HMMFilterResult`.
     """
     from statseq.core.recurrence import pairwise_sum
-    from statseq.inference.hmm import HMMFilterResult, _filter
+    from statseq.inference.hmm import HMMFilterResult, _filter, _rows_times
 
     num_timesteps, k = ll.shape
     length = block_length(num_timesteps) if length is None else int(length)
@@ -165,50 +174,55 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
     products = _chunk_products(lik, trans, fixed, k, chunks, forward=True)
 
     def boundary(alpha, m):
-        nxt = alpha @ m
+        nxt = _vec_mat(alpha, m)
         norm = jnp.sum(nxt)
         return nxt / norm, (alpha, norm)
 
     # every chunk's first message; the last chunk's product only checks its normalizer
     _, (starts, norms) = jax.lax.scan(boundary, pi, jnp.moveaxis(products, -1, 0))
-    # Zero or non-finite: an observation impossible under every reachable state (the
-    # sequential scan keeps the message there), or underflow; both take the sequential scan.
+    # A zero or non-finite normalizer (an observation impossible under every reachable
+    # state, or underflow) takes the first messages from the sequential scan (exact).
     ok = jnp.all(jnp.isfinite(norms) & (norms > 0))
+    starts = jax.lax.cond(
+        ok, lambda _: starts,
+        lambda _: _filter(pi, fixed, per_step, ll, blocked=False).predicted_probs[::length],
+        None,
+    )
 
-    # pass 3: the recursion of `hmm_filter` from every chunk's first message at once; the
-    # logarithms and the predicted messages are vectorized afterwards (a log inside the
-    # loop body doubles its time)
+    # pass 3: the recursion of `hmm_filter` from every chunk's first message at once, with
+    # its rule for a zero normalizer (keep the message); the logarithms and the predicted
+    # messages are vectorized afterwards (a log inside the loop body doubles its time)
     def step(alpha, xs):
         l_t, a_t = xs
         u = [alpha[i] * l_t[i] for i in range(k)]
         norm = sum(u)
-        scale = 1.0 / norm
-        filt = [x * scale for x in u]
+        possible = norm > 0
+        scale = 1.0 / jnp.where(possible, norm, 1.0)
+        filt = [jnp.where(possible, x * scale, a) for x, a in zip(u, alpha, strict=True)]
         a = _entries(fixed, a_t, k)
         nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) for j in range(k))
         return nxt, jnp.stack([*filt, norm])
 
-    def blocked(_):
-        alpha0 = tuple(starts[:, i] for i in range(k))
-        _, out = jax.lax.scan(step, alpha0, (lik, trans))  # (L, K + 1, C)
-        out = _from_blocks(out, num_timesteps)  # (T, K + 1)
-        filtered, norm = out[:, :k], out[:, k]
-        log_normalizers = jnp.log(norm) + _from_blocks(shift, num_timesteps)
-        if fixed is not None:
-            predicted = sum(filtered[:-1, i:i + 1] * fixed[i] for i in range(k))
-        else:
-            predicted = sum(filtered[:-1, i:i + 1] * per_step[:, i] for i in range(k))
-        return HMMFilterResult(
-            marginal_log_lik=pairwise_sum(log_normalizers),
-            log_normalizers=log_normalizers,
-            predicted_probs=jnp.concatenate([pi[None], predicted]).astype(dtype),
-            filtered_probs=filtered,
-        )
+    alpha0 = tuple(starts[:, i] for i in range(k))
+    _, out = jax.lax.scan(step, alpha0, (lik, trans))  # (L, K + 1, C)
+    out = _from_blocks(out, num_timesteps)  # (T, K + 1)
+    filtered, norm = out[:, :k], out[:, k]
+    log_normalizers = jnp.log(norm) + _from_blocks(shift, num_timesteps)
+    if fixed is not None:
+        predicted = _rows_times(filtered[:-1], fixed)
+    else:
+        predicted = sum(filtered[:-1, i:i + 1] * per_step[:, i] for i in range(k))
+    return HMMFilterResult(
+        marginal_log_lik=pairwise_sum(log_normalizers),
+        log_normalizers=log_normalizers,
+        predicted_probs=jnp.concatenate([pi[None], predicted]).astype(dtype),
+        filtered_probs=filtered,
+    )
 
-    def sequential(_):
-        return _filter(pi, fixed, per_step, ll, blocked=False)
 
-    return jax.lax.cond(ok, blocked, sequential, None)
+def _vec_mat(x, m):
+    """``x @ m`` for ``(K,)`` and ``(K, K)`` as a sum of rows (no library call)."""
+    return sum(x[i] * m[i] for i in range(m.shape[0]))
 
 
 def backward_blocked(fixed, per_step, lik, length: int | None = None):
@@ -222,27 +236,31 @@ def backward_blocked(fixed, per_step, lik, length: int | None = None):
         length: steps per chunk (default `block_length`).
 
     Returns:
-        ``(v, ok)``: ``v`` ``(T-1, K)`` and whether every chunk boundary message was
-        positive and finite (if not, the caller falls back to the sequential scan).
+        ``v`` ``(T-1, K)``.
     """
     num, k = lik.shape
     length = block_length(num) if length is None else int(length)
     chunks = -(-num // length)
-    likb = _to_blocks(lik, length, chunks, 1.0)  # identity padding at the end
+    likb = _to_blocks(lik, length, chunks, 1.0)  # identity steps at the end
     trans = _blocked_transitions(fixed, per_step, length, chunks, num)
 
     products = _chunk_products(likb, trans, fixed, k, chunks, forward=False)
 
     def boundary(beta, g):
-        prev = g @ beta
+        prev = _mat_vec(g, beta)
         top = jnp.max(prev)
         return prev / top, (beta, top)
 
     _, (ends, tops) = jax.lax.scan(
         boundary, jnp.ones((k,), lik.dtype), jnp.moveaxis(products, -1, 0), reverse=True
     )
-    # ends[c] = beta at the step after chunk c; the first chunk's product is not needed
-    ok = jnp.all(jnp.isfinite(tops[1:]) & (tops[1:] > 0))
+    # ends[c]: the message after chunk c; the first chunk's product only checks its scale.
+    # A zero or non-finite one takes the messages from the sequential scan (exact).
+    ok = jnp.all(jnp.isfinite(tops) & (tops > 0))
+    ends = jax.lax.cond(
+        ok, lambda _: ends,
+        lambda _: _sequential_ends(fixed, per_step, lik, length, chunks), None,
+    )
 
     def step(beta, xs):
         l_s, a_s = xs
@@ -256,8 +274,28 @@ def backward_blocked(fixed, per_step, lik, length: int | None = None):
 
     beta0 = tuple(ends[:, j] for j in range(k))
     _, v = jax.lax.scan(step, beta0, (likb, trans), reverse=True)
-    v = _from_blocks(v, num)
-    return v, ok & jnp.all(jnp.isfinite(v))
+    return _from_blocks(v, num)
+
+
+def _sequential_ends(fixed, per_step, lik, length: int, chunks: int):
+    """The backward message after every chunk, from the sequential recursion."""
+    k = lik.shape[1]
+
+    def step(beta_next, xs):
+        lik_next, a_t = xs
+        v = lik_next * beta_next
+        v = v / jnp.max(v)
+        beta = (fixed if a_t is None else a_t) @ v
+        return beta / jnp.max(beta), beta
+
+    _, beta = jax.lax.scan(step, jnp.ones((k,), lik.dtype), (lik, per_step), reverse=True)
+    inner = beta[length::length]  # beta at the first step of chunks 1 .. C-1
+    return jnp.concatenate([inner, jnp.ones((1, k), lik.dtype)])
+
+
+def _mat_vec(m, x):
+    """``m @ x`` for ``(K, K)`` and ``(K,)`` as a sum of columns (no library call)."""
+    return sum(m[:, j] * x[j] for j in range(m.shape[1]))
 
 
 def _max(xs):
