@@ -6,11 +6,12 @@ time at ``T = 10^6``. Here the ``T`` steps are cut into ``C`` chunks of ``L`` st
 (``L ~ sqrt(T)``) and every pass is a loop of about ``sqrt(T)`` iterations whose body is
 vectorized across the chunks:
 
-1. *chunk transfer matrices*: for each chunk ``c`` starting at ``t_c``,
-   ``M_c = prod_{t in c} diag(l_t) A_t`` (forward) with ``l_t = exp(ll[t] - max_k ll[t, k])``,
-   rescaled to sum one after every step (the scale cancels);
-2. *chunk boundaries*: ``alpha_{t_{c+1}} = alpha_{t_c} M_c / sum(.)``, a short scan over
-   the ``C`` chunks;
+1. *chunk transfer matrices*: for each chunk ``c`` of steps ``t_c .. t_c + L - 1``,
+   ``P_c = diag(l_{t_c}) A_{t_c} diag(l_{t_c + 1}) ... A_{t_c + L - 2} diag(l_{t_c + L - 1})``
+   with ``l_t = exp(ll[t] - max_k ll[t, k])``, rescaled to sum one after every step (the
+   scale cancels);
+2. *chunk boundaries*: ``alpha_{t_{c+1}} = (alpha_{t_c} P_c / sum(alpha_{t_c} P_c))
+   A_{t_c + L - 1}``, a short scan over the ``C`` chunks;
 3. *per-step messages*: the sequential recursion of `hmm_filter` (the same normalization,
    log normalizers and impossible-observation rule), run for all chunks at once from their
    boundary messages.
@@ -115,32 +116,32 @@ def _blocked_transitions(fixed, per_step, length: int, chunks: int, num: int):
     return _to_blocks(per_step[:num], length, chunks, jnp.eye(k, dtype=per_step.dtype))
 
 
-def _chunk_products(lik, trans, fixed, num_states: int, chunks: int, forward: bool):
-    """Pass 1: every chunk's normalized product, as a nested list ``P[i][j]`` of ``(C,)``.
-
-    ``forward``: ``P <- P diag(l_t) A_t``; else ``P <- P A_s diag(l_s)``.
-    """
-    k = num_states
-    dtype = lik.dtype
-    one, zero = jnp.ones((chunks,), dtype), jnp.zeros((chunks,), dtype)
-    p0 = tuple(tuple(one if i == j else zero for j in range(k)) for i in range(k))
+def _chunk_products(lik, trans, fixed, p0):
+    """Pass 1: every chunk's product ``P <- P A_s diag(l_s)`` from ``p0``, rescaled to sum
+    one after every step; ``p0`` and the result are nested lists ``P[i][j]`` of ``(C,)``."""
+    k = len(p0)
 
     def step(p, xs):
-        l_t, a_t = xs
-        a = _entries(fixed, a_t, k)
-        if forward:
-            pl = [[p[i][m] * l_t[m] for m in range(k)] for i in range(k)]
-            new = [[sum(pl[i][m] * a[m][j] for m in range(k)) for j in range(k)]
-                   for i in range(k)]
-        else:
-            new = [[sum(p[i][m] * a[m][j] for m in range(k)) * l_t[j] for j in range(k)]
-                   for i in range(k)]
+        l_s, a_s = xs
+        a = _entries(fixed, a_s, k)
+        new = [[sum(p[i][m] * a[m][j] for m in range(k)) * l_s[j] for j in range(k)]
+               for i in range(k)]
         total = sum(new[i][j] for i in range(k) for j in range(k))
         scale = 1.0 / total
         return tuple(tuple(new[i][j] * scale for j in range(k)) for i in range(k)), None
 
     products, _ = jax.lax.scan(step, p0, (lik, trans))
-    return jnp.stack([jnp.stack(row) for row in products])  # (K, K, C)
+    return products
+
+
+def _identity(k: int, chunks: int, dtype):
+    one, zero = jnp.ones((chunks,), dtype), jnp.zeros((chunks,), dtype)
+    return tuple(tuple(one if i == j else zero for j in range(k)) for i in range(k))
+
+
+def _stack(nested):
+    """Nested lists ``P[i][j]`` of ``(C,)`` to ``(C, K, K)``."""
+    return jnp.moveaxis(jnp.stack([jnp.stack(row) for row in nested]), -1, 0)
 
 
 def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
@@ -170,16 +171,24 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
     lik = jnp.exp(llb - shift[:, None])
     trans = _blocked_transitions(fixed, per_step, length, chunks, num_timesteps - 1)
 
-    # pass 1 and 2: the forward message at every chunk's first step
-    products = _chunk_products(lik, trans, fixed, k, chunks, forward=True)
+    # pass 1: P_c = diag(l_{t_c}) A_{t_c} diag(l_{t_c + 1}) ... diag(l_{t_c + L - 1}), so
+    # that the last filtered message of chunk c is alpha_{t_c} P_c normalized
+    first = tuple(tuple(lik[0, i] if i == j else jnp.zeros_like(lik[0, i]) for j in range(k))
+                  for i in range(k))
+    products = _chunk_products(lik[1:], None if trans is None else trans[:-1], fixed, first)
+    last_trans = None if trans is None else jnp.moveaxis(trans[-1], -1, 0)  # (C, K, K)
 
-    def boundary(alpha, m):
-        nxt = _vec_mat(alpha, m)
-        norm = jnp.sum(nxt)
-        return nxt / norm, (alpha, norm)
+    # pass 2: every chunk's first message, alpha_{t_{c+1}} = (alpha_{t_c} P_c / norm) A;
+    # the predicted message is not renormalized (as in the sequential scan, whose
+    # log-likelihood, and its gradient, are then the same functions of A off the simplex)
+    def boundary(alpha, xs):
+        m, a_last = xs
+        end = _vec_mat(alpha, m)
+        norm = jnp.sum(end)
+        return _vec_mat(end / norm, _pick(fixed, a_last)), (alpha, norm)
 
-    # every chunk's first message; the last chunk's product only checks its normalizer
-    _, (starts, norms) = jax.lax.scan(boundary, pi, jnp.moveaxis(products, -1, 0))
+    # the last chunk's product only checks its normalizer
+    _, (starts, norms) = jax.lax.scan(boundary, pi, (_stack(products), last_trans))
     # A zero or non-finite normalizer (an observation impossible under every reachable
     # state, or underflow) takes the first messages from the sequential scan (exact).
     ok = jnp.all(jnp.isfinite(norms) & (norms > 0))
@@ -220,6 +229,10 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
     )
 
 
+def _pick(fixed, a_t):
+    return fixed if a_t is None else a_t
+
+
 def _vec_mat(x, m):
     """``x @ m`` for ``(K,)`` and ``(K, K)`` as a sum of rows (no library call)."""
     return sum(x[i] * m[i] for i in range(m.shape[0]))
@@ -244,16 +257,15 @@ def backward_blocked(fixed, per_step, lik, length: int | None = None):
     likb = _to_blocks(lik, length, chunks, 1.0)  # identity steps at the end
     trans = _blocked_transitions(fixed, per_step, length, chunks, num)
 
-    products = _chunk_products(likb, trans, fixed, k, chunks, forward=False)
+    products = _stack(_chunk_products(likb, trans, fixed, _identity(k, chunks, lik.dtype)))
 
     def boundary(beta, g):
         prev = _mat_vec(g, beta)
         top = jnp.max(prev)
         return prev / top, (beta, top)
 
-    _, (ends, tops) = jax.lax.scan(
-        boundary, jnp.ones((k,), lik.dtype), jnp.moveaxis(products, -1, 0), reverse=True
-    )
+    _, (ends, tops) = jax.lax.scan(boundary, jnp.ones((k,), lik.dtype), products,
+                                   reverse=True)
     # ends[c]: the message after chunk c; the first chunk's product only checks its scale.
     # A zero or non-finite one takes the messages from the sequential scan (exact).
     ok = jnp.all(jnp.isfinite(tops) & (tops > 0))
