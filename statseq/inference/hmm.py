@@ -34,7 +34,11 @@ Speed on CPU: with 8 to 32 states the forward and backward scans write their
 matrix-vector products as sums of rows and run 4 steps per loop iteration (about 5 times
 faster at 16 states; fewer states run fastest one step at a time), and the backward pass
 exponentiates the likelihoods before its loop. The gradient path (`hmm_smoother_by_gradient`)
-differentiates the unrolled scan with ``@`` products, whose transposes are cheaper.
+differentiates the unrolled scan with ``@`` products, whose transposes are cheaper. With 6
+or 7 states and at least 2048 steps, `hmm_filter` and `hmm_smoother` run the blocked
+two-level recursions of `statseq.inference.hmm_blocked` (chunks of about ``sqrt(T)``
+steps, vectorized across chunks; equal to the sequential scan to rounding), where XLA's
+sequential step is slowest; the GPU/TPU path is unchanged.
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
 one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
