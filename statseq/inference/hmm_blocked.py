@@ -1,9 +1,9 @@
 """Blocked forward and backward HMM recursions for few states and long sequences (CPU).
 
 The sequential scans of `statseq.inference.hmm` take one loop iteration per time step; at
-6 and 7 states XLA's CPU loop costs some 600 to 700 ns per iteration (against 50 to 90 ns
-at 2 to 5 states), which is most of the time. Here the ``T`` steps are cut into ``C``
-chunks of ``L`` steps
+6 and 7 states, stacking the ``(T, K)`` messages, XLA's CPU loop costs some 500 to 700 ns
+per iteration (against 50 to 90 ns at 2 to 5 states). Here the ``T`` steps are cut into
+``C`` chunks of ``L`` steps
 (``L ~ sqrt(T)``) and every pass is a loop of about ``sqrt(T)`` iterations whose body is
 vectorized across the chunks:
 
@@ -32,9 +32,9 @@ boundary messages are taken from the sequential scan instead (`jax.lax.cond` on 
 ``(C, K)`` boundary messages only; under `jax.vmap` with a batched predicate both branches
 run). Gradients flow through every pass.
 
-These are private kernels; `hmm_filter` and `hmm_smoother` pick them on CPU for 6 or 7
-states and ``num_timesteps >= BLOCKED_MIN_STEPS`` (`use_blocked`), where they are 1.3 to
-3.3 times faster; at 2 to 5 states they only tie with the sequential scan.
+These are private kernels; `hmm_smoother` picks them on CPU for 6 or 7 states and
+``num_timesteps >= BLOCKED_MIN_STEPS`` (`use_blocked`), where it runs about 3 times
+faster; at 2 to 5 states they only tie with the sequential scan.
 """
 
 from __future__ import annotations
@@ -53,16 +53,18 @@ BLOCKED_MIN_STEPS = 2048
 
 
 def use_blocked(num_timesteps: int, num_states: int, backend: str | None = None) -> bool:
-    """Whether `hmm_filter` / `hmm_smoother` take the blocked path by default: on CPU
-    only, for ``BLOCKED_STATES[0] <= num_states <= BLOCKED_STATES[1]`` and
+    """Whether `hmm_smoother` takes the blocked path by default: on CPU only, for
+    ``BLOCKED_STATES[0] <= num_states <= BLOCKED_STATES[1]`` and
     ``num_timesteps >= BLOCKED_MIN_STEPS``.
 
     Measured (`benchmarks/RESULTS.md`, "HMM filter and smoother at the compiled floor"):
-    at 6 and 7 states XLA:CPU's sequential step costs 600 to 700 ns and the blocked
-    filter and smoother run 1.3 to 3.3 times faster from ``T = 10^4`` on; at 2 to 5
-    states the sequential step costs 50 to 90 ns and the blocked passes only tie with it
-    (``K = 2``: 0.9 to 1.1 times its time at ``T = 10^4 .. 10^6``), and from 8 states
-    the unrolled sequential scan is faster.
+    at 6 and 7 states XLA:CPU's sequential scan is slow when it stacks the ``(T, K)``
+    messages (about 500 ns per step at ``K = 6``, against 80 ns when only the
+    log-likelihood is kept), and the blocked smoother runs about 3 times faster; at 2 to
+    5 states the blocked passes only tie with the sequential scan (``K = 2``: 0.9 to 1.1
+    times its time at ``T = 10^4 .. 10^6``), and from 8 states the unrolled sequential
+    scan is faster. `hmm_filter` stays sequential: the blocked filter is 3 times faster
+    when its messages are used, but 1.5 times slower when only the log-likelihood is.
 
     Args:
         num_timesteps: ``T``.

@@ -39,6 +39,7 @@ def _assert_pairs_equal(pairs, rtol=1e-12, atol=1e-13):
 
 
 def test_default_rule_is_cpu_six_or_seven_states_and_long_sequences():
+    """The smoother's default (`use_blocked`); the GPU default is unchanged."""
     use = hmm_blocked.use_blocked
     assert use(4096, 6, "cpu") and use(10**6, 7, "cpu")
     assert not use(4096, 2, "cpu") and not use(4096, 8, "cpu")  # tie / unrolled is faster
@@ -58,8 +59,9 @@ def test_default_dispatch_reaches_the_blocked_kernels(monkeypatch):
     jax.eval_shape(hmm.hmm_smoother, pi, trans, ll)
     assert calls == (["f", "b"] if on_cpu else [])
     calls.clear()
-    jax.eval_shape(hmm.hmm_filter, pi, trans, ll[:100])  # too short: sequential
-    jax.eval_shape(hmm.hmm_filter, pi[:2] / pi[:2].sum(), trans[:2, :2] / trans[:2, :2].sum(
+    jax.eval_shape(hmm.hmm_filter, pi, trans, ll)  # the filter stays sequential
+    jax.eval_shape(hmm.hmm_smoother, pi, trans, ll[:100])  # too short: sequential
+    jax.eval_shape(hmm.hmm_smoother, pi[:2] / pi[:2].sum(), trans[:2, :2] / trans[:2, :2].sum(
         1, keepdims=True), ll[:, :2])  # two states: sequential
     assert calls == []
 
