@@ -161,7 +161,7 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
         An `HMMFilterResult`.
     """
     from statseq.core.recurrence import pairwise_sum
-    from statseq.inference.hmm import HMMFilterResult, _filter, _rows_times
+    from statseq.inference.hmm import HMMFilterResult, _rows_times
 
     num_timesteps, k = ll.shape
     length = block_length(num_timesteps) if length is None else int(length)
@@ -197,8 +197,7 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
     ok = jnp.all(jnp.isfinite(norms) & (norms > 0))
     starts = jax.lax.cond(
         ok, lambda _: starts,
-        lambda _: _filter(pi, fixed, per_step, ll, blocked=False).predicted_probs[::length],
-        None,
+        lambda _: _sequential_starts(pi, fixed, per_step, ll, length, chunks), None,
     )
 
     # pass 3: the recursion of `hmm_filter` from every chunk's first message at once, with
@@ -292,20 +291,63 @@ def backward_blocked(fixed, per_step, lik, length: int | None = None):
     return _from_blocks(v, num)
 
 
+def _padded_chunks(x, length: int, chunks: int, fill):
+    """``(N, *rest)`` to ``(C, L, *rest)``, padded at the end with ``fill``."""
+    pad = chunks * length - x.shape[0]
+    if pad:
+        filler = jnp.broadcast_to(jnp.asarray(fill, x.dtype), (pad, *x.shape[1:]))
+        x = jnp.concatenate([x, filler])
+    return x.reshape(chunks, length, *x.shape[1:])
+
+
+def _sequential_starts(pi, fixed, per_step, ll, length: int, chunks: int):
+    """The forward message at every chunk's first step, from the sequential recursion of
+    `hmm_filter` (the same operations), keeping nothing per step: under `jax.vmap` both
+    branches of the fallback's `cond` run, and a scan that stacks ``(T, K)`` messages
+    costs several times more than one that does not."""
+    from statseq.inference.hmm import _condition
+
+    k = ll.shape[1]
+    llc = _padded_chunks(ll, length, chunks, 0.0)
+    trc = None
+    if per_step is not None:
+        trc = _padded_chunks(per_step, length, chunks, jnp.eye(k, dtype=per_step.dtype))
+
+    def chunk(alpha, xs):
+        def step(alpha, xs):
+            ll_t, a_t = xs
+            filtered, _ = _condition(alpha, ll_t)
+            return filtered @ _pick(fixed, a_t), None
+
+        end, _ = jax.lax.scan(step, alpha, xs)
+        return end, alpha
+
+    _, starts = jax.lax.scan(chunk, pi, (llc, trc))
+    return starts
+
+
 def _sequential_ends(fixed, per_step, lik, length: int, chunks: int):
-    """The backward message after every chunk, from the sequential recursion."""
+    """The backward message after every chunk, from the sequential recursion of
+    `hmm_smoother` (identity steps pad the last chunk), keeping nothing per step."""
     k = lik.shape[1]
+    likc = _padded_chunks(lik, length, chunks, 1.0)
+    trc = None
+    if per_step is not None:
+        trc = _padded_chunks(per_step, length, chunks, jnp.eye(k, dtype=per_step.dtype))
 
-    def step(beta_next, xs):
-        lik_next, a_t = xs
-        v = lik_next * beta_next
-        v = v / jnp.max(v)
-        beta = (fixed if a_t is None else a_t) @ v
-        return beta / jnp.max(beta), beta
+    def chunk(beta, xs):
+        def step(beta_next, xs):
+            lik_next, a_t = xs
+            v = lik_next * beta_next
+            v = v / jnp.max(v)
+            beta = v @ _pick(fixed, a_t).T
+            return beta / jnp.max(beta), None
 
-    _, beta = jax.lax.scan(step, jnp.ones((k,), lik.dtype), (lik, per_step), reverse=True)
-    inner = beta[length::length]  # beta at the first step of chunks 1 .. C-1
-    return jnp.concatenate([inner, jnp.ones((1, k), lik.dtype)])
+        start, _ = jax.lax.scan(step, beta, xs, reverse=True)
+        return start, beta
+
+    _, ends = jax.lax.scan(chunk, jnp.ones((k,), lik.dtype), (likc, trc), reverse=True)
+    return ends
 
 
 def _mat_vec(m, x):

@@ -95,10 +95,10 @@ def test_blocked_matches_brute_force():
 
 
 def test_blocked_equals_sequential_at_edge_lengths_and_chunk_lengths():
-    """Lengths 1, 9 and 50 (chunks of ceil(sqrt(T)); 50 is not a multiple of 8), a chunk
+    """Lengths 9 and 50 (chunks of ceil(sqrt(T)); 50 is not a multiple of 8), a chunk
     longer than the sequence, 2 and 6 states, masks, fixed and time-varying matrices."""
     problems = []
-    for seed, (k, t, tv) in enumerate([(2, 1, False), (6, 9, True), (2, 50, False)]):
+    for seed, (k, t, tv) in enumerate([(6, 9, True), (2, 50, False)]):
         rng = np.random.default_rng(10 + seed)
         pi, trans, ll = random_hmm(rng, k, t, tv, scale=3.0)
         ll[rng.random(t) < 0.2] = 0.0  # masked steps
@@ -108,6 +108,7 @@ def test_blocked_equals_sequential_at_edge_lengths_and_chunk_lengths():
     def run(problems):
         out = [_both(*p) for p in problems]
         out.append(_both(*problems[-1][:2], problems[-1][2][:6], length=10))  # one chunk
+        out.append(_both(*problems[-1][:2], problems[-1][2][:1]))  # one step
         return out
 
     for pairs in run(problems):
@@ -191,3 +192,27 @@ def test_blocked_float32_equals_sequential_float32():
     assert abs(float(blocked.marginal_log_lik) / float(sequential.marginal_log_lik) - 1) < 1e-6
     for a, b in zip(sequential, blocked, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_fallback_boundary_messages_equal_the_sequential_recursions():
+    """The fallback's chunk-boundary messages (used when a boundary normalizer is zero):
+    forward ones equal `hmm_filter`'s predicted messages, backward ones the normalized
+    backward recursion, with a last chunk that is short (T - 1 = 10 steps, chunks of 4)."""
+    rng = np.random.default_rng(9)
+    pi, trans, ll = random_hmm(rng, 3, 11, time_varying=True)
+    lik = np.exp(ll[1:] - ll[1:].max(1, keepdims=True))
+
+    @jax.jit
+    def run(pi, trans, ll, lik):
+        return (hmm_blocked._sequential_starts(pi, None, trans, ll, 4, 3),
+                hmm_blocked._sequential_ends(None, trans, lik, 4, 3),
+                hmm.hmm_filter(pi, trans, ll).predicted_probs)
+
+    starts, ends, predicted = run(pi, trans, ll, lik)
+    np.testing.assert_allclose(starts, predicted[::4], rtol=1e-13)
+    beta, betas = np.ones(3), {}
+    for s in range(9, -1, -1):  # beta_s = A_s (l_{s+1} * beta_{s+1}), max-normalized
+        betas[s + 1] = beta
+        beta = trans[s] @ (lik[s] * beta)
+        beta = beta / beta.max()
+    np.testing.assert_allclose(ends, [betas[4], betas[8], np.ones(3)], rtol=1e-13)
