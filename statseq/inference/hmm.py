@@ -358,18 +358,15 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
         beta = _matvec(_pick(fixed_t, a_t), v, unrolled)
         return beta / jnp.max(beta), v
 
-    def sequential(_):
-        return jax.lax.scan(
-            step, jnp.ones(num_states, dtype), (lik, per_step_t), reverse=True,
-            unroll=UNROLL if unrolled else 1,
-        )[1]
-
     if blocked:
         from statseq.inference.hmm_blocked import backward_blocked
 
         v = backward_blocked(fixed, per_step, lik)
     else:
-        v = sequential(None)
+        _, v = jax.lax.scan(
+            step, jnp.ones(num_states, dtype), (lik, per_step_t), reverse=True,
+            unroll=UNROLL if unrolled else 1,
+        )
     if fixed is not None:
         beta = _rows_times(v, fixed.T)  # (T-1, K), unnormalized beta_t for t < T-1
     else:
