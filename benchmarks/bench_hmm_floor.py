@@ -271,6 +271,8 @@ def run_float64(quick: bool):
         ("smoother", 16, 10**3, None),
         ("smoother", 16, 10**5 // scale, None),
         ("smoother", 2, 1000, 1000 // scale),
+        ("filter", 6, 10**5 // scale, None),  # the blocked path's default range (6-7 states)
+        ("smoother", 6, 10**5 // scale, None),
     ]
     timer = Timer(min_rounds=5, budget_s=1.0 if quick else 3.0, max_rounds=50)
     tables, ratios = [], {}

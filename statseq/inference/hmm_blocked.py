@@ -1,0 +1,362 @@
+"""Blocked forward and backward HMM recursions for few states and long sequences (CPU).
+
+The sequential scans of `statseq.inference.hmm` take one loop iteration per time step; at
+6 and 7 states, stacking the ``(T, K)`` messages, XLA's CPU loop costs some 500 to 700 ns
+per iteration (against 50 to 90 ns at 2 to 5 states). Here the ``T`` steps are cut into
+``C`` chunks of ``L`` steps
+(``L ~ sqrt(T)``) and every pass is a loop of about ``sqrt(T)`` iterations whose body is
+vectorized across the chunks:
+
+1. *chunk transfer matrices*: for each chunk ``c`` of steps ``t_c .. t_c + L - 1``,
+   ``P_c = diag(l_{t_c}) A_{t_c} diag(l_{t_c + 1}) ... A_{t_c + L - 2} diag(l_{t_c + L - 1})``
+   with ``l_t = exp(ll[t] - max_k ll[t, k])``, rescaled to sum one after every step (the
+   scale cancels);
+2. *chunk boundaries*: ``alpha_{t_{c+1}} = (alpha_{t_c} P_c / sum(alpha_{t_c} P_c))
+   A_{t_c + L - 1}``, a short scan over the ``C`` chunks;
+3. *per-step messages*: the sequential recursion of `hmm_filter` (the same normalization,
+   log normalizers and impossible-observation rule), run for all chunks at once from their
+   boundary messages.
+
+The backward messages of `hmm_smoother` are blocked the same way with
+``G_c = prod_{s in c} A_s diag(l_{s+1})`` and ``beta_{t_c} ~ G_c beta_{t_{c+1}}``.
+
+Every ``K x K`` product is written as broadcast multiply-adds of ``(C,)`` vectors, with
+chunks on the last (contiguous) axis: XLA:CPU runs a batched ``dot_general`` on tiny
+matrices as one library call per matrix, which made an earlier ``einsum`` version of this
+scheme 3 to 4.5 times slower than the sequential scan.
+
+Pass 3 is exact given the boundary messages, and these equal the sequential ones up to
+rounding (about 1e-15 relative in float64), unless a chunk's product is zero or not
+finite (an observation impossible under every reachable state, or underflow): then the
+boundary messages are taken from the sequential scan instead (`jax.lax.cond` on the
+``(C, K)`` boundary messages only; under `jax.vmap` with a batched predicate both branches
+run). Gradients flow through every pass.
+
+These are private kernels; `hmm_smoother` picks them on CPU for 6 or 7 states and
+``num_timesteps >= BLOCKED_MIN_STEPS`` (`use_blocked`), where it runs about 3 times
+faster; at 2 to 5 states they only tie with the sequential scan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from statseq.inference._backend import backend_kind
+
+#: Numbers of states (smallest, largest) that take the blocked path by default on CPU.
+BLOCKED_STATES = (6, 7)
+#: Shortest sequence that takes the blocked path by default.
+BLOCKED_MIN_STEPS = 2048
+
+
+def use_blocked(num_timesteps: int, num_states: int, backend: str | None = None) -> bool:
+    """Whether `hmm_smoother` takes the blocked path by default: on CPU only, for
+    ``BLOCKED_STATES[0] <= num_states <= BLOCKED_STATES[1]`` and
+    ``num_timesteps >= BLOCKED_MIN_STEPS``.
+
+    Measured (`benchmarks/RESULTS.md`, "HMM filter and smoother at the compiled floor"):
+    at 6 and 7 states XLA:CPU's sequential scan is slow when it stacks the ``(T, K)``
+    messages (about 500 ns per step at ``K = 6``, against 80 ns when only the
+    log-likelihood is kept), and the blocked smoother runs about 3 times faster; at 2 to
+    5 states the blocked passes only tie with the sequential scan (``K = 2``: 0.9 to 1.1
+    times its time at ``T = 10^4 .. 10^6``), and from 8 states the unrolled sequential
+    scan is faster. `hmm_filter` stays sequential: the blocked filter is 3 times faster
+    when its messages are used, but 1.5 times slower when only the log-likelihood is.
+
+    Args:
+        num_timesteps: ``T``.
+        num_states: ``K``.
+        backend: a platform name, or ``None`` for JAX's default backend.
+
+    Returns:
+        ``True`` for the blocked path.
+    """
+    return (
+        backend_kind(backend) == "cpu"
+        and BLOCKED_STATES[0] <= num_states <= BLOCKED_STATES[1]
+        and num_timesteps >= BLOCKED_MIN_STEPS
+    )
+
+
+def block_length(num_steps: int) -> int:
+    """Steps per chunk: ``ceil(sqrt(num_steps))`` (at least 1)."""
+    return max(1, math.isqrt(max(num_steps - 1, 0)) + 1)
+
+
+def _to_blocks(x, length: int, chunks: int, fill):
+    """``(N, *rest)`` to ``(L, *rest, C)`` (chunk ``c`` holds steps ``c L .. c L + L - 1``),
+    padded at the end with ``fill`` (broadcast to ``rest``)."""
+    num = x.shape[0]
+    rest = x.shape[1:]
+    pad = chunks * length - num
+    if pad:
+        filler = jnp.broadcast_to(jnp.asarray(fill, x.dtype), (pad, *rest))
+        x = jnp.concatenate([x, filler])
+    return jnp.moveaxis(x.reshape(chunks, length, *rest), 0, -1)
+
+
+def _from_blocks(x, num: int):
+    """Inverse of `_to_blocks`: ``(L, *rest, C)`` to ``(num, *rest)``."""
+    x = jnp.moveaxis(x, -1, 0)
+    return x.reshape(-1, *x.shape[2:])[:num]
+
+
+def _entries(fixed, a_t, num_states: int):
+    """``A[i][j]`` as nested lists: scalars of ``fixed`` or ``(C,)`` rows of a ``(K, K, C)``
+    slice."""
+    a = fixed if a_t is None else a_t
+    return [[a[i, j] for j in range(num_states)] for i in range(num_states)]
+
+
+def _blocked_transitions(fixed, per_step, length: int, chunks: int, num: int):
+    """``(L, K, K, C)`` blocks of the per-step matrices (identity padding), or ``None``."""
+    if per_step is None:
+        return None
+    k = per_step.shape[-1]
+    return _to_blocks(per_step[:num], length, chunks, jnp.eye(k, dtype=per_step.dtype))
+
+
+def _chunk_products(lik, trans, fixed, p0):
+    """Pass 1: every chunk's product ``P <- P A_s diag(l_s)`` from ``p0``, rescaled to sum
+    one after every step; ``p0`` and the result are nested lists ``P[i][j]`` of ``(C,)``."""
+    k = len(p0)
+
+    def step(p, xs):
+        l_s, a_s = xs
+        a = _entries(fixed, a_s, k)
+        new = [[sum(p[i][m] * a[m][j] for m in range(k)) * l_s[j] for j in range(k)]
+               for i in range(k)]
+        total = sum(new[i][j] for i in range(k) for j in range(k))
+        scale = 1.0 / total
+        return tuple(tuple(new[i][j] * scale for j in range(k)) for i in range(k)), None
+
+    products, _ = jax.lax.scan(step, p0, (lik, trans))
+    return products
+
+
+def _identity(k: int, chunks: int, dtype):
+    one, zero = jnp.ones((chunks,), dtype), jnp.zeros((chunks,), dtype)
+    return tuple(tuple(one if i == j else zero for j in range(k)) for i in range(k))
+
+
+def _stack(nested):
+    """Nested lists ``P[i][j]`` of ``(C,)`` to ``(C, K, K)``."""
+    return jnp.moveaxis(jnp.stack([jnp.stack(row) for row in nested]), -1, 0)
+
+
+def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
+    """The blocked forward filter; the same `HMMFilterResult` as ``hmm._filter``.
+
+    Args:
+        pi: ``(K,)``.
+        fixed: ``(K, K)`` or ``None``.
+        per_step: ``(T-1, K, K)`` or ``None`` (exactly one of ``fixed`` and ``per_step``).
+        ll: ``(T, K)``.
+        length: steps per chunk (default `block_length`).
+
+    Returns:
+        An `HMMFilterResult`.
+    """
+    from statseq.core.recurrence import pairwise_sum
+    from statseq.inference.hmm import HMMFilterResult, _rows_times
+
+    num_timesteps, k = ll.shape
+    length = block_length(num_timesteps) if length is None else int(length)
+    chunks = -(-num_timesteps // length)
+    dtype = ll.dtype
+
+    llb = _to_blocks(ll, length, chunks, 0.0)  # (L, K, C)
+    shift = jax.lax.stop_gradient(jnp.max(llb, axis=1))  # (L, C)
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+    lik = jnp.exp(llb - shift[:, None])
+    trans = _blocked_transitions(fixed, per_step, length, chunks, num_timesteps - 1)
+
+    # pass 1: P_c = diag(l_{t_c}) A_{t_c} diag(l_{t_c + 1}) ... diag(l_{t_c + L - 1}), so
+    # that the last filtered message of chunk c is alpha_{t_c} P_c normalized
+    first = tuple(tuple(lik[0, i] if i == j else jnp.zeros_like(lik[0, i]) for j in range(k))
+                  for i in range(k))
+    products = _chunk_products(lik[1:], None if trans is None else trans[:-1], fixed, first)
+    last_trans = None if trans is None else jnp.moveaxis(trans[-1], -1, 0)  # (C, K, K)
+
+    # pass 2: every chunk's first message, alpha_{t_{c+1}} = (alpha_{t_c} P_c / norm) A;
+    # the predicted message is not renormalized (as in the sequential scan, whose
+    # log-likelihood, and its gradient, are then the same functions of A off the simplex)
+    def boundary(alpha, xs):
+        m, a_last = xs
+        end = _vec_mat(alpha, m)
+        norm = jnp.sum(end)
+        return _vec_mat(end / norm, _pick(fixed, a_last)), (alpha, norm)
+
+    # the last chunk's product only checks its normalizer
+    _, (starts, norms) = jax.lax.scan(boundary, pi, (_stack(products), last_trans))
+    # A zero or non-finite normalizer (an observation impossible under every reachable
+    # state, or underflow) takes the first messages from the sequential scan (exact).
+    ok = jnp.all(jnp.isfinite(norms) & (norms > 0))
+    starts = jax.lax.cond(
+        ok, lambda _: starts,
+        lambda _: _sequential_starts(pi, fixed, per_step, ll, length, chunks), None,
+    )
+
+    # pass 3: the recursion of `hmm_filter` from every chunk's first message at once, with
+    # its rule for a zero normalizer (keep the message); the logarithms and the predicted
+    # messages are vectorized afterwards (a log inside the loop body doubles its time)
+    def step(alpha, xs):
+        l_t, a_t = xs
+        u = [alpha[i] * l_t[i] for i in range(k)]
+        norm = sum(u)
+        possible = norm > 0
+        scale = 1.0 / jnp.where(possible, norm, 1.0)
+        filt = [jnp.where(possible, x * scale, a) for x, a in zip(u, alpha, strict=True)]
+        a = _entries(fixed, a_t, k)
+        nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) for j in range(k))
+        return nxt, jnp.stack([*filt, norm])
+
+    alpha0 = tuple(starts[:, i] for i in range(k))
+    _, out = jax.lax.scan(step, alpha0, (lik, trans))  # (L, K + 1, C)
+    out = _from_blocks(out, num_timesteps)  # (T, K + 1)
+    filtered, norm = out[:, :k], out[:, k]
+    log_normalizers = jnp.log(norm) + _from_blocks(shift, num_timesteps)
+    if fixed is not None:
+        predicted = _rows_times(filtered[:-1], fixed)
+    else:
+        predicted = sum(filtered[:-1, i:i + 1] * per_step[:, i] for i in range(k))
+    return HMMFilterResult(
+        marginal_log_lik=pairwise_sum(log_normalizers),
+        log_normalizers=log_normalizers,
+        predicted_probs=jnp.concatenate([pi[None], predicted]).astype(dtype),
+        filtered_probs=filtered,
+    )
+
+
+def _pick(fixed, a_t):
+    return fixed if a_t is None else a_t
+
+
+def _vec_mat(x, m):
+    """``x @ m`` for ``(K,)`` and ``(K, K)`` as a sum of rows (no library call)."""
+    return sum(x[i] * m[i] for i in range(m.shape[0]))
+
+
+def backward_blocked(fixed, per_step, lik, length: int | None = None):
+    """The blocked backward pass of ``hmm._smoother``: ``v`` ``(T-1, K)`` with
+    ``v_s = l_{s+1} beta_{s+1} / max`` and ``beta_s = A_s v_s / max``, ``beta_{T-1} = 1``.
+
+    Args:
+        fixed: ``(K, K)`` or ``None``.
+        per_step: ``(T-1, K, K)`` or ``None``.
+        lik: ``(T-1, K)`` max-shifted likelihoods of steps ``1 .. T-1``.
+        length: steps per chunk (default `block_length`).
+
+    Returns:
+        ``v`` ``(T-1, K)``.
+    """
+    num, k = lik.shape
+    length = block_length(num) if length is None else int(length)
+    chunks = -(-num // length)
+    likb = _to_blocks(lik, length, chunks, 1.0)  # identity steps at the end
+    trans = _blocked_transitions(fixed, per_step, length, chunks, num)
+
+    products = _stack(_chunk_products(likb, trans, fixed, _identity(k, chunks, lik.dtype)))
+
+    def boundary(beta, g):
+        prev = _mat_vec(g, beta)
+        top = jnp.max(prev)
+        return prev / top, (beta, top)
+
+    _, (ends, tops) = jax.lax.scan(boundary, jnp.ones((k,), lik.dtype), products,
+                                   reverse=True)
+    # ends[c]: the message after chunk c; the first chunk's product only checks its scale.
+    # A zero or non-finite one takes the messages from the sequential scan (exact).
+    ok = jnp.all(jnp.isfinite(tops) & (tops > 0))
+    ends = jax.lax.cond(
+        ok, lambda _: ends,
+        lambda _: _sequential_ends(fixed, per_step, lik, length, chunks), None,
+    )
+
+    def step(beta, xs):
+        l_s, a_s = xs
+        v = [l_s[j] * beta[j] for j in range(k)]
+        scale = 1.0 / _max(v)
+        v = [x * scale for x in v]
+        a = _entries(fixed, a_s, k)
+        nb = [sum(a[i][j] * v[j] for j in range(k)) for i in range(k)]
+        scale = 1.0 / _max(nb)
+        return tuple(x * scale for x in nb), jnp.stack(v)
+
+    beta0 = tuple(ends[:, j] for j in range(k))
+    _, v = jax.lax.scan(step, beta0, (likb, trans), reverse=True)
+    return _from_blocks(v, num)
+
+
+def _padded_chunks(x, length: int, chunks: int, fill):
+    """``(N, *rest)`` to ``(C, L, *rest)``, padded at the end with ``fill``."""
+    pad = chunks * length - x.shape[0]
+    if pad:
+        filler = jnp.broadcast_to(jnp.asarray(fill, x.dtype), (pad, *x.shape[1:]))
+        x = jnp.concatenate([x, filler])
+    return x.reshape(chunks, length, *x.shape[1:])
+
+
+def _sequential_starts(pi, fixed, per_step, ll, length: int, chunks: int):
+    """The forward message at every chunk's first step, from the sequential recursion of
+    `hmm_filter` (the same operations), keeping nothing per step: under `jax.vmap` both
+    branches of the fallback's `cond` run, and a scan that stacks ``(T, K)`` messages
+    costs several times more than one that does not."""
+    from statseq.inference.hmm import _condition
+
+    k = ll.shape[1]
+    llc = _padded_chunks(ll, length, chunks, 0.0)
+    trc = None
+    if per_step is not None:
+        trc = _padded_chunks(per_step, length, chunks, jnp.eye(k, dtype=per_step.dtype))
+
+    def chunk(alpha, xs):
+        def step(alpha, xs):
+            ll_t, a_t = xs
+            filtered, _ = _condition(alpha, ll_t)
+            return filtered @ _pick(fixed, a_t), None
+
+        end, _ = jax.lax.scan(step, alpha, xs)
+        return end, alpha
+
+    _, starts = jax.lax.scan(chunk, pi, (llc, trc))
+    return starts
+
+
+def _sequential_ends(fixed, per_step, lik, length: int, chunks: int):
+    """The backward message after every chunk, from the sequential recursion of
+    `hmm_smoother` (identity steps pad the last chunk), keeping nothing per step."""
+    k = lik.shape[1]
+    likc = _padded_chunks(lik, length, chunks, 1.0)
+    trc = None
+    if per_step is not None:
+        trc = _padded_chunks(per_step, length, chunks, jnp.eye(k, dtype=per_step.dtype))
+
+    def chunk(beta, xs):
+        def step(beta_next, xs):
+            lik_next, a_t = xs
+            v = lik_next * beta_next
+            v = v / jnp.max(v)
+            beta = v @ _pick(fixed, a_t).T
+            return beta / jnp.max(beta), None
+
+        start, _ = jax.lax.scan(step, beta, xs, reverse=True)
+        return start, beta
+
+    _, ends = jax.lax.scan(chunk, jnp.ones((k,), lik.dtype), (likc, trc), reverse=True)
+    return ends
+
+
+def _mat_vec(m, x):
+    """``m @ x`` for ``(K, K)`` and ``(K,)`` as a sum of columns (no library call)."""
+    return sum(m[:, j] * x[j] for j in range(m.shape[1]))
+
+
+def _max(xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = jnp.maximum(out, x)
+    return out
