@@ -174,6 +174,23 @@ class HMMBase(SequenceModel):
         """``(num_states,)`` ``log p(observed y_t | z_t = k)``; 0 where nothing is observed."""
 
     @abc.abstractmethod
+    def emissions_surely_finite(self, emissions) -> bool:
+        """Whether ``log p(y_t | z_t = k)`` is finite for every state and every valid
+        observation under these (concrete, validated) emission parameters.
+
+        When it is, and the initial and transition probabilities are all positive, no
+        sequence can have probability zero, and the posteriors skip their eager check of
+        the log-likelihood (`_surely_possible`). ``False`` (always check) unless a family
+        states otherwise.
+
+        Args:
+            emissions: the emission parameters.
+
+        Returns:
+            ``True`` only when no observation can score ``-inf`` in any state.
+        """
+        return False
+
     def emission_distribution(self, emissions):
         """numpyro distribution with ``batch_shape == (num_states,)`` (for sampling)."""
 
@@ -340,11 +357,8 @@ class HMMBase(SequenceModel):
             `statseq.inference.hmm.HMMFilterResult` with a leading batch shape
             when ``y`` is a batch.
         """
-        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
-        out = _posterior_call(self, params, data, kind="filter",
-                              parallel=use_parallel(parallel))
-        return _cut_padding(out, data,
-                            ("log_normalizers", "predicted_probs", "filtered_probs"))
+        return _remembered_posterior(self, params, y, mask, inputs, "filter",
+                                     use_parallel(parallel))
 
     def smoother(self, params, y, *, mask=None, inputs=None, parallel=None):
         """Smoothed state probabilities ``p(z_t | y_{1:T})`` and expected transitions.
@@ -352,11 +366,8 @@ class HMMBase(SequenceModel):
         Returns:
             `statseq.inference.hmm.HMMPosterior` (batch shape leading).
         """
-        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
-        out = _posterior_call(self, params, data, kind="smoother",
-                              parallel=use_parallel(parallel))
-        _check_possible(out.marginal_log_lik, "smoother")
-        return _cut_padding(out, data, ("filtered_probs", "smoothed_probs"))
+        return _remembered_posterior(self, params, y, mask, inputs, "smoother",
+                                     use_parallel(parallel))
 
     def most_likely_states(self, params, y, *, mask=None, inputs=None,
                            return_log_prob: bool = False):
@@ -375,11 +386,8 @@ class HMMBase(SequenceModel):
             ``batch_shape + (T,)`` ints, or ``(states, log_joint)`` with ``log_joint`` of
             shape ``batch_shape`` when ``return_log_prob``.
         """
-        data = _checked(self, params, y, mask, inputs, bucket=False)
-        states, path_log_prob = _posterior_call(self, params, data, kind="viterbi",
-                                                parallel=False)
-        # the best path has probability zero exactly when the data have (every path has)
-        _check_possible(path_log_prob, "most_likely_states")
+        states, path_log_prob = _remembered_posterior(self, params, y, mask, inputs,
+                                                      "viterbi", False)
         return (states, path_log_prob) if return_log_prob else states
 
     def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
@@ -775,7 +783,8 @@ def _check_possible(marginal_log_lik, method: str) -> None:
     over states given impossible data is undefined; the filter scores it ``-inf``)."""
     if isinstance(marginal_log_lik, jax.core.Tracer):  # under a user's jit: nothing to check
         return
-    lp = np.asarray(marginal_log_lik).reshape(-1)  # flat: sequence numbers as in a batch
+    # waiting first is cheaper than NumPy's own wait for a result still being computed
+    lp = np.asarray(marginal_log_lik.block_until_ready()).reshape(-1)  # flat, as a batch
     if np.any(lp == -np.inf):
         which = int(np.argwhere(lp == -np.inf)[0][0])
         raise ValueError(
@@ -783,6 +792,25 @@ def _check_possible(marginal_log_lik, method: str) -> None:
             f"{which} contains an observation impossible in every state, e.g. a category "
             "with emission probability 0); log_prob is -inf there and no state posterior "
             "exists")
+
+
+def _surely_possible(model, params) -> bool:
+    """Whether no sequence can have probability zero, so that `_check_possible` would never
+    raise: every emission log-likelihood finite (`HMMBase.emissions_surely_finite`), every
+    initial and transition probability at least ``1e6`` times the dtype's smallest normal
+    number, and transitions that do not depend on inputs (a softmax of inputs can underflow
+    to 0). Then the predicted state probabilities stay positive, so the scaled normalizer
+    ``sum_k alpha_k exp(ll_k - max_j ll_j)``, which has the term ``alpha_k* >= A_min / K``
+    of the most likely state, is positive and the log-likelihood finite. Eager, on concrete
+    parameters (a tracer gives ``False``)."""
+    if model.num_inputs or any(isinstance(leaf, jax.core.Tracer)
+                               for leaf in jax.tree.leaves(params)):
+        return False
+    pi = np.asarray(model.initial_probs(params))
+    trans = np.asarray(params.transitions)
+    floor = np.finfo(trans.dtype).tiny * 1e6
+    return bool(np.all(pi >= floor) and np.all(trans >= floor)
+                and model.emissions_surely_finite(params.emissions))
 
 
 def _checked(model, params, y, mask, inputs, *, bucket):
@@ -795,12 +823,55 @@ def _checked(model, params, y, mask, inputs, *, bucket):
 
 def _posterior_call(model, params, data, *, kind, parallel):
     """`_hmm_posterior` on prepared data, batch shape restored, as one compiled call."""
-    from statseq.core.recurrence import device_args, reshaped_call
+    return _posterior_runner(model, params, data, kind=kind, parallel=parallel)()
+
+
+def _posterior_runner(model, params, data, *, kind, parallel):
+    """`_posterior_call` as a callable of no arguments (`recurrence.reshaped_runner`)."""
+    from statseq.core.recurrence import device_args, reshaped_runner
 
     dynamic, fill = device_args(data, model.num_inputs)
     dynamic.update(params=params, num_valid=_num_valid(data))
-    return reshaped_call(_hmm_posterior, data.batch_shape, dynamic, fill, model=model,
-                         kind=kind, parallel=parallel)
+    return reshaped_runner(_hmm_posterior, data.batch_shape, dynamic, fill, model=model,
+                           kind=kind, parallel=parallel)
+
+
+#: what each posterior cuts back to the real length after padding to a bucket length
+_STEPS = {"filter": ("log_normalizers", "predicted_probs", "filtered_probs"),
+          "smoother": ("filtered_probs", "smoothed_probs")}
+
+
+def _remembered_posterior(model, params, y, mask, inputs, kind, parallel):
+    """``filter_states``, ``smoother`` or ``most_likely_states`` (``kind="viterbi"``, never
+    padded): checks, one compiled call, the probability-zero check; a repeat on the same
+    arguments is one lookup and one dispatch (`statseq.core.recurrence.remembered`)."""
+    from statseq.core.recurrence import remembered
+
+    bucket = kind != "viterbi"  # statseq.core.buckets
+
+    def build():
+        data = _checked(model, params, y, mask, inputs, bucket=bucket)
+        call = _posterior_runner(model, params, data, kind=kind, parallel=parallel)
+        if kind == "filter" or (kind == "smoother" and _surely_possible(model, params)):
+            # nothing to check: no read-back of the result, which would wait for it
+            return call if data.num_valid is None else (
+                lambda: _cut_padding(call(), data, _STEPS[kind]))
+
+        def run():
+            out = call()
+            if kind == "viterbi":
+                # the best path has probability zero exactly when the data have (every
+                # path has)
+                _check_possible(out[1], "most_likely_states")
+                return out
+            if kind == "smoother":
+                _check_possible(out.marginal_log_lik, "smoother")
+            return _cut_padding(out, data, _STEPS[kind])
+
+        return run
+
+    return remembered(("hmm", kind, parallel), model, params, y, mask, inputs, build,
+                      bucket=bucket)
 
 
 def _num_valid(data):
