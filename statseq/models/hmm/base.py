@@ -173,7 +173,6 @@ class HMMBase(SequenceModel):
     def emission_log_likelihoods(self, emissions, y_t, mask_t):
         """``(num_states,)`` ``log p(observed y_t | z_t = k)``; 0 where nothing is observed."""
 
-    @abc.abstractmethod
     def emissions_surely_finite(self, emissions) -> bool:
         """Whether ``log p(y_t | z_t = k)`` is finite for every state and every valid
         observation under these (concrete, validated) emission parameters.
@@ -191,6 +190,7 @@ class HMMBase(SequenceModel):
         """
         return False
 
+    @abc.abstractmethod
     def emission_distribution(self, emissions):
         """numpyro distribution with ``batch_shape == (num_states,)`` (for sampling)."""
 
