@@ -833,9 +833,11 @@ def _regime_runner(model, params, data, kind):
     of no arguments (`statseq.core.recurrence.reshaped_runner`)."""
     from statseq.core.recurrence import reshaped_runner
 
+    # complete data: the all-True mask is built inside the program (known to the compiler)
+    mask = None if data.complete else data.mask
     return reshaped_runner(_regime_posterior, data.batch_shape,
-                           dict(params=params, y=data.y, mask=data.mask), model=model,
-                           kind=kind)
+                           dict(params=params, y=data.y, mask=mask), data.complete,
+                           model=model, kind=kind)
 
 
 @partial(jax.jit, static_argnames=("model", "kind"))
