@@ -291,6 +291,7 @@ def test_probability_zero_check_is_skipped_only_where_no_data_can_have_it():
     assert np.isfinite(float(ss.log_prob(model, params, y)))
     post = model.smoother(params, y)
     assert np.all(np.isfinite(np.asarray(post.smoothed_probs)))
+    assert np.isfinite(float(model.most_likely_states(params, y, return_log_prob=True)[1]))
 
     model, params = _poisson_hmm(np.eye(2))
     assert not _surely_possible(model, params)
@@ -298,6 +299,8 @@ def test_probability_zero_check_is_skipped_only_where_no_data_can_have_it():
     for _ in range(2):  # the repeat is remembered and still checks
         with pytest.raises(ValueError, match="probability zero"):
             model.smoother(params, y)
+    # (the Viterbi path, in log space, is finite there: the data are possible)
+    assert np.isfinite(float(model.most_likely_states(params, y, return_log_prob=True)[1]))
     assert not _surely_possible(*_poisson_hmm([[1 - tiny, tiny], [tiny, 1 - tiny]],
                                               rates=(1.0, 1e200)))  # above sqrt(max)
     cat = ss.CategoricalHMM(num_states=2, num_classes=2)

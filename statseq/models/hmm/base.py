@@ -852,8 +852,9 @@ def _remembered_posterior(model, params, y, mask, inputs, kind, parallel):
     def build():
         data = _checked(model, params, y, mask, inputs, bucket=bucket)
         call = _posterior_runner(model, params, data, kind=kind, parallel=parallel)
-        if kind == "filter" or (kind == "smoother" and _surely_possible(model, params)):
-            # nothing to check: no read-back of the result, which would wait for it
+        if kind == "filter" or _surely_possible(model, params):
+            # nothing to check: no read-back of the result, which would wait for it (the
+            # Viterbi path's log joint, a sum of finite logs, is then finite too)
             return call if data.num_valid is None else (
                 lambda: _cut_padding(call(), data, _STEPS[kind]))
 
