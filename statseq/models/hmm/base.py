@@ -785,7 +785,7 @@ def _check_possible(marginal_log_lik, method: str) -> None:
         return
     # waiting first is cheaper than NumPy's own wait for a result still being computed
     lp = np.asarray(marginal_log_lik.block_until_ready()).reshape(-1)  # flat, as a batch
-    if np.any(lp == -np.inf):
+    if (lp == -np.inf).any():  # the method: no dispatch through np.any
         which = int(np.argwhere(lp == -np.inf)[0][0])
         raise ValueError(
             f"{method}: the data have probability zero under these parameters (sequence "
