@@ -357,25 +357,27 @@ def _immutable_leaves(tree, out) -> bool:
     return memo._rememberable(tree)
 
 
+def _no_array():
+    return None
+
+
 class _Repeat:
     """What a remembered public call needs to recognise its arguments and run again."""
 
-    __slots__ = ("model", "params", "refs", "numpy", "run")
+    __slots__ = ("model", "params", "y", "mask", "inputs", "numpy", "run")
 
     def __init__(self, model, params, leaves, arrays, run):
         self.model, self.params, self.run = model, params, run
-        self.refs = tuple(None if a is None else weakref.ref(a) for a in arrays)
+        self.y, self.mask, self.inputs = (_no_array if a is None else weakref.ref(a)
+                                          for a in arrays)
         # NumPy arrays are mutable: their bytes must be unchanged (`statseq.core.memo`)
         self.numpy = tuple((a, a.shape, a.dtype, a.tobytes())
                            for a in (*leaves, *(x for x in arrays if x is not None))
                            if not isinstance(a, jax.Array))
 
-    def matches(self, model, params, arrays) -> bool:
-        if self.model is not model or self.params is not params:
-            return False
-        for r, a in zip(self.refs, arrays):  # noqa: B905 - both of length 3
-            if r is not None and r() is not a:
-                return False
+    def unchanged(self) -> bool:
+        """Whether every NumPy array still holds the bytes it had (the objects are the
+        same: checked by the caller)."""
         for a, shape, dtype, data in self.numpy:
             if a.shape != shape or (a.dtype is not dtype and a.dtype != dtype) or (
                     a.tobytes() != data):
@@ -416,16 +418,18 @@ def remembered(tag, model, params, y, mask, inputs, build, *, bucket: bool = Tru
     Returns:
         What the callable ``build`` returned gives.
     """
-    arrays = (y, mask, inputs)
-    key = (tag, id(model), id(params), id(y), id(mask), id(inputs), float_dtype(),
-           bucket_key(bucket))
+    # the dtype policy (as `float_dtype`) and the bucket policy are part of the key
+    key = (tag, id(model), id(params), id(y), id(mask), id(inputs),
+           jax.config.jax_enable_x64, bucket and bucket_key(True))
     entry = _REPEATS.get(key)
     if entry is not None:
-        if entry.matches(model, params, arrays):
+        if (entry.model is model and entry.params is params and entry.y() is y
+                and entry.mask() is mask and entry.inputs() is inputs
+                and entry.unchanged()):
             return entry.run()
         del _REPEATS[key]
     run = build()
-    leaves = []
+    arrays, leaves = (y, mask, inputs), []
     if _immutable_leaves(params, leaves) and all(
             a is None or memo._rememberable(a) for a in arrays):
         _REPEATS[key] = _Repeat(model, params, leaves, arrays, run)

@@ -386,9 +386,8 @@ class HMMBase(SequenceModel):
             ``batch_shape + (T,)`` ints, or ``(states, log_joint)`` with ``log_joint`` of
             shape ``batch_shape`` when ``return_log_prob``.
         """
-        states, path_log_prob = _remembered_posterior(self, params, y, mask, inputs,
-                                                      "viterbi", False)
-        return (states, path_log_prob) if return_log_prob else states
+        return _remembered_posterior(self, params, y, mask, inputs, "viterbi", False,
+                                     with_log_prob=bool(return_log_prob))
 
     def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
                                 inputs=None):
@@ -826,14 +825,15 @@ def _posterior_call(model, params, data, *, kind, parallel):
     return _posterior_runner(model, params, data, kind=kind, parallel=parallel)()
 
 
-def _posterior_runner(model, params, data, *, kind, parallel):
-    """`_posterior_call` as a callable of no arguments (`recurrence.reshaped_runner`)."""
+def _posterior_runner(model, params, data, *, kind, parallel, pick=None):
+    """`_posterior_call` as a callable of no arguments (`recurrence.reshaped_runner`);
+    ``pick=0`` keeps the Viterbi states alone (their log joint is then not computed)."""
     from statseq.core.recurrence import device_args, reshaped_runner
 
     dynamic, fill = device_args(data, model.num_inputs)
     dynamic.update(params=params, num_valid=_num_valid(data))
-    return reshaped_runner(_hmm_posterior, data.batch_shape, dynamic, fill, model=model,
-                           kind=kind, parallel=parallel)
+    return reshaped_runner(_hmm_posterior, data.batch_shape, dynamic, fill, pick=pick,
+                           model=model, kind=kind, parallel=parallel)
 
 
 #: what each posterior cuts back to the real length after padding to a bucket length
@@ -841,22 +841,27 @@ _STEPS = {"filter": ("log_normalizers", "predicted_probs", "filtered_probs"),
           "smoother": ("filtered_probs", "smoothed_probs")}
 
 
-def _remembered_posterior(model, params, y, mask, inputs, kind, parallel):
+def _remembered_posterior(model, params, y, mask, inputs, kind, parallel,
+                          with_log_prob=True):
     """``filter_states``, ``smoother`` or ``most_likely_states`` (``kind="viterbi"``, never
-    padded): checks, one compiled call, the probability-zero check; a repeat on the same
-    arguments is one lookup and one dispatch (`statseq.core.recurrence.remembered`)."""
+    padded; ``with_log_prob``: the states and their log joint, else the states): checks,
+    one compiled call, the probability-zero check; a repeat on the same arguments is one
+    lookup and one dispatch (`statseq.core.recurrence.remembered`)."""
     from statseq.core.recurrence import remembered
 
     bucket = kind != "viterbi"  # statseq.core.buckets
 
     def build():
         data = _checked(model, params, y, mask, inputs, bucket=bucket)
-        call = _posterior_runner(model, params, data, kind=kind, parallel=parallel)
         if kind == "filter" or _surely_possible(model, params):
             # nothing to check: no read-back of the result, which would wait for it (the
             # Viterbi path's log joint, a sum of finite logs, is then finite too)
+            call = _posterior_runner(model, params, data, kind=kind, parallel=parallel,
+                                     pick=0 if kind == "viterbi" and not with_log_prob
+                                     else None)
             return call if data.num_valid is None else (
                 lambda: _cut_padding(call(), data, _STEPS[kind]))
+        call = _posterior_runner(model, params, data, kind=kind, parallel=parallel)
 
         def run():
             out = call()
@@ -864,15 +869,15 @@ def _remembered_posterior(model, params, y, mask, inputs, kind, parallel):
                 # the best path has probability zero exactly when the data have (every
                 # path has)
                 _check_possible(out[1], "most_likely_states")
-                return out
+                return out if with_log_prob else out[0]
             if kind == "smoother":
                 _check_possible(out.marginal_log_lik, "smoother")
             return _cut_padding(out, data, _STEPS[kind])
 
         return run
 
-    return remembered(("hmm", kind, parallel), model, params, y, mask, inputs, build,
-                      bucket=bucket)
+    return remembered(("hmm", kind, parallel, with_log_prob), model, params, y, mask,
+                      inputs, build, bucket=bucket)
 
 
 def _num_valid(data):
