@@ -152,15 +152,15 @@ def _unflatten(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-def _filter_call(model, params, data, return_carries=False, need_final=True, *,
-                 total_only=False):
+def _filter_call(model, params, data, return_carries=False, need_final=True):
     """`_filter_flat` on prepared data as one compiled call with the batch shape restored
     (`reshaped_runner`): a zero-argument callable.
 
-    ``filter`` and `statseq.forecast` (`final_carries`) share one program per (model,
-    shapes); ``log_prob`` (``total_only``) has its own, which returns the totals alone (one
-    output to hand back instead of four: a measurable share of a short filter's time).
-    Unpadded calls pass ``need_final=True`` whatever they need, so that they share.
+    ``log_prob``, ``filter`` and `statseq.forecast` (`final_carries`) share one program per
+    (model, shapes): unpadded calls pass ``need_final=True`` whatever they need. (A
+    totals-only program for ``log_prob`` hands back one output instead of four, about 2 µs
+    less per call, but compiled a second program wherever both are called: 9 % more time
+    in `tests/core/test_buckets.py`'s every-family test.)
     """
     padded = data.num_valid is not None
     dynamic, fill = device_args(data, model.num_inputs)
@@ -168,8 +168,7 @@ def _filter_call(model, params, data, return_carries=False, need_final=True, *,
     if padded:
         dynamic["num_valid"] = np.int32(data.num_valid)
     return reshaped_runner(
-        _filter_flat, data.batch_shape, dynamic, fill, pick=0 if total_only else None,
-        model=model, return_carries=return_carries,
+        _filter_flat, data.batch_shape, dynamic, fill, model=model, return_carries=return_carries,
         complete=data.valid_complete if padded else data.complete,
         need_final=need_final if padded else True)
 
@@ -458,7 +457,8 @@ def _filter_runner(model, params, y, mask, inputs, return_carries):
 def _log_prob_runner(model, params, y, mask, inputs):
     """`log_prob`'s eager part (`remembered`)."""
     model, data = checked_data(model, params, y, mask, inputs)
-    return _filter_call(model, params, data, need_final=False, total_only=True)
+    call = _filter_call(model, params, data, need_final=False)
+    return lambda: call()[0]
 
 
 def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001
