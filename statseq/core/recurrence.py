@@ -158,9 +158,10 @@ def _filter_call(model, params, data, return_carries=False, need_final=True):
 
     ``log_prob``, ``filter`` and `statseq.forecast` (`final_carries`) share one program per
     (model, shapes): unpadded calls pass ``need_final=True`` whatever they need. (A
-    totals-only program for ``log_prob`` hands back one output instead of four, about 2 µs
-    less per call, but compiled a second program wherever both are called: 9 % more time
-    in `tests/core/test_buckets.py`'s every-family test.)
+    totals-only program for ``log_prob`` hands back one output instead of four, which
+    shortens a repeat of AR's at T = 10^3 by about a fifth, but it compiled a second
+    program wherever both are called: 9 % more time in `tests/core/test_buckets.py`'s
+    every-family test. `benchmarks/RESULTS.md`, "Public calls vs their jitted core".)
     """
     padded = data.num_valid is not None
     dynamic, fill = device_args(data, model.num_inputs)
