@@ -38,8 +38,9 @@ def _families(ss, np):
     """(name, model, kind, needs inputs, methods) for every family."""
     smooth = ("log_prob", "smoother")
     return [
-        ("AR(2)", ss.AR(order=2), "real", False, ("log_prob",)),
-        ("PoissonHMM K=3", ss.PoissonHMM(num_states=3), "count", False, smooth),
+        ("AR(2)", ss.AR(order=2), "real", False, ("log_prob", "filter")),
+        ("PoissonHMM K=3", ss.PoissonHMM(num_states=3), "count", False,
+         smooth + ("viterbi",)),
         ("GaussianHMM K=3 D=2", ss.GaussianHMM(num_states=3, emission_dim=2), "real2", False,
          smooth),
         ("CategoricalHMM K=3", ss.CategoricalHMM(num_states=3, num_classes=4), "category",
@@ -57,7 +58,7 @@ def _families(ss, np):
          ss.StructuralModel((ss.Trend(slope=True), ss.Seasonal(period=4))), "real", False,
          smooth),
         ("MS-AR K=2 p=1", ss.MarkovSwitchingAR(num_regimes=2, order=1), "real", False,
-         smooth),
+         smooth + ("viterbi",)),
         ("ElmanRNN H=8", ss.ElmanRNN(hidden_dim=8), "real", False, ("log_prob",)),
         ("ESN H=8", ss.ElmanRNN(hidden_dim=8, echo_state=True), "real", False,
          ("log_prob",)),
@@ -128,11 +129,20 @@ def main():
             y_dev = jax.device_put(y.astype(np.int32) if y.dtype.kind in "iu" else y)
             u_dev = None if u is None else jax.device_put(u)
             for method in methods:
-                if method == "log_prob":
-                    def public(y=y, u=u, params=params, model=model):
-                        return ss.log_prob(model, params, y, inputs=u)
-                    fn = jax.jit(lambda p, yy, uu, model=model: ss.log_prob(
+                if method in ("log_prob", "filter"):
+                    call = getattr(ss, method)
+
+                    def public(y=y, u=u, params=params, model=model, call=call):
+                        return call(model, params, y, inputs=u)
+                    fn = jax.jit(lambda p, yy, uu, model=model, call=call: call(
                         model, p, yy, inputs=uu))
+                elif method == "viterbi":  # no inputs in the families timed
+                    call = (getattr(model, "most_likely_states", None)
+                            or model.most_likely_regimes)
+
+                    def public(y=y, call=call, params=params):
+                        return call(params, y)
+                    fn = jax.jit(lambda p, yy, uu, call=call: call(p, yy))
                 else:
                     def public(y=y, u=u, params=params, model=model):
                         if u is None:

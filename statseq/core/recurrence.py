@@ -7,12 +7,16 @@ object, so repeated calls with the same shapes reuse one compiled program.
 
 from __future__ import annotations
 
+import functools
+import weakref
+from collections import OrderedDict
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core import memo
 from statseq.core.buckets import cut_time
 from statseq.core.memo import IdentityMemo
 from statseq.core.params import strong_params, validate_params
@@ -160,34 +164,31 @@ def _unflatten(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-@partial(jax.jit, static_argnames=("model", "return_carries", "complete", "need_final",
-                                   "batch_shape"))
-def _filter_public(model, params, y, mask, inputs, num_valid=None, *, return_carries,
-                   complete, need_final, batch_shape):
-    """`_filter_flat` with the batch shape restored inside the same compiled program.
+def _filter_call(model, params, data, return_carries=False, need_final=True):
+    """`_filter_flat` on prepared data as one compiled call with the batch shape restored
+    (`reshaped_runner`): a zero-argument callable.
 
-    The public `log_prob`, `filter` and `statseq.forecast` call this once
-    (`_call_public`): one dispatch per call, no eager reshape per output leaf, and one
-    compiled program per (model, shapes) shared by the three.
+    ``log_prob``, ``filter`` and `statseq.forecast` (`final_carries`) share one program per
+    (model, shapes): unpadded calls pass ``need_final=True`` whatever they need. (A
+    totals-only program for ``log_prob`` hands back one output instead of four, which
+    shortens a repeat of AR's at T = 10^3 by about a fifth, but it compiled a second
+    program wherever both are called: 9 % more time in `tests/core/test_buckets.py`'s
+    every-family test. `benchmarks/RESULTS.md`, "Public calls vs their jitted core".)
     """
-    mask, inputs = _filled(y, mask, inputs)  # None: built here (`device_args`)
-    out = _filter_flat(model, params, y, mask, inputs, num_valid,
-                       return_carries=return_carries, complete=complete,
-                       need_final=need_final)
-    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+    padded = data.num_valid is not None
+    dynamic, fill = device_args(data, model.num_inputs)
+    dynamic["params"] = params
+    if padded:
+        dynamic["num_valid"] = np.int32(data.num_valid)
+    return reshaped_runner(
+        _filter_flat, data.batch_shape, dynamic, fill, model=model, return_carries=return_carries,
+        complete=data.valid_complete if padded else data.complete,
+        need_final=need_final if padded else True)
 
 
 def _call_public(model, params, data, return_carries=False, need_final=True):
-    """`_filter_public` on prepared data (unpadded: the same static arguments for every
-    caller, so that they share one program)."""
-    padded = data.num_valid is not None
-    params = strong_params(params)  # a weakly typed leaf reuses the strong one's program
-    arrays, _ = device_args(data, model.num_inputs)
-    return _filter_public(
-        model, params, arrays["y"], arrays["mask"], arrays["inputs"],
-        np.int32(data.num_valid) if padded else None, return_carries=return_carries,
-        complete=data.valid_complete if padded else data.complete,
-        need_final=need_final if padded else True, batch_shape=data.batch_shape)
+    """`_filter_call`, called: ``(totals, log_probs, carries, final)``."""
+    return _filter_call(model, params, data, return_carries, need_final)()
 
 
 @partial(jax.jit, static_argnums=(1, 2))
@@ -282,14 +283,51 @@ def _filled(y, mask, inputs):
     return mask, inputs
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _reshaped(fn, batch_shape, static, fill, dynamic):
-    if fill:
-        dynamic = dict(dynamic)
-        dynamic["mask"], dynamic["inputs"] = _filled(dynamic["y"], dynamic["mask"],
-                                                     dynamic["inputs"])
-    out = fn(**dynamic, **dict(static))
-    return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+@functools.lru_cache(maxsize=512)
+def _bound(fn, names, nones, batch_shape, fill, pick, static):
+    """One ``jax.jit`` per (kernel, argument names, batch shape, options), called with the
+    dynamic arrays as positional arguments only: no static argument to hash and no keyword
+    to sort on a call, which is most of the dispatch of a short filter."""
+    static = dict(static)
+
+    def run(*arrays):
+        dynamic = dict(zip(names, arrays, strict=True), **dict.fromkeys(nones))
+        if fill:  # the all-True mask and the empty inputs, for those fn takes
+            mask, inputs = _filled(dynamic["y"], dynamic.get("mask"), dynamic.get("inputs"))
+            dynamic.update((k, v) for k, v in (("mask", mask), ("inputs", inputs))
+                           if k in nones)
+        out = fn(**dynamic, **static)
+        if pick is not None:
+            out = out[pick]
+        return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+
+    return jax.jit(run)
+
+
+def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, **static):
+    """`reshaped_call` as a zero-argument callable: the compiled program with its arguments
+    bound (what `remembered` keeps, so that a repeat is one dispatch).
+
+    Args:
+        fn: a function of arrays (typically already a ``jax.jit``); hashable.
+        batch_shape: the batch shape that replaces each output's leading (flat) axis.
+        dynamic: ``{name: array, pytree or None}``, the traced arguments of ``fn``.
+        fill: build ``dynamic["mask"]`` and ``dynamic["inputs"]`` (those given as ``None``)
+            inside the program from ``dynamic["y"]`` (`device_args`): an all-True mask
+            known to the compiler, which can then drop the masking work.
+        pick: an index into ``fn``'s output to return alone (e.g. ``0``), or ``None``.
+        **static: hashable arguments of ``fn`` (the model, options).
+
+    Returns:
+        A callable of no arguments returning ``fn``'s output with batch shapes restored.
+    """
+    if dynamic.get("params") is not None:  # a weakly typed leaf reuses the strong one's
+        dynamic = {**dynamic, "params": strong_params(dynamic["params"])}  # program
+    names = tuple(k for k, v in dynamic.items() if v is not None)
+    nones = tuple(k for k, v in dynamic.items() if v is None)
+    bound = _bound(fn, names, nones, tuple(batch_shape), fill, pick,
+                   tuple(sorted(static.items())))
+    return partial(bound, *(dynamic[k] for k in names))
 
 
 def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
@@ -317,15 +355,123 @@ def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
         >>> reshaped_call(f, (2, 3), {"x": jnp.ones((6, 4))}, scale=2.0).shape
         (2, 3, 4)
     """
-    if "params" in dynamic:  # a weakly typed leaf reuses the strong one's program
-        dynamic = {**dynamic, "params": strong_params(dynamic["params"])}
-    return _reshaped(fn, tuple(batch_shape), tuple(sorted(static.items())), fill, dynamic)
+    return reshaped_runner(fn, batch_shape, dynamic, fill, **static)()
 
 
-def _run(model, params, y, mask, inputs, return_carries, need_final=True):
-    """Validate (remembered for arrays passed again), then one compiled call."""
+def _immutable_leaves(tree, out) -> bool:
+    """Collect the leaves of ``tree`` into ``out``; ``False`` unless every container is a
+    tuple (a NamedTuple: its fields cannot be rebound) and every leaf can be remembered."""
+    if tree is None or type(tree) in (int, float, bool):
+        return True
+    if isinstance(tree, tuple):
+        return all(_immutable_leaves(t, out) for t in tree)
+    out.append(tree)
+    return memo._rememberable(tree)
+
+
+def _no_array():
+    return None
+
+
+class _Repeat:
+    """What a remembered public call needs to recognise its arguments and run again."""
+
+    __slots__ = ("model", "params", "y", "mask", "inputs", "numpy", "run")
+
+    def __init__(self, model, params, leaves, arrays, run):
+        self.model, self.params, self.run = model, params, run
+        self.y, self.mask, self.inputs = (_no_array if a is None else weakref.ref(a)
+                                          for a in arrays)
+        # NumPy arrays are mutable: their bytes must be unchanged (`statseq.core.memo`)
+        self.numpy = tuple((a, a.shape, a.dtype, a.tobytes())
+                           for a in (*leaves, *(x for x in arrays if x is not None))
+                           if not isinstance(a, jax.Array))
+
+    def unchanged(self) -> bool:
+        """Whether every NumPy array still holds the bytes it had (the objects are the
+        same: checked by the caller)."""
+        for a, shape, dtype, data in self.numpy:
+            if a.shape != shape or (a.dtype is not dtype and a.dtype != dtype) or (
+                    a.tobytes() != data):
+                return False
+        return True
+
+
+#: public calls already checked and bound to their compiled program (`remembered`)
+_REPEATS: OrderedDict = OrderedDict()
+_REPEATS_MAX = 32
+
+
+def remembered(tag, model, params, y, mask, inputs, build, *, bucket: bool = True):
+    """A public call on arguments passed again, as one lookup and one dispatch.
+
+    ``build()`` runs a call's eager part (`validate_params`, `prepare_data`, the choice of
+    compiled program and its arguments) and returns a callable of no arguments that
+    dispatches the program and finishes the call (e.g. a check of the result). It is kept
+    for the very objects passed: the model and parameters (held; only tuples, NamedTuples
+    and arrays, whose leaves cannot be swapped) and the data arrays (weakly held), with a
+    snapshot of the bytes of each NumPy array among them, so that an array changed in
+    place since is checked again (`statseq.core.memo`). A repeat skips even the
+    parameters' tree flattening, the keyword handling of a jitted call with static
+    arguments and the assembly of its arguments. Tracers, lists, dicts and NumPy arrays
+    above `memo.MAX_SNAPSHOT_BYTES` are never kept (``build`` runs on every call).
+
+    Args:
+        tag: hashable; what the call is (``"log_prob"``, ``("smoother", parallel)``, ...).
+        model: the model.
+        params: its parameters.
+        y: the data.
+        mask: the mask or ``None``.
+        inputs: the inputs or ``None``.
+        build: the call's eager part (see above).
+        bucket: whether the call may pad the time axis to a bucket length (the policy is
+            then part of what is remembered).
+
+    Returns:
+        What the callable ``build`` returned gives.
+    """
+    # the dtype policy (as `float_dtype`) and the bucket policy are part of the key
+    key = (tag, id(model), id(params), id(y), id(mask), id(inputs),
+           jax.config.jax_enable_x64, bucket and bucket_key(True))
+    entry = _REPEATS.get(key)
+    if entry is not None:
+        if (entry.model is model and entry.params is params and entry.y() is y
+                and entry.mask() is mask and entry.inputs() is inputs
+                and entry.unchanged()):
+            return entry.run()
+        del _REPEATS[key]
+    run = build()
+    arrays, leaves = (y, mask, inputs), []
+    if _immutable_leaves(params, leaves) and all(
+            a is None or memo._rememberable(a) for a in arrays):
+        _REPEATS[key] = _Repeat(model, params, leaves, arrays, run)
+        while len(_REPEATS) > _REPEATS_MAX:
+            _REPEATS.popitem(last=False)
+    return run()
+
+
+def _filter_runner(model, params, y, mask, inputs, return_carries):
+    """`filter`'s eager part (`remembered`): validate, then bind the compiled call."""
     model, data = checked_data(model, params, y, mask, inputs)
-    return data, _call_public(model, params, data, return_carries, need_final)
+    call = _filter_call(model, params, data, return_carries)
+
+    def run():
+        total, log_probs, carries, final = call()
+        if data.num_valid is not None:  # padded to a bucket length: cut back to the real one
+            axis = len(data.batch_shape)
+            log_probs = cut_time(log_probs, data.num_valid, axis)
+            carries = jax.tree.map(lambda a: cut_time(a, data.num_valid, axis), carries)
+        return FilterResult(log_prob=total, log_probs=log_probs, carries=carries,
+                            final_carry=final)
+
+    return run
+
+
+def _log_prob_runner(model, params, y, mask, inputs):
+    """`log_prob`'s eager part (`remembered`)."""
+    model, data = checked_data(model, params, y, mask, inputs)
+    call = _filter_call(model, params, data, need_final=False)
+    return lambda: call()[0]
 
 
 def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001
@@ -356,14 +502,9 @@ def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) ->
         >>> ss.filter(model, params, jnp.array([0.1, -0.3, 0.2])).log_probs.shape
         (3,)
     """
-    data, (total, log_probs, carries, final) = _run(model, params, y, mask, inputs,
-                                                    return_carries)
-    if data.num_valid is not None:  # padded to a bucket length: cut back to the real one
-        axis = len(data.batch_shape)
-        log_probs = cut_time(log_probs, data.num_valid, axis)
-        carries = jax.tree.map(lambda a: cut_time(a, data.num_valid, axis), carries)
-    return FilterResult(log_prob=total, log_probs=log_probs, carries=carries,
-                        final_carry=final)
+    return remembered(("filter", bool(return_carries)), model, params, y, mask, inputs,
+                      lambda: _filter_runner(model, params, y, mask, inputs,
+                                             return_carries))
 
 
 def log_prob(model, params, y, *, mask=None, inputs=None):
@@ -390,7 +531,8 @@ def log_prob(model, params, y, *, mask=None, inputs=None):
         >>> ss.log_prob(model, params, np.stack([y, y[::-1]])).shape   # a batch of series
         (2,)
     """
-    return _run(model, params, y, mask, inputs, False, need_final=False)[1][0]
+    return remembered("log_prob", model, params, y, mask, inputs,
+                      lambda: _log_prob_runner(model, params, y, mask, inputs))
 
 
 def _simulate(model, params, carry, key, inputs):

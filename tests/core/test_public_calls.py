@@ -118,6 +118,8 @@ def _calls(model, params, u, every=False):
         calls.append(("smoother", lambda y: model.smoother(params, y, **kw)))
         if every:
             calls.append(("filter_states", lambda y: model.filter_states(params, y, **kw)))
+            viterbi = getattr(model, "most_likely_states", None) or model.most_likely_regimes
+            calls.append(("viterbi", lambda y: viterbi(params, y, **kw)))
     return calls
 
 
@@ -165,7 +167,7 @@ def test_public_equals_jitted_core_and_repeats_cost_one_program(name, monkeypatc
 
 
 @pytest.mark.parametrize("name", ["poisson_hmm", "ms_ar"])
-def test_filter_and_filter_states_repeat_as_one_program(name, monkeypatch):
+def test_filter_filter_states_and_viterbi_repeat_as_one_program(name, monkeypatch):
     index = [f[0] for f in FAMILIES].index(name)
     _check_repeats(name, 101 + 2 * index, monkeypatch, every=True, core=False)
 
@@ -260,3 +262,72 @@ def test_bucket_policy_change_is_not_served_from_memory():
     finally:
         ss.set_length_buckets(**previous)
     _assert_tree_equal(res.log_probs, padded.log_probs)
+
+
+def _poisson_hmm(transitions, rates=(1e-3, 1e6)):
+    from statseq.models.hmm.poisson import PoissonEmissions
+
+    model = ss.PoissonHMM(num_states=2)
+    return model, model.assemble_params(PoissonEmissions(jnp.asarray(rates)),
+                                        transitions=jnp.asarray(transitions),
+                                        initial_probs=jnp.array([0.5, 0.5]))
+
+
+def test_probability_zero_check_is_skipped_only_where_no_data_can_have_it():
+    """The HMM smoother reads the log-likelihood back (to refuse data of probability zero)
+    unless `_surely_possible`: finite emissions and initial/transition probabilities above
+    a floor. Counts that each state makes astronomically unlikely (rates 1e-3 and 1e6,
+    log-likelihood gaps of ~1e7 between the states) score finite with transitions of
+    1e-300, and -inf with transitions of exactly 0 (the scaled normalizer of the filter
+    underflows), which the kept check then refuses, on a first call and on a repeat."""
+    from statseq.models.hmm.base import _surely_possible
+    from statseq.models.hmm.categorical import CategoricalEmissions
+    from statseq.models.hmm.poisson import PoissonEmissions
+
+    y = np.array([0, 10**6, 0, 10**6, 10**6, 0])
+    tiny = 1e-300
+    model, params = _poisson_hmm([[1 - tiny, tiny], [tiny, 1 - tiny]])
+    assert _surely_possible(model, params)
+    assert np.isfinite(float(ss.log_prob(model, params, y)))
+    post = model.smoother(params, y)
+    assert np.all(np.isfinite(np.asarray(post.smoothed_probs)))
+    assert np.isfinite(float(model.most_likely_states(params, y, return_log_prob=True)[1]))
+
+    model, params = _poisson_hmm(np.eye(2))
+    assert not _surely_possible(model, params)
+    assert float(ss.log_prob(model, params, y)) == -np.inf
+    for _ in range(2):  # the repeat is remembered and still checks
+        with pytest.raises(ValueError, match="probability zero"):
+            model.smoother(params, y)
+    # (the Viterbi path, in log space, is finite there: the data are possible)
+    assert np.isfinite(float(model.most_likely_states(params, y, return_log_prob=True)[1]))
+    assert not _surely_possible(*_poisson_hmm([[1 - tiny, tiny], [tiny, 1 - tiny]],
+                                              rates=(1.0, 1e200)))  # above sqrt(max)
+    cat = ss.CategoricalHMM(num_states=2, num_classes=2)
+    for probs, possible in (([[0.5, 0.5], [0.9, 0.1]], True),
+                            ([[1.0, 0.0], [0.9, 0.1]], False)):
+        p = cat.assemble_params(CategoricalEmissions(jnp.array(probs)))
+        assert _surely_possible(cat, p) == possible
+    with_inputs = ss.PoissonHMM(num_states=2, input_dim=1)  # softmax transitions can
+    p = with_inputs.assemble_params(PoissonEmissions(jnp.array([1.0, 2.0])))  # underflow
+    assert not _surely_possible(with_inputs, p)
+
+
+def test_repeat_skips_the_checks_and_dicts_are_not_remembered():
+    """A repeat runs no check; containers that can change in place (a dict) are never
+    remembered."""
+    model = ss.AR(order=1)
+    p = model.default_params()
+    y = _series("real", 31)
+    as_dict = {"p": p}
+    calls = []
+    original = recurrence.checked_data
+    try:
+        recurrence.checked_data = lambda *a, **k: calls.append(1) or original(*a, **k)
+        first = ss.log_prob(model, p, y)
+        ss.log_prob(model, p, y)
+        assert len(calls) == 1  # remembered
+        assert recurrence._immutable_leaves(as_dict, []) is False
+    finally:
+        recurrence.checked_data = original
+    np.testing.assert_allclose(first, ss.filter(model, p, y).log_prob, rtol=1e-12)

@@ -173,6 +173,23 @@ class HMMBase(SequenceModel):
     def emission_log_likelihoods(self, emissions, y_t, mask_t):
         """``(num_states,)`` ``log p(observed y_t | z_t = k)``; 0 where nothing is observed."""
 
+    def emissions_surely_finite(self, emissions) -> bool:
+        """Whether ``log p(y_t | z_t = k)`` is finite for every state and every valid
+        observation under these (concrete, validated) emission parameters.
+
+        When it is, and the initial and transition probabilities are all positive, no
+        sequence can have probability zero, and the posteriors skip their eager check of
+        the log-likelihood (`_surely_possible`). ``False`` (always check) unless a family
+        states otherwise.
+
+        Args:
+            emissions: the emission parameters.
+
+        Returns:
+            ``True`` only when no observation can score ``-inf`` in any state.
+        """
+        return False
+
     @abc.abstractmethod
     def emission_distribution(self, emissions):
         """numpyro distribution with ``batch_shape == (num_states,)`` (for sampling)."""
@@ -342,11 +359,8 @@ class HMMBase(SequenceModel):
             `statseq.inference.hmm.HMMFilterResult` with a leading batch shape
             when ``y`` is a batch.
         """
-        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
-        out = _posterior_call(self, params, data, kind="filter",
-                              parallel=use_parallel(parallel))
-        return _cut_padding(out, data,
-                            ("log_normalizers", "predicted_probs", "filtered_probs"))
+        return _remembered_posterior(self, params, y, mask, inputs, "filter",
+                                     use_parallel(parallel))
 
     def smoother(self, params, y, *, mask=None, inputs=None, parallel=None):
         """Smoothed state probabilities ``p(z_t | y_{1:T})`` and expected transitions.
@@ -354,11 +368,8 @@ class HMMBase(SequenceModel):
         Returns:
             `statseq.inference.hmm.HMMPosterior` (batch shape leading).
         """
-        data = _checked(self, params, y, mask, inputs, bucket=True)  # statseq.core.buckets
-        out = _posterior_call(self, params, data, kind="smoother",
-                              parallel=use_parallel(parallel))
-        _check_possible(out.marginal_log_lik, "smoother")
-        return _cut_padding(out, data, ("filtered_probs", "smoothed_probs"))
+        return _remembered_posterior(self, params, y, mask, inputs, "smoother",
+                                     use_parallel(parallel))
 
     def most_likely_states(self, params, y, *, mask=None, inputs=None,
                            return_log_prob: bool = False):
@@ -377,12 +388,8 @@ class HMMBase(SequenceModel):
             ``batch_shape + (T,)`` ints, or ``(states, log_joint)`` with ``log_joint`` of
             shape ``batch_shape`` when ``return_log_prob``.
         """
-        data = _checked(self, params, y, mask, inputs, bucket=False)
-        states, path_log_prob = _posterior_call(self, params, data, kind="viterbi",
-                                                parallel=False)
-        # the best path has probability zero exactly when the data have (every path has)
-        _check_possible(path_log_prob, "most_likely_states")
-        return (states, path_log_prob) if return_log_prob else states
+        return _remembered_posterior(self, params, y, mask, inputs, "viterbi", False,
+                                     with_log_prob=bool(return_log_prob))
 
     def sample_states_posterior(self, params, y, *, key, num_samples=1, mask=None,
                                 inputs=None):
@@ -777,14 +784,34 @@ def _check_possible(marginal_log_lik, method: str) -> None:
     over states given impossible data is undefined; the filter scores it ``-inf``)."""
     if isinstance(marginal_log_lik, jax.core.Tracer):  # under a user's jit: nothing to check
         return
-    lp = np.asarray(marginal_log_lik).reshape(-1)  # flat: sequence numbers as in a batch
-    if np.any(lp == -np.inf):
+    # waiting first is cheaper than NumPy's own wait for a result still being computed
+    lp = np.asarray(marginal_log_lik.block_until_ready()).reshape(-1)  # flat, as a batch
+    if (lp == -np.inf).any():  # the method: no dispatch through np.any
         which = int(np.argwhere(lp == -np.inf)[0][0])
         raise ValueError(
             f"{method}: the data have probability zero under these parameters (sequence "
             f"{which} contains an observation impossible in every state, e.g. a category "
             "with emission probability 0); log_prob is -inf there and no state posterior "
             "exists")
+
+
+def _surely_possible(model, params) -> bool:
+    """Whether no sequence can have probability zero, so that `_check_possible` would never
+    raise: every emission log-likelihood finite (`HMMBase.emissions_surely_finite`), every
+    initial and transition probability at least ``1e6`` times the dtype's smallest normal
+    number, and transitions that do not depend on inputs (a softmax of inputs can underflow
+    to 0). Then the predicted state probabilities stay positive, so the scaled normalizer
+    ``sum_k alpha_k exp(ll_k - max_j ll_j)``, which has the term ``alpha_k* >= A_min / K``
+    of the most likely state, is positive and the log-likelihood finite. Eager, on concrete
+    parameters (a tracer gives ``False``)."""
+    if model.num_inputs or any(isinstance(leaf, jax.core.Tracer)
+                               for leaf in jax.tree.leaves(params)):
+        return False
+    pi = np.asarray(model.initial_probs(params))
+    trans = np.asarray(params.transitions)
+    floor = np.finfo(trans.dtype).tiny * 1e6
+    return bool(np.all(pi >= floor) and np.all(trans >= floor)
+                and model.emissions_surely_finite(params.emissions))
 
 
 def _checked(model, params, y, mask, inputs, *, bucket):
@@ -797,12 +824,62 @@ def _checked(model, params, y, mask, inputs, *, bucket):
 
 def _posterior_call(model, params, data, *, kind, parallel):
     """`_hmm_posterior` on prepared data, batch shape restored, as one compiled call."""
-    from statseq.core.recurrence import device_args, reshaped_call
+    return _posterior_runner(model, params, data, kind=kind, parallel=parallel)()
+
+
+def _posterior_runner(model, params, data, *, kind, parallel, pick=None):
+    """`_posterior_call` as a callable of no arguments (`recurrence.reshaped_runner`);
+    ``pick=0`` keeps the Viterbi states alone (their log joint is then not computed)."""
+    from statseq.core.recurrence import device_args, reshaped_runner
 
     dynamic, fill = device_args(data, model.num_inputs)
     dynamic.update(params=params, num_valid=_num_valid(data))
-    return reshaped_call(_hmm_posterior, data.batch_shape, dynamic, fill, model=model,
-                         kind=kind, parallel=parallel)
+    return reshaped_runner(_hmm_posterior, data.batch_shape, dynamic, fill, pick=pick,
+                           model=model, kind=kind, parallel=parallel)
+
+
+#: what each posterior cuts back to the real length after padding to a bucket length
+_STEPS = {"filter": ("log_normalizers", "predicted_probs", "filtered_probs"),
+          "smoother": ("filtered_probs", "smoothed_probs")}
+
+
+def _remembered_posterior(model, params, y, mask, inputs, kind, parallel,
+                          with_log_prob=True):
+    """``filter_states``, ``smoother`` or ``most_likely_states`` (``kind="viterbi"``, never
+    padded; ``with_log_prob``: the states and their log joint, else the states): checks,
+    one compiled call, the probability-zero check; a repeat on the same arguments is one
+    lookup and one dispatch (`statseq.core.recurrence.remembered`)."""
+    from statseq.core.recurrence import remembered
+
+    bucket = kind != "viterbi"  # statseq.core.buckets
+
+    def build():
+        data = _checked(model, params, y, mask, inputs, bucket=bucket)
+        if kind == "filter" or _surely_possible(model, params):
+            # nothing to check: no read-back of the result, which would wait for it (the
+            # Viterbi path's log joint, a sum of finite logs, is then finite too)
+            call = _posterior_runner(model, params, data, kind=kind, parallel=parallel,
+                                     pick=0 if kind == "viterbi" and not with_log_prob
+                                     else None)
+            return call if data.num_valid is None else (
+                lambda: _cut_padding(call(), data, _STEPS[kind]))
+        call = _posterior_runner(model, params, data, kind=kind, parallel=parallel)
+
+        def run():
+            out = call()
+            if kind == "viterbi":
+                # the best path has probability zero exactly when the data have (every
+                # path has)
+                _check_possible(out[1], "most_likely_states")
+                return out if with_log_prob else out[0]
+            if kind == "smoother":
+                _check_possible(out.marginal_log_lik, "smoother")
+            return _cut_padding(out, data, _STEPS[kind])
+
+        return run
+
+    return remembered(("hmm", kind, parallel, with_log_prob), model, params, y, mask,
+                      inputs, build, bucket=bucket)
 
 
 def _num_valid(data):

@@ -92,6 +92,12 @@ class BernoulliHMM(HMMBase):
         lp = jnp.where(y_t == 1, jnp.log(p), jnp.log1p(-p))  # (K, D); safe at p = 0, 1
         return jnp.sum(jnp.where(mask_t, lp, 0.0), axis=-1)
 
+    def emissions_surely_finite(self, emissions) -> bool:
+        """``y log p + (1 - y) log(1 - p)`` is finite for both outcomes when every
+        probability is strictly between 0 and 1."""
+        probs = np.asarray(emissions.probs)
+        return bool(np.all((probs > 0) & (probs < 1)))
+
     def emission_distribution(self, emissions):
         return dist.Independent(dist.Bernoulli(probs=emissions.probs), 1)
 

@@ -88,6 +88,12 @@ class CategoricalHMM(HMMBase):
         ll = jnp.log(emissions.probs[:, y_t])
         return jnp.where(mask_t, ll, 0.0)
 
+    def emissions_surely_finite(self, emissions) -> bool:
+        """``log p_k(y)`` is finite for every category when every probability is
+        positive."""
+        probs = np.asarray(emissions.probs)
+        return bool(np.all(probs > 0))
+
     def emission_distribution(self, emissions):
         return dist.Categorical(probs=emissions.probs)
 

@@ -88,6 +88,14 @@ class PoissonHMM(HMMBase):
         lp = jnp.where(mask_t, lp, 0.0)
         return jnp.reshape(lp, (self.num_states, -1)).sum(axis=-1)
 
+    def emissions_surely_finite(self, emissions) -> bool:
+        """Poisson log-probabilities ``y log(lambda) - lambda - log(y!)`` are finite for
+        every count when the rates are positive and at most the square root of the dtype's
+        largest number (no overflow, even summed over a vector ``y_t``)."""
+        rates = np.asarray(emissions.rates)
+        bound = np.sqrt(np.finfo(rates.dtype).max)
+        return bool(np.all((rates > 0) & (rates <= bound)))
+
     def emission_distribution(self, emissions):
         base = dist.Poisson(emissions.rates)
         return base if self.emission_dim is None else dist.Independent(base, 1)

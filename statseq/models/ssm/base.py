@@ -28,7 +28,7 @@ from jax.scipy.special import ndtri
 from statseq.core.buckets import cut_steps
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
-from statseq.core.recurrence import checked_data, device_args, reshaped_call
+from statseq.core.recurrence import checked_data, device_args, remembered, reshaped_runner
 from statseq.core.validation import (
     check_key,
     check_positive_int,
@@ -328,6 +328,11 @@ class GaussianSSMBase(SequenceModel):
                                _kind(parallel, square_root))
 
     def _posterior(self, params, y, mask, inputs, what, kind):
+        # a repeat on the same arguments is one lookup and one dispatch (remembered)
+        return remembered(("ssm", what, kind), self, params, y, mask, inputs,
+                          lambda: self._posterior_runner(params, y, mask, inputs, what, kind))
+
+    def _posterior_runner(self, params, y, mask, inputs, what, kind):
         # a time axis padded to a bucket length has masked steps at its end, which leave
         # the moments of the real steps unchanged (statseq.core.buckets); cut off below.
         # validate_params and prepare_data, remembered for arrays passed again
@@ -337,13 +342,20 @@ class GaussianSSMBase(SequenceModel):
         # call, batch shape restored inside (no eager reshape per leaf)
         dynamic, fill = device_args(data, self.num_inputs)
         dynamic.update(params=params)
-        out = reshaped_call(_ssm_posterior, data.batch_shape, dynamic, fill, model=self,
-                            what=what, kind=kind, complete=data.complete)
+        call = reshaped_runner(_ssm_posterior, data.batch_shape, dynamic, fill, model=self,
+                               what=what, kind=kind, complete=data.complete)
         if data.num_valid is None:
-            return out
-        steps = [f for f in out._fields if f not in ("marginal_log_lik", "smoothed_cross_covs")]
-        lags = ["smoothed_cross_covs"] if "smoothed_cross_covs" in out._fields else []
-        return cut_steps(out, data.num_valid, len(data.batch_shape), steps=steps, lags=lags)
+            return call
+
+        def run():
+            out = call()
+            steps = [f for f in out._fields
+                     if f not in ("marginal_log_lik", "smoothed_cross_covs")]
+            lags = ["smoothed_cross_covs"] if "smoothed_cross_covs" in out._fields else []
+            return cut_steps(out, data.num_valid, len(data.batch_shape), steps=steps,
+                             lags=lags)
+
+        return run
 
     def _check_num_timesteps(self, num_timesteps: int) -> None:  # noqa: B027 - optional hook
         """Time-varying models check that ``y`` has as many steps as their matrices."""

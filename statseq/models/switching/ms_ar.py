@@ -581,23 +581,29 @@ class MarkovSwitchingAR(SequenceModel):
         # (runs validate_data); remembered for arrays passed again
         return checked_data(self, params, y, mask, None, bucket=False, sized=False)[1]
 
+    def _remembered(self, params, y, mask, kind):
+        """`_prepare` and one compiled call; a repeat on the same arguments is one lookup
+        and one dispatch (`statseq.core.recurrence.remembered`)."""
+        from statseq.core.recurrence import remembered
+
+        return remembered(("regimes", kind), self, params, y, mask, None,
+                          lambda: _regime_runner(self, params, self._prepare(params, y, mask),
+                                                 kind), bucket=False)
+
     def filter_states(self, params, y, *, mask=None) -> RegimeFilterResult:
         """Filtered and predicted regime probabilities ``p(s_t | y_{<=t})``,
         ``p(s_t | y_{<t})`` (``K`` regimes) and the conditional log-likelihood."""
-        data = self._prepare(params, y, mask)
-        return _regime_call(self, params, data, "filter")
+        return self._remembered(params, y, mask, "filter")
 
     def smoother(self, params, y, *, mask=None) -> RegimePosterior:
         """Smoothed regime probabilities ``p(s_t | y_{0:T-1})`` (``K`` regimes), filtered
         ones, and the expanded-chain posterior."""
-        data = self._prepare(params, y, mask)
-        return _regime_call(self, params, data, "smoother")
+        return self._remembered(params, y, mask, "smoother")
 
     def most_likely_regimes(self, params, y, *, mask=None):
         """The Viterbi path of regimes ``argmax p(s_{0:T-1} | y)``: ``batch_shape + (T,)``
         ints (the expanded path's current regimes)."""
-        data = self._prepare(params, y, mask)
-        return _regime_call(self, params, data, "viterbi")
+        return self._remembered(params, y, mask, "viterbi")
 
     # ---- EM (ECM) -------------------------------------------------------------------------
     def e_step(self, params, y, mask, inputs):
@@ -822,12 +828,16 @@ class MarkovSwitchingAR(SequenceModel):
                                          jnp.sqrt(c[..., 0, 0]).reshape(shape + w.shape[-1:])))
 
 
-def _regime_call(model, params, data, kind):
-    """`_regime_posterior` with the batch shape restored, as one compiled call."""
-    from statseq.core.recurrence import reshaped_call
+def _regime_runner(model, params, data, kind):
+    """`_regime_posterior` with the batch shape restored, as one compiled call: a callable
+    of no arguments (`statseq.core.recurrence.reshaped_runner`)."""
+    from statseq.core.recurrence import reshaped_runner
 
-    return reshaped_call(_regime_posterior, data.batch_shape,
-                         dict(params=params, y=data.y, mask=data.mask), model=model, kind=kind)
+    # complete data: the all-True mask is built inside the program (known to the compiler)
+    mask = None if data.complete else data.mask
+    return reshaped_runner(_regime_posterior, data.batch_shape,
+                           dict(params=params, y=data.y, mask=mask), data.complete,
+                           model=model, kind=kind)
 
 
 @partial(jax.jit, static_argnames=("model", "kind"))
