@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 
-
 # Compile time is most of the suite's time, so the tests trade XLA's optimization of the
 # generated code for compile speed (-O0: about a quarter less CPU time on the Kalman tests,
 # the same results to the tolerances checked; runtime-bound tests such as NUTS are
