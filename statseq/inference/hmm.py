@@ -524,6 +524,34 @@ def _linearized_log_marginal(pi, fixed, per_step, ll, perturbation):
     return value, jnp.concatenate([filtered0[None], filtered])
 
 
+def _sequential_gradient_parts(pi, fixed, per_step, ll):
+    """``(log p(y), filtered, d log p / d e, d log p / d ll)`` through the sequential
+    linearized filter (``e`` a zero perturbation of the predicted messages)."""
+    num_timesteps, num_states = ll.shape
+    perturbation = jnp.zeros((num_timesteps - 1, num_states), ll.dtype)
+    (value, filtered), (grad_predicted, grad_ll) = jax.value_and_grad(
+        lambda e, ll: _linearized_log_marginal(pi, fixed, per_step, ll, e),
+        argnums=(0, 1), has_aux=True,
+    )(perturbation, ll)
+    return value, filtered, grad_predicted, grad_ll
+
+
+@jax.custom_jvp
+def _blocked_gradient_parts(pi, fixed, per_step, ll):
+    """`_sequential_gradient_parts` through `hmm_blocked.gradient_blocked` (the same values
+    to rounding); its derivatives are the sequential path's, which holds the normalizers
+    constant to every order (the blocked one holds boundary messages constant too)."""
+    from statseq.inference.hmm_blocked import gradient_blocked
+
+    return gradient_blocked(pi, fixed, per_step, ll)
+
+
+@_blocked_gradient_parts.defjvp
+def _blocked_gradient_parts_jvp(primals, tangents):
+    _, tangent_out = jax.jvp(_sequential_gradient_parts, primals, tangents)
+    return _blocked_gradient_parts(*primals), tangent_out
+
+
 def hmm_smoother_by_gradient(
     initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True
 ) -> HMMPosterior:
@@ -567,12 +595,12 @@ def hmm_smoother_by_gradient(
         True
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
-    num_timesteps, num_states = ll.shape
-    perturbation = jnp.zeros((num_timesteps - 1, num_states), ll.dtype)
-    (value, filtered), (grad_predicted, grad_ll) = jax.value_and_grad(
-        lambda e, ll: _linearized_log_marginal(pi, fixed, per_step, ll, e),
-        argnums=(0, 1), has_aux=True,
-    )(perturbation, ll)
+    if _use_blocked(None, ll) and ll.shape[0] > 1:
+        value, filtered, grad_predicted, grad_ll = _blocked_gradient_parts(
+            pi, fixed, per_step, ll)
+    else:
+        value, filtered, grad_predicted, grad_ll = _sequential_gradient_parts(
+            pi, fixed, per_step, ll)
     f = filtered[:-1]
     if fixed is not None and sum_transitions:
         transitions = fixed * _sum_outer_products(f, grad_predicted)
