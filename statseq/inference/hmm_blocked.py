@@ -445,33 +445,49 @@ def gradient_blocked(pi, fixed, per_step, ll, length: int | None = None):
                              reverse=True)  # ws[c] = w_{c+1}, c < C-1
 
         def step(alpha, xs):
-            l_t, a_t, e_t = xs
+            l_t, a_t = xs
             u = [alpha[i] * l_t[i] for i in range(k)]
-            norm = stop(sum(u))
+            norm = sum(u)
             possible = norm > 0
             scale = 1.0 / jnp.where(possible, norm, 1.0)
             filt = [jnp.where(possible, x, a) * scale for x, a in zip(u, alpha, strict=True)]
             a = _entries(fixed, a_t, k)
-            nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) + e_t[j] for j in range(k))
+            nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) for j in range(k))
             return nxt, jnp.stack([*filt, norm])
 
-        def surrogate(lik, e):
-            alpha0 = tuple(stop(starts[:, i]) for i in range(k))
-            ends, out = jax.lax.scan(step, alpha0, (lik, trans, e))  # (L, K + 1, C)
-            filtered = _from_blocks(out, num_timesteps)
-            tail = jnp.log(jnp.sum(filtered[-1, :k]))
-            total = tail - stop(tail)
-            if chunks > 1:
-                inner = sum(ends[i][:-1] * ws[:, i] for i in range(k))  # (C - 1,)
-                total = total + jnp.sum(inner / stop(inner))
-            return total, filtered
+        alpha0 = tuple(starts[:, i] for i in range(k))
+        ends, out = jax.lax.scan(step, alpha0, (lik, trans))  # (L, K + 1, C)
 
-        e0 = jnp.zeros((length, k, chunks), dtype)
-        (grad_lik, grad_e), out = jax.grad(surrogate, argnums=(0, 1), has_aux=True)(lik, e0)
-        log_normalizers = jnp.log(out[:, k]) + _from_blocks(shift, num_timesteps)
-        return (pairwise_sum(log_normalizers), out[:, :k],
-                _from_blocks(grad_e, num_timesteps - 1),
-                _from_blocks(lik * grad_lik, num_timesteps))
+        # the reverse pass of pass 3 (normalizers constant): g, the cotangent of the
+        # predicted message after step t, starts at d log p / d n_c = w_{c+1} / <w_{c+1},
+        # n_c> at each chunk's end, and the last step's filtered message gets 1 / sum f
+        g_end = jnp.zeros((chunks, k), dtype)
+        if chunks > 1:
+            n = jnp.stack(ends, axis=1)[:-1]  # (C - 1, K)
+            g_end = g_end.at[:-1].set(ws / jnp.sum(n * ws, axis=1, keepdims=True))
+        last = num_timesteps - 1 - first
+        f_last = out[last, :k, chunks - 1]
+        seed = jnp.zeros((length, k, chunks), dtype).at[last, :, chunks - 1].set(
+            1.0 / jnp.sum(f_last))
+
+        def reverse(g, xs):
+            l_t, a_t, norm, seed_t = xs
+            a = _entries(fixed, a_t, k)
+            gf = [sum(a[i][j] * g[j] for j in range(k)) + seed_t[i] for i in range(k)]
+            possible = norm > 0
+            scale = 1.0 / jnp.where(possible, norm, 1.0)
+            back = tuple(x * scale * jnp.where(possible, l_t[i], 1.0)
+                         for i, x in enumerate(gf))
+            return back, jnp.stack([*g, *gf])
+
+        g0 = tuple(g_end[:, i] for i in range(k))
+        _, cot = jax.lax.scan(reverse, g0, (lik, trans, out[:, k], seed), reverse=True)
+        out = _from_blocks(out, num_timesteps)
+        cot = _from_blocks(cot, num_timesteps)  # (T, 2K)
+        filtered, norm = out[:, :k], out[:, k]
+        grad_ll = jnp.where(norm[:, None] > 0, cot[:, k:] * filtered, 0.0)
+        log_normalizers = jnp.log(norm) + _from_blocks(shift, num_timesteps)
+        return pairwise_sum(log_normalizers), filtered, cot[:-1, :k], grad_ll
 
     return jax.lax.cond(
         ok, fast, lambda _: _sequential_gradient_parts(pi, fixed, per_step, ll), None)

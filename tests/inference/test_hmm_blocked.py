@@ -59,6 +59,13 @@ def test_default_dispatch_reaches_the_blocked_kernels(monkeypatch):
     jax.eval_shape(hmm.hmm_smoother, pi, trans, ll)
     assert calls == (["f", "b"] if on_cpu else [])
     calls.clear()
+    gradient = hmm_blocked.gradient_blocked
+    monkeypatch.setattr(hmm_blocked, "gradient_blocked",
+                        lambda *a, **k: calls.append("g") or gradient(*a, **k))
+    jax.eval_shape(hmm.hmm_smoother_by_gradient, pi, trans, ll)
+    assert calls == (["g"] if on_cpu else [])
+    calls.clear()
+    jax.eval_shape(hmm.hmm_smoother_by_gradient, pi, trans, ll[:100])  # too short
     jax.eval_shape(hmm.hmm_filter, pi, trans, ll)  # the filter stays sequential
     jax.eval_shape(hmm.hmm_smoother, pi, trans, ll[:100])  # too short: sequential
     jax.eval_shape(hmm.hmm_smoother, pi[:2] / pi[:2].sum(), trans[:2, :2] / trans[:2, :2].sum(
@@ -216,3 +223,54 @@ def test_fallback_boundary_messages_equal_the_sequential_recursions():
         beta = trans[s] @ (lik[s] * beta)
         beta = beta / beta.max()
     np.testing.assert_allclose(ends, [betas[4], betas[8], np.ones(3)], rtol=1e-13)
+
+
+def test_gradient_path_blocked_equals_sequential_and_forward_backward():
+    """`hmm_smoother_by_gradient`'s blocked path (`gradient_blocked`) at 6 states: the
+    marginals equal `hmm_smoother`'s and every part the sequential gradient path's to
+    1e-12, on 23 steps in chunks of 5 (a short last chunk) with masks and impossible
+    states, 16 time-varying steps in chunks of 4, 2 steps in chunks of 1, an observation
+    impossible under every state (the sequential fallback), a vmapped pair and float32;
+    derivatives of the outputs are the sequential path's (``custom_jvp``)."""
+    rng = np.random.default_rng(11)
+    pi, trans, ll = random_hmm(rng, 6, 23, scale=3.0)
+    ll[[4, 17]] = 0.0  # masked
+    ll[::3, 2] = -np.inf  # an impossible state
+    _, trans_tv, ll_tv = random_hmm(rng, 6, 16, time_varying=True)
+    ll_none = ll.copy()
+    ll_none[12] = -np.inf  # impossible under every state
+    weights = rng.normal(size=ll.shape)
+
+    @jax.jit
+    def run(pi, trans, ll, trans_tv, ll_tv, ll_none):
+        cases = [((pi, trans, ll), 5), ((pi, trans_tv, ll_tv), 4), ((pi, trans, ll[:2]), 1),
+                 ((pi, trans, ll_none), 5)]
+        out = []
+        for problem, length in cases:
+            args = hmm._prepare_inputs(*problem)
+            out.append((hmm._sequential_gradient_parts(*args),
+                        hmm_blocked.gradient_blocked(*args, length=length),
+                        hmm._smoother(*args, True, blocked=False)))
+        args = hmm._prepare_inputs(pi, trans, ll)
+        batch = jax.vmap(lambda x: hmm._blocked_gradient_parts(*args[:3], x))(
+            jnp.stack([ll, ll_none]))
+        second = [jax.grad(lambda x, f=f: jnp.sum(weights * f(*args[:3], x)[3]))(ll)
+                  for f in (hmm._sequential_gradient_parts, hmm._blocked_gradient_parts)]
+        f32 = hmm_blocked.gradient_blocked(
+            *hmm._prepare_inputs(*(x.astype(jnp.float32) for x in (pi, trans, ll))),
+            length=5)
+        return out, batch, second, f32
+
+    out, batch, second, f32 = run(pi, trans, ll, trans_tv, ll_tv, ll_none)
+    for i, (sequential, blocked, smoother) in enumerate(out):
+        _assert_pairs_equal([(sequential, blocked)])
+        if i < 3:
+            np.testing.assert_allclose(blocked[3], smoother.smoothed_probs, rtol=1e-12,
+                                       atol=1e-13)
+            np.testing.assert_allclose(blocked[0], smoother.marginal_log_lik, rtol=1e-12)
+    assert np.isneginf(float(out[3][1][0]))
+    for j, (sequential, _, _) in enumerate((out[0], out[3])):
+        _assert_pairs_equal([(sequential, [x[j] for x in batch])])
+    np.testing.assert_allclose(second[1], second[0], rtol=1e-12, atol=1e-13)
+    assert f32[3].dtype == jnp.float32
+    _assert_pairs_equal([(out[0][0], f32)], rtol=1e-4, atol=1e-5)
