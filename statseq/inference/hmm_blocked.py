@@ -409,7 +409,6 @@ def gradient_blocked(pi, fixed, per_step, ll, length: int | None = None):
     length = block_length(num_timesteps) if length is None else int(length)
     chunks = -(-num_timesteps // length)
     dtype = ll.dtype
-    stop = jax.lax.stop_gradient
 
     llb = _to_blocks(ll, length, chunks, 0.0)  # (L, K, C)
     shift = jnp.max(llb, axis=1)  # (L, C)
