@@ -538,14 +538,31 @@ def _sequential_gradient_parts(pi, fixed, per_step, ll):
     return value, filtered, grad_predicted, grad_ll
 
 
+@jax.custom_batching.custom_vmap
+def _blocked_gradient_parts_unbatched(pi, fixed, per_step, ll):
+    from statseq.inference.hmm_blocked import gradient_blocked
+
+    return gradient_blocked(pi, fixed, per_step, ll)
+
+
+@_blocked_gradient_parts_unbatched.def_vmap
+def _blocked_gradient_parts_vmap(axis_size, in_batched, pi, fixed, per_step, ll):
+    # Under `jax.vmap` the sequential scan runs across the batch at once (its K = 6 step
+    # cost is per iteration, not per sequence), and the fallback's `cond` would run both
+    # branches: 8 sequences of 4096 steps at K = 6 took 8.4 ms sequential, 19.4 ms blocked.
+    in_axes = jax.tree.map(lambda b: 0 if b else None, tuple(in_batched))
+    out = jax.vmap(_sequential_gradient_parts, in_axes=in_axes, axis_size=axis_size)(
+        pi, fixed, per_step, ll)
+    return out, jax.tree.map(lambda _: True, out)
+
+
 @jax.custom_jvp
 def _blocked_gradient_parts(pi, fixed, per_step, ll):
     """`_sequential_gradient_parts` through `hmm_blocked.gradient_blocked` (the same values
     to rounding); its derivatives are the sequential path's, which holds the normalizers
-    constant to every order (the blocked one holds boundary messages constant too)."""
-    from statseq.inference.hmm_blocked import gradient_blocked
-
-    return gradient_blocked(pi, fixed, per_step, ll)
+    constant to every order (the blocked one holds boundary messages constant too), and
+    so is its batching rule (under `jax.vmap` the sequential scan is faster)."""
+    return _blocked_gradient_parts_unbatched(pi, fixed, per_step, ll)
 
 
 @_blocked_gradient_parts.defjvp
