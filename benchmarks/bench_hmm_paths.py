@@ -423,7 +423,8 @@ def main():
              [(2, 10**6), (16, 10**5), (16, 10**3)])
     timer = Timer(min_rounds=5, budget_s=3.0 if args.quick else 8.0)
     print("load average:", load_average())
-    grad_cases = [(2, 10**4), (16, 10**3)] if args.quick else [(2, 10**5), (16, 10**4)]
+    grad_cases = ([(2, 10**4), (16, 10**3), (6, 10**4)] if args.quick else
+                  [(2, 10**5), (16, 10**4), (6, 10**5)])
     grad_table, ratios = bench_gradient(timer, grad_cases, print)
     print(grad_table)
     if args.only_gradient:

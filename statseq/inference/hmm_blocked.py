@@ -147,6 +147,33 @@ def _stack(nested):
     return jnp.moveaxis(jnp.stack([jnp.stack(row) for row in nested]), -1, 0)
 
 
+def _forward_boundaries(pi, fixed, lik, trans):
+    """Passes 1 and 2 of `filter_blocked`: every chunk's first predicted message ``(C, K)``,
+    the chunk products ``(C, K, K)`` and whether every boundary normalizer is positive and
+    finite (the blocked boundaries are then exact up to rounding)."""
+    k = lik.shape[1]
+    # pass 1: P_c = diag(l_{t_c}) A_{t_c} diag(l_{t_c + 1}) ... diag(l_{t_c + L - 1}), so
+    # that the last filtered message of chunk c is alpha_{t_c} P_c normalized
+    first = tuple(tuple(lik[0, i] if i == j else jnp.zeros_like(lik[0, i]) for j in range(k))
+                  for i in range(k))
+    products = _chunk_products(lik[1:], None if trans is None else trans[:-1], fixed, first)
+    last_trans = None if trans is None else jnp.moveaxis(trans[-1], -1, 0)  # (C, K, K)
+
+    # pass 2: every chunk's first message, alpha_{t_{c+1}} = (alpha_{t_c} P_c / norm) A;
+    # the predicted message is not renormalized (as in the sequential scan, whose
+    # log-likelihood, and its gradient, are then the same functions of A off the simplex)
+    def boundary(alpha, xs):
+        m, a_last = xs
+        end = _vec_mat(alpha, m)
+        norm = jnp.sum(end)
+        return _vec_mat(end / norm, _pick(fixed, a_last)), (alpha, norm)
+
+    # the last chunk's product only checks its normalizer
+    products = _stack(products)
+    _, (starts, norms) = jax.lax.scan(boundary, pi, (products, last_trans))
+    return starts, products, jnp.all(jnp.isfinite(norms) & (norms > 0))
+
+
 def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
     """The blocked forward filter; the same `HMMFilterResult` as ``hmm._filter``.
 
@@ -174,27 +201,9 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
     lik = jnp.exp(llb - shift[:, None])
     trans = _blocked_transitions(fixed, per_step, length, chunks, num_timesteps - 1)
 
-    # pass 1: P_c = diag(l_{t_c}) A_{t_c} diag(l_{t_c + 1}) ... diag(l_{t_c + L - 1}), so
-    # that the last filtered message of chunk c is alpha_{t_c} P_c normalized
-    first = tuple(tuple(lik[0, i] if i == j else jnp.zeros_like(lik[0, i]) for j in range(k))
-                  for i in range(k))
-    products = _chunk_products(lik[1:], None if trans is None else trans[:-1], fixed, first)
-    last_trans = None if trans is None else jnp.moveaxis(trans[-1], -1, 0)  # (C, K, K)
-
-    # pass 2: every chunk's first message, alpha_{t_{c+1}} = (alpha_{t_c} P_c / norm) A;
-    # the predicted message is not renormalized (as in the sequential scan, whose
-    # log-likelihood, and its gradient, are then the same functions of A off the simplex)
-    def boundary(alpha, xs):
-        m, a_last = xs
-        end = _vec_mat(alpha, m)
-        norm = jnp.sum(end)
-        return _vec_mat(end / norm, _pick(fixed, a_last)), (alpha, norm)
-
-    # the last chunk's product only checks its normalizer
-    _, (starts, norms) = jax.lax.scan(boundary, pi, (_stack(products), last_trans))
+    starts, _, ok = _forward_boundaries(pi, fixed, lik, trans)
     # A zero or non-finite normalizer (an observation impossible under every reachable
     # state, or underflow) takes the first messages from the sequential scan (exact).
-    ok = jnp.all(jnp.isfinite(norms) & (norms > 0))
     starts = jax.lax.cond(
         ok, lambda _: starts,
         lambda _: _sequential_starts(pi, fixed, per_step, ll, length, chunks), None,
@@ -360,3 +369,124 @@ def _max(xs):
     for x in xs[1:]:
         out = jnp.maximum(out, x)
     return out
+
+
+def gradient_blocked(pi, fixed, per_step, ll, length: int | None = None):
+    """The gradient path of ``hmm_smoother_by_gradient`` through the blocked filter:
+    ``(log p(y), filtered (T, K), d log p / d e (T-1, K), d log p / d ll (T, K))`` with
+    ``e_t`` a zero perturbation of the predicted message ``alpha_{t+1}``.
+
+    The filter's normalizers are held constant (as in ``hmm._linearized_log_marginal``), so
+    every pass is linear in the messages, and ``log p(y)`` depends on chunk ``c``'s
+    inputs only through its last predicted message ``n_c`` (pass 3's carry, the next
+    chunk's first message): by the chain rule across chunks,
+    ``d log p / d n_c = w_{c+1} / <w_{c+1}, n_c>`` with ``w_c`` proportional to
+    ``d sum f_{T-1} / d alpha_{t_c}``, which comes from the chunk products of pass 1,
+    ``w_c ~ P_c A_{t_{c+1} - 1} w_{c+1}`` (a scan over the chunks). From these, the reverse
+    pass of pass 3 runs for all chunks at once; it is written out (the transpose of
+    pass 3's linear step: ``g_t = scale_t l_t (A_t g_{t+1})``, ``d/d ll[t] = f_t (A_t
+    g_{t+1})``) rather than left to `jax.grad`, whose saved residuals made it 2 times
+    slower. It equals reverse-mode differentiation of the sequential linearized filter to
+    rounding (tested to 1e-12). A zero or non-finite boundary normalizer takes the
+    sequential path (``jax.lax.cond``). Only first derivatives come out:
+    ``hmm_smoother_by_gradient`` gives its outputs the derivatives of the sequential path
+    (``jax.custom_jvp``).
+
+    Args:
+        pi: ``(K,)``.
+        fixed: ``(K, K)`` or ``None``.
+        per_step: ``(T-1, K, K)`` or ``None``.
+        ll: ``(T, K)``, ``T >= 2``.
+        length: steps per chunk (default `block_length`).
+
+    Returns:
+        ``(value, filtered, grad_predicted, grad_ll)``.
+    """
+    from statseq.core.recurrence import pairwise_sum
+    from statseq.inference.hmm import _sequential_gradient_parts
+
+    num_timesteps, k = ll.shape
+    length = block_length(num_timesteps) if length is None else int(length)
+    chunks = -(-num_timesteps // length)
+    dtype = ll.dtype
+
+    llb = _to_blocks(ll, length, chunks, 0.0)  # (L, K, C)
+    shift = jnp.max(llb, axis=1)  # (L, C)
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+    lik = jnp.exp(llb - shift[:, None])
+    trans = _blocked_transitions(fixed, per_step, length, chunks, num_timesteps - 1)
+    starts, products, ok = _forward_boundaries(pi, fixed, lik, trans)
+
+    def fast(_):
+        # w_{C-1}: d sum f_{T-1} / d alpha_{t_{C-1}} from the last chunk's steps (its
+        # product carries padding steps), then w_c ~ P_c A_last w_{c+1}
+        first = (chunks - 1) * length
+        last_lik = lik[: num_timesteps - first, :, chunks - 1]
+
+        def back(u, xs):
+            l_s, a_s = xs
+            u = l_s * (_pick(fixed, a_s) @ u)
+            return u / jnp.max(u), None
+
+        tail_trans = None if per_step is None else per_step[first:]
+        w_last, _ = jax.lax.scan(back, last_lik[-1], (last_lik[:-1], tail_trans),
+                                 reverse=True)
+
+        def across(w, xs):
+            p_c, a_last = xs
+            u = _mat_vec(p_c, _mat_vec(_pick(fixed, a_last), w))
+            return u / jnp.max(u), w
+
+        last_trans = None
+        if trans is not None:
+            last_trans = jnp.moveaxis(trans[-1], -1, 0)[:chunks - 1]
+        _, ws = jax.lax.scan(across, w_last, (products[:chunks - 1], last_trans),
+                             reverse=True)  # ws[c] = w_{c+1}, c < C-1
+
+        def step(alpha, xs):
+            l_t, a_t = xs
+            u = [alpha[i] * l_t[i] for i in range(k)]
+            norm = sum(u)
+            possible = norm > 0
+            scale = 1.0 / jnp.where(possible, norm, 1.0)
+            filt = [jnp.where(possible, x, a) * scale for x, a in zip(u, alpha, strict=True)]
+            a = _entries(fixed, a_t, k)
+            nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) for j in range(k))
+            return nxt, jnp.stack([*filt, norm])
+
+        alpha0 = tuple(starts[:, i] for i in range(k))
+        ends, out = jax.lax.scan(step, alpha0, (lik, trans))  # (L, K + 1, C)
+
+        # the reverse pass of pass 3 (normalizers constant): g, the cotangent of the
+        # predicted message after step t, starts at d log p / d n_c = w_{c+1} / <w_{c+1},
+        # n_c> at each chunk's end, and the last step's filtered message gets 1 / sum f
+        g_end = jnp.zeros((chunks, k), dtype)
+        if chunks > 1:
+            n = jnp.stack(ends, axis=1)[:-1]  # (C - 1, K)
+            g_end = g_end.at[:-1].set(ws / jnp.sum(n * ws, axis=1, keepdims=True))
+        last = num_timesteps - 1 - first
+        f_last = out[last, :k, chunks - 1]
+        seed = jnp.zeros((length, k, chunks), dtype).at[last, :, chunks - 1].set(
+            1.0 / jnp.sum(f_last))
+
+        def reverse(g, xs):
+            l_t, a_t, norm, seed_t = xs
+            a = _entries(fixed, a_t, k)
+            gf = [sum(a[i][j] * g[j] for j in range(k)) + seed_t[i] for i in range(k)]
+            possible = norm > 0
+            scale = 1.0 / jnp.where(possible, norm, 1.0)
+            back = tuple(x * scale * jnp.where(possible, l_t[i], 1.0)
+                         for i, x in enumerate(gf))
+            return back, jnp.stack([*g, *gf])
+
+        g0 = tuple(g_end[:, i] for i in range(k))
+        _, cot = jax.lax.scan(reverse, g0, (lik, trans, out[:, k], seed), reverse=True)
+        out = _from_blocks(out, num_timesteps)
+        cot = _from_blocks(cot, num_timesteps)  # (T, 2K)
+        filtered, norm = out[:, :k], out[:, k]
+        grad_ll = jnp.where(norm[:, None] > 0, cot[:, k:] * filtered, 0.0)
+        log_normalizers = jnp.log(norm) + _from_blocks(shift, num_timesteps)
+        return pairwise_sum(log_normalizers), filtered, cot[:-1, :k], grad_ll
+
+    return jax.lax.cond(
+        ok, fast, lambda _: _sequential_gradient_parts(pi, fixed, per_step, ll), None)

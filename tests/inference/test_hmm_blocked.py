@@ -59,6 +59,13 @@ def test_default_dispatch_reaches_the_blocked_kernels(monkeypatch):
     jax.eval_shape(hmm.hmm_smoother, pi, trans, ll)
     assert calls == (["f", "b"] if on_cpu else [])
     calls.clear()
+    gradient = hmm_blocked.gradient_blocked
+    monkeypatch.setattr(hmm_blocked, "gradient_blocked",
+                        lambda *a, **k: calls.append("g") or gradient(*a, **k))
+    jax.eval_shape(hmm.hmm_smoother_by_gradient, pi, trans, ll)
+    assert calls == (["g"] if on_cpu else [])
+    calls.clear()
+    jax.eval_shape(hmm.hmm_smoother_by_gradient, pi, trans, ll[:100])  # too short
     jax.eval_shape(hmm.hmm_filter, pi, trans, ll)  # the filter stays sequential
     jax.eval_shape(hmm.hmm_smoother, pi, trans, ll[:100])  # too short: sequential
     jax.eval_shape(hmm.hmm_smoother, pi[:2] / pi[:2].sum(), trans[:2, :2] / trans[:2, :2].sum(
@@ -216,3 +223,50 @@ def test_fallback_boundary_messages_equal_the_sequential_recursions():
         beta = trans[s] @ (lik[s] * beta)
         beta = beta / beta.max()
     np.testing.assert_allclose(ends, [betas[4], betas[8], np.ones(3)], rtol=1e-13)
+
+
+def test_gradient_path_blocked_equals_sequential_and_forward_backward():
+    """`hmm_smoother_by_gradient`'s blocked path (`gradient_blocked`): the marginals equal
+    `hmm_smoother`'s and every part the sequential gradient path's to 1e-12, at 6 states
+    on 23 steps in chunks of 5 (a short last chunk) with masks and impossible states; at 3
+    states (each shape of the blocked path compiles for seconds at 6) on 16 time-varying
+    steps in chunks of 4, 2 steps in chunks of 1 and an observation impossible under
+    every state (the sequential fallback). Derivatives of the outputs and the batching rule
+    (a vmapped pair) are the sequential path's."""
+    rng = np.random.default_rng(11)
+    pi, trans, ll = random_hmm(rng, 6, 23, scale=3.0)
+    ll[[4, 17]] = 0.0  # masked
+    ll[::3, 2] = -np.inf  # an impossible state
+    pi3, trans_tv, ll_tv = random_hmm(rng, 3, 16, time_varying=True)
+    ll_none = ll_tv.copy()
+    ll_none[9] = -np.inf  # impossible under every state
+    direction = rng.normal(size=ll_tv.shape)
+
+    @jax.jit
+    def run(pi, trans, ll, pi3, trans_tv, ll_tv, ll_none):
+        cases = [((pi, trans, ll), 5), ((pi3, trans_tv, ll_tv), 4),
+                 ((pi3, trans_tv[:1], ll_tv[:2]), 1), ((pi3, trans_tv, ll_none), 4)]
+        out = []
+        for i, (problem, length) in enumerate(cases):
+            args = hmm._prepare_inputs(*problem)
+            out.append((hmm._sequential_gradient_parts(*args),
+                        hmm_blocked.gradient_blocked(*args, length=length),
+                        hmm._smoother(*args, True, blocked=False) if i < 3 else None))
+        args = hmm._prepare_inputs(pi3, trans_tv, ll_tv)
+        second = [jax.jvp(lambda x, f=f: f(*args[:3], x), (ll_tv,), (direction,))[1]
+                  for f in (hmm._sequential_gradient_parts, hmm._blocked_gradient_parts)]
+        batch = jax.vmap(lambda x: hmm._blocked_gradient_parts(*args[:3], x))(
+            jnp.stack([ll_tv, ll_none]))  # the sequential path under vmap (custom_vmap)
+        return out, second, batch
+
+    out, second, batch = run(pi, trans, ll, pi3, trans_tv, ll_tv, ll_none)
+    for sequential, blocked, smoother in out:
+        _assert_pairs_equal([(sequential, blocked)])
+        if smoother is not None:
+            np.testing.assert_allclose(blocked[3], smoother.smoothed_probs, rtol=1e-12,
+                                       atol=1e-13)
+            np.testing.assert_allclose(blocked[0], smoother.marginal_log_lik, rtol=1e-12)
+    assert np.isneginf(float(out[3][1][0])) and np.all(np.isfinite(out[3][1][3]))
+    _assert_pairs_equal([second])
+    for j, i in enumerate((1, 3)):
+        _assert_pairs_equal([(out[i][0], [x[j] for x in batch])])
