@@ -536,12 +536,15 @@ def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
 
     The update of `kalman_step` for a scalar observation: ``s = h P h^T + r``, gain
     ``k = P h^T / s`` (a division: no Cholesky factor, no triangular solve), log-density
-    ``-(v^2 / s + log s + log 2 pi) / 2``, the Joseph-form covariance
-    ``(I - k h) P (I - k h)^T + r k k^T`` (`joseph_update`), products as sums of outer
-    products (element-wise ops). A missing ``y_t`` gives ``k = 0``: the filtered moments are
-    the predicted ones exactly, and the log-density is 0.
+    ``-(v^2 / s + log s + log 2 pi) / 2``, the covariance ``P - k (P h^T)^T``
+    (symmetrized), which is the Joseph form ``(I - k h) P (I - k h)^T + r k k^T`` of
+    `joseph_update` written out for the optimal gain (equal to it to rounding, tested
+    against the general step), products as sums of outer products (element-wise ops). The
+    short form is the speed: with the Joseph form's ``I - k h`` a step is one more fused
+    loop, which tips a fully time-varying model's scan body past XLA:CPU's
+    sequential-execution threshold (see `_scan_univariate`). A missing ``y_t`` gives
+    ``k = 0``: the filtered moments are the predicted ones exactly, and the log-density is 0.
     """
-    n = mean.shape[-1]
     h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], mask_t[0]
     hp = _vm(cov.T, h)  # P h^T (= (h P)^T, P symmetric)
     s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
@@ -549,9 +552,7 @@ def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
     v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
     lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
     k = jnp.where(obs, hp / s, 0.0)
-    closed = jnp.eye(n, dtype=cov.dtype) - k[:, None] * h[None, :]
-    cov_f = symmetrize(_outer_mm(_outer_mm(closed, cov), closed.T)
-                       + r * (k[:, None] * k[None, :]))
+    cov_f = symmetrize(cov - k[:, None] * hp[None, :])
     return lp, mean + k * v, cov_f
 
 
@@ -580,27 +581,24 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
     arrays = _no_empty_dynamics(arrays)
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
 
-    # the per-step leaves packed into one (T, k) array: a step reads one row (one gather
-    # per leaf per step ran several times slower); dynamics rows are padded with their
-    # last entry (the prediction after the last step is discarded)
-    varying = [(name, nd) for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays,
-                                                   _BASE_NDIM, strict=True)
+    # the per-step leaves, one scan input each (dynamics padded with their last entry: the
+    # prediction after the last step is discarded). XLA:CPU runs a loop body of at most 8
+    # thunks (fused loops and copies) inline and a longer one through its concurrent thunk
+    # executor, which cost about 0.3-0.4 us a step more here; one packed (T, k) row per
+    # step needed two more thunks (the row and a slice of it materialized) and put a fully
+    # time-varying model at 10 (5.8 ms against 2.3 ms at T = 10^4, n = 3)
+    varying = [name for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM,
+                                              strict=True)
                if name in _PER_STEP and leaf.ndim == nd + 1]
-    rows = []
-    for name, _ in varying:
+    per_step = []
+    for name in varying:
         leaf = getattr(arrays, name)
-        flat = leaf.reshape(leaf.shape[0], -1)
-        rows.append(jnp.concatenate([flat, flat[-1:]]) if leaf.shape[0] == num_t - 1 else flat)
-    packed = jnp.concatenate(rows, axis=1) if rows else jnp.zeros((num_t, 0), y.dtype)
+        per_step.append(jnp.concatenate([leaf, leaf[-1:]]) if leaf.shape[0] == num_t - 1
+                        else leaf)
 
     def step(carry, xs):
-        row, y_t, m_t, u_t, u_n = xs
-        arr, start = arrays, 0
-        for name, _ in varying:
-            shape = getattr(arrays, name).shape[1:]
-            size = math.prod(shape)
-            arr = arr._replace(**{name: row[start : start + size].reshape(shape)})
-            start += size
+        rows, y_t, m_t, u_t, u_n = xs
+        arr = arrays._replace(**dict(zip(varying, rows, strict=True)))
         lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:].reshape(n, n),
                                                y_t, m_t, u_t)
         dyn = arr.dynamics_weights
@@ -611,7 +609,7 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
 
     init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)])
     num = num_t if steps is None else steps
-    xs = (packed[:num], y[:num], mask[:num], inputs[:num], u_next[:num])
+    xs = ([a[:num] for a in per_step], y[:num], mask[:num], inputs[:num], u_next[:num])
     return jax.lax.scan(step, init, xs)
 
 
