@@ -536,23 +536,24 @@ def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
 
     The update of `kalman_step` for a scalar observation: ``s = h P h^T + r``, gain
     ``k = P h^T / s`` (a division: no Cholesky factor, no triangular solve), log-density
-    ``-(v^2 / s + log s + log 2 pi) / 2``, the covariance ``P - k (P h^T)^T``
-    (symmetrized), which is the Joseph form ``(I - k h) P (I - k h)^T + r k k^T`` of
-    `joseph_update` written out for the optimal gain (equal to it to rounding, tested
-    against the general step), products as sums of outer products (element-wise ops). The
-    short form is the speed: with the Joseph form's ``I - k h`` a step is one more fused
-    loop, which tips a fully time-varying model's scan body past XLA:CPU's
+    ``-(v^2 / s + log s + log 2 pi) / 2``, and the covariance ``P - (P h^T) k^T``
+    (symmetrized), products as sums of outer products (element-wise ops). That is the
+    Joseph form ``(I - k h) P (I - k h)^T + r k k^T`` of `joseph_update` multiplied out
+    (``s k k^T = k (h P)``): the same function of ``P``, symmetric or not, so values and
+    gradients equal the general step's to rounding (tested). Written out, a step is one
+    fused loop fewer, which keeps a fully time-varying model's scan body within XLA:CPU's
     sequential-execution threshold (see `_scan_univariate`). A missing ``y_t`` gives
     ``k = 0``: the filtered moments are the predicted ones exactly, and the log-density is 0.
     """
     h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], mask_t[0]
-    hp = _vm(cov.T, h)  # P h^T (= (h P)^T, P symmetric)
+    hp = _vm(cov.T, h)  # (h P)^T (= P h^T for a symmetric P)
     s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
     y_mean = _vm(h[None, :], mean)[0] + _vm(arr.emission_input_weights, u_t)[0]
     v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
     lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
     k = jnp.where(obs, hp / s, 0.0)
-    cov_f = symmetrize(cov - k[:, None] * hp[None, :])
+    ph = _vm(cov, h)  # P h^T
+    cov_f = symmetrize(cov - ph[:, None] * k[None, :])
     return lp, mean + k * v, cov_f
 
 
@@ -581,36 +582,46 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
     arrays = _no_empty_dynamics(arrays)
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
 
-    # the per-step leaves, one scan input each (dynamics padded with their last entry: the
-    # prediction after the last step is discarded). XLA:CPU runs a loop body of at most 8
-    # thunks (fused loops and copies) inline and a longer one through its concurrent thunk
-    # executor, which cost about 0.3-0.4 us a step more here; one packed (T, k) row per
-    # step needed two more thunks (the row and a slice of it materialized) and put a fully
-    # time-varying model at 10 (5.8 ms against 2.3 ms at T = 10^4, n = 3)
+    # the per-step leaves ride in the carry: step t reads its matrices from the carry and
+    # appends step t+1's rows (scan inputs, padded with the last entry: the prediction
+    # after the last step is discarded) to the new carry. XLA:CPU runs a loop body of at
+    # most 8 thunks (fused loops and copies) inline, a longer one through its concurrent
+    # thunk executor, which cost about 0.3-0.4 us a step more here: reading the matrices
+    # from one packed (T, k) scan input put a fully time-varying model at 10 thunks (the
+    # row and a slice of it materialized; 5.8 ms against 2.3 ms at T = 10^4, n = 3), one
+    # input per leaf at 8 alone but 9 under `jax.vmap` (the public call); from the carry
+    # it is 8 with or without vmap (and 7 when only H_t varies)
     varying = [name for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM,
                                               strict=True)
                if name in _PER_STEP and leaf.ndim == nd + 1]
-    per_step = []
-    for name in varying:
-        leaf = getattr(arrays, name)
-        per_step.append(jnp.concatenate([leaf, leaf[-1:]]) if leaf.shape[0] == num_t - 1
-                        else leaf)
+    dtype = arrays.initial_cov.dtype
+    flat = [getattr(arrays, name).reshape(getattr(arrays, name).shape[0], -1).astype(dtype)
+            for name in varying]
+    sizes = [a.shape[1] for a in flat]
+    m0 = n + n * n
+    num = num_t if steps is None else steps
+    ahead = jnp.arange(1, num + 1)
 
     def step(carry, xs):
-        rows, y_t, m_t, u_t, u_n = xs
-        arr = arrays._replace(**dict(zip(varying, rows, strict=True)))
-        lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:].reshape(n, n),
+        rows_next, y_t, m_t, u_t, u_n = xs
+        arr, start = arrays, m0
+        for name, size in zip(varying, sizes, strict=True):
+            shape = getattr(arrays, name).shape[1:]
+            arr = arr._replace(**{name: carry[start : start + size].reshape(shape)})
+            start += size
+        lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:m0].reshape(n, n),
                                                y_t, m_t, u_t)
         dyn = arr.dynamics_weights
         mean_n = _vm(dyn, mean_f) + _vm(arr.dynamics_input_weights, u_n) + arr.dynamics_bias
         cov_n = symmetrize(_outer_mm(_outer_mm(dyn, cov_f), dyn.T) + arr.dynamics_cov)
-        out = jnp.concatenate([lp[None], carry]) if moments else lp
-        return jnp.concatenate([mean_n, cov_n.reshape(-1)]), out
+        out = jnp.concatenate([lp[None], carry[:m0]]) if moments else lp
+        return jnp.concatenate([mean_n, cov_n.reshape(-1)] + list(rows_next)), out
 
-    init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)])
-    num = num_t if steps is None else steps
-    xs = ([a[:num] for a in per_step], y[:num], mask[:num], inputs[:num], u_next[:num])
-    return jax.lax.scan(step, init, xs)
+    init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)]
+                           + [a[0] for a in flat])
+    nxt = [a[jnp.minimum(ahead, a.shape[0] - 1)] for a in flat]  # row t+1 (clipped)
+    final, out = jax.lax.scan(step, init, (nxt, y[:num], mask[:num], inputs[:num], u_next[:num]))
+    return final[:m0], out
 
 
 def univariate_log_probs(arrays: GaussianSSMArrays, y, mask, inputs):
