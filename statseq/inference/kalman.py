@@ -615,11 +615,13 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
         mean_n = _vm(dyn, mean_f) + _vm(arr.dynamics_input_weights, u_n) + arr.dynamics_bias
         cov_n = symmetrize(_outer_mm(_outer_mm(dyn, cov_f), dyn.T) + arr.dynamics_cov)
         out = jnp.concatenate([lp[None], carry[:m0]]) if moments else lp
-        return jnp.concatenate([mean_n, cov_n.reshape(-1)] + list(rows_next)), out
+        return jnp.concatenate([mean_n, cov_n.reshape(-1), rows_next]), out
 
     init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)]
                            + [a[0] for a in flat])
-    nxt = [a[jnp.minimum(ahead, a.shape[0] - 1)] for a in flat]  # row t+1 (clipped)
+    # step t+1's rows of every leaf, packed into one (num, k) input (clipped at the end)
+    nxt = jnp.concatenate([a[jnp.minimum(ahead, a.shape[0] - 1)] for a in flat]
+                          + [jnp.zeros((num, 0), dtype)], axis=1)
     final, out = jax.lax.scan(step, init, (nxt, y[:num], mask[:num], inputs[:num], u_next[:num]))
     return final[:m0], out
 
