@@ -531,30 +531,34 @@ def _no_empty_dynamics(arrays: GaussianSSMArrays) -> GaussianSSMArrays:
         if name.startswith("dynamics_") and leaf.ndim == nd + 1 and leaf.shape[0] == 0})
 
 
-def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
+def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t, symmetric=True):
     """``(log p(y_t | y_{<t}), filtered mean, filtered cov)`` for one series (``D = 1``).
 
     The update of `kalman_step` for a scalar observation: ``s = h P h^T + r``, gain
     ``k = P h^T / s`` (a division: no Cholesky factor, no triangular solve), log-density
-    ``-(v^2 / s + log s + log 2 pi) / 2``, and the covariance ``P - (P h^T) k^T``
-    (symmetrized), products as sums of outer products (element-wise ops). That is the
-    Joseph form ``(I - k h) P (I - k h)^T + r k k^T`` of `joseph_update` multiplied out
-    (``s k k^T = k (h P)``): the same function of ``P``, symmetric or not, so values and
-    gradients equal the general step's to rounding (tested). Written out, a step is one
-    fused loop fewer, which keeps a fully time-varying model's scan body within XLA:CPU's
-    sequential-execution threshold (see `_scan_univariate`). A missing ``y_t`` gives
-    ``k = 0``: the filtered moments are the predicted ones exactly, and the log-density is 0.
+    ``-(v^2 / s + log s + log 2 pi) / 2``, and the Joseph-form covariance
+    ``(I - k h) P (I - k h)^T + r k k^T`` (`joseph_update`) evaluated as ``A = P - k (h P)``,
+    ``A - (A h^T) k^T + r k k^T`` (symmetrized unless ``symmetric=False``), products as sums
+    of outer products (element-wise ops). The same function of ``P`` and the same stability
+    (``A``'s rounding is multiplied by ``I - k h``: a variance far below ``P`` stays
+    accurate as ``r -> 0``, where ``P - P h^T k^T`` loses digits; `test_kalman_extreme`),
+    without the matrix ``I - k h``, whose own fused loop put a fully time-varying model's
+    scan body past XLA:CPU's sequential-execution threshold (see `_scan_univariate`). A
+    missing ``y_t`` gives ``k = 0``: the filtered moments are the predicted ones exactly,
+    and the log-density is 0.
     """
     h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], mask_t[0]
-    hp = _vm(cov.T, h)  # (h P)^T (= P h^T for a symmetric P)
+    # (h P)^T as a sum of scaled rows of P (the ops of _vm(P.T, h), without a transposed
+    # copy of P, which under vmap was a loop of its own)
+    hp = sum((h[j] * cov[j] for j in range(1, h.shape[0])), h[0] * cov[0])
     s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
     y_mean = _vm(h[None, :], mean)[0] + _vm(arr.emission_input_weights, u_t)[0]
     v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
     lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
     k = jnp.where(obs, hp / s, 0.0)
-    ph = _vm(cov, h)  # P h^T
-    cov_f = symmetrize(cov - ph[:, None] * k[None, :])
-    return lp, mean + k * v, cov_f
+    a = cov - k[:, None] * hp[None, :]  # (I - k h) P
+    cov_f = a - _vm(a, h)[:, None] * k[None, :] + r * (k[:, None] * k[None, :])
+    return lp, mean + k * v, symmetrize(cov_f) if symmetric else cov_f
 
 
 def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
@@ -583,14 +587,14 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
 
     # the per-step leaves ride in the carry: step t reads its matrices from the carry and
-    # appends step t+1's rows (scan inputs, padded with the last entry: the prediction
+    # appends step t+1's rows (one packed scan input, clipped at the end: the prediction
     # after the last step is discarded) to the new carry. XLA:CPU runs a loop body of at
     # most 8 thunks (fused loops and copies) inline, a longer one through its concurrent
-    # thunk executor, which cost about 0.3-0.4 us a step more here: reading the matrices
-    # from one packed (T, k) scan input put a fully time-varying model at 10 thunks (the
-    # row and a slice of it materialized; 5.8 ms against 2.3 ms at T = 10^4, n = 3), one
-    # input per leaf at 8 alone but 9 under `jax.vmap` (the public call); from the carry
-    # it is 8 with or without vmap (and 7 when only H_t varies)
+    # thunk executor, which cost about 0.3-0.4 us a step more here. Reading the matrices
+    # from a packed (T, k) scan input put a fully time-varying model at 10 thunks (the
+    # row and a slice of it materialized; 5.8 ms against 2.3 ms at T = 10^4, n = 3); from
+    # the carry it is 8 (7 when only H_t varies). Under `jax.vmap` (the public call, a
+    # batch of one) it is 9: the slice of P is materialized too.
     varying = [name for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM,
                                               strict=True)
                if name in _PER_STEP and leaf.ndim == nd + 1]
@@ -609,8 +613,9 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
             shape = getattr(arrays, name).shape[1:]
             arr = arr._replace(**{name: carry[start : start + size].reshape(shape)})
             start += size
+        # the prediction below symmetrizes; symmetrizing here too cost a fused loop
         lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:m0].reshape(n, n),
-                                               y_t, m_t, u_t)
+                                               y_t, m_t, u_t, symmetric=False)
         dyn = arr.dynamics_weights
         mean_n = _vm(dyn, mean_f) + _vm(arr.dynamics_input_weights, u_n) + arr.dynamics_bias
         cov_n = symmetrize(_outer_mm(_outer_mm(dyn, cov_f), dyn.T) + arr.dynamics_cov)

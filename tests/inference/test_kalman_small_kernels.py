@@ -373,15 +373,10 @@ def _loop_body_thunks(compiled_text):
 def test_univariate_scan_body_stays_within_the_sequential_thunk_threshold(univariate_case):
     """XLA:CPU runs a while body of at most 8 thunks inline and a longer one through its
     concurrent executor (about 0.3-0.4 us a step more: 2-3x for a small model). The scan
-    of a model whose every matrix varies per step, vmapped as the public call runs it,
-    must stay within 8 (`kalman._scan_univariate`); this fails if a change to the step
-    or to XLA's fusion tips it over (then see `benchmarks/bench_kalman_exact.py`)."""
-    arrays, y, mask, inputs = univariate_case
-
-    def one(yy, mm):
-        return kalman.univariate_log_probs(arrays, yy, mm, inputs)[0]
-
-    text = jax.jit(jax.vmap(one)).lower(y[None], mask[None]).compile().as_text()
+    of a model whose every matrix varies per step (with inputs) must stay within 8
+    (`kalman._scan_univariate`); this fails if a change to the step or to XLA's fusion
+    tips it over (then see `benchmarks/bench_kalman_exact.py`)."""
+    text = jax.jit(kalman.kalman_log_prob).lower(*univariate_case).compile().as_text()
     counts = _loop_body_thunks(text)
     assert counts and max(counts) <= 8, counts
 
