@@ -345,6 +345,13 @@ def test_univariate_scan_matches_statsmodels_with_missing_data(varying):
         np.testing.assert_allclose(ss.filter(model, params, y0, mask=m).log_probs,
                                    res.llf_obs, rtol=1e-11, atol=1e-12)
         arrays = model.to_arrays(params)
+        # the public call's gradient (a batch of one: the unbatched path) equals the core
+        # scan's (which equals the general step's: the gradient test above)
+        g_pub = jax.grad(lambda p: ss.log_prob(model, p, y0, mask=m))(params)
+        g_core = jax.jit(jax.grad(kalman.kalman_log_prob))(arrays, y0, m, z((num_t, 0)))
+        for a, c in zip(jax.tree.leaves(g_pub), jax.tree.leaves(tuple(g_core[:10])),
+                        strict=True):
+            np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12)
     else:
         arrays = GaussianSSMArrays(z(n), 4.0 * jnp.eye(n), jnp.eye(n), z((n, 0)), z(n),
                                    jnp.asarray(q), jnp.asarray(h), z((1, 0)), z(1),
