@@ -531,28 +531,34 @@ def _no_empty_dynamics(arrays: GaussianSSMArrays) -> GaussianSSMArrays:
         if name.startswith("dynamics_") and leaf.ndim == nd + 1 and leaf.shape[0] == 0})
 
 
-def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t):
+def _univariate_update(arr: GaussianSSMArrays, mean, cov, y_t, mask_t, u_t, symmetric=True):
     """``(log p(y_t | y_{<t}), filtered mean, filtered cov)`` for one series (``D = 1``).
 
     The update of `kalman_step` for a scalar observation: ``s = h P h^T + r``, gain
     ``k = P h^T / s`` (a division: no Cholesky factor, no triangular solve), log-density
-    ``-(v^2 / s + log s + log 2 pi) / 2``, the Joseph-form covariance
-    ``(I - k h) P (I - k h)^T + r k k^T`` (`joseph_update`), products as sums of outer
-    products (element-wise ops). A missing ``y_t`` gives ``k = 0``: the filtered moments are
-    the predicted ones exactly, and the log-density is 0.
+    ``-(v^2 / s + log s + log 2 pi) / 2``, and the Joseph-form covariance
+    ``(I - k h) P (I - k h)^T + r k k^T`` (`joseph_update`) evaluated as ``A = P - k (h P)``,
+    ``A - (A h^T) k^T + r k k^T`` (symmetrized unless ``symmetric=False``), products as sums
+    of outer products (element-wise ops). The same function of ``P`` and the same stability
+    (``A``'s rounding is multiplied by ``I - k h``: a variance far below ``P`` stays
+    accurate as ``r -> 0``, where ``P - P h^T k^T`` loses digits; `test_kalman_extreme`),
+    without the matrix ``I - k h``, whose own fused loop put a fully time-varying model's
+    scan body past XLA:CPU's sequential-execution threshold (see `_scan_univariate`). A
+    missing ``y_t`` gives ``k = 0``: the filtered moments are the predicted ones exactly,
+    and the log-density is 0.
     """
-    n = mean.shape[-1]
     h, r, obs = arr.emission_weights[0], arr.emission_cov[0, 0], mask_t[0]
-    hp = _vm(cov.T, h)  # P h^T (= (h P)^T, P symmetric)
+    # (h P)^T as a sum of scaled rows of P (the ops of _vm(P.T, h), without a transposed
+    # copy of P, which under vmap was a loop of its own)
+    hp = sum((h[j] * cov[j] for j in range(1, h.shape[0])), h[0] * cov[0])
     s = jnp.where(obs, _vm(hp[None, :], h)[0] + r, 1.0)
     y_mean = _vm(h[None, :], mean)[0] + _vm(arr.emission_input_weights, u_t)[0]
     v = jnp.where(obs, y_t[0] - (y_mean + arr.emission_bias[0]), 0.0)
     lp = jnp.where(obs, -0.5 * (v * v / s + jnp.log(s) + _LOG_2PI), 0.0)
     k = jnp.where(obs, hp / s, 0.0)
-    closed = jnp.eye(n, dtype=cov.dtype) - k[:, None] * h[None, :]
-    cov_f = symmetrize(_outer_mm(_outer_mm(closed, cov), closed.T)
-                       + r * (k[:, None] * k[None, :]))
-    return lp, mean + k * v, cov_f
+    a = cov - k[:, None] * hp[None, :]  # (I - k h) P
+    cov_f = a - _vm(a, h)[:, None] * k[None, :] + r * (k[:, None] * k[None, :])
+    return lp, mean + k * v, symmetrize(cov_f) if symmetric else cov_f
 
 
 def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
@@ -580,39 +586,49 @@ def _scan_univariate(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool,
     arrays = _no_empty_dynamics(arrays)
     u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
 
-    # the per-step leaves packed into one (T, k) array: a step reads one row (one gather
-    # per leaf per step ran several times slower); dynamics rows are padded with their
-    # last entry (the prediction after the last step is discarded)
-    varying = [(name, nd) for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays,
-                                                   _BASE_NDIM, strict=True)
+    # the per-step leaves ride in the carry: step t reads its matrices from the carry and
+    # appends step t+1's rows (one packed scan input, clipped at the end: the prediction
+    # after the last step is discarded) to the new carry. XLA:CPU runs a loop body of at
+    # most 8 thunks (fused loops and copies) inline, a longer one through its concurrent
+    # thunk executor, which cost about 0.3-0.4 us a step more here. Reading the matrices
+    # from a packed (T, k) scan input put a fully time-varying model at 10 thunks (the
+    # row and a slice of it materialized; 5.8 ms against 2.3 ms at T = 10^4, n = 3); from
+    # the carry it is 8 (7 when only H_t varies). Under `jax.vmap` (the public call, a
+    # batch of one) it is 9: the slice of P is materialized too.
+    varying = [name for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM,
+                                              strict=True)
                if name in _PER_STEP and leaf.ndim == nd + 1]
-    rows = []
-    for name, _ in varying:
-        leaf = getattr(arrays, name)
-        flat = leaf.reshape(leaf.shape[0], -1)
-        rows.append(jnp.concatenate([flat, flat[-1:]]) if leaf.shape[0] == num_t - 1 else flat)
-    packed = jnp.concatenate(rows, axis=1) if rows else jnp.zeros((num_t, 0), y.dtype)
+    dtype = arrays.initial_cov.dtype
+    flat = [getattr(arrays, name).reshape(getattr(arrays, name).shape[0], -1).astype(dtype)
+            for name in varying]
+    sizes = [a.shape[1] for a in flat]
+    m0 = n + n * n
+    num = num_t if steps is None else steps
+    ahead = jnp.arange(1, num + 1)
 
     def step(carry, xs):
-        row, y_t, m_t, u_t, u_n = xs
-        arr, start = arrays, 0
-        for name, _ in varying:
+        rows_next, y_t, m_t, u_t, u_n = xs
+        arr, start = arrays, m0
+        for name, size in zip(varying, sizes, strict=True):
             shape = getattr(arrays, name).shape[1:]
-            size = math.prod(shape)
-            arr = arr._replace(**{name: row[start : start + size].reshape(shape)})
+            arr = arr._replace(**{name: carry[start : start + size].reshape(shape)})
             start += size
-        lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:].reshape(n, n),
-                                               y_t, m_t, u_t)
+        # the prediction below symmetrizes; symmetrizing here too cost a fused loop
+        lp, mean_f, cov_f = _univariate_update(arr, carry[:n], carry[n:m0].reshape(n, n),
+                                               y_t, m_t, u_t, symmetric=False)
         dyn = arr.dynamics_weights
         mean_n = _vm(dyn, mean_f) + _vm(arr.dynamics_input_weights, u_n) + arr.dynamics_bias
         cov_n = symmetrize(_outer_mm(_outer_mm(dyn, cov_f), dyn.T) + arr.dynamics_cov)
-        out = jnp.concatenate([lp[None], carry]) if moments else lp
-        return jnp.concatenate([mean_n, cov_n.reshape(-1)]), out
+        out = jnp.concatenate([lp[None], carry[:m0]]) if moments else lp
+        return jnp.concatenate([mean_n, cov_n.reshape(-1), rows_next]), out
 
-    init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)])
-    num = num_t if steps is None else steps
-    xs = (packed[:num], y[:num], mask[:num], inputs[:num], u_next[:num])
-    return jax.lax.scan(step, init, xs)
+    init = jnp.concatenate([arrays.initial_mean, arrays.initial_cov.reshape(-1)]
+                           + [a[0] for a in flat])
+    # step t+1's rows of every leaf, packed into one (num, k) input (clipped at the end)
+    nxt = jnp.concatenate([a[jnp.minimum(ahead, a.shape[0] - 1)] for a in flat]
+                          + [jnp.zeros((num, 0), dtype)], axis=1)
+    final, out = jax.lax.scan(step, init, (nxt, y[:num], mask[:num], inputs[:num], u_next[:num]))
+    return final[:m0], out
 
 
 def univariate_log_probs(arrays: GaussianSSMArrays, y, mask, inputs):

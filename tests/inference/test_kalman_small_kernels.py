@@ -301,10 +301,16 @@ def test_univariate_scan_edge_cases(case, univariate_case):
         np.testing.assert_array_equal(got.filtered_covs, got.predicted_covs)
 
 
-def test_univariate_scan_matches_statsmodels_with_missing_data():
+@pytest.mark.parametrize("varying", ["emission_weights", "every_matrix"])
+def test_univariate_scan_matches_statsmodels_with_missing_data(varying):
     """A dynamic regression ``y_t = z_t^T beta_t + v_t`` (per-step ``H_t``), 20 % missing:
-    log-likelihood, per-step log-densities and filtered moments equal statsmodels'."""
+    log-likelihood, per-step log-densities and filtered moments equal statsmodels'. With
+    ``every_matrix`` also ``F_t, b_t, Q_t, d_t, R_t`` vary per step (the public
+    `TimeVaryingLinearGaussianSSM` path, whose scan carries those rows): the public
+    ``log_prob``, ``filter`` and the core filter against statsmodels."""
     sm = pytest.importorskip("statsmodels.tsa.statespace.mlemodel")
+    import statseq as ss
+
     rng = np.random.default_rng(1327)
     num_t, n = 40, 3
     h = rng.standard_normal((num_t, 1, n))
@@ -312,21 +318,74 @@ def test_univariate_scan_matches_statsmodels_with_missing_data():
     y = np.einsum("tdn,tn->td", h, np.cumsum(rng.standard_normal((num_t, n)), 0))
     y = y + rng.standard_normal((num_t, 1))
     mask = rng.random((num_t, 1)) > 0.2
+    f, b, d = np.eye(n), np.zeros((num_t, n)), np.zeros((num_t, 1))
+    if varying == "every_matrix":  # statsmodels' entry t maps a_t to a_{t+1}, as ours
+        f = np.eye(n) + 0.05 * rng.standard_normal((num_t, n, n))
+        q = q * (1.0 + 0.5 * rng.random((num_t, 1, 1)))
+        r = r * (1.0 + rng.random((num_t, 1, 1)))
+        b, d = 0.1 * rng.standard_normal((num_t, n)), rng.standard_normal((num_t, 1))
+    tv = (lambda a: np.moveaxis(a, 0, -1)) if varying == "every_matrix" else (lambda a: a)
     mod = sm.MLEModel(np.where(mask, y, np.nan), k_states=n)
-    mod["design"], mod["obs_cov"] = h.transpose(1, 2, 0), r
-    mod["transition"], mod["selection"], mod["state_cov"] = np.eye(n), np.eye(n), q
+    mod["design"], mod["obs_cov"] = h.transpose(1, 2, 0), tv(r)
+    mod["transition"], mod["selection"], mod["state_cov"] = tv(f), np.eye(n), tv(q)
+    mod["state_intercept"], mod["obs_intercept"] = b.T, d.T
     mod.ssm.initialize_known(np.zeros(n), 4.0 * np.eye(n))
     res = mod.ssm.filter()
     z = jnp.zeros
-    arrays = GaussianSSMArrays(z(n), 4.0 * jnp.eye(n), jnp.eye(n), z((n, 0)), z(n), jnp.asarray(q),
-                               jnp.asarray(h), z((1, 0)), z(1), jnp.asarray(r), z((n, 0)))
-    got = jax.jit(kalman.kalman_filter)(arrays, jnp.asarray(np.where(mask, y, 0.0)),
-                                        jnp.asarray(mask), z((num_t, 0)))
+    y0, m = jnp.asarray(np.where(mask, y, 0.0)), jnp.asarray(mask)
+    if varying == "every_matrix":
+        model = ss.TimeVaryingLinearGaussianSSM(state_dim=n, emission_dim=1,
+                                                num_timesteps=num_t)
+        params = ss.LGSSMParams(z(n), 4.0 * jnp.eye(n), jnp.asarray(f[:-1]),
+                                z((num_t - 1, n, 0)), jnp.asarray(b[:-1]), jnp.asarray(q[:-1]),
+                                jnp.asarray(h), z((num_t, 1, 0)), jnp.asarray(d),
+                                jnp.asarray(r))
+        np.testing.assert_allclose(ss.log_prob(model, params, y0, mask=m), res.llf,
+                                   rtol=1e-12)
+        np.testing.assert_allclose(ss.filter(model, params, y0, mask=m).log_probs,
+                                   res.llf_obs, rtol=1e-11, atol=1e-12)
+        arrays = model.to_arrays(params)
+        # the public call's gradient (a batch of one: the unbatched path) equals the core
+        # scan's (which equals the general step's: the gradient test above)
+        g_pub = jax.grad(lambda p: ss.log_prob(model, p, y0, mask=m))(params)
+        g_core = jax.jit(jax.grad(kalman.kalman_log_prob))(arrays, y0, m, z((num_t, 0)))
+        for a, c in zip(jax.tree.leaves(g_pub), jax.tree.leaves(tuple(g_core[:10])),
+                        strict=True):
+            np.testing.assert_allclose(a, c, rtol=1e-10, atol=1e-12)
+    else:
+        arrays = GaussianSSMArrays(z(n), 4.0 * jnp.eye(n), jnp.eye(n), z((n, 0)), z(n),
+                                   jnp.asarray(q), jnp.asarray(h), z((1, 0)), z(1),
+                                   jnp.asarray(r), z((n, 0)))
+    got = jax.jit(kalman.kalman_filter)(arrays, y0, m, z((num_t, 0)))
     np.testing.assert_allclose(got.marginal_log_lik, res.llf, rtol=1e-12)
     np.testing.assert_allclose(got.log_probs, res.llf_obs, rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(got.filtered_means, res.filtered_state.T, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(got.filtered_covs, res.filtered_state_cov.transpose(2, 0, 1),
                                rtol=1e-9, atol=1e-11)
+
+
+def _loop_body_thunks(compiled_text):
+    """Operations XLA:CPU runs as thunks (fusions, copies, calls) in each while body."""
+    import re
+
+    counts = []
+    for body in re.findall(r"body=(%[\w.\-]+)", compiled_text):
+        text = re.search(re.escape(body) + r" \(.*?\n(.*?)\n}", compiled_text, re.S).group(1)
+        ops = re.findall(r"= \S+ ([\w\-]+)\(", text)
+        counts.append(sum(op not in ("get-tuple-element", "parameter", "tuple", "constant",
+                                     "bitcast") for op in ops))
+    return counts
+
+
+def test_univariate_scan_body_stays_within_the_sequential_thunk_threshold(univariate_case):
+    """XLA:CPU runs a while body of at most 8 thunks inline and a longer one through its
+    concurrent executor (about 0.3-0.4 us a step more: 2-3x for a small model). The scan
+    of a model whose every matrix varies per step (with inputs) must stay within 8
+    (`kalman._scan_univariate`); this fails if a change to the step or to XLA's fusion
+    tips it over (then see `benchmarks/bench_kalman_exact.py`)."""
+    text = jax.jit(kalman.kalman_log_prob).lower(*univariate_case).compile().as_text()
+    counts = _loop_body_thunks(text)
+    assert counts and max(counts) <= 8, counts
 
 
 def test_public_filter_with_missing_data_equals_the_step_scan(univariate_case):

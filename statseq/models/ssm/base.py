@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+from jax.custom_batching import custom_vmap
 from jax.scipy.special import ndtri
 
 from statseq.core.buckets import cut_steps
@@ -250,7 +251,8 @@ class GaussianSSMBase(SequenceModel):
         applies: one series, a proper initial law, at most ``kalman.SMALL_DIM`` states, on
         CPU; otherwise ``None`` (the per-step `step` scan runs). The same log-densities and
         final carry as the `step` scan to rounding (tested), with or without missing data;
-        `statseq.core.recurrence` uses it wherever no per-step carries are wanted."""
+        `statseq.core.recurrence` uses it wherever no per-step carries are wanted, vmapped
+        over the batch: a batch of one sequence runs unbatched (`_one_series`)."""
         del num_timesteps
         arrays = self.to_arrays(params)
         if self.dim != 1 or self.num_conditioned_steps or not kalman._univariate_fast(arrays, 1):
@@ -258,7 +260,7 @@ class GaussianSSMBase(SequenceModel):
 
         def run(y, mask, inputs):
             y = jnp.reshape(y, (-1, 1)).astype(arrays.initial_cov.dtype)
-            return kalman.univariate_log_probs(arrays, y, jnp.reshape(mask, (-1, 1)), inputs)
+            return _one_series(arrays, y, jnp.reshape(mask, (-1, 1)), inputs)
 
         return run
 
@@ -534,3 +536,38 @@ def _ssm_forecast(model, params, y, mask, inputs, future_inputs, *, num_steps):
         return out
 
     return jax.vmap(one)(y, mask, inputs)
+
+
+@jax.custom_jvp
+def _one_series(arrays, y, mask, inputs):
+    """`kalman.univariate_log_probs`; batched over one sequence (the public call's batch of
+    one, vmapped by `statseq.core.recurrence._filter_flat`) it runs unbatched: vmap made
+    the scan body one fused loop longer, past XLA:CPU's 8-thunk sequential threshold
+    (`kalman._scan_univariate`), about 2.5x slower. Derivatives are those of
+    `kalman.univariate_log_probs` (a `custom_vmap` function alone has no reverse mode)."""
+    return _one_series_value(arrays, y, mask, inputs)
+
+
+@_one_series.defjvp
+def _one_series_jvp(primals, tangents):
+    return jax.jvp(kalman.univariate_log_probs, primals, tangents)
+
+
+@custom_vmap
+def _one_series_value(arrays, y, mask, inputs):
+    return kalman.univariate_log_probs(arrays, y, mask, inputs)
+
+
+@_one_series_value.def_vmap
+def _one_series_batched(axis_size, in_batched, arrays, y, mask, inputs):
+    arr_b, *rest_b = in_batched
+    if axis_size == 1 and not any(jax.tree.leaves(arr_b)):
+        args = [a[0] if b else a for a, b in zip((y, mask, inputs), rest_b, strict=True)]
+        out = kalman.univariate_log_probs(arrays, *args)
+        out = jax.tree.map(lambda a: a[None], out)
+    else:
+        axes = (jax.tree.map(lambda b: 0 if b else None, arr_b),
+                *(0 if b else None for b in rest_b))
+        out = jax.vmap(kalman.univariate_log_probs, in_axes=axes)(arrays, y, mask, inputs)
+    out_batched = jax.tree.map(lambda _: True, out)
+    return out, out_batched
