@@ -212,16 +212,7 @@ def filter_blocked(pi, fixed, per_step, ll, length: int | None = None):
     # pass 3: the recursion of `hmm_filter` from every chunk's first message at once, with
     # its rule for a zero normalizer (keep the message); the logarithms and the predicted
     # messages are vectorized afterwards (a log inside the loop body doubles its time)
-    def step(alpha, xs):
-        l_t, a_t = xs
-        u = [alpha[i] * l_t[i] for i in range(k)]
-        norm = sum(u)
-        possible = norm > 0
-        scale = 1.0 / jnp.where(possible, norm, 1.0)
-        filt = [jnp.where(possible, x * scale, a) for x, a in zip(u, alpha, strict=True)]
-        a = _entries(fixed, a_t, k)
-        nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) for j in range(k))
-        return nxt, jnp.stack([*filt, norm])
+    step = _filter_step(fixed, k)
 
     alpha0 = tuple(starts[:, i] for i in range(k))
     _, out = jax.lax.scan(step, alpha0, (lik, trans))  # (L, K + 1, C)
@@ -300,6 +291,25 @@ def backward_blocked(fixed, per_step, lik, length: int | None = None):
     return _from_blocks(v, num)
 
 
+def _filter_step(fixed, k: int):
+    """One step of `hmm_filter`'s recursion on a tuple of K per-chunk message entries, with
+    its rule for a zero normalizer (keep the message); returns the next predicted entries and
+    the stacked filtered entries and normalizer."""
+
+    def step(alpha, xs):
+        l_t, a_t = xs
+        u = [alpha[i] * l_t[i] for i in range(k)]
+        norm = sum(u)
+        possible = norm > 0
+        scale = 1.0 / jnp.where(possible, norm, 1.0)
+        filt = [jnp.where(possible, x * scale, a) for x, a in zip(u, alpha, strict=True)]
+        a = _entries(fixed, a_t, k)
+        nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) for j in range(k))
+        return nxt, jnp.stack([*filt, norm])
+
+    return step
+
+
 def _padded_chunks(x, length: int, chunks: int, fill):
     """``(N, *rest)`` to ``(C, L, *rest)``, padded at the end with ``fill``."""
     pad = chunks * length - x.shape[0]
@@ -309,6 +319,16 @@ def _padded_chunks(x, length: int, chunks: int, fill):
     return x.reshape(chunks, length, *x.shape[1:])
 
 
+def _chunked_steps(values, per_step, length: int, chunks: int, fill):
+    """Per-step values ``(T, K)`` and per-step transitions ``(T, K, K)`` or None in chunks,
+    the values padded with ``fill`` and the transitions with identity steps."""
+    k = values.shape[1]
+    trc = None
+    if per_step is not None:
+        trc = _padded_chunks(per_step, length, chunks, jnp.eye(k, dtype=per_step.dtype))
+    return _padded_chunks(values, length, chunks, fill), trc
+
+
 def _sequential_starts(pi, fixed, per_step, ll, length: int, chunks: int):
     """The forward message at every chunk's first step, from the sequential recursion of
     `hmm_filter` (the same operations), keeping nothing per step: under `jax.vmap` both
@@ -316,11 +336,7 @@ def _sequential_starts(pi, fixed, per_step, ll, length: int, chunks: int):
     costs several times more than one that does not."""
     from statseq.inference.hmm import _condition
 
-    k = ll.shape[1]
-    llc = _padded_chunks(ll, length, chunks, 0.0)
-    trc = None
-    if per_step is not None:
-        trc = _padded_chunks(per_step, length, chunks, jnp.eye(k, dtype=per_step.dtype))
+    llc, trc = _chunked_steps(ll, per_step, length, chunks, 0.0)
 
     def chunk(alpha, xs):
         def step(alpha, xs):
@@ -339,10 +355,7 @@ def _sequential_ends(fixed, per_step, lik, length: int, chunks: int):
     """The backward message after every chunk, from the sequential recursion of
     `hmm_smoother` (identity steps pad the last chunk), keeping nothing per step."""
     k = lik.shape[1]
-    likc = _padded_chunks(lik, length, chunks, 1.0)
-    trc = None
-    if per_step is not None:
-        trc = _padded_chunks(per_step, length, chunks, jnp.eye(k, dtype=per_step.dtype))
+    likc, trc = _chunked_steps(lik, per_step, length, chunks, 1.0)
 
     def chunk(beta, xs):
         def step(beta_next, xs):
@@ -443,16 +456,7 @@ def gradient_blocked(pi, fixed, per_step, ll, length: int | None = None):
         _, ws = jax.lax.scan(across, w_last, (products[:chunks - 1], last_trans),
                              reverse=True)  # ws[c] = w_{c+1}, c < C-1
 
-        def step(alpha, xs):
-            l_t, a_t = xs
-            u = [alpha[i] * l_t[i] for i in range(k)]
-            norm = sum(u)
-            possible = norm > 0
-            scale = 1.0 / jnp.where(possible, norm, 1.0)
-            filt = [jnp.where(possible, x, a) * scale for x, a in zip(u, alpha, strict=True)]
-            a = _entries(fixed, a_t, k)
-            nxt = tuple(sum(filt[i] * a[i][j] for i in range(k)) for j in range(k))
-            return nxt, jnp.stack([*filt, norm])
+        step = _filter_step(fixed, k)
 
         alpha0 = tuple(starts[:, i] for i in range(k))
         ends, out = jax.lax.scan(step, alpha0, (lik, trans))  # (L, K + 1, C)
