@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from statseq.core.recurrence import pairwise_sum
+from statseq.inference._backend import backend_kind
 
 
 class HMMFilterResult(NamedTuple):
@@ -238,14 +239,77 @@ def _use_blocked(blocked, ll) -> bool:
     return use_blocked(*ll.shape)
 
 
+def _sweep_step(fixed, num_states: int):
+    """One filter step for `statseq.inference.sweeps` on likelihoods ``exp(ll - shift)``
+    scaled outside the loop (an ``exp`` in XLA:CPU's loop body costs more than the rest
+    of the step): carry the predicted message, emit ``(filtered, norm)`` (two outputs: a
+    third, the predicted message, made the loop 1.4x slower; it is one product after
+    it). Up to `UNROLLED_STATES`' upper end the normalizer is a sum of ``K`` scalar slices
+    and the product a sum of rows (no reduction or ``dot`` in the loop body)."""
+    small = num_states <= UNROLLED_STATES[1]
+
+    def step(predicted, xs):
+        lik_t, a_t = xs
+        joint = predicted * lik_t
+        norm = sum(joint[k] for k in range(num_states)) if small else jnp.sum(joint)
+        possible = norm > 0
+        filtered = jnp.where(possible, joint * (1.0 / jnp.where(possible, norm, 1.0)),
+                             predicted)
+        return _vecmat(filtered, _pick(fixed, a_t), small), (filtered, norm)
+
+    return step
+
+
+#: `_filter` runs by sweeps (`statseq.inference.sweeps`) on CPU from this many steps:
+#: ``(up to 4 states, from 5 states)``
+SWEEP_MIN_STEPS = (2**14, 2**11)
+
+
+def _use_sweeps(sweeps, ll) -> bool:
+    if sweeps is not None:
+        return bool(sweeps)
+    num_timesteps, num_states = ll.shape
+    return (backend_kind() == "cpu"
+            and num_timesteps >= SWEEP_MIN_STEPS[num_states > 4])
+
+
+@jax.custom_jvp
+def _filter_by_sweeps(pi, fixed, per_step, ll) -> HMMFilterResult:
+    """`_filter` by `statseq.inference.sweeps.sweep_scan` (equal to rounding); its
+    derivatives are the sequential filter's (the sweeps' while loops have no reverse
+    mode)."""
+    from statseq.inference.sweeps import sweep_scan
+
+    shift = jnp.max(ll, axis=1)
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # every state impossible
+    # the transition out of the last step is never used: pad the per-step ones by one
+    a = None if per_step is None else jnp.concatenate(
+        [per_step, jnp.zeros((1,) + per_step.shape[1:], per_step.dtype)])
+    (filtered, norms), _ = sweep_scan(
+        _sweep_step(fixed, ll.shape[1]), pi, (jnp.exp(ll - shift[:, None]), a))
+    log_normalizers = jnp.log(norms) + shift
+    moved = (_rows_times(filtered[:-1], fixed) if per_step is None
+             else jnp.einsum("ti,tij->tj", filtered[:-1], per_step))
+    return HMMFilterResult(pairwise_sum(log_normalizers), log_normalizers,
+                           jnp.concatenate([pi[None], moved]), filtered)
+
+
+@_filter_by_sweeps.defjvp
+def _filter_by_sweeps_jvp(primals, tangents):
+    return jax.jvp(lambda *a: _filter(*a, blocked=False, sweeps=False), primals, tangents)
+
+
 def _filter(pi, fixed, per_step, ll, unrolled=None, rows=True,
-            blocked=False) -> HMMFilterResult:
+            blocked=False, sweeps=None) -> HMMFilterResult:
     """``blocked``: ``True`` for `statseq.inference.hmm_blocked`, ``None`` for its default
-    (`hmm_blocked.use_blocked`), ``False`` for the sequential scan."""
+    (`hmm_blocked.use_blocked`), ``False`` for the sequential scan. Otherwise ``sweeps``:
+    ``True`` for `_filter_by_sweeps`, ``None`` for its default (`_use_sweeps`)."""
     if _use_blocked(blocked, ll):
         from statseq.inference.hmm_blocked import filter_blocked
 
         return filter_blocked(pi, fixed, per_step, ll)
+    if _use_sweeps(sweeps, ll):
+        return _filter_by_sweeps(pi, fixed, per_step, ll)
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
     filtered0, log_norm0 = _condition(pi, ll[0])
 

@@ -28,6 +28,9 @@ PATHS = np.array(list(itertools.product(range(K), repeat=T)))  # (K^T, T), lexic
 FILTERS = {
     "sequential": jax.jit(hmm.hmm_filter),
     "parallel": jax.jit(hmm_parallel.hmm_filter),
+    # by sweeps over blocks (`statseq.inference.sweeps`), forced at every length
+    "sweeps": jax.jit(lambda pi, a, ll: hmm._filter(*hmm._prepare_inputs(pi, a, ll),
+                                                   sweeps=True)),
 }
 SMOOTHERS = {
     "forward-backward": jax.jit(hmm.hmm_smoother, static_argnames="sum_transitions"),

@@ -1,0 +1,133 @@
+"""`statseq.inference.sweeps`: sweeps over blocks equal the sequential scan.
+
+The sweeps claim the sequential scan's outputs (module docstring of `sweeps`): checked
+against `jax.lax.scan` with the same step (to the last bit where the step is a plain
+recursion, 1e-12 for the HMM filter against its sequential form), on lengths that are
+and are not multiples of the block, forward and backward, with integer carries, and on a
+recursion that never forgets (the sequential fallback).
+"""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from statseq.inference import hmm  # noqa: E402
+from statseq.inference.sweeps import default_block_length, sweep_scan  # noqa: E402
+
+
+def _contracting(carry, x):  # forgets its start at rate 1/2; emits the carry it read
+    return 0.5 * carry + x, (carry, 2.0 * x)
+
+
+def _counter(carry, x):  # never forgets
+    return carry + x, carry
+
+
+def _survivor(carry, x):  # integer carry: a back-pointer chain (merges into state 0)
+    return x[carry], carry
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("num_timesteps", [1, 31, 200])
+def test_sweeps_equal_the_scan_bit_for_bit(num_timesteps, reverse):
+    xs = jnp.asarray(np.random.default_rng(0).normal(size=num_timesteps))
+    run = jax.jit(lambda x: sweep_scan(_contracting, jnp.zeros(()), x, block_length=32,
+                                       chunk=8, reverse=reverse))
+    got, info = run(xs)
+    want = jax.lax.scan(_contracting, jnp.zeros(()), xs, reverse=reverse)[1]
+    assert bool(info.converged)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_integer_carry_and_pytree_inputs():
+    rng = np.random.default_rng(1)
+    # back-pointers into 3 states, state 0's pointer always 0: every chain merges
+    pointers = rng.integers(0, 3, size=(150, 3)).astype(np.int32)
+    pointers[::7] = 0
+    got, info = sweep_scan(_survivor, jnp.int32(2), jnp.asarray(pointers), block_length=32,
+                           chunk=8, reverse=True)
+    want = jax.lax.scan(_survivor, jnp.int32(2), jnp.asarray(pointers), reverse=True)[1]
+    assert bool(info.converged)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_recursion_that_never_forgets_falls_back_to_the_scan():
+    xs = jnp.arange(100.0)
+    got, info = sweep_scan(_counter, jnp.zeros(()), xs, block_length=16, chunk=8,
+                           max_sweeps=3)
+    assert not bool(info.converged) and int(info.sweeps) == 3
+    np.testing.assert_array_equal(np.asarray(got),
+                                  np.asarray(jax.lax.scan(_counter, 0.0, xs)[1]))
+
+
+def test_block_length_must_be_a_multiple_of_the_chunk():
+    with pytest.raises(ValueError, match="multiple of chunk"):
+        sweep_scan(_counter, jnp.zeros(()), jnp.ones(10), block_length=20, chunk=8)
+    assert default_block_length(10**6) == 1024 and default_block_length(5) == 32
+
+
+# ---- the HMM filter by sweeps ---------------------------------------------------------
+
+SWEPT = jax.jit(lambda pi, a, ll: hmm._filter(*hmm._prepare_inputs(pi, a, ll), sweeps=True))
+SEQUENTIAL = jax.jit(lambda pi, a, ll: hmm._filter(*hmm._prepare_inputs(pi, a, ll),
+                                                   sweeps=False))
+
+
+def _problem(num_timesteps, num_states, seed=0, varying=False):
+    rng = np.random.default_rng(seed)
+    shape = (num_timesteps - 1, num_states) if varying else (num_states,)
+    a = rng.dirichlet(np.ones(num_states), size=shape)
+    ll = rng.normal(size=(num_timesteps, num_states)) * 3.0
+    return jnp.asarray(rng.dirichlet(np.ones(num_states))), jnp.asarray(a), jnp.asarray(ll)
+
+
+def _assert_same(got, want, rtol=1e-12):
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=1e-13)
+
+
+@pytest.mark.parametrize("num_states,varying", [(2, False), (3, True), (40, False)])
+def test_hmm_filter_by_sweeps_equals_the_sequential_filter(num_states, varying):
+    pi, a, ll = _problem(100, num_states, varying=varying)
+    # impossible observations (every state -inf) and masked steps (rows of zeros)
+    ll = ll.at[17].set(-jnp.inf).at[40:45].set(0.0).at[63, 0].set(-jnp.inf)
+    got, want = SWEPT(pi, a, ll), SEQUENTIAL(pi, a, ll)
+    assert np.isneginf(float(want.marginal_log_lik))
+    _assert_same(got[1:], want[1:])
+    pi, a, ll = _problem(100, num_states, seed=1, varying=varying)
+    _assert_same(SWEPT(pi, a, ll), SEQUENTIAL(pi, a, ll))
+
+
+def test_hmm_filter_by_sweeps_on_a_chain_that_never_mixes():
+    # the identity transition never forgets its start: the sweeps fall back, still exact
+    pi, _, ll = _problem(100, 3, seed=2)
+    a = jnp.eye(3)
+    _assert_same(SWEPT(pi, a, ll), SEQUENTIAL(pi, a, ll))
+
+
+def test_hmm_filter_by_sweeps_float32_and_length_one():
+    pi, a, ll = (x.astype(jnp.float32) for x in _problem(70, 2, seed=3))
+    got, want = SWEPT(pi, a, ll), SEQUENTIAL(pi, a, ll)
+    assert got.filtered_probs.dtype == jnp.float32
+    _assert_same(got, want, rtol=2e-6)
+    pi, a, ll = _problem(1, 3, seed=4, varying=True)
+    _assert_same(SWEPT(pi, a, ll), SEQUENTIAL(pi, a, ll))
+
+
+def test_hmm_filter_by_sweeps_gradient_and_vmap():
+    pi, a, ll = _problem(80, 3, seed=5)
+
+    def total(f):
+        return jax.jit(jax.grad(lambda a, ll: f(pi, a, ll).marginal_log_lik, argnums=(0, 1)))
+
+    _assert_same(total(SWEPT)(a, ll), total(SEQUENTIAL)(a, ll), rtol=1e-10)
+    lls = jnp.stack([ll, ll[::-1]])
+    batched = jax.vmap(SWEPT, in_axes=(None, None, 0))(pi, a, lls)
+    _assert_same([batched.filtered_probs[1]], [SEQUENTIAL(pi, a, ll[::-1]).filtered_probs])
