@@ -260,17 +260,49 @@ def _sweep_step(fixed, num_states: int):
     return step
 
 
+def _backward_sweep_step(fixed_t, num_states: int):
+    """One step of `_smoother`'s backward recursion for `statseq.inference.sweeps`
+    (``reverse=True``) on likelihoods exponentiated outside the loop: carry the rescaled
+    ``beta_{t+1}``, emit ``v_t = l_{t+1} beta_{t+1} / max`` (one output; ``beta_t = A_t v_t /
+    max`` is the carry). Up to `UNROLLED_STATES`' upper end the maxima are chains of
+    ``maximum`` over ``K`` scalar slices and the product a sum of columns (no reduction or
+    ``dot`` in the loop body), as in `_sweep_step`."""
+    small = num_states <= UNROLLED_STATES[1]
+
+    def top(x):
+        if not small:
+            return jnp.max(x)
+        out = x[0]
+        for k in range(1, num_states):
+            out = jnp.maximum(out, x[k])
+        return out
+
+    def step(beta_next, xs):
+        lik_next, a_t = xs
+        v = lik_next * beta_next
+        v = v / top(v)
+        beta = _matvec(_pick(fixed_t, a_t), v, small)
+        return beta / top(beta), v
+
+    return step
+
+
 #: `_filter` runs by sweeps (`statseq.inference.sweeps`) on CPU from this many steps:
 #: ``(up to 4 states, from 5 states)``
 SWEEP_MIN_STEPS = (2**14, 2**11)
 
 
-def _use_sweeps(sweeps, ll) -> bool:
+#: `_smoother`'s backward pass runs by sweeps on CPU from this many steps: ``(up to 4
+#: states, from 5 states)``
+SWEEP_BACKWARD_MIN_STEPS = (2**14, 2**11)
+
+
+def _use_sweeps(sweeps, ll, min_steps=SWEEP_MIN_STEPS) -> bool:
     if sweeps is not None:
         return bool(sweeps)
     num_timesteps, num_states = ll.shape
     return (backend_kind() == "cpu"
-            and num_timesteps >= SWEEP_MIN_STEPS[num_states > 4])
+            and num_timesteps >= min_steps[num_states > 4])
 
 
 @jax.custom_jvp
@@ -401,20 +433,9 @@ def _sum_outer_products(left, right):
     return pairwise_sum(jnp.moveaxis(partial_sums, 0, -1))
 
 
-def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
-              transition_weights=None, blocked=False) -> HMMPosterior:
-    unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
-    blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
-    filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked)
-    filtered = filt.filtered_probs
-    num_states = ll.shape[1]
-    dtype = filtered.dtype
-    fixed_t = None if fixed is None else fixed.T
-    per_step_t = None if per_step is None else jnp.swapaxes(per_step, 1, 2)
-
-    # The scan carries only the rescaled backward message; everything else is vectorized,
-    # the max-shifted likelihoods included (exponentials inside the loop cost 5x at K=16).
-    lik = jnp.exp(ll[1:] - jnp.max(ll[1:], axis=1, keepdims=True))
+def _backward(fixed_t, per_step_t, lik, unrolled: bool):
+    """The sequential backward pass of `_smoother`: ``v`` ``(T-1, K)`` from the max-shifted
+    likelihoods ``lik`` of steps ``1 .. T-1`` and the transposed transitions."""
 
     def step(beta_next, xs):
         lik_next, a_t = xs
@@ -425,15 +446,57 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
         beta = _matvec(_pick(fixed_t, a_t), v, unrolled)
         return beta / jnp.max(beta), v
 
+    _, v = jax.lax.scan(
+        step, jnp.ones(lik.shape[1], lik.dtype), (lik, per_step_t), reverse=True,
+        unroll=UNROLL if unrolled else 1,
+    )
+    return v
+
+
+@jax.custom_jvp
+def _backward_by_sweeps(fixed_t, per_step_t, lik):
+    """`_backward` by `statseq.inference.sweeps.sweep_scan` (``reverse=True``; equal to
+    rounding); its derivatives are the sequential pass's (the sweeps' while loops have no
+    reverse mode)."""
+    from statseq.inference.sweeps import sweep_scan
+
+    v, _ = sweep_scan(_backward_sweep_step(fixed_t, lik.shape[1]),
+                      jnp.ones(lik.shape[1], lik.dtype), (lik, per_step_t), reverse=True)
+    return v
+
+
+@_backward_by_sweeps.defjvp
+def _backward_by_sweeps_jvp(primals, tangents):
+    unrolled = _unrolled(primals[2].shape[1])
+    return jax.jvp(lambda *a: _backward(*a, unrolled), primals, tangents)
+
+
+def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
+              transition_weights=None, blocked=False, sweeps=None) -> HMMPosterior:
+    """``blocked`` as for `_filter` (both passes); otherwise ``sweeps``: ``True`` for the
+    backward pass by sweeps (`_backward_by_sweeps`), ``None`` for its default
+    (`_use_sweeps` with `SWEEP_BACKWARD_MIN_STEPS`), ``False`` for the sequential scan; the
+    forward pass takes `_filter`'s default (or ``sweeps`` when given)."""
+    unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
+    blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
+    filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked, sweeps=sweeps)
+    filtered = filt.filtered_probs
+    dtype = filtered.dtype
+    fixed_t = None if fixed is None else fixed.T
+    per_step_t = None if per_step is None else jnp.swapaxes(per_step, 1, 2)
+
+    # The scan carries only the rescaled backward message; everything else is vectorized,
+    # the max-shifted likelihoods included (exponentials inside the loop cost 5x at K=16).
+    lik = jnp.exp(ll[1:] - jnp.max(ll[1:], axis=1, keepdims=True))
+
     if blocked:
         from statseq.inference.hmm_blocked import backward_blocked
 
         v = backward_blocked(fixed, per_step, lik)
+    elif ll.shape[0] > 1 and _use_sweeps(sweeps, ll, SWEEP_BACKWARD_MIN_STEPS):
+        v = _backward_by_sweeps(fixed_t, per_step_t, lik)
     else:
-        _, v = jax.lax.scan(
-            step, jnp.ones(num_states, dtype), (lik, per_step_t), reverse=True,
-            unroll=UNROLL if unrolled else 1,
-        )
+        v = _backward(fixed_t, per_step_t, lik, unrolled)
     if fixed is not None:
         beta = _rows_times(v, fixed.T)  # (T-1, K), unnormalized beta_t for t < T-1
     else:
