@@ -292,17 +292,30 @@ def _backward_sweep_step(fixed_t, num_states: int):
 SWEEP_MIN_STEPS = (2**14, 2**11)
 
 
-#: `_smoother`'s backward pass runs by sweeps on CPU from this many steps: ``(up to 4
-#: states, from 5 states)``
-SWEEP_BACKWARD_MIN_STEPS = (2**14, 2**11)
+#: Numbers of states (smallest, largest) whose smoother runs by sweeps on CPU (both passes),
+#: from `SWEEP_BACKWARD_MIN_STEPS` steps: there XLA:CPU's sequential scans cost some 400 ns
+#: a step; elsewhere the sequential backward pass ties with the sweeps (2 to 5 states) or
+#: beats them (8 states and more: the sweeps do twice its ``K^2`` work).
+SWEEP_BACKWARD_STATES = (6, 7)
+SWEEP_BACKWARD_MIN_STEPS = 256
 
 
-def _use_sweeps(sweeps, ll, min_steps=SWEEP_MIN_STEPS) -> bool:
+def _use_backward_sweeps(sweeps, ll) -> bool:
+    """Whether `_smoother` runs its backward pass by sweeps (``sweeps=None``: the default)."""
+    if sweeps is not None:
+        return bool(sweeps) and ll.shape[0] > 1
+    num_timesteps, num_states = ll.shape
+    return (backend_kind() == "cpu"
+            and SWEEP_BACKWARD_STATES[0] <= num_states <= SWEEP_BACKWARD_STATES[1]
+            and num_timesteps >= SWEEP_BACKWARD_MIN_STEPS)
+
+
+def _use_sweeps(sweeps, ll) -> bool:
     if sweeps is not None:
         return bool(sweeps)
     num_timesteps, num_states = ll.shape
     return (backend_kind() == "cpu"
-            and num_timesteps >= min_steps[num_states > 4])
+            and num_timesteps >= SWEEP_MIN_STEPS[num_states > 4])
 
 
 @jax.custom_jvp
@@ -473,13 +486,18 @@ def _backward_by_sweeps_jvp(primals, tangents):
 
 def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
               transition_weights=None, blocked=False, sweeps=None) -> HMMPosterior:
-    """``blocked`` as for `_filter` (both passes); otherwise ``sweeps``: ``True`` for the
-    backward pass by sweeps (`_backward_by_sweeps`), ``None`` for its default
-    (`_use_sweeps` with `SWEEP_BACKWARD_MIN_STEPS`), ``False`` for the sequential scan; the
-    forward pass takes `_filter`'s default (or ``sweeps`` when given)."""
+    """``sweeps``: ``True`` for both passes by sweeps (`_backward_by_sweeps`,
+    `_filter_by_sweeps`), ``False`` for neither, ``None`` for the default
+    (`_use_backward_sweeps`; otherwise the filter takes its own default). ``blocked`` as for
+    `_filter` (both passes); its default (``None``, `hmm_blocked.use_blocked`) yields to the
+    sweeps, which are faster at 6 and 7 states."""
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
+    backward_sweeps = _use_backward_sweeps(sweeps, ll)
+    if blocked is None and backward_sweeps:
+        blocked = False
     blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
-    filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked, sweeps=sweeps)
+    filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked,
+                   sweeps=True if backward_sweeps else sweeps)
     filtered = filt.filtered_probs
     dtype = filtered.dtype
     fixed_t = None if fixed is None else fixed.T
@@ -493,7 +511,7 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
         from statseq.inference.hmm_blocked import backward_blocked
 
         v = backward_blocked(fixed, per_step, lik)
-    elif ll.shape[0] > 1 and _use_sweeps(sweeps, ll, SWEEP_BACKWARD_MIN_STEPS):
+    elif backward_sweeps:
         v = _backward_by_sweeps(fixed_t, per_step_t, lik)
     else:
         v = _backward(fixed_t, per_step_t, lik, unrolled)
