@@ -318,11 +318,41 @@ def _use_sweeps(sweeps, ll) -> bool:
             and num_timesteps >= SWEEP_MIN_STEPS[num_states > 4])
 
 
+def _unless_batched(sweeps, sequential):
+    """``sweeps`` on one sequence; under `jax.vmap`, ``sequential`` vmapped instead (a
+    `jax.custom_batching.custom_vmap`). A vmapped scan is already vectorized across the
+    sequences, and the sweeps vmapped do about twice its work in while loops that run as
+    long as their slowest sequence: 3.8 to 4.6 times slower for 100 sequences of 1000
+    steps at 6 states, 2.2 to 2.4 times for 1000 at 2 states. Differentiate it only through
+    a `jax.custom_jvp` around it (``custom_vmap`` has no reverse mode)."""
+
+    @jax.custom_batching.custom_vmap
+    def run(*args):
+        return sweeps(*args)
+
+    @run.def_vmap
+    def _vmapped(axis_size, in_batched, *args):
+        axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
+        out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return run
+
+
 @jax.custom_jvp
 def _filter_by_sweeps(pi, fixed, per_step, ll) -> HMMFilterResult:
     """`_filter` by `statseq.inference.sweeps.sweep_scan` (equal to rounding); its
     derivatives are the sequential filter's (the sweeps' while loops have no reverse
-    mode)."""
+    mode). Under `jax.vmap` the sequential filter runs (`_unless_batched`)."""
+    return _unless_batched(_filter_by_sweeps_unbatched, _sequential_filter)(
+        pi, fixed, per_step, ll)
+
+
+def _sequential_filter(pi, fixed, per_step, ll) -> HMMFilterResult:
+    return _filter(pi, fixed, per_step, ll, blocked=False, sweeps=False)
+
+
+def _filter_by_sweeps_unbatched(pi, fixed, per_step, ll) -> HMMFilterResult:
     from statseq.inference.sweeps import sweep_scan
 
     shift = jnp.max(ll, axis=1)
@@ -341,7 +371,7 @@ def _filter_by_sweeps(pi, fixed, per_step, ll) -> HMMFilterResult:
 
 @_filter_by_sweeps.defjvp
 def _filter_by_sweeps_jvp(primals, tangents):
-    return jax.jvp(lambda *a: _filter(*a, blocked=False, sweeps=False), primals, tangents)
+    return jax.jvp(_sequential_filter, primals, tangents)
 
 
 def _filter(pi, fixed, per_step, ll, unrolled=None, rows=True,
@@ -466,11 +496,11 @@ def _backward(fixed_t, per_step_t, lik, unrolled: bool):
     return v
 
 
-@jax.custom_jvp
-def _backward_by_sweeps(fixed_t, per_step_t, lik):
-    """`_backward` by `statseq.inference.sweeps.sweep_scan` (``reverse=True``; equal to
-    rounding); its derivatives are the sequential pass's (the sweeps' while loops have no
-    reverse mode)."""
+def _sequential_backward(fixed_t, per_step_t, lik):
+    return _backward(fixed_t, per_step_t, lik, _unrolled(lik.shape[1]))
+
+
+def _backward_by_sweeps_unbatched(fixed_t, per_step_t, lik):
     from statseq.inference.sweeps import sweep_scan
 
     v, _ = sweep_scan(_backward_sweep_step(fixed_t, lik.shape[1]),
@@ -478,10 +508,18 @@ def _backward_by_sweeps(fixed_t, per_step_t, lik):
     return v
 
 
+@jax.custom_jvp
+def _backward_by_sweeps(fixed_t, per_step_t, lik):
+    """`_backward` by `statseq.inference.sweeps.sweep_scan` (``reverse=True``; equal to
+    rounding); its derivatives are the sequential pass's (the sweeps' while loops have no
+    reverse mode), and so is its result under `jax.vmap` (`_unless_batched`)."""
+    return _unless_batched(_backward_by_sweeps_unbatched, _sequential_backward)(
+        fixed_t, per_step_t, lik)
+
+
 @_backward_by_sweeps.defjvp
 def _backward_by_sweeps_jvp(primals, tangents):
-    unrolled = _unrolled(primals[2].shape[1])
-    return jax.jvp(lambda *a: _backward(*a, unrolled), primals, tangents)
+    return jax.jvp(_sequential_backward, primals, tangents)
 
 
 def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
