@@ -35,13 +35,17 @@ matrix-vector products as sums of rows and run 4 steps per loop iteration (about
 faster at 16 states; fewer states run fastest one step at a time), and the backward pass
 exponentiates the likelihoods before its loop. The gradient path (`hmm_smoother_by_gradient`)
 differentiates a filter whose normalizers are held constant (an exact rewrite), so that its
-reverse pass is the scaled backward recursion. With 6
-or 7 states and at least 2048 steps, `hmm_smoother` runs the blocked two-level
+reverse pass is the scaled backward recursion. With 6 or 7 states and at least 256 steps
+(`SWEEP_BACKWARD_STATES`, `SWEEP_BACKWARD_MIN_STEPS`), `hmm_smoother` runs both passes by
+sweeps over blocks (`statseq.inference.sweeps`: equal to the sequential scans to
+rounding, derivatives and `jax.vmap` from the sequential ones), 3 to 5 times faster there.
+With 6 or 7 states and at least 2048 steps the blocked two-level
 recursions of `statseq.inference.hmm_blocked` (chunks of about ``sqrt(T)`` steps,
-vectorized across chunks; equal to the sequential scan to rounding), about 3 times
-faster there, and so does `hmm_smoother_by_gradient` (`hmm_blocked.gradient_blocked`:
+vectorized across chunks; equal to the sequential scan to rounding) are about 3 times
+faster than the sequential ones; `hmm_smoother_by_gradient` runs them
+(`hmm_blocked.gradient_blocked`:
 pass 3's reverse vectorized across chunks from boundary cotangents given by the chunk
-products; about 0.7 times forward-backward's time there); `hmm_filter` stays sequential
+products; about 0.7 times forward-backward's time there); `hmm_filter` never takes the blocked path
 (faster when only the log-likelihood is used) and the GPU/TPU path is unchanged.
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to

@@ -131,3 +131,72 @@ def test_hmm_filter_by_sweeps_gradient_and_vmap():
     lls = jnp.stack([ll, ll[::-1]])
     batched = jax.vmap(SWEPT, in_axes=(None, None, 0))(pi, a, lls)
     _assert_same([batched.filtered_probs[1]], [SEQUENTIAL(pi, a, ll[::-1]).filtered_probs])
+
+
+# ---- the HMM smoother's backward pass by sweeps ------------------------------------------
+
+
+def _smoother(sweeps):
+    return jax.jit(lambda pi, a, ll: hmm._smoother(*hmm._prepare_inputs(pi, a, ll), False,
+                                                   sweeps=sweeps))
+
+
+SMOOTH_SWEPT, SMOOTH_SEQUENTIAL = _smoother(True), _smoother(False)
+
+
+@pytest.mark.parametrize("num_states,varying", [(2, True), (6, False), (40, False)])
+def test_hmm_smoother_by_sweeps_equals_the_sequential_smoother(num_states, varying):
+    pi, a, ll = _problem(100, num_states, seed=6, varying=varying)
+    _assert_same(SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll))
+    # masked steps (rows of zeros, the last included) and a state impossible at some steps
+    ll = ll.at[40:45].set(0.0).at[99].set(0.0).at[63, 0].set(-jnp.inf).at[7, 1].set(-jnp.inf)
+    _assert_same(SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll))
+
+
+def test_hmm_smoother_by_sweeps_impossible_rows_and_a_chain_that_never_mixes():
+    pi, a, ll = _problem(100, 3, seed=7)
+    # every state impossible at step 17: the sequential result (NaN before it) is kept
+    ll_bad = ll.at[17].set(-jnp.inf)
+    got, want = SMOOTH_SWEPT(pi, a, ll_bad), SMOOTH_SEQUENTIAL(pi, a, ll_bad)
+    assert np.isneginf(float(want.marginal_log_lik))
+    _assert_same(got, want)
+    # A = I never forgets its start (backward either): the sweeps fall back, still exact
+    lik = jnp.exp(ll[1:] - ll[1:].max(1, keepdims=True))
+    _, info = sweep_scan(hmm._backward_sweep_step(jnp.eye(3), 3), jnp.ones(3), (lik, None),
+                         reverse=True)
+    assert not bool(info.converged)
+    _assert_same(SMOOTH_SWEPT(pi, jnp.eye(3), ll), SMOOTH_SEQUENTIAL(pi, jnp.eye(3), ll))
+
+
+def test_hmm_smoother_by_sweeps_float32_and_length_one():
+    pi, a, ll = (x.astype(jnp.float32) for x in _problem(70, 6, seed=8))
+    got, want = SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll)
+    assert got.smoothed_probs.dtype == jnp.float32
+    _assert_same(got, want, rtol=2e-5)
+    pi, a, ll = _problem(1, 3, seed=9, varying=True)
+    _assert_same(SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll))
+
+
+def test_hmm_smoother_by_sweeps_gradient_vmap_and_default():
+    pi, a, ll = _problem(80, 6, seed=10)
+
+    def grad(run):
+        return jax.jit(jax.grad(lambda a, ll: jnp.sum(run(pi, a, ll).smoothed_probs ** 2),
+                                argnums=(0, 1)))
+
+    _assert_same(grad(SMOOTH_SWEPT)(a, ll), grad(SMOOTH_SEQUENTIAL)(a, ll), rtol=1e-10)
+    # the gradient path is a separate program, unchanged: it still equals forward-backward
+    by_gradient = jax.jit(hmm.hmm_smoother_by_gradient)(pi, a, ll)
+    want = SMOOTH_SEQUENTIAL(pi, a, ll)
+    _assert_same([by_gradient.smoothed_probs], [want.smoothed_probs], rtol=1e-10)
+    # under vmap the sequential passes run (custom_vmap): equal to the unbatched ones
+    lls = jnp.stack([ll, ll[::-1]])
+    batched = jax.jit(jax.vmap(SMOOTH_SWEPT, in_axes=(None, None, 0)))(pi, a, lls)
+    _assert_same([batched.smoothed_probs[1]], [SMOOTH_SEQUENTIAL(pi, a, ll[::-1]).smoothed_probs])
+    # the default on CPU: sweeps at 6-7 states from SWEEP_BACKWARD_MIN_STEPS, else not
+    min_steps = hmm.SWEEP_BACKWARD_MIN_STEPS
+    assert hmm._use_backward_sweeps(None, jnp.zeros((min_steps, 6)))
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((min_steps - 1, 7)))
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 2)))
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 8)))
+    assert not hmm._use_backward_sweeps(True, jnp.zeros((1, 6)))
