@@ -131,3 +131,19 @@ def test_hmm_filter_by_sweeps_gradient_and_vmap():
     lls = jnp.stack([ll, ll[::-1]])
     batched = jax.vmap(SWEPT, in_axes=(None, None, 0))(pi, a, lls)
     _assert_same([batched.filtered_probs[1]], [SEQUENTIAL(pi, a, ll[::-1]).filtered_probs])
+
+
+def test_hmm_filter_by_sweeps_under_vmap_every_argument_batched():
+    # per-sequence initial laws and per-step transitions sweep together; per-sequence
+    # fixed transitions take the sequential filter (`hmm._swept_one_vmap`)
+    rng = np.random.default_rng(6)
+    num_sequences, num_timesteps, num_states = 3, 90, 3
+    pis = jnp.asarray(rng.dirichlet(np.ones(num_states), size=num_sequences))
+    per = jnp.asarray(rng.dirichlet(np.ones(num_states),
+                                    size=(num_sequences, num_timesteps - 1, num_states)))
+    fixed = per[:, 0]
+    lls = jnp.asarray(rng.normal(size=(num_sequences, num_timesteps, num_states)))
+    for a in (per, fixed):
+        got = jax.vmap(SWEPT)(pis, a, lls)
+        want = [SEQUENTIAL(pis[i], a[i], lls[i]) for i in range(num_sequences)]
+        _assert_same(got, jax.tree.map(lambda *x: jnp.stack(x), *want))
