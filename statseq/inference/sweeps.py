@@ -173,9 +173,14 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         sweep_cond, sweep_body, (0, starts, ys0, ends0, jnp.bool_(False)))
     ys = jax.tree.map(lambda a: a.reshape((num_sequences, num_blocks * length) + a.shape[2:])
                       [:, :num_timesteps], ys)
-    # not converged (a recursion that does not forget): the sequential scan, exactly
-    ys = jax.lax.cond(converged, lambda: ys,
-                      lambda: jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[1])(init, xs))
+    # not converged (a recursion that does not forget): the sequential scan, exactly. A
+    # loop run at most once, not a `cond`: under `jax.vmap` a `cond` on a batched
+    # predicate runs both branches, a loop runs only while some element needs it
+    ys = jax.lax.while_loop(
+        lambda state: state[0],
+        lambda state: (jnp.bool_(False),
+                       jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[1])(init, xs)),
+        (~converged, ys))[1]
     if reverse:
         ys = jax.tree.map(lambda a: jnp.flip(a, 1), ys)
     return ys, SweepInfo(sweeps, converged)
