@@ -50,8 +50,18 @@ class SweepInfo(NamedTuple):
 
 def default_block_length(num_timesteps: int, chunk: int = CHUNK) -> int:
     """``L``: about ``sqrt(T)`` (as many blocks as steps per block), a multiple of
-    ``chunk``."""
-    return chunk * max(1, math.ceil(math.sqrt(num_timesteps) / chunk))
+    ``chunk``; one that divides ``T`` if there is one between ``sqrt(T) / 2`` and
+    ``2 sqrt(T)`` (no padding: the blocks are then a reshape of the inputs, not a copy).
+
+    Examples:
+        >>> default_block_length(10**6), default_block_length(10**6 + 1)
+        (800, 1024)
+    """
+    root = math.sqrt(num_timesteps)
+    near = chunk * max(1, math.ceil(root / chunk))
+    divisors = [m for m in range(chunk, int(2 * root) + 1, chunk)
+                if m >= root / 2 and num_timesteps % m == 0]
+    return min(divisors, key=lambda m: (abs(math.log(m / root)), m)) if divisors else near
 
 
 def _same(a, b):

@@ -70,7 +70,8 @@ def test_a_recursion_that_never_forgets_falls_back_to_the_scan():
 def test_block_length_must_be_a_multiple_of_the_chunk():
     with pytest.raises(ValueError, match="multiple of chunk"):
         sweep_scan(_counter, jnp.zeros(()), jnp.ones(10), block_length=20, chunk=8)
-    assert default_block_length(10**6) == 1024 and default_block_length(5) == 32
+    assert default_block_length(10**6) == 800 and default_block_length(10**6 + 1) == 1024
+    assert default_block_length(5) == 32
 
 
 # ---- the HMM filter by sweeps ---------------------------------------------------------
