@@ -291,9 +291,29 @@ def _backward_sweep_step(fixed_t, num_states: int):
     return step
 
 
-#: `_filter` runs by sweeps (`statseq.inference.sweeps`) on CPU from this many steps:
-#: ``(up to 4 states, from 5 states)``
-SWEEP_MIN_STEPS = (2**14, 2**11)
+#: `_filter` runs by sweeps (`statseq.inference.sweeps`) on CPU from this many steps.
+#: Measured (float64, min of 5, load ~2.5; `benchmarks/RESULTS.md`, "The HMM filter by
+#: sweeps"): sweeps / sequential 0.7-1.4 at 2,000-8,000 steps (K = 2 to 64), 0.7-1.0 at
+#: 16,000, and 0.16-0.8 at 10^5 (K = 6: 0.16).
+SWEEP_MIN_STEPS = 2**13
+
+
+def use_sweeps(num_timesteps: int, backend: str | None = None) -> bool:
+    """Whether `hmm_filter` (and the filters built on it) runs by sweeps over blocks
+    (`statseq.inference.sweeps`) by default: on CPU from `SWEEP_MIN_STEPS` steps.
+
+    Args:
+        num_timesteps: ``T``.
+        backend: a platform name, or ``None`` for JAX's default backend.
+
+    Returns:
+        ``True`` for the sweeps.
+
+    Examples:
+        >>> use_sweeps(10**5, "cpu"), use_sweeps(100, "cpu"), use_sweeps(10**5, "gpu")
+        (True, False, False)
+    """
+    return backend_kind(backend) == "cpu" and num_timesteps >= SWEEP_MIN_STEPS
 
 
 #: Numbers of states (smallest, largest) whose smoother runs by sweeps on CPU (both passes),
@@ -315,11 +335,62 @@ def _use_backward_sweeps(sweeps, ll) -> bool:
 
 
 def _use_sweeps(sweeps, ll) -> bool:
-    if sweeps is not None:
-        return bool(sweeps)
-    num_timesteps, num_states = ll.shape
-    return (backend_kind() == "cpu"
-            and num_timesteps >= SWEEP_MIN_STEPS[num_states > 4])
+    return use_sweeps(ll.shape[0]) if sweeps is None else bool(sweeps)
+
+
+def _swept(pi, fixed, per_step, ll, batched=False) -> HMMFilterResult:
+    """`_filter` by `statseq.inference.sweeps.sweep_scan`; ``batched``: ``pi``, ``per_step``
+    and ``ll`` have a leading axis of sequences (``fixed`` is shared)."""
+    from statseq.inference.sweeps import sweep_scan
+
+    num_states = ll.shape[-1]
+    shift = jnp.max(ll, axis=-1)
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # every state impossible
+    # the transition out of the last step is never used: pad the per-step ones by one
+    a = None if per_step is None else jnp.concatenate(
+        [per_step, jnp.zeros(per_step.shape[:-3] + (1, num_states, num_states),
+                             per_step.dtype)], axis=-3)
+    (filtered, norms), _ = sweep_scan(_sweep_step(fixed, num_states), pi,
+                                      (jnp.exp(ll - shift[..., None]), a), batched=batched)
+
+    def finish(pi, per_step, filtered, norms, shift):
+        log_normalizers = jnp.log(norms) + shift
+        moved = (_rows_times(filtered[:-1], fixed) if per_step is None
+                 else jnp.einsum("ti,tij->tj", filtered[:-1], per_step))
+        return HMMFilterResult(pairwise_sum(log_normalizers), log_normalizers,
+                               jnp.concatenate([pi[None], moved]), filtered)
+
+    if not batched:
+        return finish(pi, per_step, filtered, norms, shift)
+    return jax.vmap(finish, in_axes=(0, None if per_step is None else 0, 0, 0, 0))(
+        pi, per_step, filtered, norms, shift)
+
+
+def _sequential(pi, fixed, per_step, ll) -> HMMFilterResult:
+    return _filter(pi, fixed, per_step, ll, blocked=False, sweeps=False)
+
+
+@jax.custom_batching.custom_vmap
+def _swept_one(pi, fixed, per_step, ll) -> HMMFilterResult:
+    return _swept(pi, fixed, per_step, ll)
+
+
+@_swept_one.def_vmap
+def _swept_one_vmap(axis_size, in_batched, pi, fixed, per_step, ll):
+    # Under `jax.vmap` every sequence's blocks run in one sweep (a per-sequence fallback
+    # `cond` would run both branches); transitions fixed per sequence go to the
+    # sequential filter, vmapped.
+    pi_b, fixed_b, per_step_b, ll_b = in_batched
+    out_batched = HMMFilterResult(True, True, True, True)
+    if fixed_b:
+        axes = (0 if pi_b else None, 0, None, 0 if ll_b else None)
+        return jax.vmap(_sequential, in_axes=axes)(pi, fixed, per_step, ll), out_batched
+
+    def batch(x, is_batched):
+        return x if x is None or is_batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+
+    return _swept(batch(pi, pi_b), fixed, batch(per_step, per_step_b), batch(ll, ll_b),
+                  batched=True), out_batched
 
 
 def _unless_batched(sweeps, sequential):
@@ -347,35 +418,13 @@ def _unless_batched(sweeps, sequential):
 def _filter_by_sweeps(pi, fixed, per_step, ll) -> HMMFilterResult:
     """`_filter` by `statseq.inference.sweeps.sweep_scan` (equal to rounding); its
     derivatives are the sequential filter's (the sweeps' while loops have no reverse
-    mode). Under `jax.vmap` the sequential filter runs (`_unless_batched`)."""
-    return _unless_batched(_filter_by_sweeps_unbatched, _sequential_filter)(
-        pi, fixed, per_step, ll)
-
-
-def _sequential_filter(pi, fixed, per_step, ll) -> HMMFilterResult:
-    return _filter(pi, fixed, per_step, ll, blocked=False, sweeps=False)
-
-
-def _filter_by_sweeps_unbatched(pi, fixed, per_step, ll) -> HMMFilterResult:
-    from statseq.inference.sweeps import sweep_scan
-
-    shift = jnp.max(ll, axis=1)
-    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # every state impossible
-    # the transition out of the last step is never used: pad the per-step ones by one
-    a = None if per_step is None else jnp.concatenate(
-        [per_step, jnp.zeros((1,) + per_step.shape[1:], per_step.dtype)])
-    (filtered, norms), _ = sweep_scan(
-        _sweep_step(fixed, ll.shape[1]), pi, (jnp.exp(ll - shift[:, None]), a))
-    log_normalizers = jnp.log(norms) + shift
-    moved = (_rows_times(filtered[:-1], fixed) if per_step is None
-             else jnp.einsum("ti,tij->tj", filtered[:-1], per_step))
-    return HMMFilterResult(pairwise_sum(log_normalizers), log_normalizers,
-                           jnp.concatenate([pi[None], moved]), filtered)
+    mode), and under `jax.vmap` all sequences sweep together (`_swept_one_vmap`)."""
+    return _swept_one(pi, fixed, per_step, ll)
 
 
 @_filter_by_sweeps.defjvp
 def _filter_by_sweeps_jvp(primals, tangents):
-    return jax.jvp(_sequential_filter, primals, tangents)
+    return jax.jvp(_sequential, primals, tangents)
 
 
 def _filter(pi, fixed, per_step, ll, unrolled=None, rows=True,

@@ -70,7 +70,8 @@ def test_a_recursion_that_never_forgets_falls_back_to_the_scan():
 def test_block_length_must_be_a_multiple_of_the_chunk():
     with pytest.raises(ValueError, match="multiple of chunk"):
         sweep_scan(_counter, jnp.zeros(()), jnp.ones(10), block_length=20, chunk=8)
-    assert default_block_length(10**6) == 1024 and default_block_length(5) == 32
+    assert default_block_length(10**6) == 800 and default_block_length(10**6 + 1) == 1024
+    assert default_block_length(5) == 32
 
 
 # ---- the HMM filter by sweeps ---------------------------------------------------------
@@ -131,6 +132,22 @@ def test_hmm_filter_by_sweeps_gradient_and_vmap():
     lls = jnp.stack([ll, ll[::-1]])
     batched = jax.vmap(SWEPT, in_axes=(None, None, 0))(pi, a, lls)
     _assert_same([batched.filtered_probs[1]], [SEQUENTIAL(pi, a, ll[::-1]).filtered_probs])
+
+
+def test_hmm_filter_by_sweeps_under_vmap_every_argument_batched():
+    # per-sequence initial laws and per-step transitions sweep together; per-sequence
+    # fixed transitions take the sequential filter (`hmm._swept_one_vmap`)
+    rng = np.random.default_rng(6)
+    num_sequences, num_timesteps, num_states = 3, 90, 3
+    pis = jnp.asarray(rng.dirichlet(np.ones(num_states), size=num_sequences))
+    per = jnp.asarray(rng.dirichlet(np.ones(num_states),
+                                    size=(num_sequences, num_timesteps - 1, num_states)))
+    fixed = per[:, 0]
+    lls = jnp.asarray(rng.normal(size=(num_sequences, num_timesteps, num_states)))
+    for a in (per, fixed):
+        got = jax.vmap(SWEPT)(pis, a, lls)
+        want = [SEQUENTIAL(pis[i], a[i], lls[i]) for i in range(num_sequences)]
+        _assert_same(got, jax.tree.map(lambda *x: jnp.stack(x), *want))
 
 
 # ---- the HMM smoother's backward pass by sweeps ------------------------------------------

@@ -342,6 +342,29 @@ class HMMBase(SequenceModel):
     def update(self, params, carry, y_t, mask_t, inputs_t) -> HMMCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
 
+    def masked_data_filter(self, params, num_timesteps: int):
+        """``(y, mask, inputs) -> (log_probs (T,), final carry)`` for one sequence by
+        `statseq.inference.hmm.hmm_filter` where it runs by sweeps over blocks
+        (`statseq.inference.hmm.use_sweeps`: CPU, long sequences), else ``None`` (the
+        per-step `step` scan runs). The same log-densities (masked steps exactly 0) and
+        final carry as the `step` scan to rounding (tested); derivatives are the
+        sequential filter's. Families with their own `step` (autoregressive emissions)
+        keep theirs."""
+        own = type(self).step is not HMMBase.step or (
+            type(self).initial_carry is not HMMBase.initial_carry)
+        if own or not hmm_seq.use_sweeps(num_timesteps):
+            return None
+
+        def run(y, mask, inputs):
+            filt = hmm_seq.hmm_filter(self.initial_probs(params),
+                                      self.transition_matrices(params, inputs),
+                                      self.log_likelihoods(params, y, mask))
+            observed = jnp.any(jnp.reshape(mask, (num_timesteps, -1)), axis=1)
+            log_probs = jnp.where(observed, filt.log_normalizers, 0.0)
+            return log_probs, HMMCarry(filt.filtered_probs[-1], jnp.ones((), bool))
+
+        return run
+
     # ---- posterior inference (adapters over statseq.inference.hmm) ---------------------
     def log_likelihoods(self, params, y, mask):
         """``(T, K)`` emission log-likelihoods of one sequence (0 rows where masked)."""
