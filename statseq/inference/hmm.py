@@ -393,27 +393,6 @@ def _swept_one_vmap(axis_size, in_batched, pi, fixed, per_step, ll):
                   batched=True), out_batched
 
 
-def _unless_batched(sweeps, sequential):
-    """``sweeps`` on one sequence; under `jax.vmap`, ``sequential`` vmapped instead (a
-    `jax.custom_batching.custom_vmap`). A vmapped scan is already vectorized across the
-    sequences, and the sweeps vmapped do about twice its work in while loops that run as
-    long as their slowest sequence: 3.8 to 4.6 times slower for 100 sequences of 1000
-    steps at 6 states, 2.2 to 2.4 times for 1000 at 2 states. Differentiate it only through
-    a `jax.custom_jvp` around it (``custom_vmap`` has no reverse mode)."""
-
-    @jax.custom_batching.custom_vmap
-    def run(*args):
-        return sweeps(*args)
-
-    @run.def_vmap
-    def _vmapped(axis_size, in_batched, *args):
-        axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
-        out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
-        return out, jax.tree.map(lambda _: True, out)
-
-    return run
-
-
 @jax.custom_jvp
 def _filter_by_sweeps(pi, fixed, per_step, ll) -> HMMFilterResult:
     """`_filter` by `statseq.inference.sweeps.sweep_scan` (equal to rounding); its
@@ -549,6 +528,36 @@ def _backward(fixed_t, per_step_t, lik, unrolled: bool):
     return v
 
 
+def _swept_unless_batched(sweeps, sequential):
+    """``sweeps`` on one sequence, with the derivatives of ``sequential`` (a
+    `jax.custom_jvp`: the sweeps' while loops have no reverse mode), and ``sequential``
+    vmapped under `jax.vmap` (a `jax.custom_batching.custom_vmap`): a vmapped scan is
+    already vectorized across the sequences, and the sweeps vmapped were 3.8 to 4.6 times
+    slower than it for 100 sequences of 1000 steps at 6 states (filter and backward pass
+    per sequence; with the filter's batched sweeps 1.4 to 1.9 times), 2.2 to 2.4 times for
+    1000 sequences at 2 states."""
+
+    @jax.custom_batching.custom_vmap
+    def run(*args):
+        return sweeps(*args)
+
+    @run.def_vmap
+    def _vmapped(axis_size, in_batched, *args):
+        axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
+        out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
+        return out, jax.tree.map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def swept(*args):
+        return run(*args)
+
+    @swept.defjvp
+    def _jvp(primals, tangents):
+        return jax.jvp(sequential, primals, tangents)
+
+    return swept
+
+
 def _sequential_backward(fixed_t, per_step_t, lik):
     return _backward(fixed_t, per_step_t, lik, _unrolled(lik.shape[1]))
 
@@ -561,34 +570,38 @@ def _backward_by_sweeps_unbatched(fixed_t, per_step_t, lik):
     return v
 
 
-@jax.custom_jvp
 def _backward_by_sweeps(fixed_t, per_step_t, lik):
     """`_backward` by `statseq.inference.sweeps.sweep_scan` (``reverse=True``; equal to
-    rounding); its derivatives are the sequential pass's (the sweeps' while loops have no
-    reverse mode), and so is its result under `jax.vmap` (`_unless_batched`)."""
-    return _unless_batched(_backward_by_sweeps_unbatched, _sequential_backward)(
+    rounding); derivatives, and the result under `jax.vmap`, are the sequential pass's
+    (`_swept_unless_batched`)."""
+    return _swept_unless_batched(_backward_by_sweeps_unbatched, _sequential_backward)(
         fixed_t, per_step_t, lik)
 
 
-@_backward_by_sweeps.defjvp
-def _backward_by_sweeps_jvp(primals, tangents):
-    return jax.jvp(_sequential_backward, primals, tangents)
+def _filter_swept_unless_batched(pi, fixed, per_step, ll) -> HMMFilterResult:
+    """`_filter_by_sweeps` on one sequence, the sequential filter under `jax.vmap`: the
+    smoother's forward pass at 6-7 states below `SWEEP_MIN_STEPS` (where the filter's own
+    batched sweeps are slower than the vmapped scan)."""
+    return _swept_unless_batched(_filter_by_sweeps, _sequential)(pi, fixed, per_step, ll)
 
 
 def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
               transition_weights=None, blocked=False, sweeps=None) -> HMMPosterior:
     """``sweeps``: ``True`` for both passes by sweeps (`_backward_by_sweeps`,
-    `_filter_by_sweeps`), ``False`` for neither, ``None`` for the default
-    (`_use_backward_sweeps`; otherwise the filter takes its own default). ``blocked`` as for
-    `_filter` (both passes); its default (``None``, `hmm_blocked.use_blocked`) yields to the
-    sweeps, which are faster at 6 and 7 states."""
+    `_filter_by_sweeps`), ``False`` for neither, ``None`` for the default: the backward pass
+    by `_use_backward_sweeps`, and the filter then by sweeps too (below `SWEEP_MIN_STEPS`
+    sequential under `jax.vmap`: `_filter_swept_unless_batched`), otherwise the filter's
+    own default. ``blocked`` as for `_filter` (both passes); its default (``None``,
+    `hmm_blocked.use_blocked`) yields to the sweeps, which are faster at 6 and 7 states."""
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
     backward_sweeps = _use_backward_sweeps(sweeps, ll)
     if blocked is None and backward_sweeps:
         blocked = False
     blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
-    filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked,
-                   sweeps=True if backward_sweeps else sweeps)
+    if sweeps is None and backward_sweeps and not use_sweeps(ll.shape[0]):
+        filt = _filter_swept_unless_batched(pi, fixed, per_step, ll)
+    else:
+        filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked, sweeps=sweeps)
     filtered = filt.filtered_probs
     dtype = filtered.dtype
     fixed_t = None if fixed is None else fixed.T
