@@ -316,12 +316,16 @@ def use_sweeps(num_timesteps: int, backend: str | None = None) -> bool:
     return backend_kind(backend) == "cpu" and num_timesteps >= SWEEP_MIN_STEPS
 
 
-#: Numbers of states (smallest, largest) whose smoother runs by sweeps on CPU (both passes),
-#: from `SWEEP_BACKWARD_MIN_STEPS` steps: there XLA:CPU's sequential scans cost some 400 ns
-#: a step; elsewhere the sequential backward pass ties with the sweeps (2 to 5 states) or
-#: beats them (8 states and more: the sweeps do twice its ``K^2`` work).
+#: float64: numbers of states (smallest, largest) whose smoother runs by sweeps on CPU (both
+#: passes), from `SWEEP_BACKWARD_MIN_STEPS` steps: there XLA:CPU's sequential scans cost some
+#: 400 ns a step; elsewhere the sequential backward pass ties with the sweeps (2 to 5
+#: states) or beats them (8 states and more: the sweeps do twice its ``K^2`` work).
 SWEEP_BACKWARD_STATES = (6, 7)
 SWEEP_BACKWARD_MIN_STEPS = 256
+#: float32: the backward pass by sweeps up to this many states from `SWEEP_MIN_STEPS` steps
+#: (0.6-0.9 of the sequential pass's time at 2 to 4 states; a tie at 5 to 7, where the
+#: float32 sequential scan is not slow)
+SWEEP_BACKWARD_FLOAT32_STATES = 4
 
 
 def _use_backward_sweeps(sweeps, ll) -> bool:
@@ -329,8 +333,12 @@ def _use_backward_sweeps(sweeps, ll) -> bool:
     if sweeps is not None:
         return bool(sweeps) and ll.shape[0] > 1
     num_timesteps, num_states = ll.shape
-    return (backend_kind() == "cpu"
-            and SWEEP_BACKWARD_STATES[0] <= num_states <= SWEEP_BACKWARD_STATES[1]
+    if backend_kind() != "cpu":
+        return False
+    if jnp.dtype(ll.dtype).itemsize < 8:
+        return (num_states <= SWEEP_BACKWARD_FLOAT32_STATES
+                and num_timesteps >= SWEEP_MIN_STEPS)
+    return (SWEEP_BACKWARD_STATES[0] <= num_states <= SWEEP_BACKWARD_STATES[1]
             and num_timesteps >= SWEEP_BACKWARD_MIN_STEPS)
 
 

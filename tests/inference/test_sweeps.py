@@ -217,3 +217,7 @@ def test_hmm_smoother_by_sweeps_gradient_vmap_and_default():
     assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 2)))
     assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 8)))
     assert not hmm._use_backward_sweeps(True, jnp.zeros((1, 6)))
+    # float32: up to 4 states from the filter's SWEEP_MIN_STEPS, not at 6-7 states
+    f32 = jnp.zeros((hmm.SWEEP_MIN_STEPS, 2), jnp.float32)
+    assert hmm._use_backward_sweeps(None, f32) == (jax.default_backend() == "cpu")
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 6), jnp.float32))
