@@ -543,7 +543,7 @@ def _swept_unless_batched(sweeps, sequential):
     already vectorized across the sequences, and the sweeps vmapped were 3.8 to 4.6 times
     slower than it for 100 sequences of 1000 steps at 6 states (filter and backward pass
     per sequence; with the filter's batched sweeps 1.4 to 1.9 times), 2.2 to 2.4 times for
-    1000 sequences at 2 states."""
+    1000 sequences at 2 states. A batch of one runs the sweeps."""
 
     @jax.custom_batching.custom_vmap
     def run(*args):
@@ -551,8 +551,12 @@ def _swept_unless_batched(sweeps, sequential):
 
     @run.def_vmap
     def _vmapped(axis_size, in_batched, *args):
-        axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
-        out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
+        if axis_size == 1:  # a batch of one (the public models' calls): the sweeps
+            one = jax.tree.map(lambda x, b: x[0] if b else x, args, tuple(in_batched))
+            out = jax.tree.map(lambda x: x[None], sweeps(*one))
+        else:
+            axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
+            out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
         return out, jax.tree.map(lambda _: True, out)
 
     @jax.custom_jvp

@@ -210,6 +210,9 @@ def test_hmm_smoother_by_sweeps_gradient_vmap_and_default():
     batched = jax.jit(jax.vmap(default, in_axes=(None, None, 0)))(pi, a, lls)
     _assert_same(jax.tree.map(lambda x: x[0], batched), SMOOTH_SEQUENTIAL(pi, a, ll))
     _assert_same([batched.smoothed_probs[1]], [SMOOTH_SEQUENTIAL(pi, a, ll[::-1]).smoothed_probs])
+    # a batch of one (the public models' calls) runs the sweeps
+    one = jax.jit(jax.vmap(default, in_axes=(None, None, 0)))(pi, a, ll[None])
+    _assert_same(jax.tree.map(lambda x: x[0], one), SMOOTH_SEQUENTIAL(pi, a, ll))
     # the rule on CPU: sweeps at 6-7 states from SWEEP_BACKWARD_MIN_STEPS, else not
     min_steps = hmm.SWEEP_BACKWARD_MIN_STEPS
     assert hmm._use_backward_sweeps(None, ll) == (jax.default_backend() == "cpu")
