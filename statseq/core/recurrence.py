@@ -45,6 +45,49 @@ def pairwise_sum(x, axis: int = -1):
     return x[..., 0] if x.shape[-1] == 1 else jnp.zeros(x.shape[:-1], x.dtype)
 
 
+def vmap_or_one(fn, in_axes=0):
+    """``jax.vmap(fn, in_axes)``, except that a batch of one calls ``fn`` unbatched.
+
+    ``vmap_or_one(f)(x)[n] = f(x[n])`` for ``n < N``; when the batch size ``N`` (a static
+    shape, so decided while tracing) is 1, the result is ``f(x[0])`` with a leading axis of
+    length 1 added to every output leaf, with no ``vmap`` in the program. A public call on
+    one sequence flattens its batch to ``N = 1``, and ``vmap`` of one is not free on
+    XLA:CPU: it adds kernels to a scan body (past the 8-thunk loop body XLA:CPU runs
+    inline, +0.3-0.4 µs per step) and changes fusion (the HMM K = 16 smoother ran 2.5x
+    slower). Every per-sequence ``vmap`` over a flat batch goes through here. Under a
+    user's ``jax.vmap`` of such a call, ``fn`` itself is then vmapped (with its own
+    batching rules, e.g. ``custom_vmap``).
+
+    Args:
+        fn: the per-sequence function.
+        in_axes: ``0`` (every argument batched along its first axis) or a tuple with one
+            entry per positional argument, ``0`` (batched) or ``None`` (not batched).
+
+    Returns:
+        A function of the same arguments as ``jax.vmap(fn, in_axes)``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> vmap_or_one(lambda x, s: x.sum() * s, in_axes=(0, None))(
+        ...     jnp.ones((1, 3)), 2.0).shape
+        (1,)
+    """
+    def run(*args):
+        axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+        if len(axes) != len(args) or any(a not in (0, None) for a in axes):
+            raise ValueError(f"vmap_or_one takes in_axes 0, None or a tuple of them, one "
+                             f"per argument; got {in_axes!r} for {len(args)} arguments")
+        sizes = {jnp.shape(leaf)[0] for arg, ax in zip(args, axes, strict=True)
+                 if ax is not None for leaf in jax.tree.leaves(arg)}
+        if sizes != {1}:
+            return jax.vmap(fn, in_axes=in_axes)(*args)
+        one = (arg if ax is None else jax.tree.map(lambda a: a[0], arg)
+               for arg, ax in zip(args, axes, strict=True))
+        return jax.tree.map(lambda a: jnp.asarray(a)[None], fn(*one))
+
+    return run
+
+
 def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool, num_valid=None):
     """Run the filter over one sequence; returns (log_probs, carries or None, final).
 
@@ -106,10 +149,10 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
             log_probs, final = model.complete_data_log_probs_batch(params, y, inputs)
         elif stops and num_valid is not None:
             fast = partial(model.complete_data_log_probs, params, num_valid=num_valid)
-            log_probs, final = jax.vmap(fast)(y, inputs)
+            log_probs, final = vmap_or_one(fast)(y, inputs)
         else:
             fast = partial(model.complete_data_log_probs, params)
-            log_probs, final = jax.vmap(fast)(y, inputs)
+            log_probs, final = vmap_or_one(fast)(y, inputs)
         if num_valid is not None:
             live = jnp.arange(y.shape[1]) < num_valid
             log_probs = jnp.where(live, log_probs, jnp.zeros((), log_probs.dtype))
@@ -120,12 +163,12 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
     own = None if own is None or return_carries or num_valid is not None else own(
         params, y.shape[1])
     if own is not None:
-        log_probs, final = jax.vmap(own)(y, mask, inputs)
+        log_probs, final = vmap_or_one(own)(y, mask, inputs)
         return pairwise_sum(log_probs), log_probs, None, final
     carry0 = model.initial_carry(params)
     run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries,
                   num_valid=num_valid)
-    log_probs, carries, final = jax.vmap(run)(y, mask, inputs)
+    log_probs, carries, final = vmap_or_one(run)(y, mask, inputs)
     return pairwise_sum(log_probs), log_probs, carries, final
 
 
@@ -562,8 +605,8 @@ def _simulate(model, params, carry, key, inputs):
 def _sample_from(model, params, carries, keys, inputs):
     """carries: (N, ...); keys: (S, N); inputs: (N, T, U) -> samples (S, N, T, *event)."""
     sim = lambda c, k, u: _simulate(model, params, c, k, u)[0]  # noqa: E731
-    over_batch = jax.vmap(sim, in_axes=(0, 0, 0))
-    return jax.vmap(over_batch, in_axes=(None, 0, None))(carries, keys, inputs)
+    over_batch = vmap_or_one(sim, in_axes=(0, 0, 0))
+    return vmap_or_one(over_batch, in_axes=(None, 0, None))(carries, keys, inputs)
 
 
 def _future_inputs(model, inputs, batch_shape, num_steps):
