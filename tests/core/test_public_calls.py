@@ -190,6 +190,40 @@ def test_batch_with_mask_matches_per_sequence_calls():
             _assert_tree_equal(jax.tree.map(lambda a, i=i, j=j: a[i, j], post), one)
 
 
+@pytest.mark.parametrize(("name", "masked"), [("ar", False), ("lgssm", True),
+                                             ("poisson_hmm", True)])
+def test_one_sequence_equals_its_row_in_a_batch_of_two(name, masked):
+    """One sequence is a flat batch of one, which `recurrence.vmap_or_one` runs unbatched;
+    in a batch of two it is vmapped: the same values (1e-12) and gradients. AR without a
+    mask takes the complete-data fast path, the one-series LGSSM with missing steps its
+    own filter (`masked_data_filter`) and the Kalman smoother, the PoissonHMM with
+    missing steps the per-step scan, the HMM smoother and Viterbi."""
+    model, params, y, _ = _case(name, T=13)
+    other = _series("count" if name == "poisson_hmm" else "real", 13, seed=9)
+    ys = np.stack([y, other])
+    mask = np.random.default_rng(8).random((2, 13)) > 0.3 if masked else np.ones((2, 13), bool)
+    mask[:, 0] = True
+
+    def calls(yy, mm):
+        out = {"filter": ss.filter(model, params, yy, mask=mm),
+               "grad": jax.grad(lambda p: jnp.sum(ss.log_prob(model, p, yy, mask=mm)))(
+                   params)}
+        if hasattr(model, "smoother"):
+            out["smoother"] = model.smoother(params, yy, mask=mm)
+        if hasattr(model, "most_likely_states"):
+            out["viterbi"] = model.most_likely_states(params, yy, mask=mm)
+        return out
+
+    one, both = calls(y, mask[0]), calls(ys, mask)
+    # the gradient of the batch's total is the sum of the sequences' gradients
+    both["grad"] = jax.tree.map(jnp.subtract, both["grad"], calls(other, mask[1])["grad"])
+    for what in one:
+        row = both[what] if what == "grad" else jax.tree.map(lambda a: a[0], both[what])
+        _assert_tree_equal(one[what], row, rtol=1e-12)
+    np.testing.assert_allclose(ss.log_prob(model, params, y, mask=mask[0]),
+                               ss.log_prob(model, params, ys, mask=mask)[0], rtol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["ar", "poisson_hmm", "local_level", "ms_ar", "gru"])
 def test_numpy_changed_in_place_is_checked_again(name):
     """A NaN written into y after a first call raises the error of a first call; a valid
