@@ -299,21 +299,22 @@ def checked_data(model, params, y, mask=None, inputs=None, *, bucket: bool = Tru
 def device_args(data: Prepared, num_inputs: int) -> tuple[dict, bool]:
     """The arrays of prepared ``data`` to pass to a compiled call: ``(dynamic, fill)``.
 
-    For complete, unpadded data of a model without inputs, the all-True mask and the
-    empty inputs are built inside the compiled program (``fill=True``, `reshaped_call`)
-    rather than passed: fewer arguments to dispatch on every call, same values.
+    For complete, unpadded data the all-True mask (and, for a model without inputs, the
+    empty inputs) is built inside the compiled program (``fill=True``, `reshaped_call`)
+    rather than passed: fewer arguments to dispatch on every call, same values, and a
+    mask the compiler knows and can drop, as in a user's ``jax.jit`` of the same call.
 
     Args:
         data: the output of `statseq.core.validation.prepare_data`.
         num_inputs: the model's ``num_inputs``.
 
     Returns:
-        ``({"y": ..., "mask": ..., "inputs": ...}, fill)``; with ``fill`` the mask and
-        inputs are ``None``.
+        ``({"y": ..., "mask": ..., "inputs": ...}, fill)``; with ``fill`` the mask is
+        ``None``, and so are the inputs of a model without inputs.
     """
-    fill = data.complete and data.num_valid is None and num_inputs == 0
+    fill = data.complete and data.num_valid is None
     if fill:
-        return dict(y=data.y, mask=None, inputs=None), True
+        return dict(y=data.y, mask=None, inputs=data.inputs if num_inputs else None), True
     return dict(y=data.y, mask=data.mask, inputs=data.inputs), False
 
 
