@@ -11,6 +11,7 @@ import functools
 import weakref
 from collections import OrderedDict
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -327,12 +328,59 @@ def _filled(y, mask, inputs):
     return mask, inputs
 
 
+class _Stripped(NamedTuple):
+    """A compiled call's output without its zero-size leaves (`_strip_empty`)."""
+
+    leaves: tuple
+
+
+#: zero-size arrays handed back in place of a program's zero-size outputs, by (shape, dtype)
+_EMPTY: dict = {}
+
+
+def _strip_empty(out, layouts: dict):
+    """``out`` as it is, or, where some leaves are zero-size, its other leaves as a
+    `_Stripped` (the layout to restore it recorded in ``layouts``, while tracing).
+
+    Every output of a program is a buffer that XLA:CPU fills by a thunk of the program's
+    entry computation, a zero-size one too (a copy of a constant), and an entry of more
+    than 8 thunks that are not a chain runs on XLA:CPU's concurrent executor, at a fixed
+    cost of 10-50 µs (`benchmarks/RESULTS.md`, "Public calls vs their jitted core"): the
+    final carry of a linear Gaussian model has 3 empty leaves (input weights of a model
+    without inputs) among 9, and they alone put its ``log_prob`` program past the limit.
+    """
+    leaves, treedef = jax.tree.flatten(out)
+    empty = [(i, a.shape, a.dtype) for i, a in enumerate(leaves)
+             if 0 in a.shape and (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == bool)]
+    if not empty:
+        return out
+    gone = {e[0] for e in empty}
+    kept = tuple(a for i, a in enumerate(leaves) if i not in gone)
+    layouts[tuple(a.shape for a in kept)] = (treedef, empty)
+    return _Stripped(kept)
+
+
+def _unstrip(out: _Stripped, layouts: dict):
+    """The full output of a `_Stripped` one: its zero-size leaves put back (one array per
+    shape and dtype, made once: no program and no transfer on a call)."""
+    treedef, empty = layouts[tuple(a.shape for a in out.leaves)]
+    leaves = list(out.leaves)
+    for i, shape, dtype in empty:
+        key = (shape, np.dtype(dtype))
+        if key not in _EMPTY:
+            _EMPTY[key] = jax.device_put(np.zeros(shape, dtype))
+        leaves.insert(i, _EMPTY[key])
+    return treedef.unflatten(leaves)
+
+
 @functools.lru_cache(maxsize=512)
 def _bound(fn, names, nones, batch_shape, fill, pick, static):
     """One ``jax.jit`` per (kernel, argument names, batch shape, options), called with the
     dynamic arrays as positional arguments only: no static argument to hash and no keyword
-    to sort on a call, which is most of the dispatch of a short filter."""
+    to sort on a call, which is most of the dispatch of a short filter. Zero-size outputs
+    are made outside the program (`_strip_empty`)."""
     static = dict(static)
+    layouts: dict = {}
 
     def run(*arrays):
         dynamic = dict(zip(names, arrays, strict=True), **dict.fromkeys(nones))
@@ -343,9 +391,16 @@ def _bound(fn, names, nones, batch_shape, fill, pick, static):
         out = fn(**dynamic, **static)
         if pick is not None:
             out = out[pick]
-        return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+        out = jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+        return _strip_empty(out, layouts)
 
-    return jax.jit(run)
+    jitted = jax.jit(run)
+
+    def call(*arrays):
+        out = jitted(*arrays)
+        return _unstrip(out, layouts) if type(out) is _Stripped else out
+
+    return call
 
 
 def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, **static):

@@ -10,6 +10,7 @@ call, or the new result). Counts, not timings: programs are counted by routing e
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -222,6 +223,34 @@ def test_one_sequence_equals_its_row_in_a_batch_of_two(name, masked):
         _assert_tree_equal(one[what], row, rtol=1e-12)
     np.testing.assert_allclose(ss.log_prob(model, params, y, mask=mask[0]),
                                ss.log_prob(model, params, ys, mask=mask)[0], rtol=1e-12)
+
+
+def test_zero_size_outputs_are_made_outside_the_program(monkeypatch):
+    """The final carry of a linear Gaussian model without inputs has zero-size leaves; the
+    public program does not hand them back (`recurrence._strip_empty`: each output is a
+    thunk of XLA:CPU's entry computation) and ``ss.filter`` puts them back: the same tree,
+    shapes and dtypes as `recurrence._filter_flat`'s (values: the other tests), and a repeat
+    is still one program, no compile and no transfer."""
+    model, params, y, _ = _case("lgssm", T=11)
+    with counting(monkeypatch) as counts:  # before the first call (see `counting`)
+        got = ss.filter(model, params, y)
+        before = counts()
+        with jax.transfer_guard_host_to_device("disallow_explicit"):
+            again = jax.block_until_ready(ss.filter(model, params, y))
+        assert tuple(np.subtract(counts(), before)) == (1, 0)
+    _assert_tree_equal(got, again, rtol=0)
+    *_, final = jax.eval_shape(partial(recurrence._filter_flat, model, complete=True), params,
+                               y[None], jnp.ones((1, 11), bool), jnp.zeros((1, 11, 0)))
+    assert any(0 in a.shape for a in jax.tree.leaves(final))
+    assert jax.tree.structure(got.final_carry) == jax.tree.structure(final)
+    for g, w in zip(jax.tree.leaves(got.final_carry), jax.tree.leaves(final), strict=True):
+        assert g.shape == w.shape[1:] and g.dtype == w.dtype
+    final = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), final)
+    stripped = recurrence._strip_empty(final, layouts := {})
+    assert isinstance(stripped, recurrence._Stripped)
+    assert not any(0 in a.shape for a in stripped.leaves)
+    assert jax.tree.structure(recurrence._unstrip(stripped, layouts)) == jax.tree.structure(
+        final)
 
 
 @pytest.mark.parametrize("name", ["ar", "poisson_hmm", "local_level", "ms_ar", "gru"])
