@@ -356,14 +356,19 @@ def _strip_empty(out, layouts: dict):
         return out
     gone = {e[0] for e in empty}
     kept = tuple(a for i, a in enumerate(leaves) if i not in gone)
-    layouts[tuple(a.shape for a in kept)] = (treedef, empty)
+    layouts[_layout_key(kept)] = (treedef, empty)
     return _Stripped(kept)
+
+
+def _layout_key(leaves) -> tuple:
+    """What tells apart the traces of one program (lengths, dtype policies)."""
+    return tuple((a.shape, a.dtype) for a in leaves)
 
 
 def _unstrip(out: _Stripped, layouts: dict):
     """The full output of a `_Stripped` one: its zero-size leaves put back (one array per
     shape and dtype, made once: no program and no transfer on a call)."""
-    treedef, empty = layouts[tuple(a.shape for a in out.leaves)]
+    treedef, empty = layouts[_layout_key(out.leaves)]
     leaves = list(out.leaves)
     for i, shape, dtype in empty:
         key = (shape, np.dtype(dtype))
