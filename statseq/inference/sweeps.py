@@ -36,6 +36,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+__all__ = ["SweepInfo", "default_block_length", "sweep_scan"]
+
 #: steps per chunk: a block stops early only at a chunk boundary
 CHUNK = 32
 

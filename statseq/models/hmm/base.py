@@ -29,7 +29,7 @@ from numpyro.distributions import constraints
 
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import SequenceModel
-from statseq.core.recurrence import pairwise_sum
+from statseq.core.recurrence import pairwise_sum, vmap_or_one
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import hmm_parallel
@@ -492,7 +492,7 @@ class HMMBase(SequenceModel):
                 transition_weights=hmm_seq.trailing_transition_weights(m_s))
             return post
 
-        post = jax.vmap(one)(y, mask, inputs)
+        post = vmap_or_one(one)(y, mask, inputs)
         seen = jnp.reshape(mask, mask.shape[:2] + (-1,)).any(axis=(1, 2))
         stats = {
             "initial": jnp.sum(post.smoothed_probs[:, 0] * seen[:, None], axis=0),
@@ -940,7 +940,7 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel, num_valid=Non
 
 @partial(jax.jit, static_argnames=("model", "kind", "parallel"))
 def _hmm_posterior(model, params, y, mask, inputs, num_valid=None, *, kind, parallel):
-    return jax.vmap(
+    return vmap_or_one(
         lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, kind, parallel,
                                              num_valid)
     )(y, mask, inputs)
@@ -955,7 +955,7 @@ def _hmm_sample_paths(model, params, y, mask, inputs, key):
         return hmm_seq.hmm_posterior_sample(model.initial_probs(params),
                                             model.transition_matrices(params, u_s), ll, key=k)
 
-    return jax.vmap(one)(y, mask, inputs, keys)
+    return vmap_or_one(one)(y, mask, inputs, keys)
 
 
 def check_counts(y, mask, name: str = "y") -> None:
