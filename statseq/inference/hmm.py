@@ -265,7 +265,7 @@ def _sweep_step(fixed, num_states: int):
     return step
 
 
-def _backward_sweep_step(fixed_t, num_states: int):
+def _smoother_sweep_step(fixed_t, num_states: int):
     """One step of `_smoother`'s backward recursion for `statseq.inference.sweeps`
     (``reverse=True``) on likelihoods exponentiated outside the loop: carry the rescaled
     ``beta_{t+1}``, emit ``v_t = l_{t+1} beta_{t+1} / max`` (one output; ``beta_t = A_t v_t /
@@ -585,7 +585,7 @@ def _sequential_backward(fixed_t, per_step_t, lik):
 def _backward_by_sweeps_unbatched(fixed_t, per_step_t, lik):
     from statseq.inference.sweeps import sweep_scan
 
-    v, _ = sweep_scan(_backward_sweep_step(fixed_t, lik.shape[1]),
+    v, _ = sweep_scan(_smoother_sweep_step(fixed_t, lik.shape[1]),
                       jnp.ones(lik.shape[1], lik.dtype), (lik, per_step_t), reverse=True)
     return v
 

@@ -212,7 +212,7 @@ def test_hmm_smoother_by_sweeps_impossible_rows_and_a_chain_that_never_mixes():
     _assert_same(got, want)
     # A = I never forgets its start (backward either): the sweeps fall back, still exact
     lik = jnp.exp(ll[1:] - ll[1:].max(1, keepdims=True))
-    _, info = jax.jit(lambda lik: sweep_scan(hmm._backward_sweep_step(jnp.eye(40), 40),
+    _, info = jax.jit(lambda lik: sweep_scan(hmm._smoother_sweep_step(jnp.eye(40), 40),
                                              jnp.ones(40), (lik, None), reverse=True))(lik)
     assert not bool(info.converged)
     _assert_same(SMOOTH_SWEPT(pi, jnp.eye(40), ll), SMOOTH_SEQUENTIAL(pi, jnp.eye(40), ll))
