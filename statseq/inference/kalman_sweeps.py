@@ -1,0 +1,243 @@
+"""The exact Kalman filter by sweeps over blocks (`statseq.inference.sweeps`).
+
+The exact (not steady-state) filter forgets where it started when the model is detectable
+and stabilizable: the predicted covariance ``P_t`` follows the Riccati recursion, which
+converges from any start, and the predicted mean's dependence on its start decays through
+the products of ``F_t (I - K_t H_t)``. So the recursion
+
+    (a_{t+1}, P_{t+1}) = predict(update((a_t, P_t), y_t)),   (a_0, P_0) = (m, P),
+
+is one `sweeps.sweep_scan` can run as ``~sqrt(T)`` blocks at once: the blocks start from
+``(m, P)``, then from their left neighbour's end, and stop when every block's carry
+``(a_t, vec P_t)`` equals the previous sweep's **bit for bit** at a chunk boundary (the
+covariances and means of the benchmark models coalesce within one or two chunks of 32
+steps; `tests/inference/test_kalman_sweeps.py` checks the number of sweeps). A model that
+does not forget (no observations, an unobserved random walk) is recomputed by the
+sequential scan, so the result is always the sequential recursion's.
+
+The loop carries and emits only the predicted moments (one flat row ``(a_t, vec P_t)`` a
+step); the log-densities and the filtered moments follow after the loop, the update
+vectorized over time (the same `kalman.innovation` and `kalman.joseph_update` as
+`kalman.kalman_step`, so the results equal the sequential filter's to rounding). Only
+proper initial laws (no diffuse directions) take this path; its derivatives are the
+sequential scan's (``jax.custom_jvp``; the sweeps' while loops have no reverse mode), and
+under ``jax.vmap`` the sequences sweep together (``jax.custom_batching.custom_vmap``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from statseq.inference._backend import backend_kind
+from statseq.inference.kalman import (
+    _BASE_NDIM,
+    _LOG_2PI,
+    _PER_STEP,
+    SMALL_DIM,
+    GaussianSSMArrays,
+    _mm,
+    innovation,
+    joseph_update,
+    predict_state,
+)
+
+#: `kalman.kalman_filter` and `kalman.kalman_log_prob` run by sweeps on CPU from this
+#: many steps (measured: `benchmarks/RESULTS.md`, "The exact Kalman filter by sweeps").
+SWEEP_MIN_STEPS = 2**12
+
+
+def use_sweeps(arrays: GaussianSSMArrays, num_timesteps: int,
+               backend: str | None = None) -> bool:
+    """Whether `kalman.kalman_filter` and `kalman.kalman_log_prob` run by sweeps over
+    blocks: on CPU, from `SWEEP_MIN_STEPS` steps, for a proper initial law (no diffuse
+    directions) and at most ``SMALL_DIM`` states and series.
+
+    Args:
+        arrays: the model's matrices.
+        num_timesteps: ``T``.
+        backend: a platform name, or ``None`` for JAX's default backend.
+
+    Returns:
+        ``True`` for the sweeps.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(2), jnp.eye(2), jnp.eye(2), jnp.zeros((2, 0)),
+        ...     jnp.zeros(2), jnp.eye(2), jnp.eye(2), jnp.zeros((2, 0)), jnp.zeros(2),
+        ...     jnp.eye(2), jnp.zeros((2, 0)))
+        >>> use_sweeps(arr, 10**5, "cpu"), use_sweeps(arr, 100, "cpu"), use_sweeps(arr, 10**5, "gpu")
+        (True, False, False)
+    """
+    n = arrays.initial_mean.shape[-1]
+    num_series = arrays.emission_cov.shape[-1]
+    return (backend_kind(backend) == "cpu" and num_timesteps >= SWEEP_MIN_STEPS
+            and arrays.initial_diffuse.shape[-1] == 0
+            and 0 < n <= SMALL_DIM and 0 < num_series <= SMALL_DIM)
+
+
+#: the fewest steps per block: the carries of the benchmark models coalesce bit for bit
+#: within some 200-330 steps of a guessed start, so that with blocks at least this long
+#: two sweeps suffice (shorter blocks need three to six sweeps)
+MIN_BLOCK = 384
+
+
+def block_length(num_timesteps: int) -> int:
+    """The block length of the sweeps: `sweeps.default_block_length`, at least
+    `MIN_BLOCK`."""
+    from statseq.inference.sweeps import default_block_length
+
+    return max(default_block_length(num_timesteps), MIN_BLOCK)
+
+
+def _varying(arrays: GaussianSSMArrays):
+    return [name for name, leaf, nd in zip(GaussianSSMArrays._fields, arrays, _BASE_NDIM,
+                                           strict=True)
+            if name in _PER_STEP and jnp.ndim(leaf) == nd + 1]
+
+
+def _per_step_leaves(arrays: GaussianSSMArrays, varying, num_t: int):
+    """The time-varying leaves with a time axis of ``T`` (dynamics leaves, ``T - 1`` long,
+    repeat their last entry: the prediction after the last step is discarded)."""
+    out = []
+    for name in varying:
+        leaf = getattr(arrays, name)
+        if leaf.shape[0] == 0:
+            leaf = jnp.zeros((1,) + leaf.shape[1:], leaf.dtype)
+        if leaf.shape[0] < num_t:
+            leaf = jnp.concatenate(
+                [leaf, jnp.broadcast_to(leaf[-1:], (num_t - leaf.shape[0],) + leaf.shape[1:])])
+        out.append(leaf)
+    return out
+
+
+def _step(fixed: GaussianSSMArrays, varying, moments: bool):
+    """One step on the flat predicted moments ``(a_t, vec P_t)``: update with ``y_t``,
+    predict ``x_{t+1}``. It emits one flat row: ``(sum z^2, diag L)`` of the whitened
+    innovation (the log-density's pieces; the logarithms are taken after the loop), and
+    with ``moments`` also the carry it started from and the filtered moments. (The update
+    vectorized over time after the loop instead cost more than the whole sequential
+    filter: its ``(T, n, n, n)`` temporaries leave the cache.)"""
+    n = fixed.initial_mean.shape[-1]
+
+    def step(carry, xs):
+        y_t, m_t, u_t, u_n, leaves = xs
+        arr = fixed._replace(**dict(zip(varying, leaves, strict=True)))
+        mean, cov = carry[:n], carry[n:].reshape(n, n)
+        inn = innovation(arr, mean, cov, y_t, m_t, u_t)
+        mean_f = mean + _mm(inn.w.T, inn.z)
+        cov_f = joseph_update(cov, inn, arr.emission_cov)
+        mean_n, cov_n = predict_state(arr, mean_f, cov_f, u_n)
+        row = [jnp.sum(inn.z**2)[None], jnp.diagonal(inn.chol)]
+        if moments:
+            row += [carry, mean_f, cov_f.reshape(-1)]
+        return jnp.concatenate([mean_n, cov_n.reshape(-1)]), jnp.concatenate(row)
+
+    return step
+
+
+def _inputs(arrays, y, mask, inputs):
+    """``(init, xs)`` of the flat recursion of one series."""
+    num_t = y.shape[0]
+    dtype = arrays.initial_cov.dtype
+    u_next = jnp.concatenate([inputs[1:], jnp.zeros_like(inputs[:1])], axis=0)
+    init = jnp.concatenate([arrays.initial_mean.astype(dtype),
+                            arrays.initial_cov.reshape(-1)])
+    xs = (y, mask, inputs, u_next, _per_step_leaves(arrays, _varying(arrays), num_t))
+    return init, xs
+
+
+def _sequential(arrays, y, mask, inputs, moments):
+    """The rows of `_step` by the sequential scan."""
+    init, xs = _inputs(arrays, y, mask, inputs)
+    return jax.lax.scan(_step(arrays, _varying(arrays), moments), init, xs)[1]
+
+
+def _swept(arrays, y, mask, inputs, moments, batched=False):
+    """The rows of `_step` by `sweeps.sweep_scan` (``batched``: ``y``, ``mask`` and
+    ``inputs`` have a leading axis of sequences, ``arrays`` are shared)."""
+    from statseq.inference.sweeps import sweep_scan
+
+    if not batched:
+        return _swept(arrays, y[None], mask[None], inputs[None], moments, batched=True)[0]
+    # the per-step leaves are shared: vmap broadcasts them over the sequences
+    init, xs = jax.vmap(lambda *a: _inputs(arrays, *a))(y, mask, inputs)
+    length = block_length(y.shape[1])
+    return sweep_scan(_step(arrays, _varying(arrays), moments), init, xs,
+                      block_length=length, batched=True)[0]
+
+
+def _make(moments: bool):
+    @jax.custom_batching.custom_vmap
+    def swept_one(arrays, y, mask, inputs):
+        return _swept(arrays, y, mask, inputs, moments)
+
+    @swept_one.def_vmap
+    def swept_one_vmap(axis_size, in_batched, arrays, y, mask, inputs):
+        # Under `jax.vmap` all sequences sweep together (one convergence test and one
+        # fallback for the batch); a batch of models runs the sequential scan, vmapped.
+        arrays_b, y_b, mask_b, inputs_b = in_batched
+        if any(jax.tree.leaves(arrays_b)):
+            axes = (jax.tree.map(lambda b: 0 if b else None, arrays_b),
+                    0 if y_b else None, 0 if mask_b else None, 0 if inputs_b else None)
+            return jax.vmap(lambda *a: _sequential(*a, moments), in_axes=axes)(
+                arrays, y, mask, inputs), True
+
+        def batch(x, is_batched):
+            return x if is_batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+
+        return _swept(arrays, batch(y, y_b), batch(mask, mask_b), batch(inputs, inputs_b),
+                      moments, batched=True), True
+
+    @jax.custom_jvp
+    def rows(arrays, y, mask, inputs):
+        return swept_one(arrays, y, mask, inputs)
+
+    @rows.defjvp
+    def rows_jvp(primals, tangents):
+        return jax.jvp(lambda *a: _sequential(*a, moments), primals, tangents)
+
+    return rows
+
+
+#: the rows of `_step` by sweeps (derivatives: the sequential scan's), with and without
+#: the moments
+_ROWS = {True: _make(True), False: _make(False)}
+
+
+def filter_by_sweeps(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool = True):
+    """`kalman.kalman_filter`'s ``(log_probs, predicted means, predicted covs, filtered
+    means, filtered covs)`` (or only ``log_probs`` without ``moments``) by sweeps over
+    blocks (module docstring); a proper initial law, ``n`` and ``D`` up to ``SMALL_DIM``.
+
+    Args:
+        arrays: the model's matrices (``initial_diffuse`` with 0 columns).
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans.
+        inputs: ``(T, m)`` inputs.
+        moments: also return the moments.
+
+    Returns:
+        ``log_probs (T,)``, or the tuple of it and the four ``(T, n)`` / ``(T, n, n)``
+        moment stacks.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.5 * jnp.eye(1),
+        ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.ones((100, 1))
+        >>> filter_by_sweeps(arr, y, y > 0, jnp.zeros((100, 0)), moments=False).shape
+        (100,)
+    """
+    n, num_series = arrays.initial_mean.shape[-1], y.shape[-1]
+    rows = _ROWS[moments](arrays, y, mask, inputs)
+    log_det = jnp.sum(jnp.where(mask, jnp.log(rows[:, 1 : 1 + num_series]), 0.0), axis=-1)
+    lp = -0.5 * rows[:, 0] - log_det - 0.5 * jnp.sum(mask, axis=-1) * _LOG_2PI
+    if not moments:
+        return lp
+    at = 1 + num_series
+    mean, cov = rows[:, at : at + n], rows[:, at + n : at + n + n * n].reshape(-1, n, n)
+    at += n + n * n
+    filt_mean, filt_cov = rows[:, at : at + n], rows[:, at + n :].reshape(-1, n, n)
+    return lp, mean, cov, filt_mean, filt_cov
