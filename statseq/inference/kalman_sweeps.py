@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from statseq.inference._backend import backend_kind
+from statseq.inference.gaussian import symmetrize
 from statseq.inference.kalman import (
     _BASE_NDIM,
     _LOG_2PI,
@@ -78,16 +79,36 @@ def use_sweeps(arrays: GaussianSSMArrays, num_timesteps: int,
 
 #: the fewest steps per block: the carries of the benchmark models coalesce bit for bit
 #: within some 200-330 steps of a guessed start, so that with blocks at least this long
-#: two sweeps suffice (shorter blocks need three to six sweeps)
+#: two sweeps suffice (blocks of 128 steps needed six)
 MIN_BLOCK = 384
 
+#: blocks run at once (all sequences together): a vectorized pass over ``T = 10^5`` steps
+#: of the 4-state, 2-series model took 58 / 36 / 33 / 93 / 105 / 108 ms with 8 / 16 / 32 /
+#: 64 / 128 / 256 blocks (the sequential scan 185 ms; load 7 on 2 cores): past some 32
+#: blocks a step's temporaries leave the cache
+TARGET_BLOCKS = 32
 
-def block_length(num_timesteps: int) -> int:
-    """The block length of the sweeps: `sweeps.default_block_length`, at least
-    `MIN_BLOCK`."""
-    from statseq.inference.sweeps import default_block_length
 
-    return max(default_block_length(num_timesteps), MIN_BLOCK)
+def block_length(num_timesteps: int, num_sequences: int = 1) -> int:
+    """The block length of the sweeps: about ``TARGET_BLOCKS`` blocks in all (over the
+    ``num_sequences`` sequences), at least `MIN_BLOCK` steps, a multiple of the chunk.
+
+    Args:
+        num_timesteps: ``T``.
+        num_sequences: the sequences swept together.
+
+    Returns:
+        ``L``.
+
+    Examples:
+        >>> block_length(10**4), block_length(10**5), block_length(10**5, 64)
+        (384, 3136, 100000)
+    """
+    from statseq.inference.sweeps import CHUNK
+
+    per_sequence = max(1, TARGET_BLOCKS // num_sequences)
+    length = CHUNK * -(-num_timesteps // (per_sequence * CHUNK))
+    return max(length, MIN_BLOCK)
 
 
 def _varying(arrays: GaussianSSMArrays):
@@ -115,9 +136,10 @@ def _step(fixed: GaussianSSMArrays, varying, moments: bool):
     """One step on the flat predicted moments ``(a_t, vec P_t)``: update with ``y_t``,
     predict ``x_{t+1}``. It emits one flat row: ``(sum z^2, diag L)`` of the whitened
     innovation (the log-density's pieces; the logarithms are taken after the loop), and
-    with ``moments`` also the carry it started from and the filtered moments. (The update
-    vectorized over time after the loop instead cost more than the whole sequential
-    filter: its ``(T, n, n, n)`` temporaries leave the cache.)"""
+    with ``moments`` also the filtered moments; the predicted ones follow from these
+    after the loop (`_predicted`). (The update vectorized over time after the loop
+    instead cost more than the whole sequential filter: its ``(T, n, n, n)`` temporaries
+    leave the cache; emitting the predicted moments too made the sweeps 2x slower.)"""
     n = fixed.initial_mean.shape[-1]
 
     def step(carry, xs):
@@ -130,7 +152,7 @@ def _step(fixed: GaussianSSMArrays, varying, moments: bool):
         mean_n, cov_n = predict_state(arr, mean_f, cov_f, u_n)
         row = [jnp.sum(inn.z**2)[None], jnp.diagonal(inn.chol)]
         if moments:
-            row += [carry, mean_f, cov_f.reshape(-1)]
+            row += [mean_f, cov_f.reshape(-1)]
         return jnp.concatenate([mean_n, cov_n.reshape(-1)]), jnp.concatenate(row)
 
     return step
@@ -162,7 +184,7 @@ def _swept(arrays, y, mask, inputs, moments, batched=False):
         return _swept(arrays, y[None], mask[None], inputs[None], moments, batched=True)[0]
     # the per-step leaves are shared: vmap broadcasts them over the sequences
     init, xs = jax.vmap(lambda *a: _inputs(arrays, *a))(y, mask, inputs)
-    length = block_length(y.shape[1])
+    length = block_length(y.shape[1], y.shape[0])
     return sweep_scan(_step(arrays, _varying(arrays), moments), init, xs,
                       block_length=length, batched=True)[0]
 
@@ -237,7 +259,30 @@ def filter_by_sweeps(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool =
     if not moments:
         return lp
     at = 1 + num_series
-    mean, cov = rows[:, at : at + n], rows[:, at + n : at + n + n * n].reshape(-1, n, n)
-    at += n + n * n
     filt_mean, filt_cov = rows[:, at : at + n], rows[:, at + n :].reshape(-1, n, n)
+    mean, cov = _predicted(arrays, filt_mean, filt_cov, inputs)
     return lp, mean, cov, filt_mean, filt_cov
+
+
+def _predicted(arrays, filt_mean, filt_cov, inputs):
+    """The predicted moments ``(a_t, P_t)``: the initial law at ``t = 0``, then
+    `kalman.predict_state` of the filtered moments of ``t - 1`` (the loop's own
+    prediction, vectorized over time)."""
+    num_t = filt_mean.shape[0]
+    if num_t > 1:
+        arr = arrays._replace(**dict(zip(
+            _varying(arrays), _per_step_leaves(arrays, _varying(arrays), num_t), strict=True)))
+        steps = [jnp.asarray(a) for a in (arr.dynamics_weights, arr.dynamics_input_weights,
+                                          arr.dynamics_bias, arr.dynamics_cov)]
+        f, b_in, bias, q = (a[: num_t - 1] if a.ndim == nd + 1 else a
+                            for a, nd in zip(steps, (2, 2, 1, 2), strict=True))
+        # products of stacks as sums of outer products (`kalman._mm`: one fused loop; the
+        # update of `predict_state` vmapped over time reduced over a middle axis instead)
+        mean = (_mm(f, filt_mean[:-1, :, None])[..., 0]
+                + _mm(b_in, inputs[1:, :, None])[..., 0] + bias)
+        cov = symmetrize(_mm(_mm(f, filt_cov[:-1]), jnp.swapaxes(f, -1, -2)) + q)
+    else:
+        mean, cov = filt_mean[:0], filt_cov[:0]
+    dtype = filt_mean.dtype
+    return (jnp.concatenate([arrays.initial_mean.astype(dtype)[None], mean]),
+            jnp.concatenate([arrays.initial_cov.astype(dtype)[None], cov]))
