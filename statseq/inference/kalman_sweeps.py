@@ -181,18 +181,45 @@ def _swept(arrays, y, mask, inputs, moments, batched=False):
     from statseq.inference.sweeps import sweep_scan
 
     if not batched:
-        return _swept(arrays, y[None], mask[None], inputs[None], moments, batched=True)[0]
+        ys, info = _swept(arrays, y[None], mask[None], inputs[None], moments, batched=True)
+        return ys[0], info
     # the per-step leaves are shared: vmap broadcasts them over the sequences
     init, xs = jax.vmap(lambda *a: _inputs(arrays, *a))(y, mask, inputs)
     length = block_length(y.shape[1], y.shape[0])
     return sweep_scan(_step(arrays, _varying(arrays), moments), init, xs,
-                      block_length=length, batched=True)[0]
+                      block_length=length, batched=True)
+
+
+def sweep_info(arrays: GaussianSSMArrays, y, mask, inputs):
+    """How the sweeps of `filter_by_sweeps` end on one series: a `sweeps.SweepInfo`
+    (``sweeps`` run; ``converged=False``: the sequential scan recomputed the result).
+
+    Args:
+        arrays: the model's matrices (a proper initial law).
+        y: ``(T, D)`` observations.
+        mask: ``(T, D)`` booleans.
+        inputs: ``(T, m)`` inputs.
+
+    Returns:
+        A `statseq.inference.sweeps.SweepInfo`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.5 * jnp.eye(1),
+        ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
+        ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
+        >>> y = jnp.ones((1000, 1))
+        >>> info = sweep_info(arr, y, y > 0, jnp.zeros((1000, 0)))
+        >>> bool(info.converged), int(info.sweeps)
+        (True, 2)
+    """
+    return _swept(arrays, y, mask, inputs, moments=False)[1]
 
 
 def _make(moments: bool):
     @jax.custom_batching.custom_vmap
     def swept_one(arrays, y, mask, inputs):
-        return _swept(arrays, y, mask, inputs, moments)
+        return _swept(arrays, y, mask, inputs, moments)[0]
 
     @swept_one.def_vmap
     def swept_one_vmap(axis_size, in_batched, arrays, y, mask, inputs):
@@ -209,7 +236,7 @@ def _make(moments: bool):
             return x if is_batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
 
         return _swept(arrays, batch(y, y_b), batch(mask, mask_b), batch(inputs, inputs_b),
-                      moments, batched=True), True
+                      moments, batched=True)[0], True
 
     @jax.custom_jvp
     def rows(arrays, y, mask, inputs):
@@ -244,13 +271,15 @@ def filter_by_sweeps(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool =
         moment stacks.
 
     Examples:
+        >>> import jax
         >>> import jax.numpy as jnp
         >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.5 * jnp.eye(1),
         ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(1), jnp.zeros((1, 0)),
         ...     jnp.zeros(1), jnp.eye(1), jnp.zeros((1, 0)))
-        >>> y = jnp.ones((100, 1))
-        >>> filter_by_sweeps(arr, y, y > 0, jnp.zeros((100, 0)), moments=False).shape
-        (100,)
+        >>> y = jnp.ones((10**4, 1))
+        >>> out = jax.eval_shape(filter_by_sweeps, arr, y, y > 0, jnp.zeros((10**4, 0)))
+        >>> [o.shape for o in out]
+        [(10000,), (10000, 1), (10000, 1, 1), (10000, 1), (10000, 1, 1)]
     """
     n, num_series = arrays.initial_mean.shape[-1], y.shape[-1]
     rows = _ROWS[moments](arrays, y, mask, inputs)
