@@ -44,8 +44,13 @@ from statseq.inference.kalman import (
 )
 
 #: `kalman.kalman_filter` and `kalman.kalman_log_prob` run by sweeps on CPU from this
-#: many steps (measured: `benchmarks/RESULTS.md`, "The exact Kalman filter by sweeps").
-SWEEP_MIN_STEPS = 2**12
+#: many steps. Sweeps / sequential (4 states, 2 series, 10 % missing; paired medians,
+#: load 7): 0.72 / 0.62 (filter / log-likelihood) at 1024 steps, 0.33 / 0.41 at 2048,
+#: 0.49 / 0.38 at 4096, 0.54 / 0.42 at 8192. The program compiles for some seconds longer
+#: than the sequential scan (the step vectorized over blocks; 4-6 s cold on the loaded
+#: 2-core machine), so the threshold is the HMM filter's, where the time saved is tens of
+#: milliseconds or more.
+SWEEP_MIN_STEPS = 2**13
 
 
 def use_sweeps(arrays: GaussianSSMArrays, num_timesteps: int,
@@ -67,8 +72,8 @@ def use_sweeps(arrays: GaussianSSMArrays, num_timesteps: int,
         >>> arr = GaussianSSMArrays(jnp.zeros(2), jnp.eye(2), jnp.eye(2), jnp.zeros((2, 0)),
         ...     jnp.zeros(2), jnp.eye(2), jnp.eye(2), jnp.zeros((2, 0)), jnp.zeros(2),
         ...     jnp.eye(2), jnp.zeros((2, 0)))
-        >>> use_sweeps(arr, 10**5, "cpu"), use_sweeps(arr, 100, "cpu"), use_sweeps(arr, 10**5, "gpu")
-        (True, False, False)
+        >>> [use_sweeps(arr, t, b) for t, b in ((10**5, "cpu"), (100, "cpu"), (10**5, "gpu"))]
+        [True, False, False]
     """
     n = arrays.initial_mean.shape[-1]
     num_series = arrays.emission_cov.shape[-1]

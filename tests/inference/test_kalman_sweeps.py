@@ -84,13 +84,15 @@ def test_short_sequences(t):
 
 
 def test_float32():
-    rng = np.random.default_rng(5)
-    arr = jax.tree.map(lambda a: a.astype(jnp.float32), _arrays(rng))
-    y, mask, u = _data(rng)
-    got = _SWEPT(arr, y.astype(jnp.float32), mask, u.astype(jnp.float32))
-    ref = _SEQUENTIAL(arr, y.astype(jnp.float32), mask, u.astype(jnp.float32))
+    """float32 runs in float32 and stays within float32 rounding of the float64 filter
+    (the arrays of the first test: its sequential program is reused)."""
+    rng = np.random.default_rng(1)
+    arr, (y, mask, u) = _arrays(rng), _data(rng)
+    ref = _SEQUENTIAL(arr, y, mask, u)
+    got = _SWEPT(jax.tree.map(lambda a: a.astype(jnp.float32), arr), y.astype(jnp.float32),
+                 mask, u.astype(jnp.float32))
     assert got.filtered_covs.dtype == jnp.float32
-    _assert_equal(got, ref, 1e-5)
+    _assert_equal(got, ref, 1e-4)
 
 
 def test_vmap_over_series_sweeps_them_together():
@@ -104,13 +106,13 @@ def test_vmap_over_series_sweeps_them_together():
     # a batch of models: the sequential scan, vmapped
     arrs = jax.tree.map(lambda a: jnp.stack([a, 1.1 * a]), arr)._replace(
         dynamics_cov=jnp.stack([arr.dynamics_cov] * 2),
-        initial_cov=jnp.stack([arr.initial_cov] * 2), emission_cov=jnp.stack([arr.emission_cov] * 2))
+        initial_cov=jnp.stack([arr.initial_cov] * 2),
+        emission_cov=jnp.stack([arr.emission_cov] * 2))
     lps = jax.jit(jax.vmap(lambda a, *d: kalman_log_prob(a, *d, sweeps=True)))(
         arrs, ys[:2], masks[:2], us[:2])
     for i in range(2):
-        ref = kalman_log_prob(jax.tree.map(lambda a, i=i: a[i], arrs), ys[i], masks[i], us[i],
-                              sweeps=False)
-        np.testing.assert_allclose(lps[i], ref, rtol=1e-12)
+        ref = _SEQUENTIAL(jax.tree.map(lambda a, i=i: a[i], arrs), ys[i], masks[i], us[i])
+        np.testing.assert_allclose(lps[i], ref.marginal_log_lik, rtol=1e-12)
 
 
 def test_gradients_are_the_sequential_filters():
