@@ -7,18 +7,23 @@ the products of ``F_t (I - K_t H_t)``. So the recursion
 
     (a_{t+1}, P_{t+1}) = predict(update((a_t, P_t), y_t)),   (a_0, P_0) = (m, P),
 
-is one `sweeps.sweep_scan` can run as ``~sqrt(T)`` blocks at once: the blocks start from
+is one `sweeps.sweep_scan` can run as blocks at once: the blocks start from
 ``(m, P)``, then from their left neighbour's end, and stop when every block's carry
-``(a_t, vec P_t)`` equals the previous sweep's **bit for bit** at a chunk boundary (the
-covariances and means of the benchmark models coalesce within one or two chunks of 32
-steps; `tests/inference/test_kalman_sweeps.py` checks the number of sweeps). A model that
-does not forget (no observations, an unobserved random walk) is recomputed by the
-sequential scan, so the result is always the sequential recursion's.
+``(a_t, vec P_t)`` equals the previous sweep's **bit for bit** at a chunk boundary. On
+the 4-state, 2-series benchmark model a covariance started wrong equals the true one bit
+for bit after 120-290 steps and the mean after 180-330, so blocks of at least `MIN_BLOCK`
+steps converge in two sweeps (`tests/inference/test_kalman_sweeps.py` checks the number of
+sweeps on its model); blocks are about ``T / TARGET_BLOCKS`` long, not ``sqrt(T)``
+(more blocks at once left the cache). A model that does not forget (no observations, an
+unobserved random walk) is recomputed by the sequential scan, so the result is always the
+sequential recursion's.
 
-The loop carries and emits only the predicted moments (one flat row ``(a_t, vec P_t)`` a
-step); the log-densities and the filtered moments follow after the loop, the update
-vectorized over time (the same `kalman.innovation` and `kalman.joseph_update` as
-`kalman.kalman_step`, so the results equal the sequential filter's to rounding). Only
+The loop carries the predicted moments and emits one flat row a step: the log-density's
+pieces ``(sum z^2, diag L)`` of the whitened innovation (its logarithms are taken after
+the loop) and, for `kalman.kalman_filter`, the filtered moments; the predicted moments
+follow after the loop as one stacked product (`_predicted`). The step is
+`kalman.innovation`, `kalman.joseph_update` and `kalman.predict_state`, as in
+`kalman.kalman_step`, so the results equal the sequential filter's to rounding. Only
 proper initial laws (no diffuse directions) take this path; its derivatives are the
 sequential scan's (``jax.custom_jvp``; the sweeps' while loops have no reverse mode), and
 under ``jax.vmap`` the sequences sweep together (``jax.custom_batching.custom_vmap``).
