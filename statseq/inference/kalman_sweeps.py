@@ -291,16 +291,60 @@ def filter_by_sweeps(arrays: GaussianSSMArrays, y, mask, inputs, moments: bool =
         >>> [o.shape for o in out]
         [(10000,), (10000, 1), (10000, 1, 1), (10000, 1), (10000, 1, 1)]
     """
-    n, num_series = arrays.initial_mean.shape[-1], y.shape[-1]
     rows = _ROWS[moments](arrays, y, mask, inputs)
-    log_det = jnp.sum(jnp.where(mask, jnp.log(rows[:, 1 : 1 + num_series]), 0.0), axis=-1)
-    lp = -0.5 * rows[:, 0] - log_det - 0.5 * jnp.sum(mask, axis=-1) * _LOG_2PI
+    lp = _log_probs(rows, mask)
     if not moments:
         return lp
-    at = 1 + num_series
-    filt_mean, filt_cov = rows[:, at : at + n], rows[:, at + n :].reshape(-1, n, n)
+    filt_mean, filt_cov = _filtered(rows, arrays.initial_mean.shape[-1], y.shape[-1])
     mean, cov = _predicted(arrays, filt_mean, filt_cov, inputs)
     return lp, mean, cov, filt_mean, filt_cov
+
+
+def _log_probs(rows, mask):
+    """The log-densities from the rows' ``(sum z^2, diag L)``, as `kalman.innovation`."""
+    log_det = jnp.sum(jnp.where(mask, jnp.log(rows[:, 1 : 1 + mask.shape[-1]]), 0.0), axis=-1)
+    return -0.5 * rows[:, 0] - log_det - 0.5 * jnp.sum(mask, axis=-1) * _LOG_2PI
+
+
+def _filtered(rows, n: int, num_series: int):
+    at = 1 + num_series
+    return rows[..., at : at + n], rows[..., at + n :].reshape(rows.shape[:-1] + (n, n))
+
+
+def log_probs_and_carry(arrays: GaussianSSMArrays, y, mask, inputs):
+    """Per-step log-densities and the final `kalman.KalmanCarry` of one series by sweeps
+    (what a scan of `kalman.kalman_step` gives, to rounding): the public ``log_prob`` of
+    a linear Gaussian model with several series and missing data runs it on long
+    sequences (`statseq.models.ssm.GaussianSSMBase.masked_data_filter`).
+
+    Args:
+        arrays: the model's matrices (a proper initial law).
+        y: ``(T, D)`` observations (masked entries may hold any finite value).
+        mask: ``(T, D)`` booleans.
+        inputs: ``(T, m)`` inputs.
+
+    Returns:
+        ``(log_probs (T,), carry)``, the carry after the last step as `kalman.kalman_step`
+        leaves it.
+
+    Examples:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> arr = GaussianSSMArrays(jnp.zeros(1), jnp.eye(1), 0.5 * jnp.eye(1),
+        ...     jnp.zeros((1, 0)), jnp.zeros(1), jnp.eye(1), jnp.eye(2, 1), jnp.zeros((2, 0)),
+        ...     jnp.zeros(2), jnp.eye(2), jnp.zeros((1, 0)))
+        >>> y = jnp.ones((10**4, 2))
+        >>> lp, carry = jax.eval_shape(log_probs_and_carry, arr, y, y > 0, jnp.zeros((10**4, 0)))
+        >>> lp.shape, carry.cov.shape
+        ((10000,), (1, 1))
+    """
+    from statseq.inference.kalman import initial_carry
+
+    rows = _ROWS[True](arrays, y, mask, inputs)
+    mean, cov = _filtered(rows[-1], arrays.initial_mean.shape[-1], y.shape[-1])
+    carry = initial_carry(arrays)._replace(mean=mean, cov=cov,
+                                           t=jnp.asarray(y.shape[0], jnp.int32))
+    return _log_probs(rows, mask), carry
 
 
 def _predicted(arrays, filt_mean, filt_cov, inputs):

@@ -142,3 +142,27 @@ def test_default_choice():
     assert not kalman_sweeps.use_sweeps(arr, long, "gpu")
     diffuse = arr._replace(initial_diffuse=jnp.eye(N)[:, :1])
     assert not kalman_sweeps.use_sweeps(diffuse, long, "cpu")
+
+
+def test_public_log_prob_of_several_series_runs_by_sweeps():
+    """`LinearGaussianSSM.masked_data_filter` (the public ``log_prob`` with missing data)
+    takes the sweeps from `SWEEP_MIN_STEPS` steps on CPU: the sequential filter's
+    log-densities and final filtered moments."""
+    import statseq as ss
+
+    rng = np.random.default_rng(9)
+    t = kalman_sweeps.SWEEP_MIN_STEPS
+    arr = _arrays(rng, t=t)._replace(dynamics_input_weights=jnp.zeros((N, 0)),
+                                      emission_input_weights=jnp.zeros((D, 0)))
+    y, mask, _ = _data(rng, t)
+    u = jnp.zeros((t, 0))
+    model = ss.LinearGaussianSSM(state_dim=N, emission_dim=D)
+    params = ss.LGSSMParams(*arr[:10])
+    ref = jax.jit(lambda *a: kalman_filter(*a, sweeps=False))(arr, y, mask, u)
+    lp, final = jax.jit(model.masked_data_filter(params, t))(y, mask, u)
+    np.testing.assert_allclose(lp, ref.log_probs, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(final.mean, ref.filtered_means[-1], rtol=1e-12)
+    np.testing.assert_allclose(final.cov, ref.filtered_covs[-1], rtol=1e-12)
+    assert int(final.t) == t
+    np.testing.assert_allclose(ss.log_prob(model, params, y, mask=mask), ref.marginal_log_lik,
+                               rtol=1e-12)
