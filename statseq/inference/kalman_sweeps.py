@@ -12,8 +12,8 @@ is one `sweeps.sweep_scan` can run as blocks at once: the blocks start from
 ``(a_t, vec P_t)`` equals the previous sweep's **bit for bit** at a chunk boundary. On
 the 4-state, 2-series benchmark model a covariance started wrong equals the true one bit
 for bit after 120-290 steps and the mean after 180-330, so blocks of at least `MIN_BLOCK`
-steps converge in two sweeps (`tests/inference/test_kalman_sweeps.py` checks the number of
-sweeps on its model); blocks are about ``T / TARGET_BLOCKS`` long, not ``sqrt(T)``
+steps converge in two or three sweeps (`tests/inference/test_kalman_sweeps.py` checks the
+number of sweeps on its model); blocks are about ``T / TARGET_BLOCKS`` long, not ``sqrt(T)``
 (more blocks at once left the cache). A model that does not forget (no observations, an
 unobserved random walk) is recomputed by the sequential scan, so the result is always the
 sequential recursion's.
@@ -89,7 +89,8 @@ def use_sweeps(arrays: GaussianSSMArrays, num_timesteps: int,
 
 #: the fewest steps per block: the carries of the benchmark models coalesce bit for bit
 #: within some 200-330 steps of a guessed start, so that with blocks at least this long
-#: two sweeps suffice (blocks of 128 steps needed six)
+#: two or three sweeps suffice (T = 10^5: two, T = 10^4: three, in float64 and float32;
+#: blocks of 128 steps needed six)
 MIN_BLOCK = 384
 
 #: blocks run at once (all sequences together): a vectorized pass over ``T = 10^5`` steps
