@@ -130,10 +130,11 @@ def _varying(arrays: GaussianSSMArrays):
 
 def _per_step_leaves(arrays: GaussianSSMArrays, varying, num_t: int):
     """The time-varying leaves with a time axis of ``T`` (dynamics leaves, ``T - 1`` long,
-    repeat their last entry: the prediction after the last step is discarded)."""
+    repeat their last entry: the prediction after the last step is discarded; longer
+    leaves are cut, as `kalman.arrays_at` never reads past ``T - 1``)."""
     out = []
     for name in varying:
-        leaf = getattr(arrays, name)
+        leaf = getattr(arrays, name)[:num_t]
         if leaf.shape[0] == 0:
             leaf = jnp.zeros((1,) + leaf.shape[1:], leaf.dtype)
         if leaf.shape[0] < num_t:
