@@ -52,7 +52,7 @@ from statseq.inference.kalman import (
 #: many steps. Sweeps / sequential (4 states, 2 series, 10 % missing; paired medians,
 #: load 7): 0.72 / 0.62 (filter / log-likelihood) at 1024 steps, 0.33 / 0.41 at 2048,
 #: 0.49 / 0.38 at 4096, 0.54 / 0.42 at 8192. The program compiles for some seconds longer
-#: than the sequential scan (the step vectorized over blocks; 4-6 s cold on the loaded
+#: than the sequential scan (the step vectorized over blocks; 5-7 s cold on the loaded
 #: 2-core machine), so the threshold is the HMM filter's, where the time saved is tens of
 #: milliseconds or more.
 SWEEP_MIN_STEPS = 2**13
