@@ -379,36 +379,41 @@ def _sequential(pi, fixed, per_step, ll) -> HMMFilterResult:
     return _filter(pi, fixed, per_step, ll, blocked=False, sweeps=False)
 
 
-def _swept_with_rules(swept, sequential):
-    """``swept(pi, fixed, per_step, ll, batched=False)`` (a pass by sweeps over blocks) as
-    a function of the four arrays whose derivatives are ``sequential``'s (``custom_jvp``:
-    the sweeps' while loops have no reverse mode) and whose ``jax.vmap`` sweeps every
-    sequence's blocks together (``custom_vmap``: vmapped while loops would carry and
-    select every buffer each iteration); transitions fixed per sequence (a batched
-    ``fixed``) go to ``sequential``, vmapped."""
+#: under `jax.vmap`, up to this many sequences sweep together (`_swept_with_rules`); more
+#: run the vmapped sequential scan, which is already vectorized across them (100 sequences
+#: of 1000 steps at 6 states: the batched sweeps 1.4-1.9x its time, vmapped sweeps 3.8-4.6x)
+SWEEP_MAX_BATCH = 8
+
+
+def _swept_with_rules(swept, sequential, shared: int = 1):
+    """``swept(*args, batched=False)`` (a pass by sweeps over blocks) as a function of its
+    array arguments whose derivatives are ``sequential``'s (``custom_jvp``: the sweeps'
+    while loops have no reverse mode) and whose ``jax.vmap`` sweeps the blocks of up to
+    `SWEEP_MAX_BATCH` sequences together (``custom_vmap``; vmapped while loops would carry
+    and select every buffer each iteration). Larger batches, and batches in which the
+    argument ``args[shared]`` (a transition matrix fixed in time) differs per sequence, go
+    to ``sequential``, vmapped."""
 
     @jax.custom_batching.custom_vmap
-    def one(pi, fixed, per_step, ll):
-        return swept(pi, fixed, per_step, ll)
+    def one(*args):
+        return swept(*args)
 
     @one.def_vmap
-    def one_vmap(axis_size, in_batched, pi, fixed, per_step, ll):
-        pi_b, fixed_b, per_step_b, ll_b = in_batched
-        if fixed_b:
-            axes = (0 if pi_b else None, 0, None, 0 if ll_b else None)
-            out = jax.vmap(sequential, in_axes=axes)(pi, fixed, per_step, ll)
+    def one_vmap(axis_size, in_batched, *args):
+        in_batched = tuple(in_batched)
+        if in_batched[shared] or axis_size > SWEEP_MAX_BATCH:
+            axes = tuple(0 if b else None for b in in_batched)
+            out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
         else:
-            def batch(x, is_batched):
-                return x if x is None or is_batched else jnp.broadcast_to(
-                    x, (axis_size,) + x.shape)
-
-            out = swept(batch(pi, pi_b), fixed, batch(per_step, per_step_b),
-                        batch(ll, ll_b), batched=True)
+            out = swept(*(x if x is None or b or i == shared
+                          else jnp.broadcast_to(x, (axis_size,) + x.shape)
+                          for i, (x, b) in enumerate(zip(args, in_batched, strict=True))),
+                        batched=True)
         return out, jax.tree.map(lambda _: True, out)
 
     @jax.custom_jvp
-    def with_rules(pi, fixed, per_step, ll):
-        return one(pi, fixed, per_step, ll)
+    def with_rules(*args):
+        return one(*args)
 
     @with_rules.defjvp
     def with_rules_jvp(primals, tangents):
@@ -544,73 +549,30 @@ def _backward(fixed_t, per_step_t, lik, unrolled: bool):
     return v
 
 
-def _swept_unless_batched(sweeps, sequential):
-    """``sweeps`` on one sequence, with the derivatives of ``sequential`` (a
-    `jax.custom_jvp`: the sweeps' while loops have no reverse mode), and ``sequential``
-    vmapped under `jax.vmap` (a `jax.custom_batching.custom_vmap`): a vmapped scan is
-    already vectorized across the sequences, and the sweeps vmapped were 3.8 to 4.6 times
-    slower than it for 100 sequences of 1000 steps at 6 states (filter and backward pass
-    per sequence; with the filter's batched sweeps 1.4 to 1.9 times), 2.2 to 2.4 times for
-    1000 sequences at 2 states. A batch of one runs the sweeps."""
-
-    @jax.custom_batching.custom_vmap
-    def run(*args):
-        return sweeps(*args)
-
-    @run.def_vmap
-    def _vmapped(axis_size, in_batched, *args):
-        if axis_size == 1:  # a batch of one (the public models' calls): the sweeps
-            one = jax.tree.map(lambda x, b: x[0] if b else x, args, tuple(in_batched))
-            out = jax.tree.map(lambda x: x[None], sweeps(*one))
-        else:
-            axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
-            out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
-        return out, jax.tree.map(lambda _: True, out)
-
-    @jax.custom_jvp
-    def swept(*args):
-        return run(*args)
-
-    @swept.defjvp
-    def _jvp(primals, tangents):
-        return jax.jvp(sequential, primals, tangents)
-
-    return swept
-
-
 def _sequential_backward(fixed_t, per_step_t, lik):
-    return _backward(fixed_t, per_step_t, lik, _unrolled(lik.shape[1]))
+    return _backward(fixed_t, per_step_t, lik, _unrolled(lik.shape[-1]))
 
 
-def _backward_by_sweeps_unbatched(fixed_t, per_step_t, lik):
+def _backward_swept(fixed_t, per_step_t, lik, batched=False):
+    """`_backward` by `statseq.inference.sweeps.sweep_scan` (``reverse=True``; equal to
+    rounding); ``batched``: ``per_step_t`` and ``lik`` have a leading axis of sequences."""
     from statseq.inference.sweeps import sweep_scan
 
-    v, _ = sweep_scan(_smoother_sweep_step(fixed_t, lik.shape[1]),
-                      jnp.ones(lik.shape[1], lik.dtype), (lik, per_step_t), reverse=True)
+    start = jnp.ones(lik.shape[:-2] + lik.shape[-1:], lik.dtype)
+    v, _ = sweep_scan(_smoother_sweep_step(fixed_t, lik.shape[-1]), start, (lik, per_step_t),
+                      reverse=True, batched=batched)
     return v
 
 
-def _backward_by_sweeps(fixed_t, per_step_t, lik):
-    """`_backward` by `statseq.inference.sweeps.sweep_scan` (``reverse=True``; equal to
-    rounding); derivatives, and the result under `jax.vmap`, are the sequential pass's
-    (`_swept_unless_batched`)."""
-    return _swept_unless_batched(_backward_by_sweeps_unbatched, _sequential_backward)(
-        fixed_t, per_step_t, lik)
-
-
-def _filter_swept_unless_batched(pi, fixed, per_step, ll) -> HMMFilterResult:
-    """`_filter_by_sweeps` on one sequence, the sequential filter under `jax.vmap`: the
-    smoother's forward pass at 6-7 states below `SWEEP_MIN_STEPS` (where the filter's own
-    batched sweeps are slower than the vmapped scan)."""
-    return _swept_unless_batched(_filter_by_sweeps, _sequential)(pi, fixed, per_step, ll)
+#: `_backward` by sweeps; derivatives and large batches by the sequential pass
+_backward_by_sweeps = _swept_with_rules(_backward_swept, _sequential_backward, shared=0)
 
 
 def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
               transition_weights=None, blocked=False, sweeps=None) -> HMMPosterior:
     """``sweeps``: ``True`` for both passes by sweeps (`_backward_by_sweeps`,
     `_filter_by_sweeps`), ``False`` for neither, ``None`` for the default: the backward pass
-    by `_use_backward_sweeps`, and the filter then by sweeps too (below `SWEEP_MIN_STEPS`
-    sequential under `jax.vmap`: `_filter_swept_unless_batched`), otherwise the filter's
+    by `_use_backward_sweeps`, and the filter then by sweeps too, otherwise the filter's
     own default. ``blocked`` as for `_filter` (both passes); its default (``None``,
     `hmm_blocked.use_blocked`) yields to the sweeps, which are faster at 6 and 7 states."""
     unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
@@ -619,7 +581,7 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
         blocked = False
     blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
     if sweeps is None and backward_sweeps and not use_sweeps(ll.shape[0]):
-        filt = _filter_swept_unless_batched(pi, fixed, per_step, ll)
+        filt = _filter_by_sweeps(pi, fixed, per_step, ll)
     else:
         filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked, sweeps=sweeps)
     filtered = filt.filtered_probs
@@ -840,23 +802,6 @@ def _blocked_gradient_parts_jvp(primals, tangents):
     return _blocked_gradient_parts(*primals), tangent_out
 
 
-def _backward_sweep_step(fixed_t, num_states: int):
-    """One step of the normalized backward recursion ``v_t ~ A_t (v_{t+1} * l_{t+1})``
-    (``sum v_t = 1``) for `statseq.inference.sweeps`, given ``A^T``: it forgets its start
-    as the filter does. An impossible step (``l_{t+1} = 0``) keeps the message."""
-    small = num_states < UNROLLED_STATES[0]
-
-    def step(v_next, xs):
-        lik_next, a_t = xs
-        v = _matvec(_pick(fixed_t, a_t), v_next * lik_next, small)
-        norm = sum(v[k] for k in range(num_states)) if small else jnp.sum(v)
-        possible = norm > 0
-        v = jnp.where(possible, v * (1.0 / jnp.where(possible, norm, 1.0)), v_next)
-        return v, v
-
-    return step
-
-
 def _swept_gradient_parts(pi, fixed, per_step, ll, batched=False):
     """`_sequential_gradient_parts` with both passes by sweeps (`statseq.inference.sweeps`):
     the filter, then the reverse pass of the linearized filter, ``g_t = A_t (g_{t+1} *
@@ -867,8 +812,6 @@ def _swept_gradient_parts(pi, fixed, per_step, ll, batched=False):
     the scale. Then ``d log p / d ll[t] = a_t * g_t`` and ``d log p / d e_t = g_{t+1} *
     l_{t+1} / s_{t+1}``, as the sequential reverse pass gives them (to rounding).
     ``batched``: as `_swept`."""
-    from statseq.inference.sweeps import sweep_scan
-
     num_states = ll.shape[-1]
     filt = _swept(pi, fixed, per_step, ll, batched=batched)
     shift = jnp.max(ll, axis=-1)
@@ -879,12 +822,13 @@ def _swept_gradient_parts(pi, fixed, per_step, ll, batched=False):
     lik = jnp.where(jnp.isneginf(filt.log_normalizers[..., 1:, None]), 1.0, lik)
     fixed_t = None if fixed is None else fixed.T
     per_step_t = None if per_step is None else jnp.swapaxes(per_step, -1, -2)
-    start = jnp.full(ll.shape[:-2] + (num_states,), 1.0 / num_states, ll.dtype)
-    v, _ = sweep_scan(_backward_sweep_step(fixed_t, num_states), start, (lik, per_step_t),
-                      reverse=True, batched=batched)
+    # the smoother's backward pass: v_t ~ l_{t+1} beta_{t+1}, so beta_t ~ A_t v_t
+    v = _backward_swept(fixed_t, per_step_t, lik, batched=batched)
 
-    def finish(filtered, log_normalizers, v, lik, shift):
-        g = jnp.concatenate([v / jnp.sum(filtered[:-1] * v, axis=1, keepdims=True),
+    def finish(filtered, log_normalizers, v, lik, shift, per_step):
+        beta = _rows_times(v, fixed.T) if per_step is None else jnp.einsum(
+            "tij,tj->ti", per_step, v)
+        g = jnp.concatenate([beta / jnp.sum(filtered[:-1] * beta, axis=1, keepdims=True),
                              jnp.ones((1, num_states), v.dtype)])
         # s_{t+1} in the scale of `lik`: the normalizer exp(log_norm - shift) (1 at an
         # impossible step, where `lik` is 1)
@@ -893,8 +837,10 @@ def _swept_gradient_parts(pi, fixed, per_step, ll, batched=False):
         grad_ll = jnp.where(jnp.isneginf(log_normalizers)[:, None], 0.0, filtered * g)
         return grad_ll, g[1:] * lik / jnp.where(scale > 0, scale, 1.0)[:, None]
 
-    parts = (filt.filtered_probs, filt.log_normalizers, v, lik, shift)
-    grad_ll, grad_predicted = jax.vmap(finish)(*parts) if batched else finish(*parts)
+    parts = (filt.filtered_probs, filt.log_normalizers, v, lik, shift, per_step)
+    axes = (0, 0, 0, 0, 0, None if per_step is None else 0)
+    grad_ll, grad_predicted = (jax.vmap(finish, in_axes=axes)(*parts) if batched
+                               else finish(*parts))
     return filt.marginal_log_lik, filt.filtered_probs, grad_predicted, grad_ll
 
 
@@ -931,8 +877,9 @@ def hmm_smoother_by_gradient(
     are then taken through the sequential path (``jax.custom_jvp``). Where `hmm_filter`
     runs by sweeps over blocks (CPU, ``T >= SWEEP_MIN_STEPS``, `use_sweeps`), so do both
     passes here (`_swept_gradient_parts`: the same reverse pass written out as its
-    transpose, run normalized and rescaled by the invariant ``<a_t, g_t> = 1``; equal to
-    rounding, derivatives again through the sequential path).
+    transpose, run normalized (the smoother's backward pass) and rescaled by the
+    invariant ``<a_t, g_t> = 1``; equal to rounding, derivatives again through the
+    sequential path).
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
