@@ -62,7 +62,7 @@ def _same(a, b):
 
 
 def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = CHUNK,
-               max_sweeps: int = 4, reverse: bool = False):
+               max_sweeps: int = 4, reverse: bool = False, return_carry: bool = False):
     """``jax.lax.scan(step, init, xs)[1]`` computed by sweeps over blocks (module docstring).
 
     For the recursion ``c_t = f(c_{t-1}, x_t)``, ``y_t = g(c_{t-1}, x_t)`` (``step(c, x)
@@ -79,9 +79,12 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         chunk: steps between the checks for an early stop.
         max_sweeps: after this many sweeps without convergence the sequential scan runs.
         reverse: run backward in time.
+        return_carry: also return the carry after the last step (recomputed by one
+            sequential pass over the last block from its converged start: ``L`` steps).
 
     Returns:
-        ``(ys, info)``: the stacked outputs (leading axis ``T``) and a `SweepInfo`.
+        ``(ys, info)``: the stacked outputs (leading axis ``T``) and a `SweepInfo`;
+        ``(ys, info, carry)`` with ``return_carry``.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -150,12 +153,21 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         starts = jax.tree.map(lambda i, e: jnp.concatenate([i[None], e[:-1]]), init, last)
         return s + 1, starts, ys, ends, same
 
-    sweeps, _, ys, _, converged = jax.lax.while_loop(
+    sweeps, starts, ys, _, converged = jax.lax.while_loop(
         sweep_cond, sweep_body, (0, starts, ys0, ends0, jnp.bool_(False)))
     ys = jax.tree.map(
         lambda a: a.reshape((num_blocks * length,) + a.shape[2:])[:num_timesteps], ys)
-    # not converged (a recursion that does not forget): the sequential scan, exactly
-    ys = jax.lax.cond(converged, lambda: ys, lambda: jax.lax.scan(step, init, xs)[1])
+    info = SweepInfo(sweeps, converged)
+    if return_carry:
+        # converged: the last block's start is its left neighbour's true end
+        def tail():
+            last = jax.tree.map(lambda a: a[-1, :length - pad], xb)
+            return jax.lax.scan(step, jax.tree.map(lambda a: a[-1], starts), last)[0], ys
+
+        carry, ys = jax.lax.cond(converged, tail, lambda: jax.lax.scan(step, init, xs))
+    else:
+        # not converged (a recursion that does not forget): the sequential scan, exactly
+        ys = jax.lax.cond(converged, lambda: ys, lambda: jax.lax.scan(step, init, xs)[1])
     if reverse:
         ys = jax.tree.map(lambda a: jnp.flip(a, 0), ys)
-    return ys, SweepInfo(sweeps, converged)
+    return (ys, info, carry) if return_carry else (ys, info)
