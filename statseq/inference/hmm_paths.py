@@ -37,7 +37,7 @@ change nothing):
 
 By default Viterbi runs one step at a time: for ``K <= PACKED_MAX_STATES`` on a tuple of
 ``K`` scalars with the ``K`` pointers of a step packed into one int32 and backtracking by
-shift and mask (`_viterbi_packed`), for more states as an unrolled pass over the rows
+shift and mask (`_viterbi_packed`), for `ROWS_STATES` as an unrolled pass over the rows
 (`_viterbi_step`); both compute the same numbers as ``jnp.max``/``jnp.argmax``, so the
 path is the same bit for bit. ``sweeps=True`` (`viterbi`, `posterior_sample`) runs the
 forward pass, the backtracking and the backward draws by sweeps over blocks
@@ -192,7 +192,8 @@ def backtrack(pointers, last, *, blocked: bool = True):
 def _viterbi_sequential(delta0, log_fixed, log_per_step, ll_rest):
     """The max-product scan, one step at a time (`_viterbi_step`): ``(delta_last,
     pointers)``."""
-    return jax.lax.scan(_viterbi_step(log_fixed), delta0, (ll_rest, log_per_step))
+    return jax.lax.scan(_viterbi_step(log_fixed, ll_rest.shape[1]), delta0,
+                        (ll_rest, log_per_step))
 
 
 def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
@@ -285,21 +286,33 @@ def _use_sweeps(sweeps, num_timesteps: int, num_states: int, thresholds) -> bool
     return False
 
 
-def _viterbi_step(log_fixed):
+#: Viterbi's step is an unrolled pass over the rows (`_argmax_rows`) for this range of
+#: state counts, ``jnp.max``/``jnp.argmax`` outside it. Paired runs against hmmlearn, same
+#: rounds (2-core CPU, load 6-7): K = 16, T = 10^3 / 10^5: rows 1.19 / 1.06, reductions
+#: 1.57 / 1.26; K = 32, T = 10^4: 1.05 against 7.2; K = 12: mixed (medians 2.37 against
+#: 3.24, minima 1.89 against 1.48); K = 5 and 8: rows slower (3.9 against 2.2 at K = 5)
+ROWS_STATES = (12, 32)
+
+
+def _viterbi_step(log_fixed, num_states: int):
     """One max-product step: carry the shifted message ``delta_t - max(delta_t)``, emit
-    the pointers ``argmax_i (delta_{t-1}[i] + log A[i, j])``. An unrolled pass over the
-    rows (`_argmax_rows`; no reduction in the loop body: 0.89-0.96 of the time of
-    ``jnp.max``/``jnp.argmax`` at ``K = 16`` in paired runs) with the same values as
-    ``jnp.max``/``jnp.argmax`` bit for bit (maxima, sums and differences of the same
-    numbers; ties to the lowest index; an all-NaN column after an impossible step gives
-    pointer 0, as ``jnp.argmax``)."""
+    the pointers ``argmax_i (delta_{t-1}[i] + log A[i, j])``. For `ROWS_STATES` an
+    unrolled pass over the rows (`_argmax_rows`, no reduction in the loop body) with the
+    same values as ``jnp.max``/``jnp.argmax`` bit for bit (maxima, sums and differences
+    of the same numbers; ties to the lowest index; an all-NaN column after an impossible
+    step gives pointer 0, as ``jnp.argmax``)."""
+    rows = ROWS_STATES[0] <= num_states <= ROWS_STATES[1]
 
     def step(delta, xs):
         ll_t, log_a_t = xs
-        best, arg = _argmax_rows(delta[:, None] + (log_fixed if log_a_t is None else log_a_t))
+        scores = delta[:, None] + (log_fixed if log_a_t is None else log_a_t)
+        if not rows:
+            new = jnp.max(scores, axis=0) + ll_t
+            return new - jnp.max(new), jnp.argmax(scores, axis=0).astype(jnp.int32)
+        best, arg = _argmax_rows(scores)
         new = best + ll_t
         top = new[0]
-        for k in range(1, new.shape[0]):
+        for k in range(1, num_states):
             top = jnp.maximum(top, new[k])
         return new - top, arg
 
@@ -310,7 +323,7 @@ def _viterbi_sweeps(delta0, log_fixed, log_per_step, ll_rest):
     """`_viterbi_sequential` by sweeps: ``(delta_last, pointers)``, identical."""
     from statseq.inference.sweeps import sweep_scan
 
-    pointers, _, delta_last = sweep_scan(_viterbi_step(log_fixed), delta0,
+    pointers, _, delta_last = sweep_scan(_viterbi_step(log_fixed, ll_rest.shape[1]), delta0,
                                          (ll_rest, log_per_step), return_carry=True)
     return delta_last, pointers
 

@@ -130,34 +130,26 @@ def test_viterbi_identical_to_the_sequential_scan(k, time_varying):
         _paths_equal(pi, a, ll)
 
 
-def test_viterbi_impossible_step_and_length_one():
+def test_viterbi_impossible_step_ties_and_length_one():
     """A step where every state is impossible (an all -inf row: NaN messages from there on,
     so the sweeps never match bit for bit and fall back to the sequential scan) gives the
-    reference's path; T = 1 is the argmax of the first message for every kernel."""
+    reference's path, for the packed scalar step (K = 2) and the unrolled rows (K = 16,
+    with exact ties everywhere: dyadic log-likelihoods and a uniform A); T = 1 is the
+    argmax of the first message for every kernel."""
     rng = np.random.default_rng(12)
     pi, a, ll = random_problem(rng, 2, 300)
     ll[150] = -np.inf
     _paths_equal(pi, a, ll)
-    one = _prepare_inputs(pi, a, ll[:1])
-    want = int(np.argmax(np.log(pi) + ll[0]))
+    k = 16
+    assert hmm_paths.ROWS_STATES[0] <= k <= hmm_paths.ROWS_STATES[1]
+    ll = np.round(rng.normal(size=(300, k)) * 2) / 4
+    ll[rng.uniform(size=(300, k)) < 0.05] = -np.inf
+    ll[200] = -np.inf
+    _paths_equal(np.full(k, 1 / k), np.full((k, k), 1 / k), ll)
+    one = _prepare_inputs(pi, a, ll[:1, :2])
+    want = int(np.argmax(np.log(pi) + ll[0, :2]))
     for kwargs in ({}, {"sweeps": True}, {"blocked": True}):
         assert hmm_paths.viterbi(*one, **kwargs).tolist() == [want]
-
-
-def test_viterbi_ties_go_to_the_lowest_index():
-    """Two identical states (same emissions, symmetric transitions): every score ties
-    exactly, and the path must take the lower index, as the sequential scan does."""
-    rng = np.random.default_rng(3)
-    t = 700
-    base = rng.normal(size=(t, 2)) * 1.5
-    ll = np.stack([base[:, 0], base[:, 0], base[:, 1]], axis=1)  # states 0 and 1 twins
-    a = np.array([[0.4, 0.4, 0.2], [0.4, 0.4, 0.2], [0.15, 0.15, 0.7]])
-    pi = np.array([0.3, 0.3, 0.4])
-    path = _paths_equal(pi, a, ll)
-    assert not np.any(path == 1)  # state 1 always ties with state 0 and loses
-    # dyadic values: exact ties inside the max-product too
-    ll = np.round(rng.normal(size=(t, 2)) * 4) / 4
-    _paths_equal(np.array([0.5, 0.5]), np.array([[0.5, 0.5], [0.5, 0.5]]), ll)
 
 
 def test_viterbi_chain_that_never_forgets():
