@@ -35,16 +35,17 @@ change nothing):
   the chunk starts are corrected one chunk after the other (sequential cost). A last
   sweep records the pointers.
 
-By default Viterbi runs one step at a time: for ``K <= PACKED_MAX_STATES`` on a tuple of
-``K`` scalars with the ``K`` pointers of a step packed into one int32 and backtracking by
-shift and mask (`_viterbi_packed`), for `ROWS_STATES` as an unrolled pass over the rows
-(`_viterbi_step`); both compute the same numbers as ``jnp.max``/``jnp.argmax``, so the
-path is the same bit for bit. ``sweeps=True`` (`viterbi`, `posterior_sample`) runs the
-forward pass, the backtracking and the backward draws by sweeps over blocks
-(`statseq.inference.sweeps.sweep_scan`: the max-product message forgets its start, and
-back-pointer chains, or sampling chains sharing their uniforms, merge), again the
-identical path; on CPU it measured slower than the sequential scans at every ``K`` and
-``T`` tried, so it is not a default (`VITERBI_SWEEP_MIN_STEPS`).
+By default Viterbi runs one step at a time: on CPU, for ``K <= PACKED_MAX_STATES`` on a
+tuple of ``K`` scalars with the ``K`` pointers of a step packed into one int32 and
+backtracking by shift and mask (`_viterbi_packed`), for `ROWS_STATES` as an unrolled pass
+over the rows (`_viterbi_step`; other backends keep the previous step); both compute the
+same numbers as ``jnp.max``/``jnp.argmax``, so the path is the same bit for bit.
+``sweeps=True`` (`viterbi`, `posterior_sample`) runs the forward pass, the backtracking
+and the backward draws by sweeps over blocks (`statseq.inference.sweeps.sweep_scan`: the
+max-product message forgets its start, and back-pointer chains, or sampling chains
+sharing their uniforms, merge), again the identical path; on CPU it measured slower than
+the sequential scans at every ``K`` and ``T`` tried, so it is not a default
+(`VITERBI_SWEEP_MIN_STEPS`).
 
 All messages are shifted to a maximum of zero at every step, so float32 keeps its
 resolution. The functions take already checked arrays (`statseq.inference.hmm` checks
@@ -287,10 +288,11 @@ def _use_sweeps(sweeps, num_timesteps: int, num_states: int, thresholds) -> bool
 
 
 #: Viterbi's step is an unrolled pass over the rows (`_argmax_rows`) for this range of
-#: state counts, ``jnp.max``/``jnp.argmax`` outside it. Paired runs against hmmlearn, same
-#: rounds (2-core CPU, load 6-7): K = 16, T = 10^3 / 10^5: rows 1.19 / 1.06, reductions
-#: 1.57 / 1.26; K = 32, T = 10^4: 1.05 against 7.2; K = 12: mixed (medians 2.37 against
-#: 3.24, minima 1.89 against 1.48); K = 5 and 8: rows slower (3.9 against 2.2 at K = 5)
+#: state counts on CPU, ``jnp.max``/``jnp.argmax`` outside it and on other backends.
+#: Paired runs against hmmlearn, same rounds (2-core CPU, load 6-7): K = 16, T = 10^3 /
+#: 10^5: rows 1.19 / 1.06, reductions 1.57 / 1.26; K = 32, T = 10^4: 1.05 against 7.2;
+#: K = 12: mixed (medians 2.37 against 3.24, minima 1.89 against 1.48); K = 5 and 8:
+#: rows slower (3.9 against 2.2 at K = 5)
 ROWS_STATES = (12, 32)
 
 
@@ -301,7 +303,7 @@ def _viterbi_step(log_fixed, num_states: int):
     same values as ``jnp.max``/``jnp.argmax`` bit for bit (maxima, sums and differences
     of the same numbers; ties to the lowest index; an all-NaN column after an impossible
     step gives pointer 0, as ``jnp.argmax``)."""
-    rows = ROWS_STATES[0] <= num_states <= ROWS_STATES[1]
+    rows = backend_kind() == "cpu" and ROWS_STATES[0] <= num_states <= ROWS_STATES[1]
 
     def step(delta, xs):
         ll_t, log_a_t = xs
@@ -328,7 +330,9 @@ def _viterbi_sweeps(delta0, log_fixed, log_per_step, ll_rest):
     return delta_last, pointers
 
 
-#: up to this many states Viterbi runs on scalars with packed pointers (`_viterbi_packed`)
+#: up to this many states Viterbi runs on scalars with packed pointers (`_viterbi_packed`),
+#: on CPU (measured there only; other backends keep the vector step): at K = 4 the scalar
+#: loop body is no longer fused by XLA:CPU and costs 30x
 PACKED_MAX_STATES = 3
 
 
@@ -451,7 +455,7 @@ def viterbi(pi, fixed, per_step, ll, *, blocked=None, sweeps=None):
         return jnp.argmax(delta0).astype(jnp.int32)[None]
     use_sweeps = not blocked and _use_sweeps(sweeps, num_timesteps, num_states,
                                              VITERBI_SWEEP_MIN_STEPS)
-    if not blocked and num_states <= PACKED_MAX_STATES:
+    if not blocked and num_states <= PACKED_MAX_STATES and backend_kind() == "cpu":
         return _viterbi_packed(delta0, log_fixed, log_per_step, ll[1:], use_sweeps)
     if use_sweeps:
         delta_last, pointers = _viterbi_sweeps(delta0, log_fixed, log_per_step, ll[1:])
