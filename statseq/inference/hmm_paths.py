@@ -486,6 +486,29 @@ def _inverse_cdf(weights, u):
     return state
 
 
+def _sample_packed(filtered, fixed, per_step, uniforms, last):
+    """`posterior_sample`'s backward draws for ``K <= PACKED_MAX_STATES``: the draw for
+    every possible ``z_{t+1} = j`` at every step at once (`_inverse_cdf` of
+    ``f_t * A_t[:, j]`` at ``u_t``: the same products, partial sums and comparisons as
+    the step-by-step draw, so the same draws), packed into one int32 per step like
+    Viterbi's pointers, then a backward chain of shifts and masks (no gather, no float
+    work in the loop)."""
+    num_states = filtered.shape[1]
+    bits = _bits(num_states)
+    code = None
+    for j in range(num_states):
+        column = fixed[:, j] if per_step is None else per_step[:, :, j]
+        draw = _inverse_cdf(filtered[:-1] * column, uniforms)
+        code = draw if code is None else code | (draw << (bits * j))
+
+    def back(state_next, code_t):
+        state = _unpack(code_t, state_next, num_states)
+        return state, state
+
+    _, states = jax.lax.scan(back, last, code, reverse=True)
+    return jnp.concatenate([states, last[None]])
+
+
 def posterior_sample(filtered, fixed, per_step, key, *, sweeps=None):
     """One path from ``p(z | y)`` given the filtered probabilities (FFBS with inverse-CDF
     backward draws).
@@ -524,7 +547,10 @@ def posterior_sample(filtered, fixed, per_step, key, *, sweeps=None):
         return state, state
 
     xs = (filtered[:-1], uniforms, per_step)
-    if _use_sweeps(sweeps, num_timesteps, num_states, SAMPLE_SWEEP_MIN_STEPS):
+    use_sweeps = _use_sweeps(sweeps, num_timesteps, num_states, SAMPLE_SWEEP_MIN_STEPS)
+    if not use_sweeps and num_states <= PACKED_MAX_STATES and backend_kind() == "cpu":
+        return _sample_packed(filtered, fixed, per_step, uniforms, last)
+    if use_sweeps:
         from statseq.inference.sweeps import sweep_scan
 
         states, _ = sweep_scan(step, last, xs, reverse=True)

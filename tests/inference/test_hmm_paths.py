@@ -3,8 +3,9 @@
 References: brute-force enumeration of all K^T paths at tiny T; the step-by-step Viterbi scan
 (the implementation before the blocked kernels, kept below verbatim) for identical integer
 paths, ties and zero transitions included; `hmm_smoother` for the marginals of many samples.
-Every kernel (sequential, packed scalar steps for K <= 3, blocked, by sweeps over blocks)
-must give the reference's path; sampling by sweeps the sequential sampler's draws, bit for bit.
+Every kernel (sequential, packed scalar steps for K <= 3, unrolled rows for K = 16, blocked,
+by sweeps over blocks) must give the reference's path; sampling (packed draw table for K <= 3,
+by sweeps) the step-by-step inverse-CDF draws, bit for bit.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _paths_equal(pi, a, ll):
 def test_viterbi_identical_to_the_sequential_scan(k, time_varying):
     """Long enough to run blocked (T - 1 >= MIN_BLOCKED_STEPS) and by sweeps over blocks
     (T - 1 = 299, 999: not multiples of the block), with masks, zeros and -inf entries;
-    K = 2, 3 run the packed scalar step, K = 5 the unrolled rows."""
+    K = 2, 3 run the packed scalar step, K = 5 the reductions."""
     rng = np.random.default_rng(10 + k)
     for t, zeros in [(300, False), (1000, True)]:
         pi, a, ll = random_problem(rng, k, t, time_varying=time_varying, zeros=zeros)
@@ -150,6 +151,22 @@ def test_viterbi_impossible_step_ties_and_length_one():
     want = int(np.argmax(np.log(pi) + ll[0, :2]))
     for kwargs in ({}, {"sweeps": True}, {"blocked": True}):
         assert hmm_paths.viterbi(*one, **kwargs).tolist() == [want]
+
+
+def test_viterbi_ties_go_to_the_lowest_index():
+    """Two identical states (same emissions, symmetric transitions): every score ties
+    exactly, and the path must take the lower index, as the sequential scan does."""
+    rng = np.random.default_rng(3)
+    t = 700
+    base = rng.normal(size=(t, 2)) * 1.5
+    ll = np.stack([base[:, 0], base[:, 0], base[:, 1]], axis=1)  # states 0 and 1 twins
+    a = np.array([[0.4, 0.4, 0.2], [0.4, 0.4, 0.2], [0.15, 0.15, 0.7]])
+    pi = np.array([0.3, 0.3, 0.4])
+    path = _paths_equal(pi, a, ll)
+    assert not np.any(path == 1)  # state 1 always ties with state 0 and loses
+    # dyadic values: exact ties inside the max-product too
+    ll = np.round(rng.normal(size=(t, 2)) * 4) / 4
+    _paths_equal(np.array([0.5, 0.5]), np.array([[0.5, 0.5], [0.5, 0.5]]), ll)
 
 
 def test_viterbi_chain_that_never_forgets():
