@@ -11,6 +11,7 @@ by sweeps) the step-by-step inverse-CDF draws, bit for bit.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -97,19 +98,20 @@ def test_viterbi_is_the_brute_force_argmax(time_varying):
         assert tuple(got) == paths[int(np.argmax(logp))]
 
 
-@jax.jit
-def _four_paths(pi, a, ll):
+@partial(jax.jit, static_argnames="sweeps")
+def _four_paths(pi, a, ll, sweeps=False):
     """The reference, the default and every kernel (whatever the default picks:
-    sequential, blocked, by sweeps), in one compiled program per problem shape (compile
-    time dominates these tests)."""
+    sequential, blocked and, with ``sweeps``, by sweeps), in one compiled program per
+    problem shape (compile time dominates these tests)."""
     prepared = _prepare_inputs(pi, a, ll)
     forced = [hmm_paths.viterbi(*prepared, blocked=b, sweeps=False) for b in (False, True)]
-    forced.append(hmm_paths.viterbi(*prepared, sweeps=True))
+    if sweeps:
+        forced.append(hmm_paths.viterbi(*prepared, sweeps=True))
     return reference_viterbi(pi, a, ll), hmm_viterbi(pi, a, ll), *forced
 
 
-def _paths_equal(pi, a, ll):
-    ref, got, *forced = (np.asarray(x) for x in _four_paths(pi, a, ll))
+def _paths_equal(pi, a, ll, sweeps=False):
+    ref, got, *forced = (np.asarray(x) for x in _four_paths(pi, a, ll, sweeps=sweeps))
     for path in forced:
         np.testing.assert_array_equal(path, ref)
     assert got.dtype == np.int32
@@ -128,15 +130,15 @@ def test_viterbi_identical_to_the_sequential_scan(k, time_varying):
         ll[rng.uniform(size=t) < 0.1] = 0.0
         rows = np.flatnonzero(rng.uniform(size=t) < 0.05)
         ll[rows, rng.integers(0, k, rows.size)] = -np.inf  # one impossible state there
-        _paths_equal(pi, a, ll)
+        _paths_equal(pi, a, ll, sweeps=True)
 
 
 def test_viterbi_impossible_step_ties_and_length_one():
-    """A step where every state is impossible (an all -inf row: NaN messages from there on,
-    so the sweeps never match bit for bit and fall back to the sequential scan) gives the
+    """A step where every state is impossible (an all -inf row: NaN messages from there on;
+    by sweeps they never match bit for bit and the sequential scan runs) gives the
     reference's path, for the packed scalar step (K = 2) and the unrolled rows (K = 16,
-    with exact ties everywhere: dyadic log-likelihoods and a uniform A); T = 1 is the
-    argmax of the first message for every kernel."""
+    also by sweeps, with exact ties everywhere: dyadic log-likelihoods and a uniform A);
+    T = 1 is the argmax of the first message for every kernel."""
     rng = np.random.default_rng(12)
     pi, a, ll = random_problem(rng, 2, 300)
     ll[150] = -np.inf
@@ -146,7 +148,7 @@ def test_viterbi_impossible_step_ties_and_length_one():
     ll = np.round(rng.normal(size=(300, k)) * 2) / 4
     ll[rng.uniform(size=(300, k)) < 0.05] = -np.inf
     ll[200] = -np.inf
-    _paths_equal(np.full(k, 1 / k), np.full((k, k), 1 / k), ll)
+    _paths_equal(np.full(k, 1 / k), np.full((k, k), 1 / k), ll, sweeps=True)
     one = _prepare_inputs(pi, a, ll[:1, :2])
     want = int(np.argmax(np.log(pi) + ll[0, :2]))
     for kwargs in ({}, {"sweeps": True}, {"blocked": True}):
@@ -175,7 +177,7 @@ def test_viterbi_chain_that_never_forgets():
     sequential scan runs (`sweeps.sweep_scan`'s fallback)."""
     rng = np.random.default_rng(4)
     ll = rng.normal(size=(2000, 3))
-    path = _paths_equal(np.array([0.2, 0.5, 0.3]), np.eye(3), ll)
+    path = _paths_equal(np.array([0.2, 0.5, 0.3]), np.eye(3), ll, sweeps=True)
     assert np.all(path == path[0])
     paths = [np.full(2000, s) for s in range(3)]
     best = np.argmax([np.log([0.2, 0.5, 0.3][s]) + ll[:, s].sum() for s in range(3)])
