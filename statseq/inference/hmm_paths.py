@@ -267,12 +267,12 @@ def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
 #: on CPU, Viterbi's forward pass and backtracking run by sweeps from ``min T`` steps
 #: for up to ``max K`` states: ``((max K, min T), ...)``. Empty: in paired runs on the
 #: 2-core CPU the sweeps were slower than the sequential scans at every measured ``K``
-#: and ``T`` (benchmarks/RESULTS.md, "Viterbi and FFBS by sweeps"): after the scalar /
+#: and ``T`` (benchmarks/RESULTS.md, "HMM paths", fourth round): after the scalar /
 #: unrolled steps below a Viterbi step costs ~11 ns (K=2) to ~220 ns (K=16), about what
 #: one step vectorized over the blocks costs, so two sweeps cannot win
 VITERBI_SWEEP_MIN_STEPS: tuple[tuple[int, int], ...] = ()
 #: on CPU, FFBS's backward draws run by sweeps from this many steps (as above; empty for
-#: the same reason: 1.3-2x the sequential draws at K = 2 and 16, T = 10^3 - 10^6)
+#: the same reason: 1.3-1.7x the sequential draws at K = 2 and 16, T = 10^3 - 10^6)
 SAMPLE_SWEEP_MIN_STEPS: tuple[tuple[int, int], ...] = ()
 
 
