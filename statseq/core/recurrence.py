@@ -11,6 +11,7 @@ import functools
 import weakref
 from collections import OrderedDict
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,50 @@ def pairwise_sum(x, axis: int = -1):
             x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (1,), x.dtype)], axis=-1)
         x = x[..., 0::2] + x[..., 1::2]
     return x[..., 0] if x.shape[-1] == 1 else jnp.zeros(x.shape[:-1], x.dtype)
+
+
+def vmap_or_one(fn, in_axes=0):
+    """``jax.vmap(fn, in_axes)``, except that a batch of one calls ``fn`` unbatched.
+
+    ``vmap_or_one(f)(x)[n] = f(x[n])`` for ``n < N``; when the batch size ``N`` (a static
+    shape, so decided while tracing) is 1, the result is ``f(x[0])`` with a leading axis of
+    length 1 added to every output leaf, with no ``vmap`` in the program. A public call on
+    one sequence flattens its batch to ``N = 1``, and ``vmap`` of one is not free on
+    XLA:CPU: it changes fusion and can add kernels to a scan body, past the 8-thunk loop
+    body XLA:CPU runs inline (+0.3-0.4 µs per step; the one-series Kalman scan: 9 thunks
+    vmapped, 8 unbatched, 1.8x faster at T = 10^3). Every per-sequence ``vmap`` over a
+    flat batch goes through here. Under a
+    user's ``jax.vmap`` of such a call, ``fn`` itself is then vmapped (with its own
+    batching rules, e.g. ``custom_vmap``).
+
+    Args:
+        fn: the per-sequence function.
+        in_axes: ``0`` (every argument batched along its first axis) or a tuple with one
+            entry per positional argument, ``0`` (batched) or ``None`` (not batched).
+
+    Returns:
+        A function of the same arguments as ``jax.vmap(fn, in_axes)``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> vmap_or_one(lambda x, s: x.sum() * s, in_axes=(0, None))(
+        ...     jnp.ones((1, 3)), 2.0).shape
+        (1,)
+    """
+    def run(*args):
+        axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+        if len(axes) != len(args) or any(a not in (0, None) for a in axes):
+            raise ValueError(f"vmap_or_one takes in_axes 0, None or a tuple of them, one "
+                             f"per argument; got {in_axes!r} for {len(args)} arguments")
+        sizes = {jnp.shape(leaf)[0] for arg, ax in zip(args, axes, strict=True)
+                 if ax is not None for leaf in jax.tree.leaves(arg)}
+        if sizes != {1}:
+            return jax.vmap(fn, in_axes=in_axes)(*args)
+        one = (arg if ax is None else jax.tree.map(lambda a: a[0], arg)
+               for arg, ax in zip(args, axes, strict=True))
+        return jax.tree.map(lambda a: jnp.asarray(a)[None], fn(*one))
+
+    return run
 
 
 def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool, num_valid=None):
@@ -106,10 +151,10 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
             log_probs, final = model.complete_data_log_probs_batch(params, y, inputs)
         elif stops and num_valid is not None:
             fast = partial(model.complete_data_log_probs, params, num_valid=num_valid)
-            log_probs, final = jax.vmap(fast)(y, inputs)
+            log_probs, final = vmap_or_one(fast)(y, inputs)
         else:
             fast = partial(model.complete_data_log_probs, params)
-            log_probs, final = jax.vmap(fast)(y, inputs)
+            log_probs, final = vmap_or_one(fast)(y, inputs)
         if num_valid is not None:
             live = jnp.arange(y.shape[1]) < num_valid
             log_probs = jnp.where(live, log_probs, jnp.zeros((), log_probs.dtype))
@@ -120,12 +165,12 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
     own = None if own is None or return_carries or num_valid is not None else own(
         params, y.shape[1])
     if own is not None:
-        log_probs, final = jax.vmap(own)(y, mask, inputs)
+        log_probs, final = vmap_or_one(own)(y, mask, inputs)
         return pairwise_sum(log_probs), log_probs, None, final
     carry0 = model.initial_carry(params)
     run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries,
                   num_valid=num_valid)
-    log_probs, carries, final = jax.vmap(run)(y, mask, inputs)
+    log_probs, carries, final = vmap_or_one(run)(y, mask, inputs)
     return pairwise_sum(log_probs), log_probs, carries, final
 
 
@@ -256,21 +301,22 @@ def checked_data(model, params, y, mask=None, inputs=None, *, bucket: bool = Tru
 def device_args(data: Prepared, num_inputs: int) -> tuple[dict, bool]:
     """The arrays of prepared ``data`` to pass to a compiled call: ``(dynamic, fill)``.
 
-    For complete, unpadded data of a model without inputs, the all-True mask and the
-    empty inputs are built inside the compiled program (``fill=True``, `reshaped_call`)
-    rather than passed: fewer arguments to dispatch on every call, same values.
+    For complete, unpadded data the all-True mask (and, for a model without inputs, the
+    empty inputs) is built inside the compiled program (``fill=True``, `reshaped_call`)
+    rather than passed: fewer arguments to dispatch on every call, same values, and a
+    mask the compiler knows and can drop, as in a user's ``jax.jit`` of the same call.
 
     Args:
         data: the output of `statseq.core.validation.prepare_data`.
         num_inputs: the model's ``num_inputs``.
 
     Returns:
-        ``({"y": ..., "mask": ..., "inputs": ...}, fill)``; with ``fill`` the mask and
-        inputs are ``None``.
+        ``({"y": ..., "mask": ..., "inputs": ...}, fill)``; with ``fill`` the mask is
+        ``None``, and so are the inputs of a model without inputs.
     """
-    fill = data.complete and data.num_valid is None and num_inputs == 0
+    fill = data.complete and data.num_valid is None
     if fill:
-        return dict(y=data.y, mask=None, inputs=None), True
+        return dict(y=data.y, mask=None, inputs=data.inputs if num_inputs else None), True
     return dict(y=data.y, mask=data.mask, inputs=data.inputs), False
 
 
@@ -283,12 +329,64 @@ def _filled(y, mask, inputs):
     return mask, inputs
 
 
+class _Stripped(NamedTuple):
+    """A compiled call's output without its zero-size leaves (`_strip_empty`)."""
+
+    leaves: tuple
+
+
+#: zero-size arrays handed back in place of a program's zero-size outputs, by (shape, dtype)
+_EMPTY: dict = {}
+
+
+def _strip_empty(out, layouts: dict):
+    """``out`` as it is, or, where some leaves are zero-size, its other leaves as a
+    `_Stripped` (the layout to restore it recorded in ``layouts``, while tracing).
+
+    Every output of a program is a buffer that XLA:CPU fills by a thunk of the program's
+    entry computation, a zero-size one too (a copy of a constant), and an entry of more
+    than 8 thunks that are not a chain runs on XLA:CPU's concurrent executor, at a fixed
+    cost of 10-50 µs (`benchmarks/RESULTS.md`, "Public calls vs their jitted core"): the
+    final carry of a linear Gaussian model has 3 empty leaves (input weights of a model
+    without inputs) among 9, and they alone put its ``log_prob`` program past the limit.
+    """
+    leaves, treedef = jax.tree.flatten(out)
+    empty = [(i, a.shape, a.dtype) for i, a in enumerate(leaves)
+             if 0 in a.shape and (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == bool)]
+    if not empty:
+        return out
+    gone = {e[0] for e in empty}
+    kept = tuple(a for i, a in enumerate(leaves) if i not in gone)
+    layouts[_layout_key(kept)] = (treedef, empty)
+    return _Stripped(kept)
+
+
+def _layout_key(leaves) -> tuple:
+    """What tells apart the traces of one program (lengths, dtype policies)."""
+    return tuple((a.shape, a.dtype) for a in leaves)
+
+
+def _unstrip(out: _Stripped, layouts: dict):
+    """The full output of a `_Stripped` one: its zero-size leaves put back (one array per
+    shape and dtype, made once: no program and no transfer on a call)."""
+    treedef, empty = layouts[_layout_key(out.leaves)]
+    leaves = list(out.leaves)
+    for i, shape, dtype in empty:
+        key = (shape, np.dtype(dtype))
+        if key not in _EMPTY:
+            _EMPTY[key] = jax.device_put(np.zeros(shape, dtype))
+        leaves.insert(i, _EMPTY[key])
+    return treedef.unflatten(leaves)
+
+
 @functools.lru_cache(maxsize=512)
 def _bound(fn, names, nones, batch_shape, fill, pick, static):
     """One ``jax.jit`` per (kernel, argument names, batch shape, options), called with the
     dynamic arrays as positional arguments only: no static argument to hash and no keyword
-    to sort on a call, which is most of the dispatch of a short filter."""
+    to sort on a call, which is most of the dispatch of a short filter. Zero-size outputs
+    are made outside the program (`_strip_empty`)."""
     static = dict(static)
+    layouts: dict = {}
 
     def run(*arrays):
         dynamic = dict(zip(names, arrays, strict=True), **dict.fromkeys(nones))
@@ -299,9 +397,16 @@ def _bound(fn, names, nones, batch_shape, fill, pick, static):
         out = fn(**dynamic, **static)
         if pick is not None:
             out = out[pick]
-        return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+        out = jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
+        return _strip_empty(out, layouts)
 
-    return jax.jit(run)
+    jitted = jax.jit(run)
+
+    def call(*arrays):
+        out = jitted(*arrays)
+        return _unstrip(out, layouts) if type(out) is _Stripped else out
+
+    return call
 
 
 def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, **static):
@@ -562,8 +667,8 @@ def _simulate(model, params, carry, key, inputs):
 def _sample_from(model, params, carries, keys, inputs):
     """carries: (N, ...); keys: (S, N); inputs: (N, T, U) -> samples (S, N, T, *event)."""
     sim = lambda c, k, u: _simulate(model, params, c, k, u)[0]  # noqa: E731
-    over_batch = jax.vmap(sim, in_axes=(0, 0, 0))
-    return jax.vmap(over_batch, in_axes=(None, 0, None))(carries, keys, inputs)
+    over_batch = vmap_or_one(sim, in_axes=(0, 0, 0))
+    return vmap_or_one(over_batch, in_axes=(None, 0, None))(carries, keys, inputs)
 
 
 def _future_inputs(model, inputs, batch_shape, num_steps):

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from statseq.core.params import validate_params
+from statseq.core.recurrence import vmap_or_one
 from statseq.core.validation import prepare_data
 from statseq.inference.kalman import arrays_at, kalman_smoother
 
@@ -118,7 +119,7 @@ def _aux(model, params, y, mask, inputs):
         m_s = jnp.reshape(m_s, (m_s.shape[0], -1)) & jnp.ones((1, model.dim), bool)
         return _aux_one(arrays, y_s, m_s, u_s)
 
-    return jax.vmap(one)(y, mask, inputs)
+    return vmap_or_one(one)(y, mask, inputs)
 
 
 def auxiliary_residuals(model, params, y, *, mask=None, inputs=None) -> AuxiliaryResiduals:

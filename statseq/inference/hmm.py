@@ -244,9 +244,10 @@ def _sweep_step(fixed, num_states: int):
     scaled outside the loop (an ``exp`` in XLA:CPU's loop body costs more than the rest
     of the step): carry the predicted message, emit ``(filtered, norm)`` (two outputs: a
     third, the predicted message, made the loop 1.4x slower; it is one product after
-    it). Up to `UNROLLED_STATES`' upper end the normalizer is a sum of ``K`` scalar slices
-    and the product a sum of rows (no reduction or ``dot`` in the loop body)."""
-    small = num_states <= UNROLLED_STATES[1]
+    it). Below 8 states the normalizer is a sum of ``K`` scalar slices and the product a
+    sum of rows (no reduction or ``dot`` in the loop body); from 8 on, ``sum`` and ``@``
+    (over all blocks, a matrix product; the sums of 16 slices compiled 3.5 s)."""
+    small = num_states < UNROLLED_STATES[0]
 
     def step(predicted, xs):
         lik_t, a_t = xs
@@ -260,43 +261,108 @@ def _sweep_step(fixed, num_states: int):
     return step
 
 
-#: `_filter` runs by sweeps (`statseq.inference.sweeps`) on CPU from this many steps:
-#: ``(up to 4 states, from 5 states)``
-SWEEP_MIN_STEPS = (2**14, 2**11)
+#: `_filter` runs by sweeps (`statseq.inference.sweeps`) on CPU from this many steps.
+#: Measured (float64, min of 5, load ~2.5; `benchmarks/RESULTS.md`, "The HMM filter by
+#: sweeps"): sweeps / sequential 0.7-1.4 at 2,000-8,000 steps (K = 2 to 64), 0.7-1.0 at
+#: 16,000, and 0.16-0.8 at 10^5 (K = 6: 0.16).
+SWEEP_MIN_STEPS = 2**13
+
+
+def use_sweeps(num_timesteps: int, backend: str | None = None) -> bool:
+    """Whether `hmm_filter` (and the filters built on it) runs by sweeps over blocks
+    (`statseq.inference.sweeps`) by default: on CPU from `SWEEP_MIN_STEPS` steps.
+
+    Args:
+        num_timesteps: ``T``.
+        backend: a platform name, or ``None`` for JAX's default backend.
+
+    Returns:
+        ``True`` for the sweeps.
+
+    Examples:
+        >>> use_sweeps(10**5, "cpu"), use_sweeps(100, "cpu"), use_sweeps(10**5, "gpu")
+        (True, False, False)
+    """
+    return backend_kind(backend) == "cpu" and num_timesteps >= SWEEP_MIN_STEPS
 
 
 def _use_sweeps(sweeps, ll) -> bool:
-    if sweeps is not None:
-        return bool(sweeps)
-    num_timesteps, num_states = ll.shape
-    return (backend_kind() == "cpu"
-            and num_timesteps >= SWEEP_MIN_STEPS[num_states > 4])
+    return use_sweeps(ll.shape[0]) if sweeps is None else bool(sweeps)
 
 
-@jax.custom_jvp
-def _filter_by_sweeps(pi, fixed, per_step, ll) -> HMMFilterResult:
-    """`_filter` by `statseq.inference.sweeps.sweep_scan` (equal to rounding); its
-    derivatives are the sequential filter's (the sweeps' while loops have no reverse
-    mode)."""
+def _swept(pi, fixed, per_step, ll, batched=False) -> HMMFilterResult:
+    """`_filter` by `statseq.inference.sweeps.sweep_scan`; ``batched``: ``pi``, ``per_step``
+    and ``ll`` have a leading axis of sequences (``fixed`` is shared)."""
     from statseq.inference.sweeps import sweep_scan
 
-    shift = jnp.max(ll, axis=1)
+    num_states = ll.shape[-1]
+    shift = jnp.max(ll, axis=-1)
     shift = jnp.where(jnp.isfinite(shift), shift, 0.0)  # every state impossible
     # the transition out of the last step is never used: pad the per-step ones by one
     a = None if per_step is None else jnp.concatenate(
-        [per_step, jnp.zeros((1,) + per_step.shape[1:], per_step.dtype)])
-    (filtered, norms), _ = sweep_scan(
-        _sweep_step(fixed, ll.shape[1]), pi, (jnp.exp(ll - shift[:, None]), a))
-    log_normalizers = jnp.log(norms) + shift
-    moved = (_rows_times(filtered[:-1], fixed) if per_step is None
-             else jnp.einsum("ti,tij->tj", filtered[:-1], per_step))
-    return HMMFilterResult(pairwise_sum(log_normalizers), log_normalizers,
-                           jnp.concatenate([pi[None], moved]), filtered)
+        [per_step, jnp.zeros(per_step.shape[:-3] + (1, num_states, num_states),
+                             per_step.dtype)], axis=-3)
+    (filtered, norms), _ = sweep_scan(_sweep_step(fixed, num_states), pi,
+                                      (jnp.exp(ll - shift[..., None]), a), batched=batched)
+
+    def finish(pi, per_step, filtered, norms, shift):
+        log_normalizers = jnp.log(norms) + shift
+        moved = (_rows_times(filtered[:-1], fixed) if per_step is None
+                 else jnp.einsum("ti,tij->tj", filtered[:-1], per_step))
+        return HMMFilterResult(pairwise_sum(log_normalizers), log_normalizers,
+                               jnp.concatenate([pi[None], moved]), filtered)
+
+    if not batched:
+        return finish(pi, per_step, filtered, norms, shift)
+    return jax.vmap(finish, in_axes=(0, None if per_step is None else 0, 0, 0, 0))(
+        pi, per_step, filtered, norms, shift)
 
 
-@_filter_by_sweeps.defjvp
-def _filter_by_sweeps_jvp(primals, tangents):
-    return jax.jvp(lambda *a: _filter(*a, blocked=False, sweeps=False), primals, tangents)
+def _sequential(pi, fixed, per_step, ll) -> HMMFilterResult:
+    return _filter(pi, fixed, per_step, ll, blocked=False, sweeps=False)
+
+
+def _swept_with_rules(swept, sequential):
+    """``swept(pi, fixed, per_step, ll, batched=False)`` (a pass by sweeps over blocks) as
+    a function of the four arrays whose derivatives are ``sequential``'s (``custom_jvp``:
+    the sweeps' while loops have no reverse mode) and whose ``jax.vmap`` sweeps every
+    sequence's blocks together (``custom_vmap``: vmapped while loops would carry and
+    select every buffer each iteration); transitions fixed per sequence (a batched
+    ``fixed``) go to ``sequential``, vmapped."""
+
+    @jax.custom_batching.custom_vmap
+    def one(pi, fixed, per_step, ll):
+        return swept(pi, fixed, per_step, ll)
+
+    @one.def_vmap
+    def one_vmap(axis_size, in_batched, pi, fixed, per_step, ll):
+        pi_b, fixed_b, per_step_b, ll_b = in_batched
+        if fixed_b:
+            axes = (0 if pi_b else None, 0, None, 0 if ll_b else None)
+            out = jax.vmap(sequential, in_axes=axes)(pi, fixed, per_step, ll)
+        else:
+            def batch(x, is_batched):
+                return x if x is None or is_batched else jnp.broadcast_to(
+                    x, (axis_size,) + x.shape)
+
+            out = swept(batch(pi, pi_b), fixed, batch(per_step, per_step_b),
+                        batch(ll, ll_b), batched=True)
+        return out, jax.tree.map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def with_rules(pi, fixed, per_step, ll):
+        return one(pi, fixed, per_step, ll)
+
+    @with_rules.defjvp
+    def with_rules_jvp(primals, tangents):
+        return jax.jvp(sequential, primals, tangents)
+
+    with_rules.__doc__ = swept.__doc__
+    return with_rules
+
+
+#: `_filter` by `statseq.inference.sweeps.sweep_scan` (equal to rounding)
+_filter_by_sweeps = _swept_with_rules(_swept, _sequential)
 
 
 def _filter(pi, fixed, per_step, ll, unrolled=None, rows=True,
@@ -635,6 +701,69 @@ def _blocked_gradient_parts_jvp(primals, tangents):
     return _blocked_gradient_parts(*primals), tangent_out
 
 
+def _backward_sweep_step(fixed_t, num_states: int):
+    """One step of the normalized backward recursion ``v_t ~ A_t (v_{t+1} * l_{t+1})``
+    (``sum v_t = 1``) for `statseq.inference.sweeps`, given ``A^T``: it forgets its start
+    as the filter does. An impossible step (``l_{t+1} = 0``) keeps the message."""
+    small = num_states < UNROLLED_STATES[0]
+
+    def step(v_next, xs):
+        lik_next, a_t = xs
+        v = _matvec(_pick(fixed_t, a_t), v_next * lik_next, small)
+        norm = sum(v[k] for k in range(num_states)) if small else jnp.sum(v)
+        possible = norm > 0
+        v = jnp.where(possible, v * (1.0 / jnp.where(possible, norm, 1.0)), v_next)
+        return v, v
+
+    return step
+
+
+def _swept_gradient_parts(pi, fixed, per_step, ll, batched=False):
+    """`_sequential_gradient_parts` with both passes by sweeps (`statseq.inference.sweeps`):
+    the filter, then the reverse pass of the linearized filter, ``g_t = A_t (g_{t+1} *
+    l_{t+1} / s_{t+1})``, written out as its transpose. The reverse pass is linear and
+    its scale is fixed by an invariant: scaling ``a_t`` scales every later message, so
+    ``<a_t, g_t> = 1`` (``a_t`` the normalized filtered message); the sweeps run it
+    normalized (so that it forgets its start) and ``g_t = v_t / <a_t, v_t>`` restores
+    the scale. Then ``d log p / d ll[t] = a_t * g_t`` and ``d log p / d e_t = g_{t+1} *
+    l_{t+1} / s_{t+1}``, as the sequential reverse pass gives them (to rounding).
+    ``batched``: as `_swept`."""
+    from statseq.inference.sweeps import sweep_scan
+
+    num_states = ll.shape[-1]
+    filt = _swept(pi, fixed, per_step, ll, batched=batched)
+    shift = jnp.max(ll, axis=-1)
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+    lik = jnp.exp(ll[..., 1:, :] - shift[..., 1:, None])
+    # an impossible step (normalizer 0, log p = -inf) keeps its message: its linear map,
+    # and so its transpose, is the identity
+    lik = jnp.where(jnp.isneginf(filt.log_normalizers[..., 1:, None]), 1.0, lik)
+    fixed_t = None if fixed is None else fixed.T
+    per_step_t = None if per_step is None else jnp.swapaxes(per_step, -1, -2)
+    start = jnp.full(ll.shape[:-2] + (num_states,), 1.0 / num_states, ll.dtype)
+    v, _ = sweep_scan(_backward_sweep_step(fixed_t, num_states), start, (lik, per_step_t),
+                      reverse=True, batched=batched)
+
+    def finish(filtered, log_normalizers, v, lik, shift):
+        g = jnp.concatenate([v / jnp.sum(filtered[:-1] * v, axis=1, keepdims=True),
+                             jnp.ones((1, num_states), v.dtype)])
+        # s_{t+1} in the scale of `lik`: the normalizer exp(log_norm - shift) (1 at an
+        # impossible step, where `lik` is 1)
+        scale = jnp.exp(log_normalizers[1:] - shift[1:])
+        # d log p / d ll[t] is 0 at an impossible step (its likelihoods are not used)
+        grad_ll = jnp.where(jnp.isneginf(log_normalizers)[:, None], 0.0, filtered * g)
+        return grad_ll, g[1:] * lik / jnp.where(scale > 0, scale, 1.0)[:, None]
+
+    parts = (filt.filtered_probs, filt.log_normalizers, v, lik, shift)
+    grad_ll, grad_predicted = jax.vmap(finish)(*parts) if batched else finish(*parts)
+    return filt.marginal_log_lik, filt.filtered_probs, grad_predicted, grad_ll
+
+
+#: `_sequential_gradient_parts` by sweeps over blocks (equal to rounding)
+_gradient_parts_by_sweeps = _swept_with_rules(_swept_gradient_parts,
+                                              _sequential_gradient_parts)
+
+
 def hmm_smoother_by_gradient(
     initial_probs, transition_matrix, log_likelihoods, *, sum_transitions: bool = True
 ) -> HMMPosterior:
@@ -660,7 +789,11 @@ def hmm_smoother_by_gradient(
     blocked (CPU, 6 or 7 states, ``T >= 2048``), so does this path
     (`statseq.inference.hmm_blocked.gradient_blocked`: the same reverse pass, vectorized
     across chunks of about ``sqrt(T)`` steps, equal to rounding); derivatives of its outputs
-    are then taken through the sequential path (``jax.custom_jvp``).
+    are then taken through the sequential path (``jax.custom_jvp``). Where `hmm_filter`
+    runs by sweeps over blocks (CPU, ``T >= SWEEP_MIN_STEPS``, `use_sweeps`), so do both
+    passes here (`_swept_gradient_parts`: the same reverse pass written out as its
+    transpose, run normalized and rescaled by the invariant ``<a_t, g_t> = 1``; equal to
+    rounding, derivatives again through the sequential path).
 
     Args:
         initial_probs: ``(K,)`` ``p(z_0)``.
@@ -684,6 +817,9 @@ def hmm_smoother_by_gradient(
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
     if _use_blocked(None, ll) and ll.shape[0] > 1:
         value, filtered, grad_predicted, grad_ll = _blocked_gradient_parts(
+            pi, fixed, per_step, ll)
+    elif _use_sweeps(None, ll) and ll.shape[0] > 1:
+        value, filtered, grad_predicted, grad_ll = _gradient_parts_by_sweeps(
             pi, fixed, per_step, ll)
     else:
         value, filtered, grad_predicted, grad_ll = _sequential_gradient_parts(

@@ -36,6 +36,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+__all__ = ["SweepInfo", "default_block_length", "sweep_scan"]
+
 #: steps per chunk: a block stops early only at a chunk boundary
 CHUNK = 32
 
@@ -50,8 +52,18 @@ class SweepInfo(NamedTuple):
 
 def default_block_length(num_timesteps: int, chunk: int = CHUNK) -> int:
     """``L``: about ``sqrt(T)`` (as many blocks as steps per block), a multiple of
-    ``chunk``."""
-    return chunk * max(1, math.ceil(math.sqrt(num_timesteps) / chunk))
+    ``chunk``; one that divides ``T`` if there is one between ``sqrt(T) / 2`` and
+    ``2 sqrt(T)`` (no padding: the blocks are then a reshape of the inputs, not a copy).
+
+    Examples:
+        >>> default_block_length(10**6), default_block_length(10**6 + 1)
+        (800, 1024)
+    """
+    root = math.sqrt(num_timesteps)
+    near = chunk * max(1, math.ceil(root / chunk))
+    divisors = [m for m in range(chunk, int(2 * root) + 1, chunk)
+                if m >= root / 2 and num_timesteps % m == 0]
+    return min(divisors, key=lambda m: (abs(math.log(m / root)), m)) if divisors else near
 
 
 def _same(a, b):
@@ -62,14 +74,19 @@ def _same(a, b):
 
 
 def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = CHUNK,
-               max_sweeps: int = 4, reverse: bool = False, return_carry: bool = False):
+               max_sweeps: int = 4, reverse: bool = False, batched: bool = False,
+               return_carry: bool = False):
     """``jax.lax.scan(step, init, xs)[1]`` computed by sweeps over blocks (module docstring).
 
     For the recursion ``c_t = f(c_{t-1}, x_t)``, ``y_t = g(c_{t-1}, x_t)`` (``step(c, x)
     -> (c_new, y)``, one sequence, unbatched: it is vmapped over the blocks), the outputs
     ``y_0 .. y_{T-1}`` of the sequential scan from ``c_{-1} = init``; ``reverse=True``
     runs from ``t = T-1`` down to 0, as ``lax.scan(..., reverse=True)``. The steps past
-    ``T`` that fill the last block repeat the last ``x`` and are dropped.
+    ``T`` that fill the last block repeat the last ``x`` and are dropped. With
+    ``batched=True``, ``init`` and ``xs`` have a leading axis of ``N`` sequences, whose
+    blocks are all run at once (the first block of each from its own ``init``), with one
+    convergence test and one fallback for the whole batch (under ``jax.vmap`` a
+    per-sequence fallback ``cond`` would run both of its branches).
 
     Args:
         step: ``(carry, x_t) -> (carry, y_t)``, as for `jax.lax.scan`.
@@ -79,12 +96,13 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         chunk: steps between the checks for an early stop.
         max_sweeps: after this many sweeps without convergence the sequential scan runs.
         reverse: run backward in time.
+        batched: ``init`` and ``xs`` carry a leading axis of ``N`` sequences.
         return_carry: also return the carry after the last step (recomputed by one
             sequential pass over the last block from its converged start: ``L`` steps).
 
     Returns:
-        ``(ys, info)``: the stacked outputs (leading axis ``T``) and a `SweepInfo`;
-        ``(ys, info, carry)`` with ``return_carry``.
+        ``(ys, info)``: the stacked outputs (leading axis ``T``, or ``(N, T)`` when
+        ``batched``) and a `SweepInfo`; ``(ys, info, carry)`` with ``return_carry``.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -93,34 +111,49 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         >>> bool(info.converged), float(ys[-1])
         (True, 2.0)
     """
-    leaves = jax.tree.leaves(xs)
-    num_timesteps = leaves[0].shape[0]
+    if not batched:
+        out = sweep_scan(step, jax.tree.map(lambda c: jnp.asarray(c)[None], init),
+                         jax.tree.map(lambda a: a[None], xs), block_length=block_length,
+                         chunk=chunk, max_sweeps=max_sweeps, reverse=reverse, batched=True,
+                         return_carry=return_carry)
+        return (jax.tree.map(lambda a: a[0], out[0]), out[1],
+                *(jax.tree.map(lambda a: a[0], c) for c in out[2:]))
+    num_sequences, num_timesteps = jax.tree.leaves(xs)[0].shape[:2]
     length = block_length or default_block_length(num_timesteps, chunk)
     if length % chunk:
         raise ValueError(f"block_length={length} must be a multiple of chunk={chunk}")
     if reverse:
-        xs = jax.tree.map(lambda a: jnp.flip(a, 0), xs)
+        xs = jax.tree.map(lambda a: jnp.flip(a, 1), xs)
     num_blocks = -(-num_timesteps // length)
     pad = num_blocks * length - num_timesteps
     num_chunks = length // chunk
+    total = num_sequences * num_blocks
 
-    def blocks(a):  # (T, ...) -> (B, L, ...), a reshape (no copy) when T = B L
+    def blocks(a):  # (N, T, ...) -> (N B, L, ...), a reshape (no copy) when T = B L
         if pad:
-            a = jnp.concatenate([a, jnp.broadcast_to(a[-1:], (pad,) + a.shape[1:])])
-        return a.reshape((num_blocks, length) + a.shape[1:])
+            a = jnp.concatenate([a, jnp.broadcast_to(a[:, -1:], a.shape[:1] + (pad,)
+                                                     + a.shape[2:])], axis=1)
+        return a.reshape((total, length) + a.shape[2:])
 
     xb = jax.tree.map(blocks, xs)
-    batched = jax.vmap(step)
+    over_blocks = jax.vmap(step)
 
-    def run_chunk(carry, x):  # x: (B, chunk, ...) -> ys (B, chunk, ...)
-        carry, ys = jax.lax.scan(batched, carry, jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), x))
+    def run_chunk(carry, x):  # x: (N B, chunk, ...) -> ys (N B, chunk, ...)
+        carry, ys = jax.lax.scan(over_blocks, carry,
+                                 jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), x))
         return carry, jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), ys)
 
-    starts = jax.tree.map(lambda c: jnp.broadcast_to(c, (num_blocks,) + jnp.shape(c)), init)
+    def shifted(ends):  # block b of sequence n starts where block b-1 ended; b = 0 at init
+        return jax.tree.map(
+            lambda i, e: jnp.concatenate(
+                [i[:, None], e.reshape((num_sequences, num_blocks) + e.shape[1:])[:, :-1]],
+                axis=1).reshape(e.shape), init, ends)
+
+    starts = jax.tree.map(  # every block guesses its sequence's initial carry
+        lambda c: jnp.repeat(c, num_blocks, axis=0), init)
     ends_shape, ys_shape = jax.eval_shape(
         run_chunk, starts, jax.tree.map(lambda a: a[:, :chunk], xb))
-    ys0 = jax.tree.map(
-        lambda s: jnp.zeros((num_blocks, length) + s.shape[2:], s.dtype), ys_shape)
+    ys0 = jax.tree.map(lambda s: jnp.zeros((total, length) + s.shape[2:], s.dtype), ys_shape)
     ends0 = jax.tree.map(lambda s: jnp.zeros((num_chunks,) + s.shape, s.dtype), ends_shape)
 
     def chunk_cond(state):
@@ -149,25 +182,36 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         s, starts, ys, previous, _ = state
         _, _, ys, _, ends, same, _ = jax.lax.while_loop(
             chunk_cond, chunk_body, (0, starts, ys, previous, previous, False, s > 0))
-        last = jax.tree.map(lambda a: a[num_chunks - 1], ends)
-        starts = jax.tree.map(lambda i, e: jnp.concatenate([i[None], e[:-1]]), init, last)
+        starts = shifted(jax.tree.map(lambda a: a[num_chunks - 1], ends))
         return s + 1, starts, ys, ends, same
 
     sweeps, starts, ys, _, converged = jax.lax.while_loop(
         sweep_cond, sweep_body, (0, starts, ys0, ends0, jnp.bool_(False)))
-    ys = jax.tree.map(
-        lambda a: a.reshape((num_blocks * length,) + a.shape[2:])[:num_timesteps], ys)
-    info = SweepInfo(sweeps, converged)
-    if return_carry:
-        # converged: the last block's start is its left neighbour's true end
-        def tail():
-            last = jax.tree.map(lambda a: a[-1, :length - pad], xb)
-            return jax.lax.scan(step, jax.tree.map(lambda a: a[-1], starts), last)[0], ys
-
-        carry, ys = jax.lax.cond(converged, tail, lambda: jax.lax.scan(step, init, xs))
+    ys = jax.tree.map(lambda a: a.reshape((num_sequences, num_blocks * length) + a.shape[2:])
+                      [:, :num_timesteps], ys)
+    # not converged (a recursion that does not forget): the sequential scan, exactly. A
+    # loop run at most once, not a `cond`: under `jax.vmap` a `cond` on a batched
+    # predicate runs both branches, a loop runs only while some element needs it
+    if not return_carry:
+        ys = jax.lax.while_loop(
+            lambda state: state[0],
+            lambda state: (jnp.bool_(False),
+                           jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[1])(init, xs)),
+            (~converged, ys))[1]
     else:
-        # not converged (a recursion that does not forget): the sequential scan, exactly
-        ys = jax.lax.cond(converged, lambda: ys, lambda: jax.lax.scan(step, init, xs)[1])
+        # converged: each sequence's last block starts at its left neighbour's true end
+        def last_block(a):
+            return a.reshape((num_sequences, num_blocks) + a.shape[1:])[:, -1]
+
+        carry = jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[0])(
+            jax.tree.map(last_block, starts),
+            jax.tree.map(lambda a: last_block(a)[:, :length - pad], xb))
+        _, ys, carry = jax.lax.while_loop(
+            lambda state: state[0],
+            lambda state: (jnp.bool_(False),
+                           *jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[::-1])(init, xs)),
+            (~converged, ys, carry))
     if reverse:
-        ys = jax.tree.map(lambda a: jnp.flip(a, 0), ys)
+        ys = jax.tree.map(lambda a: jnp.flip(a, 1), ys)
+    info = SweepInfo(sweeps, converged)
     return (ys, info, carry) if return_carry else (ys, info)

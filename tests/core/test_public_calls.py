@@ -10,6 +10,7 @@ call, or the new result). Counts, not timings: programs are counted by routing e
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -188,6 +189,71 @@ def test_batch_with_mask_matches_per_sequence_calls():
             np.testing.assert_allclose(lp[i, j], ss.log_prob(model, params, y[i, j],
                                                              mask=mask[i, j]), rtol=1e-12)
             _assert_tree_equal(jax.tree.map(lambda a, i=i, j=j: a[i, j], post), one)
+
+
+@pytest.mark.parametrize(("name", "masked"), [("ar", False), ("lgssm", True),
+                                             ("poisson_hmm", True)])
+def test_one_sequence_equals_its_row_in_a_batch_of_two(name, masked):
+    """One sequence is a flat batch of one, which `recurrence.vmap_or_one` runs unbatched;
+    in a batch of two it is vmapped: the same values (1e-12) and gradients (the LGSSM's
+    gradient on one sequence is checked in `test_kalman_small_kernels.py`). AR without a
+    mask takes the complete-data fast path, the one-series LGSSM with missing steps its
+    own filter (`masked_data_filter`) and the Kalman filter's posterior, the PoissonHMM
+    with missing steps the per-step scan, the HMM smoother and Viterbi."""
+    model, params, y, _ = _case(name, T=13)
+    other = _series("count" if name == "poisson_hmm" else "real", 13, seed=9)
+    ys = np.stack([y, other])
+    mask = np.random.default_rng(8).random((2, 13)) > 0.3 if masked else np.ones((2, 13), bool)
+    mask[:, 0] = True
+
+    def calls(yy, mm):
+        out = {"filter": ss.filter(model, params, yy, mask=mm)}
+        if name != "lgssm":  # its gradient on one sequence: test_kalman_small_kernels.py
+            out["grad"] = jax.grad(lambda p: jnp.sum(ss.log_prob(model, p, yy, mask=mm)))(
+                params)
+        if hasattr(model, "smoother"):  # the Kalman smoother's program compiles slowly
+            post = model.filter_states if name == "lgssm" else model.smoother
+            out["posterior"] = post(params, yy, mask=mm)
+        if hasattr(model, "most_likely_states"):
+            out["viterbi"] = model.most_likely_states(params, yy, mask=mm)
+        return out
+
+    one, both = calls(y, mask[0]), calls(ys, mask)
+    if "grad" in both:  # the gradient of the batch's total is the sum of the sequences'
+        both["grad"] = jax.tree.map(jnp.subtract, both["grad"], calls(other, mask[1])["grad"])
+    for what in one:
+        row = both[what] if what == "grad" else jax.tree.map(lambda a: a[0], both[what])
+        _assert_tree_equal(one[what], row, rtol=1e-12)
+    np.testing.assert_allclose(ss.log_prob(model, params, y, mask=mask[0]),
+                               ss.log_prob(model, params, ys, mask=mask)[0], rtol=1e-12)
+
+
+def test_zero_size_outputs_are_made_outside_the_program(monkeypatch):
+    """The final carry of a linear Gaussian model without inputs has zero-size leaves; the
+    public program does not hand them back (`recurrence._strip_empty`: each output is a
+    thunk of XLA:CPU's entry computation) and ``ss.filter`` puts them back: the same tree,
+    shapes and dtypes as `recurrence._filter_flat`'s (values: the other tests), and a repeat
+    is still one program, no compile and no transfer."""
+    model, params, y, _ = _case("lgssm", T=11)
+    with counting(monkeypatch) as counts:  # before the first call (see `counting`)
+        got = ss.filter(model, params, y)
+        before = counts()
+        with jax.transfer_guard_host_to_device("disallow_explicit"):
+            again = jax.block_until_ready(ss.filter(model, params, y))
+        assert tuple(np.subtract(counts(), before)) == (1, 0)
+    _assert_tree_equal(got, again, rtol=0)
+    *_, final = jax.eval_shape(partial(recurrence._filter_flat, model, complete=True), params,
+                               y[None], jnp.ones((1, 11), bool), jnp.zeros((1, 11, 0)))
+    assert any(0 in a.shape for a in jax.tree.leaves(final))
+    assert jax.tree.structure(got.final_carry) == jax.tree.structure(final)
+    for g, w in zip(jax.tree.leaves(got.final_carry), jax.tree.leaves(final), strict=True):
+        assert g.shape == w.shape[1:] and g.dtype == w.dtype
+    final = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), final)
+    stripped = recurrence._strip_empty(final, layouts := {})
+    assert isinstance(stripped, recurrence._Stripped)
+    assert not any(0 in a.shape for a in stripped.leaves)
+    assert jax.tree.structure(recurrence._unstrip(stripped, layouts)) == jax.tree.structure(
+        final)
 
 
 @pytest.mark.parametrize("name", ["ar", "poisson_hmm", "local_level", "ms_ar", "gru"])

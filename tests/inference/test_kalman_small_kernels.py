@@ -377,13 +377,28 @@ def _loop_body_thunks(compiled_text):
     return counts
 
 
-def test_univariate_scan_body_stays_within_the_sequential_thunk_threshold(univariate_case):
+@pytest.mark.parametrize("path", ["core", "public"])
+def test_univariate_scan_body_stays_within_the_sequential_thunk_threshold(path,
+                                                                          univariate_case):
     """XLA:CPU runs a while body of at most 8 thunks inline and a longer one through its
     concurrent executor (about 0.3-0.4 us a step more: 2-3x for a small model). The scan
     of a model whose every matrix varies per step (with inputs) must stay within 8
     (`kalman._scan_univariate`); this fails if a change to the step or to XLA's fusion
-    tips it over (then see `benchmarks/bench_kalman_exact.py`)."""
-    text = jax.jit(kalman.kalman_log_prob).lower(*univariate_case).compile().as_text()
+    tips it over (then see `benchmarks/bench_kalman_exact.py`). ``public``: the program of
+    ``ss.log_prob`` on one sequence (`recurrence._filter_flat` on a batch of one, which
+    `recurrence.vmap_or_one` runs unbatched: vmapped, the body has 9)."""
+    if path == "core":
+        text = jax.jit(kalman.kalman_log_prob).lower(*univariate_case).compile().as_text()
+    else:
+        import statseq as ss
+        from statseq.core import recurrence
+
+        arrays, y, mask, inputs = univariate_case
+        model = ss.TimeVaryingLinearGaussianSSM(state_dim=3, emission_dim=1, num_timesteps=7,
+                                                input_dim=2)
+        text = recurrence._filter_flat.lower(
+            model, ss.LGSSMParams(*arrays[:10]), y[None], mask[None], inputs[None],
+            complete=False).compile().as_text()
     counts = _loop_body_thunks(text)
     assert counts and max(counts) <= 8, counts
 

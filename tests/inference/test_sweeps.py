@@ -92,7 +92,8 @@ def test_return_carry_is_the_scans_final_carry():
 def test_block_length_must_be_a_multiple_of_the_chunk():
     with pytest.raises(ValueError, match="multiple of chunk"):
         sweep_scan(_counter, jnp.zeros(()), jnp.ones(10), block_length=20, chunk=8)
-    assert default_block_length(10**6) == 1024 and default_block_length(5) == 32
+    assert default_block_length(10**6) == 800 and default_block_length(10**6 + 1) == 1024
+    assert default_block_length(5) == 32
 
 
 # ---- the HMM filter by sweeps ---------------------------------------------------------
@@ -153,3 +154,51 @@ def test_hmm_filter_by_sweeps_gradient_and_vmap():
     lls = jnp.stack([ll, ll[::-1]])
     batched = jax.vmap(SWEPT, in_axes=(None, None, 0))(pi, a, lls)
     _assert_same([batched.filtered_probs[1]], [SEQUENTIAL(pi, a, ll[::-1]).filtered_probs])
+
+
+def test_hmm_filter_by_sweeps_under_vmap_every_argument_batched():
+    # per-sequence initial laws and per-step transitions sweep together; per-sequence
+    # fixed transitions take the sequential filter (`hmm._swept_one_vmap`)
+    rng = np.random.default_rng(6)
+    num_sequences, num_timesteps, num_states = 3, 90, 3
+    pis = jnp.asarray(rng.dirichlet(np.ones(num_states), size=num_sequences))
+    per = jnp.asarray(rng.dirichlet(np.ones(num_states),
+                                    size=(num_sequences, num_timesteps - 1, num_states)))
+    fixed = per[:, 0]
+    lls = jnp.asarray(rng.normal(size=(num_sequences, num_timesteps, num_states)))
+    for a in (per, fixed):
+        got = jax.vmap(SWEPT)(pis, a, lls)
+        want = [SEQUENTIAL(pis[i], a[i], lls[i]) for i in range(num_sequences)]
+        _assert_same(got, jax.tree.map(lambda *x: jnp.stack(x), *want))
+
+
+# ---- the gradient-as-marginals path by sweeps -------------------------------------------
+
+GRAD_SWEPT = jax.jit(hmm._gradient_parts_by_sweeps)
+GRAD_SEQUENTIAL = jax.jit(hmm._sequential_gradient_parts)
+
+
+@pytest.mark.parametrize("num_states,varying", [(2, False), (3, True), (9, False)])
+def test_gradient_parts_by_sweeps_equal_the_sequential_reverse_pass(num_states, varying):
+    pi, a, ll = _problem(120, num_states, seed=8, varying=varying)
+    fixed, per_step = (None, a) if varying else (a, None)
+    ll = ll.at[30:34].set(0.0)  # masked steps
+    _assert_same(GRAD_SWEPT(pi, fixed, per_step, ll), GRAD_SEQUENTIAL(pi, fixed, per_step, ll),
+                 rtol=1e-11)
+    # impossible steps (log p = -inf): finite, and the sequential pass's values
+    ll = ll.at[0].set(-jnp.inf).at[57].set(-jnp.inf).at[80, 0].set(-jnp.inf)
+    got = GRAD_SWEPT(pi, fixed, per_step, ll)
+    assert all(not np.isnan(np.asarray(x)).any() for x in got)
+    _assert_same(got[1:], GRAD_SEQUENTIAL(pi, fixed, per_step, ll)[1:], rtol=1e-11)
+
+
+def test_gradient_parts_by_sweeps_vmap_and_second_derivatives():
+    pi, a, ll = _problem(90, 3, seed=9)
+    lls = jnp.stack([ll, -ll])
+    got = jax.vmap(GRAD_SWEPT, in_axes=(None, None, None, 0))(pi, a, None, lls)
+    want = jax.vmap(GRAD_SEQUENTIAL, in_axes=(None, None, None, 0))(pi, a, None, lls)
+    _assert_same(got, want, rtol=1e-11)
+    # derivatives of the marginals (second derivatives of log p) are the sequential path's
+    second = [jax.jit(jax.grad(lambda ll, f=f: f(pi, a, None, ll)[3][:, 0].sum()))(ll)
+              for f in (hmm._gradient_parts_by_sweeps, hmm._sequential_gradient_parts)]
+    _assert_same(second[:1], second[1:], rtol=1e-11)

@@ -587,3 +587,41 @@ def test_save_load_input_driven_categorical(tmp_path):
     y = Y["categorical"]
     assert float(ss.log_prob(model2, params2, y, inputs=U)) == float(
         ss.log_prob(model, params, y, inputs=U))
+
+
+def test_public_log_prob_by_sweeps_equals_the_step_scan(monkeypatch):
+    """Long sequences on CPU: `HMMBase.masked_data_filter` (the filter by sweeps) gives the
+    step scan's per-step log-densities, final carry and gradient (here forced at T = 150,
+    a length no other test uses, so its program is traced with the lowered threshold)."""
+    from statseq.core.recurrence import run_filter
+    from statseq.inference import hmm as hmm_inference
+
+    monkeypatch.setattr(hmm_inference, "SWEEP_MIN_STEPS", 64)
+    model, params = glm_params()
+    rng = np.random.default_rng(7)
+    y = rng.poisson(3.0, size=(2, 150)).astype(float)
+    mask = np.ones(y.shape, bool)
+    mask[0, 40:52] = False  # missing steps score exactly 0
+    u = rng.normal(size=(2, 150, 1))
+    data = ss.core.validation.prepare_data(model, y, mask, u)
+    assert model.masked_data_filter(params, 150) is not None
+
+    def reference(p, y_i, m_i, u_i):  # the per-step scan, written out
+        def step(carry, xs):
+            return model.step(p, carry, *xs)[::-1]
+        final, lps = jax.lax.scan(step, model.initial_carry(p), (y_i, m_i, u_i))
+        return lps, final
+
+    got = run_filter(model, params, data.y, data.mask, data.inputs, complete=False)
+    want_lps, want_final = jax.vmap(reference, in_axes=(None, 0, 0, 0))(
+        params, data.y, data.mask, data.inputs)
+    np.testing.assert_allclose(got[1], want_lps, rtol=1e-12, atol=1e-13)
+    assert float(jnp.max(jnp.abs(got[1][0, 40:52]))) == 0.0
+    np.testing.assert_allclose(got[3].probs, want_final.probs, rtol=1e-12, atol=1e-13)
+
+    grad_got = jax.grad(lambda p: run_filter(model, p, data.y, data.mask, data.inputs,
+                                             complete=False)[0].sum())(params)
+    grad_want = jax.grad(lambda p: jax.vmap(reference, in_axes=(None, 0, 0, 0))(
+        p, data.y, data.mask, data.inputs)[0].sum())(params)
+    for g, w in zip(jax.tree.leaves(grad_got), jax.tree.leaves(grad_want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

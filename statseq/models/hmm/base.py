@@ -29,7 +29,7 @@ from numpyro.distributions import constraints
 
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import SequenceModel
-from statseq.core.recurrence import pairwise_sum
+from statseq.core.recurrence import pairwise_sum, vmap_or_one
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import hmm_parallel
@@ -342,6 +342,29 @@ class HMMBase(SequenceModel):
     def update(self, params, carry, y_t, mask_t, inputs_t) -> HMMCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
 
+    def masked_data_filter(self, params, num_timesteps: int):
+        """``(y, mask, inputs) -> (log_probs (T,), final carry)`` for one sequence by
+        `statseq.inference.hmm.hmm_filter` where it runs by sweeps over blocks
+        (`statseq.inference.hmm.use_sweeps`: CPU, long sequences), else ``None`` (the
+        per-step `step` scan runs). The same log-densities (masked steps exactly 0) and
+        final carry as the `step` scan to rounding (tested); derivatives are the
+        sequential filter's. Families with their own `step` (autoregressive emissions)
+        keep theirs."""
+        own = type(self).step is not HMMBase.step or (
+            type(self).initial_carry is not HMMBase.initial_carry)
+        if own or not hmm_seq.use_sweeps(num_timesteps):
+            return None
+
+        def run(y, mask, inputs):
+            filt = hmm_seq.hmm_filter(self.initial_probs(params),
+                                      self.transition_matrices(params, inputs),
+                                      self.log_likelihoods(params, y, mask))
+            observed = jnp.any(jnp.reshape(mask, (num_timesteps, -1)), axis=1)
+            log_probs = jnp.where(observed, filt.log_normalizers, 0.0)
+            return log_probs, HMMCarry(filt.filtered_probs[-1], jnp.ones((), bool))
+
+        return run
+
     # ---- posterior inference (adapters over statseq.inference.hmm) ---------------------
     def log_likelihoods(self, params, y, mask):
         """``(T, K)`` emission log-likelihoods of one sequence (0 rows where masked)."""
@@ -469,7 +492,7 @@ class HMMBase(SequenceModel):
                 transition_weights=hmm_seq.trailing_transition_weights(m_s))
             return post
 
-        post = jax.vmap(one)(y, mask, inputs)
+        post = vmap_or_one(one)(y, mask, inputs)
         seen = jnp.reshape(mask, mask.shape[:2] + (-1,)).any(axis=(1, 2))
         stats = {
             "initial": jnp.sum(post.smoothed_probs[:, 0] * seen[:, None], axis=0),
@@ -917,7 +940,7 @@ def _posterior_one(model, params, y, mask, inputs, kind, parallel, num_valid=Non
 
 @partial(jax.jit, static_argnames=("model", "kind", "parallel"))
 def _hmm_posterior(model, params, y, mask, inputs, num_valid=None, *, kind, parallel):
-    return jax.vmap(
+    return vmap_or_one(
         lambda y_s, m_s, u_s: _posterior_one(model, params, y_s, m_s, u_s, kind, parallel,
                                              num_valid)
     )(y, mask, inputs)
@@ -932,7 +955,7 @@ def _hmm_sample_paths(model, params, y, mask, inputs, key):
         return hmm_seq.hmm_posterior_sample(model.initial_probs(params),
                                             model.transition_matrices(params, u_s), ll, key=k)
 
-    return jax.vmap(one)(y, mask, inputs, keys)
+    return vmap_or_one(one)(y, mask, inputs, keys)
 
 
 def check_counts(y, mask, name: str = "y") -> None:

@@ -23,13 +23,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
-from jax.custom_batching import custom_vmap
 from jax.scipy.special import ndtri
 
 from statseq.core.buckets import cut_steps
 from statseq.core.model import SequenceModel
 from statseq.core.params import validate_params
-from statseq.core.recurrence import checked_data, device_args, remembered, reshaped_runner
+from statseq.core.recurrence import (
+    checked_data,
+    device_args,
+    remembered,
+    reshaped_runner,
+    vmap_or_one,
+)
 from statseq.core.validation import (
     check_key,
     check_positive_int,
@@ -252,7 +257,8 @@ class GaussianSSMBase(SequenceModel):
         CPU; otherwise ``None`` (the per-step `step` scan runs). The same log-densities and
         final carry as the `step` scan to rounding (tested), with or without missing data;
         `statseq.core.recurrence` uses it wherever no per-step carries are wanted, vmapped
-        over the batch: a batch of one sequence runs unbatched (`_one_series`)."""
+        over the batch (`statseq.core.recurrence.vmap_or_one`: a batch of one sequence
+        runs unbatched)."""
         del num_timesteps
         arrays = self.to_arrays(params)
         if self.dim != 1 or self.num_conditioned_steps or not kalman._univariate_fast(arrays, 1):
@@ -260,7 +266,7 @@ class GaussianSSMBase(SequenceModel):
 
         def run(y, mask, inputs):
             y = jnp.reshape(y, (-1, 1)).astype(arrays.initial_cov.dtype)
-            return _one_series(arrays, y, jnp.reshape(mask, (-1, 1)), inputs)
+            return kalman.univariate_log_probs(arrays, y, jnp.reshape(mask, (-1, 1)), inputs)
 
         return run
 
@@ -484,7 +490,7 @@ def _ssm_posterior(model, params, y, mask, inputs, *, what, kind, complete=False
         # a loop over the sequences: under vmap the parallel diffuse filter's lax.cond (its
         # sequential fallback) would become a select that runs both branches
         return jax.lax.map(lambda args: one(*args), (y, mask, inputs))
-    return jax.vmap(one)(y, mask, inputs)
+    return vmap_or_one(one)(y, mask, inputs)
 
 
 def _flat_one(model, y, mask):
@@ -501,7 +507,7 @@ def _ssm_sample(model, params, y, mask, inputs, keys, *, num_samples):
         y_s, m_s = _flat_one(model, y_s.astype(arrays.initial_cov.dtype), m_s)
         return kalman.sample_posterior(arrays, y_s, m_s, u_s, k, num_samples)
 
-    return jax.vmap(one)(y, mask, inputs, keys)
+    return vmap_or_one(one)(y, mask, inputs, keys)
 
 
 @partial(jax.jit, static_argnames=("model", "num_steps"))
@@ -535,39 +541,4 @@ def _ssm_forecast(model, params, y, mask, inputs, future_inputs, *, num_steps):
                               (jnp.arange(num_steps), future_inputs))
         return out
 
-    return jax.vmap(one)(y, mask, inputs)
-
-
-@jax.custom_jvp
-def _one_series(arrays, y, mask, inputs):
-    """`kalman.univariate_log_probs`; batched over one sequence (the public call's batch of
-    one, vmapped by `statseq.core.recurrence._filter_flat`) it runs unbatched: vmap made
-    the scan body one fused loop longer, past XLA:CPU's 8-thunk sequential threshold
-    (`kalman._scan_univariate`), about 2.5x slower. Derivatives are those of
-    `kalman.univariate_log_probs` (a `custom_vmap` function alone has no reverse mode)."""
-    return _one_series_value(arrays, y, mask, inputs)
-
-
-@_one_series.defjvp
-def _one_series_jvp(primals, tangents):
-    return jax.jvp(kalman.univariate_log_probs, primals, tangents)
-
-
-@custom_vmap
-def _one_series_value(arrays, y, mask, inputs):
-    return kalman.univariate_log_probs(arrays, y, mask, inputs)
-
-
-@_one_series_value.def_vmap
-def _one_series_batched(axis_size, in_batched, arrays, y, mask, inputs):
-    arr_b, *rest_b = in_batched
-    if axis_size == 1 and not any(jax.tree.leaves(arr_b)):
-        args = [a[0] if b else a for a, b in zip((y, mask, inputs), rest_b, strict=True)]
-        out = kalman.univariate_log_probs(arrays, *args)
-        out = jax.tree.map(lambda a: a[None], out)
-    else:
-        axes = (jax.tree.map(lambda b: 0 if b else None, arr_b),
-                *(0 if b else None for b in rest_b))
-        out = jax.vmap(kalman.univariate_log_probs, in_axes=axes)(arrays, y, mask, inputs)
-    out_batched = jax.tree.map(lambda _: True, out)
-    return out, out_batched
+    return vmap_or_one(one)(y, mask, inputs)

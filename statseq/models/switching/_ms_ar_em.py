@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core.recurrence import vmap_or_one
 from statseq.inference import hmm as hmm_seq
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -61,7 +62,7 @@ def e_step(model, params, y, mask, inputs):
             "transitions": to_k.T @ post.expected_transitions @ to_k,
         }, post.marginal_log_lik
 
-    stats, lps = jax.vmap(one)(y, mask)
+    stats, lps = vmap_or_one(one)(y, mask)
     return jax.tree.map(lambda a: jnp.sum(a, axis=0), stats), jnp.sum(lps)
 
 

@@ -37,6 +37,7 @@ from numpyro.distributions import constraints
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import SequenceModel, register_model
 from statseq.core.recurrence import filter as filter_sequences
+from statseq.core.recurrence import vmap_or_one
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import gaussian_sum as gsum
 from statseq.inference import hmm as hmm_seq
@@ -858,7 +859,7 @@ def _regime_posterior(model, params, y, mask, *, kind):
         return RegimePosterior(post.marginal_log_lik, post.filtered_probs @ to_k,
                                post.smoothed_probs @ to_k, post)
 
-    return jax.vmap(one)(y, mask)
+    return vmap_or_one(one)(y, mask)
 
 
 @partial(jax.jit, static_argnames=("model", "num_steps"))
@@ -896,4 +897,4 @@ def _forecast_means(model, params, y, mask, num_steps):
 
         return jax.lax.scan(int_step, recent, mean_future)[1]
 
-    return jax.vmap(one)(y, mask)
+    return vmap_or_one(one)(y, mask)

@@ -26,7 +26,7 @@ from numpyro.distributions import constraints
 
 from statseq.core.model import SequenceModel, register_model
 from statseq.core.params import validate_params
-from statseq.core.recurrence import reshaped_call
+from statseq.core.recurrence import reshaped_call, vmap_or_one
 from statseq.core.validation import (
     check_key,
     check_positive_int,
@@ -770,7 +770,7 @@ def _slds_posterior(model, params, y, mask, inputs, *, what):
         y_s, m_s = _one_seq(model, y_s, m_s, dtype)
         return fn(arrays, y_s, m_s, u_s.astype(dtype))
 
-    return jax.vmap(one)(y, mask, inputs)
+    return vmap_or_one(one)(y, mask, inputs)
 
 
 @partial(jax.jit, static_argnames=("model", "num_particles", "resampling", "proposal",
@@ -786,7 +786,7 @@ def _slds_particles(model, params, y, mask, inputs, keys, *, num_particles, resa
             arrays, y_s, m_s, u_s.astype(dtype), key=k, num_particles=num_particles,
             resampling=resampling, ess_threshold=threshold, proposal=proposal)
 
-    return jax.vmap(one)(y, mask, inputs, keys)
+    return vmap_or_one(one)(y, mask, inputs, keys)
 
 
 @partial(jax.jit, static_argnames=("model", "num_samples", "num_burnin"))
@@ -801,4 +801,4 @@ def _slds_gibbs(model, params, y, mask, inputs, keys, *, num_samples, num_burnin
         return gibbs.switching_gibbs(arrays, y_s, m_s, u_s, start, key=k,
                                      num_samples=num_samples, num_burnin=num_burnin)
 
-    return jax.vmap(one)(y, mask, inputs, keys)
+    return vmap_or_one(one)(y, mask, inputs, keys)
