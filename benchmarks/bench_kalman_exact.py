@@ -19,6 +19,9 @@ For each, T = 10^3, 10^4, 10^5, the filter (log-likelihood) and the smoother:
 
 * statseq jitted core: ``jax.jit(kalman_log_prob)``, ``jax.jit(kalman_filter)``,
   ``jax.jit(kalman_smoother)`` on the arrays;
+* statseq sequential (two-series workload): ``kalman_filter(..., sweeps=False)``, the
+  sequential scan that the default replaces on CPU from
+  ``kalman_sweeps.SWEEP_MIN_STEPS`` steps (the sweeps over blocks), in the same rounds;
 * statseq before: the same functions from ``statseq/inference/kalman.py`` as of commit
   ``BEFORE_COMMIT`` (read with ``git show``, loaded as a separate module), so the speed-up
   is a paired ratio in the same rounds;
@@ -197,6 +200,9 @@ def cases(name, num_t, before):
             lambda r: (float(np.sum(r.llf_obs)), np.asarray(r.smoothed_state).T),
             lambda: holder["smooth"].ssm.smooth()),
     }
+    if m["d"] > 1:  # the general path: by sweeps (the default on CPU) against sequential
+        f_seq = jax.jit(lambda *a: kalman.kalman_filter(*a, sweeps=False))
+        flt["core kalman_filter sequential"] = (lambda: f_seq(arrays, y0, mask, u), ll)
     if before is not None:
         b_lp = jax.jit(before.kalman_log_prob)
         b_s = jax.jit(before.kalman_smoother)
@@ -286,13 +292,17 @@ def main(argv=None):
                         f"  compile {fmt_s(r['compile'])}")
                 if bef in res:
                     ratios[f"{label} | {core} / {bef}"] = paired_ratio(res[core], res[bef])
+                seq = "core kalman_filter sequential"
+                if seq in res:
+                    ratios[f"{label} | core kalman_filter / {seq}"] = paired_ratio(
+                        res["core kalman_filter"], res[seq])
     elapsed = time.perf_counter() - t_start
     load_end = load_average()
     table = md_table(["workload", "statseq path", "median", "min", "statsmodels min",
                       "paired ratio (median)", "ratio of minima", "compile", "rounds"], rows)
     speedups = md_table(["workload", "after / before (same rounds)", "paired ratio"],
                         [[*k.split(" | ", 1), f"{v:.2f}"] for k, v in ratios.items()
-                         if "/ before" in k])
+                         if "/ before" in k or k.endswith(" sequential")])
     section = "\n".join([
         HEADING, "",
         f"Command: `{command}`  ",

@@ -35,13 +35,17 @@ matrix-vector products as sums of rows and run 4 steps per loop iteration (about
 faster at 16 states; fewer states run fastest one step at a time), and the backward pass
 exponentiates the likelihoods before its loop. The gradient path (`hmm_smoother_by_gradient`)
 differentiates a filter whose normalizers are held constant (an exact rewrite), so that its
-reverse pass is the scaled backward recursion. With 6
-or 7 states and at least 2048 steps, `hmm_smoother` runs the blocked two-level
+reverse pass is the scaled backward recursion. With 6 or 7 states and at least 256 steps
+(`SWEEP_BACKWARD_STATES`, `SWEEP_BACKWARD_MIN_STEPS`), `hmm_smoother` runs both passes by
+sweeps over blocks (`statseq.inference.sweeps`: equal to the sequential scans to
+rounding, derivatives and `jax.vmap` from the sequential ones), 3 to 5 times faster there.
+With 6 or 7 states and at least 2048 steps the blocked two-level
 recursions of `statseq.inference.hmm_blocked` (chunks of about ``sqrt(T)`` steps,
-vectorized across chunks; equal to the sequential scan to rounding), about 3 times
-faster there, and so does `hmm_smoother_by_gradient` (`hmm_blocked.gradient_blocked`:
+vectorized across chunks; equal to the sequential scan to rounding) are about 3 times
+faster than the sequential ones; `hmm_smoother_by_gradient` runs them
+(`hmm_blocked.gradient_blocked`:
 pass 3's reverse vectorized across chunks from boundary cotangents given by the chunk
-products; about 0.7 times forward-backward's time there); `hmm_filter` stays sequential
+products; about 0.7 times forward-backward's time there); `hmm_filter` never takes the blocked path
 (faster when only the log-likelihood is used) and the GPU/TPU path is unchanged.
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
@@ -261,6 +265,33 @@ def _sweep_step(fixed, num_states: int):
     return step
 
 
+def _smoother_sweep_step(fixed_t, num_states: int):
+    """One step of `_smoother`'s backward recursion for `statseq.inference.sweeps`
+    (``reverse=True``) on likelihoods exponentiated outside the loop: carry the rescaled
+    ``beta_{t+1}``, emit ``v_t = l_{t+1} beta_{t+1} / max`` (one output; ``beta_t = A_t v_t /
+    max`` is the carry). Below 8 states the maxima are chains of ``maximum`` over ``K``
+    scalar slices and the product a sum of columns (no reduction or ``dot`` in the loop
+    body); from 8 on ``max`` and ``@``, as in `_sweep_step`."""
+    small = num_states < UNROLLED_STATES[0]
+
+    def top(x):
+        if not small:
+            return jnp.max(x)
+        out = x[0]
+        for k in range(1, num_states):
+            out = jnp.maximum(out, x[k])
+        return out
+
+    def step(beta_next, xs):
+        lik_next, a_t = xs
+        v = lik_next * beta_next
+        v = v / top(v)
+        beta = _matvec(_pick(fixed_t, a_t), v, small)
+        return beta / top(beta), v
+
+    return step
+
+
 #: `_filter` runs by sweeps (`statseq.inference.sweeps`) on CPU from this many steps.
 #: Measured (float64, min of 5, load ~2.5; `benchmarks/RESULTS.md`, "The HMM filter by
 #: sweeps"): sweeps / sequential 0.7-1.4 at 2,000-8,000 steps (K = 2 to 64), 0.7-1.0 at
@@ -284,6 +315,32 @@ def use_sweeps(num_timesteps: int, backend: str | None = None) -> bool:
         (True, False, False)
     """
     return backend_kind(backend) == "cpu" and num_timesteps >= SWEEP_MIN_STEPS
+
+
+#: float64: numbers of states (smallest, largest) whose smoother runs by sweeps on CPU (both
+#: passes), from `SWEEP_BACKWARD_MIN_STEPS` steps: there XLA:CPU's sequential scans cost some
+#: 400 ns a step; elsewhere the sequential backward pass ties with the sweeps (2 to 5
+#: states) or beats them (8 states and more: the sweeps do twice its ``K^2`` work).
+SWEEP_BACKWARD_STATES = (6, 7)
+SWEEP_BACKWARD_MIN_STEPS = 256
+#: float32: the backward pass by sweeps up to this many states from `SWEEP_MIN_STEPS` steps
+#: (0.6-0.9 of the sequential pass's time at 2 to 4 states; a tie at 5 to 7, where the
+#: float32 sequential scan is not slow)
+SWEEP_BACKWARD_FLOAT32_STATES = 4
+
+
+def _use_backward_sweeps(sweeps, ll) -> bool:
+    """Whether `_smoother` runs its backward pass by sweeps (``sweeps=None``: the default)."""
+    if sweeps is not None:
+        return bool(sweeps) and ll.shape[0] > 1
+    num_timesteps, num_states = ll.shape
+    if backend_kind() != "cpu":
+        return False
+    if jnp.dtype(ll.dtype).itemsize < 8:
+        return (num_states <= SWEEP_BACKWARD_FLOAT32_STATES
+                and num_timesteps >= SWEEP_MIN_STEPS)
+    return (SWEEP_BACKWARD_STATES[0] <= num_states <= SWEEP_BACKWARD_STATES[1]
+            and num_timesteps >= SWEEP_BACKWARD_MIN_STEPS)
 
 
 def _use_sweeps(sweeps, ll) -> bool:
@@ -467,20 +524,9 @@ def _sum_outer_products(left, right):
     return pairwise_sum(jnp.moveaxis(partial_sums, 0, -1))
 
 
-def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
-              transition_weights=None, blocked=False) -> HMMPosterior:
-    unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
-    blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
-    filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked)
-    filtered = filt.filtered_probs
-    num_states = ll.shape[1]
-    dtype = filtered.dtype
-    fixed_t = None if fixed is None else fixed.T
-    per_step_t = None if per_step is None else jnp.swapaxes(per_step, 1, 2)
-
-    # The scan carries only the rescaled backward message; everything else is vectorized,
-    # the max-shifted likelihoods included (exponentials inside the loop cost 5x at K=16).
-    lik = jnp.exp(ll[1:] - jnp.max(ll[1:], axis=1, keepdims=True))
+def _backward(fixed_t, per_step_t, lik, unrolled: bool):
+    """The sequential backward pass of `_smoother`: ``v`` ``(T-1, K)`` from the max-shifted
+    likelihoods ``lik`` of steps ``1 .. T-1`` and the transposed transitions."""
 
     def step(beta_next, xs):
         lik_next, a_t = xs
@@ -491,15 +537,108 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
         beta = _matvec(_pick(fixed_t, a_t), v, unrolled)
         return beta / jnp.max(beta), v
 
+    _, v = jax.lax.scan(
+        step, jnp.ones(lik.shape[1], lik.dtype), (lik, per_step_t), reverse=True,
+        unroll=UNROLL if unrolled else 1,
+    )
+    return v
+
+
+def _swept_unless_batched(sweeps, sequential):
+    """``sweeps`` on one sequence, with the derivatives of ``sequential`` (a
+    `jax.custom_jvp`: the sweeps' while loops have no reverse mode), and ``sequential``
+    vmapped under `jax.vmap` (a `jax.custom_batching.custom_vmap`): a vmapped scan is
+    already vectorized across the sequences, and the sweeps vmapped were 3.8 to 4.6 times
+    slower than it for 100 sequences of 1000 steps at 6 states (filter and backward pass
+    per sequence; with the filter's batched sweeps 1.4 to 1.9 times), 2.2 to 2.4 times for
+    1000 sequences at 2 states. A batch of one runs the sweeps."""
+
+    @jax.custom_batching.custom_vmap
+    def run(*args):
+        return sweeps(*args)
+
+    @run.def_vmap
+    def _vmapped(axis_size, in_batched, *args):
+        if axis_size == 1:  # a batch of one (the public models' calls): the sweeps
+            one = jax.tree.map(lambda x, b: x[0] if b else x, args, tuple(in_batched))
+            out = jax.tree.map(lambda x: x[None], sweeps(*one))
+        else:
+            axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
+            out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
+        return out, jax.tree.map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def swept(*args):
+        return run(*args)
+
+    @swept.defjvp
+    def _jvp(primals, tangents):
+        return jax.jvp(sequential, primals, tangents)
+
+    return swept
+
+
+def _sequential_backward(fixed_t, per_step_t, lik):
+    return _backward(fixed_t, per_step_t, lik, _unrolled(lik.shape[1]))
+
+
+def _backward_by_sweeps_unbatched(fixed_t, per_step_t, lik):
+    from statseq.inference.sweeps import sweep_scan
+
+    v, _ = sweep_scan(_smoother_sweep_step(fixed_t, lik.shape[1]),
+                      jnp.ones(lik.shape[1], lik.dtype), (lik, per_step_t), reverse=True)
+    return v
+
+
+def _backward_by_sweeps(fixed_t, per_step_t, lik):
+    """`_backward` by `statseq.inference.sweeps.sweep_scan` (``reverse=True``; equal to
+    rounding); derivatives, and the result under `jax.vmap`, are the sequential pass's
+    (`_swept_unless_batched`)."""
+    return _swept_unless_batched(_backward_by_sweeps_unbatched, _sequential_backward)(
+        fixed_t, per_step_t, lik)
+
+
+def _filter_swept_unless_batched(pi, fixed, per_step, ll) -> HMMFilterResult:
+    """`_filter_by_sweeps` on one sequence, the sequential filter under `jax.vmap`: the
+    smoother's forward pass at 6-7 states below `SWEEP_MIN_STEPS` (where the filter's own
+    batched sweeps are slower than the vmapped scan)."""
+    return _swept_unless_batched(_filter_by_sweeps, _sequential)(pi, fixed, per_step, ll)
+
+
+def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
+              transition_weights=None, blocked=False, sweeps=None) -> HMMPosterior:
+    """``sweeps``: ``True`` for both passes by sweeps (`_backward_by_sweeps`,
+    `_filter_by_sweeps`), ``False`` for neither, ``None`` for the default: the backward pass
+    by `_use_backward_sweeps`, and the filter then by sweeps too (below `SWEEP_MIN_STEPS`
+    sequential under `jax.vmap`: `_filter_swept_unless_batched`), otherwise the filter's
+    own default. ``blocked`` as for `_filter` (both passes); its default (``None``,
+    `hmm_blocked.use_blocked`) yields to the sweeps, which are faster at 6 and 7 states."""
+    unrolled = _unrolled(ll.shape[1]) if unrolled is None else unrolled
+    backward_sweeps = _use_backward_sweeps(sweeps, ll)
+    if blocked is None and backward_sweeps:
+        blocked = False
+    blocked = _use_blocked(blocked, ll) and ll.shape[0] > 1
+    if sweeps is None and backward_sweeps and not use_sweeps(ll.shape[0]):
+        filt = _filter_swept_unless_batched(pi, fixed, per_step, ll)
+    else:
+        filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked, sweeps=sweeps)
+    filtered = filt.filtered_probs
+    dtype = filtered.dtype
+    fixed_t = None if fixed is None else fixed.T
+    per_step_t = None if per_step is None else jnp.swapaxes(per_step, 1, 2)
+
+    # The scan carries only the rescaled backward message; everything else is vectorized,
+    # the max-shifted likelihoods included (exponentials inside the loop cost 5x at K=16).
+    lik = jnp.exp(ll[1:] - jnp.max(ll[1:], axis=1, keepdims=True))
+
     if blocked:
         from statseq.inference.hmm_blocked import backward_blocked
 
         v = backward_blocked(fixed, per_step, lik)
+    elif backward_sweeps:
+        v = _backward_by_sweeps(fixed_t, per_step_t, lik)
     else:
-        _, v = jax.lax.scan(
-            step, jnp.ones(num_states, dtype), (lik, per_step_t), reverse=True,
-            unroll=UNROLL if unrolled else 1,
-        )
+        v = _backward(fixed_t, per_step_t, lik, unrolled)
     if fixed is not None:
         beta = _rows_times(v, fixed.T)  # (T-1, K), unnormalized beta_t for t < T-1
     else:

@@ -658,7 +658,19 @@ def univariate_log_probs(arrays: GaussianSSMArrays, y, mask, inputs):
     return jnp.concatenate([lp, lp_last[None]]), carry
 
 
-def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterResult:
+def _sweeps(sweeps, arrays: GaussianSSMArrays, y, mask, inputs) -> bool:
+    """Whether to run by sweeps: ``sweeps`` if given (proper initial laws only), else
+    `statseq.inference.kalman_sweeps.use_sweeps`."""
+    if sweeps is False or arrays.initial_diffuse.shape[-1]:
+        return False
+    _check(arrays, y, mask, inputs)
+    from statseq.inference.kalman_sweeps import use_sweeps
+
+    return True if sweeps else use_sweeps(arrays, y.shape[0])
+
+
+def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs, *,
+                  sweeps: bool | None = None) -> KalmanFilterResult:
     """Kalman filter over one sequence (prediction error decomposition of the likelihood).
 
         log p(y_{0:T-1}) = sum_t log N(y_t; H_t a_t + D_t u_t + d_t, H_t P_t H_t^T + R_t),
@@ -670,6 +682,10 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
         y: ``(T, D)`` observations (masked entries may hold any finite value).
         mask: ``(T, D)`` booleans.
         inputs: ``(T, m)`` inputs (``m`` may be 0).
+        sweeps: ``None`` (default): on CPU, for a proper initial law and at least
+            `statseq.inference.kalman_sweeps.SWEEP_MIN_STEPS` steps, the general path
+            (``D > 1``) runs by sweeps over blocks (`statseq.inference.kalman_sweeps`, the
+            same results to rounding); ``True`` / ``False`` force or forbid it.
 
     Returns:
         A `KalmanFilterResult`. With diffuse directions the moments before the data
@@ -698,16 +714,27 @@ def kalman_filter(arrays: GaussianSSMArrays, y, mask, inputs) -> KalmanFilterRes
             lambda t, *a: _univariate_update(arrays_at(_no_empty_dynamics(arrays), t), *a)
         )(jnp.arange(y.shape[0]), mean, cov, y, mask, inputs)
         return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
+    if _sweeps(sweeps, arrays, y, mask, inputs):
+        from statseq.inference.kalman_sweeps import filter_by_sweeps
+
+        lp, mean, cov, filt_mean, filt_cov = filter_by_sweeps(arrays, y, mask, inputs)
+        return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
     _, (lp, mean, cov, filt_mean, filt_cov) = _scan_filter(
         arrays, y, mask, inputs, collapse=True,
         keep=lambda lp, mean, cov, _d, new, _i: (lp, mean, cov, new.mean, new.cov))
     return KalmanFilterResult(pairwise_sum(lp), lp, mean, cov, filt_mean, filt_cov)
 
 
-def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs):
-    """Total log-likelihood only (see `kalman_filter`; no moments are stored)."""
+def kalman_log_prob(arrays: GaussianSSMArrays, y, mask, inputs, *,
+                    sweeps: bool | None = None):
+    """Total log-likelihood only (see `kalman_filter`, also for ``sweeps``; no moments
+    are stored)."""
     if _univariate_fast(arrays, y.shape[-1]):
         return pairwise_sum(_scan_univariate(arrays, y, mask, inputs, moments=False)[1])
+    if _sweeps(sweeps, arrays, y, mask, inputs):
+        from statseq.inference.kalman_sweeps import filter_by_sweeps
+
+        return pairwise_sum(filter_by_sweeps(arrays, y, mask, inputs, moments=False))
     _, lp = _scan_filter(arrays, y, mask, inputs, collapse=True, keep=lambda lp, *_: lp)
     return pairwise_sum(lp)
 

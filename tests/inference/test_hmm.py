@@ -36,6 +36,10 @@ SMOOTHERS = {
     "forward-backward": jax.jit(hmm.hmm_smoother, static_argnames="sum_transitions"),
     "gradient": jax.jit(hmm.hmm_smoother_by_gradient, static_argnames="sum_transitions"),
     "parallel": jax.jit(hmm_parallel.hmm_smoother, static_argnames="sum_transitions"),
+    # both passes by sweeps over blocks (`statseq.inference.sweeps`), forced at every length
+    "sweeps": jax.jit(lambda pi, a, ll, sum_transitions=True: hmm._smoother(
+        *hmm._prepare_inputs(pi, a, ll), sum_transitions, sweeps=True),
+        static_argnames="sum_transitions"),
 }
 viterbi = jax.jit(hmm.hmm_viterbi)
 sample_paths = jax.jit(
@@ -197,7 +201,7 @@ def test_single_timestep():
     pi, _, ll = random_hmm(np.random.default_rng(4), num_timesteps=1)
     trans = np.random.default_rng(5).dirichlet(np.ones(K), size=K)
     ref = brute_force(pi, trans, ll)
-    for name in ("forward-backward", "parallel"):
+    for name in ("forward-backward", "parallel", "sweeps"):
         smoother = SMOOTHERS[name]
         post = smoother(pi, trans, ll)
         np.testing.assert_allclose(post.marginal_log_lik, ref["marginal_log_lik"], rtol=1e-12)
@@ -356,7 +360,7 @@ def test_parallel_equals_sequential_on_hostile_parameters():
     """
     pi, trans, ll = hostile_hmm(np.random.default_rng(9), BIG_K, BIG_T, time_varying=True)
     reference = SMOOTHERS["forward-backward"](pi, trans, ll, sum_transitions=False)
-    for name in ("parallel", "gradient"):
+    for name in ("parallel", "gradient", "sweeps"):
         got = SMOOTHERS[name](pi, trans, ll, sum_transitions=False)
         for field, x, y in zip(reference._fields, reference, got, strict=True):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10, err_msg=f"{name} {field}")

@@ -57,6 +57,9 @@ def test_default_dispatch_reaches_the_blocked_kernels(monkeypatch):
     pi, trans, ll = random_hmm(np.random.default_rng(0), 6, hmm_blocked.BLOCKED_MIN_STEPS)
     on_cpu = jax.default_backend() == "cpu"
     jax.eval_shape(hmm.hmm_smoother, pi, trans, ll)
+    assert calls == []  # the smoother's default there is the sweeps (faster: `use_blocked`)
+    jax.eval_shape(lambda *a: hmm._smoother(*hmm._prepare_inputs(*a), True, blocked=None,
+                                            sweeps=False), pi, trans, ll)
     assert calls == (["f", "b"] if on_cpu else [])
     calls.clear()
     gradient = hmm_blocked.gradient_blocked

@@ -202,3 +202,79 @@ def test_gradient_parts_by_sweeps_vmap_and_second_derivatives():
     second = [jax.jit(jax.grad(lambda ll, f=f: f(pi, a, None, ll)[3][:, 0].sum()))(ll)
               for f in (hmm._gradient_parts_by_sweeps, hmm._sequential_gradient_parts)]
     _assert_same(second[:1], second[1:], rtol=1e-11)
+
+
+# ---- the HMM smoother's backward pass by sweeps ------------------------------------------
+
+
+def _smoother(sweeps):
+    return jax.jit(lambda pi, a, ll: hmm._smoother(*hmm._prepare_inputs(pi, a, ll), False,
+                                                   sweeps=sweeps))
+
+
+SMOOTH_SWEPT, SMOOTH_SEQUENTIAL = _smoother(True), _smoother(False)
+
+
+@pytest.mark.parametrize("num_states,varying", [(6, True), (40, False)])
+def test_hmm_smoother_by_sweeps_equals_the_sequential_smoother(num_states, varying):
+    # 6 states: the maxima and products as scalar slices; 40: as reductions and `dot`
+    pi, a, ll = _problem(100, num_states, seed=6, varying=varying)
+    _assert_same(SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll))
+    # masked steps (rows of zeros, the last included) and a state impossible at some steps
+    ll = ll.at[40:45].set(0.0).at[99].set(0.0).at[63, 0].set(-jnp.inf).at[7, 1].set(-jnp.inf)
+    _assert_same(SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll))
+
+
+def test_hmm_smoother_by_sweeps_impossible_rows_and_a_chain_that_never_mixes():
+    pi, a, ll = _problem(100, 40, seed=7)  # the shapes compiled above
+    # every state impossible at step 17: the sequential result (NaN before it) is kept
+    ll_bad = ll.at[17].set(-jnp.inf)
+    got, want = SMOOTH_SWEPT(pi, a, ll_bad), SMOOTH_SEQUENTIAL(pi, a, ll_bad)
+    assert np.isneginf(float(want.marginal_log_lik))
+    _assert_same(got, want)
+    # A = I never forgets its start (backward either): the sweeps fall back, still exact
+    lik = jnp.exp(ll[1:] - ll[1:].max(1, keepdims=True))
+    _, info = jax.jit(lambda lik: sweep_scan(hmm._smoother_sweep_step(jnp.eye(40), 40),
+                                             jnp.ones(40), (lik, None), reverse=True))(lik)
+    assert not bool(info.converged)
+    _assert_same(SMOOTH_SWEPT(pi, jnp.eye(40), ll), SMOOTH_SEQUENTIAL(pi, jnp.eye(40), ll))
+
+
+def test_hmm_smoother_by_sweeps_float32_and_length_one():
+    pi, a, ll = (x.astype(jnp.float32) for x in _problem(70, 6, seed=8))
+    got, want = SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll)
+    assert got.smoothed_probs.dtype == jnp.float32
+    _assert_same(got, want, rtol=2e-5)
+    pi, a, ll = _problem(1, 3, seed=9, varying=True)
+    _assert_same(SMOOTH_SWEPT(pi, a, ll), SMOOTH_SEQUENTIAL(pi, a, ll))
+
+
+def test_hmm_smoother_by_sweeps_gradient_vmap_and_default():
+    # the default at 6 states from SWEEP_BACKWARD_MIN_STEPS: both passes by sweeps on CPU
+    pi, a, ll = _problem(hmm.SWEEP_BACKWARD_MIN_STEPS, 6, seed=10)
+    default = jax.jit(lambda pi, a, ll: hmm.hmm_smoother(pi, a, ll, sum_transitions=False))
+
+    def grad(run):
+        return jax.jit(jax.grad(lambda a, ll: jnp.sum(run(pi, a, ll).smoothed_probs ** 2),
+                                argnums=(0, 1)))
+
+    _assert_same(grad(default)(a, ll), grad(SMOOTH_SEQUENTIAL)(a, ll), rtol=1e-10)
+    # under vmap both passes run sequentially (custom_vmap): equal to the unbatched ones
+    lls = jnp.stack([ll, ll[::-1]])
+    batched = jax.jit(jax.vmap(default, in_axes=(None, None, 0)))(pi, a, lls)
+    _assert_same(jax.tree.map(lambda x: x[0], batched), SMOOTH_SEQUENTIAL(pi, a, ll))
+    _assert_same([batched.smoothed_probs[1]], [SMOOTH_SEQUENTIAL(pi, a, ll[::-1]).smoothed_probs])
+    # a batch of one (the public models' calls) runs the sweeps
+    one = jax.jit(jax.vmap(default, in_axes=(None, None, 0)))(pi, a, ll[None])
+    _assert_same(jax.tree.map(lambda x: x[0], one), SMOOTH_SEQUENTIAL(pi, a, ll))
+    # the rule on CPU: sweeps at 6-7 states from SWEEP_BACKWARD_MIN_STEPS, else not
+    min_steps = hmm.SWEEP_BACKWARD_MIN_STEPS
+    assert hmm._use_backward_sweeps(None, ll) == (jax.default_backend() == "cpu")
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((min_steps - 1, 7)))
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 2)))
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 8)))
+    assert not hmm._use_backward_sweeps(True, jnp.zeros((1, 6)))
+    # float32: up to 4 states from the filter's SWEEP_MIN_STEPS, not at 6-7 states
+    f32 = jnp.zeros((hmm.SWEEP_MIN_STEPS, 2), jnp.float32)
+    assert hmm._use_backward_sweeps(None, f32) == (jax.default_backend() == "cpu")
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 6), jnp.float32))

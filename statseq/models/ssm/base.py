@@ -254,13 +254,28 @@ class GaussianSSMBase(SequenceModel):
         """``(y, mask, inputs) -> (log_probs (T,), final carry)`` for one sequence by the
         scalar-observation scan (`statseq.inference.kalman.univariate_log_probs`), where it
         applies: one series, a proper initial law, at most ``kalman.SMALL_DIM`` states, on
-        CPU; otherwise ``None`` (the per-step `step` scan runs). The same log-densities and
+        CPU; for several series on CPU from `kalman_sweeps.SWEEP_MIN_STEPS` steps (proper
+        initial law, at most ``SMALL_DIM`` states and series) by sweeps over blocks
+        (`statseq.inference.kalman_sweeps.log_probs_and_carry`); otherwise ``None`` (the
+        per-step `step` scan runs). The same log-densities and
         final carry as the `step` scan to rounding (tested), with or without missing data;
         `statseq.core.recurrence` uses it wherever no per-step carries are wanted, vmapped
         over the batch (`statseq.core.recurrence.vmap_or_one`: a batch of one sequence
         runs unbatched)."""
-        del num_timesteps
         arrays = self.to_arrays(params)
+        if self.dim > 1 and not self.num_conditioned_steps:
+            # several series, long sequences on CPU: by sweeps over blocks
+            from statseq.inference import kalman_sweeps
+
+            if not kalman_sweeps.use_sweeps(arrays, num_timesteps):
+                return None
+
+            def swept(y, mask, inputs):
+                y = jnp.reshape(y, (y.shape[0], self.dim)).astype(arrays.initial_cov.dtype)
+                mask = jnp.reshape(mask, (mask.shape[0], -1)) & jnp.ones((1, self.dim), bool)
+                return kalman_sweeps.log_probs_and_carry(arrays, y, mask, inputs)
+
+            return swept
         if self.dim != 1 or self.num_conditioned_steps or not kalman._univariate_fast(arrays, 1):
             return None
 
