@@ -16,7 +16,11 @@ random transition matrix, fixed seed) one process times, interleaved in rounds
 * ``numba``: an ``@njit`` loop of the same recursion (Viterbi; FFBS = filter + backward
   draws), the compiled-loop floor;
 * ``dynamax``: ``hmm_posterior_sample`` (float32 in a child process would be needed for a
-  like-for-like float32 row; here it runs in float64 in the same process).
+  like-for-like float32 row; here it runs in float64 in the same process);
+* ``sweeps``: the same kernels forced to run by sweeps over blocks
+  (`statseq.inference.sweeps`; ``sweeps=True``), the identical path, for the
+  sweeps / default ratio that sets `hmm_paths.VITERBI_SWEEP_MIN_STEPS` and
+  ``SAMPLE_SWEEP_MIN_STEPS``.
 
 EM (``--em``): ``fit_em`` against hmmlearn's ``fit`` from the same start, the same fixed
 number of iterations (statseq ``tol=None``; hmmlearn ``tol=-inf``, ``init_params=""``).
@@ -242,7 +246,7 @@ def _path_fns(k, t, kernels):
 
     import statseq as ss
 
-    core_v, core_s, dyn_s, nb_viterbi, nb_ffbs, prev_v, prev_s, race_s = kernels
+    core_v, core_s, dyn_s, nb_viterbi, nb_ffbs, prev_v, prev_s, race_s, sw_v, sw_s = kernels
     pi, a, ll = problem(k, t)
     jpi, ja, jll = (jnp.asarray(x) for x in (pi, a, ll))
     key = jax.random.key(0)
@@ -265,6 +269,8 @@ def _path_fns(k, t, kernels):
         "ffbs public": lambda: model.sample_states_posterior(params, y, key=key),
         "ffbs numba": lambda: nb_ffbs(pi, a, ll, u),
         "ffbs dynamax": lambda: dyn_s(key, jpi, ja, jll),
+        "viterbi sweeps": lambda: sw_v(jpi, ja, jll),
+        "ffbs sweeps": lambda: sw_s(jpi, ja, jll, key),
     }
     if race_s is not None:
         fns["ffbs race"] = lambda: race_s(jpi, ja, jll, key)
@@ -276,13 +282,23 @@ def bench_paths(timer, cases, log):
     import jax
     from hmmlearn import _hmmc
 
-    from statseq.inference.hmm import hmm_posterior_sample, hmm_viterbi
+    from statseq.inference import hmm_paths
+    from statseq.inference.hmm import _filter, _prepare_inputs, hmm_posterior_sample, hmm_viterbi
+
+    def viterbi_sweeps(pi, a, ll):
+        return hmm_paths.viterbi(*_prepare_inputs(pi, a, ll), sweeps=True)
+
+    def ffbs_sweeps(pi, a, ll, key):
+        pi, fixed, per_step, ll = _prepare_inputs(pi, a, ll)
+        filtered = _filter(pi, fixed, per_step, ll).filtered_probs
+        return hmm_paths.posterior_sample(filtered, fixed, per_step, key, sweeps=True)
 
     nb_viterbi, nb_ffbs = numba_kernels()
     kernels = (jax.jit(hmm_viterbi),
                jax.jit(lambda p, a, ll, k: hmm_posterior_sample(p, a, ll, key=k)),
                jax.jit(lambda k, p, a, ll: dyn.hmm_posterior_sample(k, p, a, ll)[1]),
-               nb_viterbi, nb_ffbs, *previous_kernels(), race_kernel())
+               nb_viterbi, nb_ffbs, *previous_kernels(), race_kernel(),
+               jax.jit(viterbi_sweeps), jax.jit(ffbs_sweeps))
     rows, ratios = [], {}
     for k, t in cases:
         fns, (pi, a, ll) = _path_fns(k, t, kernels)
@@ -294,13 +310,17 @@ def bench_paths(timer, cases, log):
         np.testing.assert_array_equal(ours, nb_viterbi(np.log(pi), np.log(a), ll))
         np.testing.assert_array_equal(ours, _hmmc.viterbi(pi, a, ll)[1])
         np.testing.assert_array_equal(ours, np.asarray(fns["viterbi previous"]()))
+        np.testing.assert_array_equal(ours, np.asarray(fns["viterbi sweeps"]()))
+        np.testing.assert_array_equal(np.asarray(fns["ffbs core"]()),
+                                      np.asarray(fns["ffbs sweeps"]()))
         res = timer.rounds(fns)
         tag = f"K{k}_T{t}"
         for num, den in [("viterbi core", "viterbi hmmlearn"), ("viterbi core", "viterbi numba"),
                          ("viterbi core", "viterbi previous"), ("ffbs core", "ffbs previous"),
                          ("viterbi public", "viterbi hmmlearn"),
                          ("ffbs core", "ffbs numba"), ("ffbs core", "ffbs dynamax"),
-                         ("ffbs public", "ffbs numba"), ("ffbs core", "ffbs race")]:
+                         ("ffbs public", "ffbs numba"), ("ffbs core", "ffbs race"),
+                         ("viterbi sweeps", "viterbi core"), ("ffbs sweeps", "ffbs core")]:
             if den not in res:
                 continue
             key_name = f"{num.replace(' ', '_')}_vs_{den.split()[-1]}_{tag}"

@@ -35,6 +35,18 @@ change nothing):
   the chunk starts are corrected one chunk after the other (sequential cost). A last
   sweep records the pointers.
 
+By default Viterbi runs one step at a time: on CPU, for ``K <= PACKED_MAX_STATES`` on a
+tuple of ``K`` scalars with the ``K`` pointers of a step packed into one int32 and
+backtracking by shift and mask (`_viterbi_packed`), for `ROWS_STATES` as an unrolled pass
+over the rows (`_viterbi_step`; other backends keep the previous step); both compute the
+same numbers as ``jnp.max``/``jnp.argmax``, so the path is the same bit for bit.
+``sweeps=True`` (`viterbi`, `posterior_sample`) runs the forward pass, the backtracking
+and the backward draws by sweeps over blocks (`statseq.inference.sweeps.sweep_scan`: the
+max-product message forgets its start, and back-pointer chains, or sampling chains
+sharing their uniforms, merge), again the identical path; on CPU it measured slower than
+the sequential scans at every ``K`` and ``T`` tried, so it is not a default
+(`VITERBI_SWEEP_MIN_STEPS`).
+
 All messages are shifted to a maximum of zero at every step, so float32 keeps its
 resolution. The functions take already checked arrays (`statseq.inference.hmm` checks
 shapes and dtypes); they are traced inside the caller's ``jax.jit``.
@@ -46,6 +58,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from statseq.inference._backend import backend_kind
 
 #: sequences shorter than this run unblocked (the scans are short anyway)
 MIN_BLOCKED_STEPS = 256
@@ -177,14 +191,10 @@ def backtrack(pointers, last, *, blocked: bool = True):
 
 
 def _viterbi_sequential(delta0, log_fixed, log_per_step, ll_rest):
-    def forward(delta_prev, xs):
-        ll_t, log_a_t = xs
-        log_a = log_fixed if log_a_t is None else log_a_t
-        scores = delta_prev[:, None] + log_a
-        delta = jnp.max(scores, axis=0) + ll_t
-        return delta - jnp.max(delta), jnp.argmax(scores, axis=0).astype(jnp.int32)
-
-    return jax.lax.scan(forward, delta0, (ll_rest, log_per_step))
+    """The max-product scan, one step at a time (`_viterbi_step`): ``(delta_last,
+    pointers)``."""
+    return jax.lax.scan(_viterbi_step(log_fixed, ll_rest.shape[1]), delta0,
+                        (ll_rest, log_per_step))
 
 
 def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
@@ -251,7 +261,173 @@ def _viterbi_blocked(delta0, log_fixed, log_per_step, ll_rest):
     return ends[-1], jnp.swapaxes(pointers, 0, 1).reshape(-1, num_states)[pad:]
 
 
-def viterbi(pi, fixed, per_step, ll, *, blocked=None):
+# ------------------------------------------------------------------------------------------
+# by sweeps over blocks (`statseq.inference.sweeps`, CPU)
+
+#: on CPU, Viterbi's forward pass and backtracking run by sweeps from ``min T`` steps
+#: for up to ``max K`` states: ``((max K, min T), ...)``. Empty: in paired runs on the
+#: 2-core CPU the sweeps were slower than the sequential scans at every measured ``K``
+#: and ``T`` (benchmarks/RESULTS.md, "HMM paths", fourth round): after the scalar /
+#: unrolled steps below a Viterbi step costs ~11 ns (K=2) to ~220 ns (K=16), about what
+#: one step vectorized over the blocks costs, so two sweeps cannot win
+VITERBI_SWEEP_MIN_STEPS: tuple[tuple[int, int], ...] = ()
+#: on CPU, FFBS's backward draws run by sweeps from this many steps (as above; empty for
+#: the same reason: 1.3-1.7x the sequential draws at K = 2 and 16, T = 10^3 - 10^6)
+SAMPLE_SWEEP_MIN_STEPS: tuple[tuple[int, int], ...] = ()
+
+
+def _use_sweeps(sweeps, num_timesteps: int, num_states: int, thresholds) -> bool:
+    if sweeps is not None:
+        return bool(sweeps)
+    if backend_kind() != "cpu":
+        return False
+    for max_states, min_steps in thresholds:
+        if num_states <= max_states:
+            return num_timesteps >= min_steps
+    return False
+
+
+#: Viterbi's step is an unrolled pass over the rows (`_argmax_rows`) for this range of
+#: state counts on CPU, ``jnp.max``/``jnp.argmax`` outside it and on other backends.
+#: Paired runs against hmmlearn, same rounds (2-core CPU, load 6-7): K = 16, T = 10^3 /
+#: 10^5: rows 1.19 / 1.06, reductions 1.57 / 1.26; K = 32, T = 10^4: 1.05 against 7.2;
+#: K = 12: mixed (medians 2.37 against 3.24, minima 1.89 against 1.48); K = 5 and 8:
+#: rows slower (3.9 against 2.2 at K = 5)
+ROWS_STATES = (12, 32)
+
+
+def _viterbi_step(log_fixed, num_states: int):
+    """One max-product step: carry the shifted message ``delta_t - max(delta_t)``, emit
+    the pointers ``argmax_i (delta_{t-1}[i] + log A[i, j])``. For `ROWS_STATES` an
+    unrolled pass over the rows (`_argmax_rows`, no reduction in the loop body) with the
+    same values as ``jnp.max``/``jnp.argmax`` bit for bit (maxima, sums and differences
+    of the same numbers; ties to the lowest index; an all-NaN column after an impossible
+    step gives pointer 0, as ``jnp.argmax``)."""
+    rows = backend_kind() == "cpu" and ROWS_STATES[0] <= num_states <= ROWS_STATES[1]
+
+    def step(delta, xs):
+        ll_t, log_a_t = xs
+        scores = delta[:, None] + (log_fixed if log_a_t is None else log_a_t)
+        if not rows:
+            new = jnp.max(scores, axis=0) + ll_t
+            return new - jnp.max(new), jnp.argmax(scores, axis=0).astype(jnp.int32)
+        best, arg = _argmax_rows(scores)
+        new = best + ll_t
+        top = new[0]
+        for k in range(1, num_states):
+            top = jnp.maximum(top, new[k])
+        return new - top, arg
+
+    return step
+
+
+def _viterbi_sweeps(delta0, log_fixed, log_per_step, ll_rest):
+    """`_viterbi_sequential` by sweeps: ``(delta_last, pointers)``, identical."""
+    from statseq.inference.sweeps import sweep_scan
+
+    pointers, _, delta_last = sweep_scan(_viterbi_step(log_fixed, ll_rest.shape[1]), delta0,
+                                         (ll_rest, log_per_step), return_carry=True)
+    return delta_last, pointers
+
+
+#: up to this many states Viterbi runs on scalars with packed pointers (`_viterbi_packed`),
+#: on CPU (measured there only; other backends keep the vector step): at K = 4 the scalar
+#: loop body is no longer fused by XLA:CPU and costs 30x
+PACKED_MAX_STATES = 3
+
+
+def _bits(num_states: int) -> int:
+    return max(1, (num_states - 1).bit_length())
+
+
+def _packed_step(log_fixed, num_states: int):
+    """`_viterbi_sequential`'s step on ``K`` scalars (the message as a tuple: every
+    operation of the loop body is a scalar one, which XLA:CPU runs with no vector
+    bookkeeping), its ``K`` pointers packed into one int32 (``_bits(K)`` bits each).
+    Bit for bit the same maxima, sums and differences, ties to the lowest index."""
+    bits = _bits(num_states)
+
+    def step(delta, xs):
+        ll_t, log_a_t = xs
+        log_a = log_fixed if log_a_t is None else log_a_t
+        new, code = [], jnp.int32(0)
+        for j in range(num_states):
+            best, arg = delta[0] + log_a[0, j], jnp.int32(0)
+            for i in range(1, num_states):
+                score = delta[i] + log_a[i, j]
+                better = score > best
+                best = jnp.where(better, score, best)
+                arg = jnp.where(better, jnp.int32(i), arg)
+            new.append(best + ll_t[j])
+            code = code | (arg << (bits * j)) if j else arg
+        top = new[0]
+        for j in range(1, num_states):
+            top = jnp.maximum(top, new[j])
+        return tuple(n - top for n in new), code
+
+    return step
+
+
+def _unpack(code, state, num_states: int):
+    """The pointer of ``state`` in a packed ``code`` (`_packed_step`)."""
+    bits = _bits(num_states)
+    return (code >> (bits * state)) & ((1 << bits) - 1)
+
+
+def _viterbi_packed(delta0, log_fixed, log_per_step, ll_rest, sweeps: bool):
+    """Viterbi for ``K <= PACKED_MAX_STATES``: the forward pass on scalars with packed
+    pointers (`_packed_step`), then backtracking by shifts and masks of the packed codes
+    (no gather); both by sweeps (`statseq.inference.sweeps`) when ``sweeps``. The path
+    is `_viterbi_sequential`'s, identical."""
+    from statseq.inference.sweeps import sweep_scan
+
+    num_states = ll_rest.shape[1]
+    step = _packed_step(log_fixed, num_states)
+    init = tuple(delta0[k] for k in range(num_states))
+    xs = (ll_rest, log_per_step)
+    if sweeps:
+        codes, _, delta_last = sweep_scan(step, init, xs, return_carry=True)
+    else:
+        delta_last, codes = jax.lax.scan(step, init, xs)
+    last = jnp.argmax(jnp.stack(delta_last)).astype(jnp.int32)
+
+    def back(state_next, code):
+        state = _unpack(code, state_next, num_states)
+        return state, state
+
+    if sweeps:
+        states, _ = sweep_scan(back, last, codes, reverse=True)
+    else:
+        _, states = jax.lax.scan(back, last, codes, reverse=True)
+    return jnp.concatenate([states, last[None]])
+
+
+def _gather(row, index):
+    """``row[index]`` for a ``(K,)`` row and a scalar index: a chain of selects for small
+    ``K`` (cheaper than a gather once vmapped over blocks on CPU)."""
+    num = row.shape[0]
+    if num > 8:
+        return row[index]
+    out = row[0]
+    for k in range(1, num):
+        out = jnp.where(index == k, row[k], out)
+    return out
+
+
+def _backtrack_sweeps(pointers, last):
+    """`backtrack` by sweeps backward in time: the integer chains from different guessed
+    ends merge with the survivor paths."""
+    from statseq.inference.sweeps import sweep_scan
+
+    def step(state_next, pointers_t):
+        state = _gather(pointers_t, state_next)
+        return state, state
+
+    states, _ = sweep_scan(step, last, pointers, reverse=True)
+    return jnp.concatenate([states, last[None]])
+
+
+def viterbi(pi, fixed, per_step, ll, *, blocked=None, sweeps=None):
     """The Viterbi path of checked inputs (see `statseq.inference.hmm.hmm_viterbi`).
 
     Args:
@@ -261,6 +437,9 @@ def viterbi(pi, fixed, per_step, ll, *, blocked=None):
         ll: ``(T, K)``.
         blocked: force (``True``) or forbid (``False``) the blocked forward pass;
             ``None`` chooses by ``K`` and ``T``.
+        sweeps: force (``True``) or forbid (``False``) the forward pass and
+            backtracking by sweeps (`statseq.inference.sweeps`; identical path);
+            ``None``: on CPU from `VITERBI_SWEEP_MIN_STEPS` (and not when ``blocked``).
 
     Returns:
         ``(T,)`` int32 states.
@@ -274,6 +453,13 @@ def viterbi(pi, fixed, per_step, ll, *, blocked=None):
     delta0 = _shift(jnp.log(pi) + ll[0])
     if num_timesteps == 1:
         return jnp.argmax(delta0).astype(jnp.int32)[None]
+    use_sweeps = not blocked and _use_sweeps(sweeps, num_timesteps, num_states,
+                                             VITERBI_SWEEP_MIN_STEPS)
+    if not blocked and num_states <= PACKED_MAX_STATES and backend_kind() == "cpu":
+        return _viterbi_packed(delta0, log_fixed, log_per_step, ll[1:], use_sweeps)
+    if use_sweeps:
+        delta_last, pointers = _viterbi_sweeps(delta0, log_fixed, log_per_step, ll[1:])
+        return _backtrack_sweeps(pointers, jnp.argmax(delta_last).astype(jnp.int32))
     run = _viterbi_blocked if blocked else _viterbi_sequential
     delta_last, pointers = run(delta0, log_fixed, log_per_step, ll[1:])
     last = jnp.argmax(delta_last).astype(jnp.int32)
@@ -300,7 +486,30 @@ def _inverse_cdf(weights, u):
     return state
 
 
-def posterior_sample(filtered, fixed, per_step, key):
+def _sample_packed(filtered, fixed, per_step, uniforms, last):
+    """`posterior_sample`'s backward draws for ``K <= PACKED_MAX_STATES``: the draw for
+    every possible ``z_{t+1} = j`` at every step at once (`_inverse_cdf` of
+    ``f_t * A_t[:, j]`` at ``u_t``: the same products, partial sums and comparisons as
+    the step-by-step draw, so the same draws), packed into one int32 per step like
+    Viterbi's pointers, then a backward chain of shifts and masks (no gather, no float
+    work in the loop)."""
+    num_states = filtered.shape[1]
+    bits = _bits(num_states)
+    code = None
+    for j in range(num_states):
+        column = fixed[:, j] if per_step is None else per_step[:, :, j]
+        draw = _inverse_cdf(filtered[:-1] * column, uniforms)
+        code = draw if code is None else code | (draw << (bits * j))
+
+    def back(state_next, code_t):
+        state = _unpack(code_t, state_next, num_states)
+        return state, state
+
+    _, states = jax.lax.scan(back, last, code, reverse=True)
+    return jnp.concatenate([states, last[None]])
+
+
+def posterior_sample(filtered, fixed, per_step, key, *, sweeps=None):
     """One path from ``p(z | y)`` given the filtered probabilities (FFBS with inverse-CDF
     backward draws).
 
@@ -315,11 +524,15 @@ def posterior_sample(filtered, fixed, per_step, key):
         fixed: ``(K, K)`` or ``None``.
         per_step: ``(T-1, K, K)`` or ``None``.
         key: a ``jax.random`` key; the same key gives the same path.
+        sweeps: force (``True``) or forbid (``False``) the backward draws by sweeps
+            (`statseq.inference.sweeps`: chains from different guessed ``z_{t+1}``
+            merge, as they share the uniforms; the identical path); ``None``: on CPU
+            from `SAMPLE_SWEEP_MIN_STEPS`.
 
     Returns:
         ``(T,)`` int32 states.
     """
-    num_timesteps = filtered.shape[0]
+    num_timesteps, num_states = filtered.shape
     key_last, key_noise = jax.random.split(key)
     last = jax.random.categorical(key_last, jnp.log(filtered[-1])).astype(jnp.int32)
     if num_timesteps == 1:
@@ -333,5 +546,14 @@ def posterior_sample(filtered, fixed, per_step, key):
         state = _inverse_cdf(filtered_t * column, u_t)
         return state, state
 
-    _, states = jax.lax.scan(step, last, (filtered[:-1], uniforms, per_step), reverse=True)
+    xs = (filtered[:-1], uniforms, per_step)
+    use_sweeps = _use_sweeps(sweeps, num_timesteps, num_states, SAMPLE_SWEEP_MIN_STEPS)
+    if not use_sweeps and num_states <= PACKED_MAX_STATES and backend_kind() == "cpu":
+        return _sample_packed(filtered, fixed, per_step, uniforms, last)
+    if use_sweeps:
+        from statseq.inference.sweeps import sweep_scan
+
+        states, _ = sweep_scan(step, last, xs, reverse=True)
+    else:
+        _, states = jax.lax.scan(step, last, xs, reverse=True)
     return jnp.concatenate([states, last[None]])

@@ -74,7 +74,8 @@ def _same(a, b):
 
 
 def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = CHUNK,
-               max_sweeps: int = 4, reverse: bool = False, batched: bool = False):
+               max_sweeps: int = 4, reverse: bool = False, batched: bool = False,
+               return_carry: bool = False):
     """``jax.lax.scan(step, init, xs)[1]`` computed by sweeps over blocks (module docstring).
 
     For the recursion ``c_t = f(c_{t-1}, x_t)``, ``y_t = g(c_{t-1}, x_t)`` (``step(c, x)
@@ -96,10 +97,12 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         max_sweeps: after this many sweeps without convergence the sequential scan runs.
         reverse: run backward in time.
         batched: ``init`` and ``xs`` carry a leading axis of ``N`` sequences.
+        return_carry: also return the carry after the last step (recomputed by one
+            sequential pass over the last block from its converged start: ``L`` steps).
 
     Returns:
         ``(ys, info)``: the stacked outputs (leading axis ``T``, or ``(N, T)`` when
-        ``batched``) and a `SweepInfo`.
+        ``batched``) and a `SweepInfo`; ``(ys, info, carry)`` with ``return_carry``.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -109,11 +112,12 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         (True, 2.0)
     """
     if not batched:
-        ys, info = sweep_scan(step, jax.tree.map(lambda c: jnp.asarray(c)[None], init),
-                              jax.tree.map(lambda a: a[None], xs), block_length=block_length,
-                              chunk=chunk, max_sweeps=max_sweeps, reverse=reverse,
-                              batched=True)
-        return jax.tree.map(lambda a: a[0], ys), info
+        out = sweep_scan(step, jax.tree.map(lambda c: jnp.asarray(c)[None], init),
+                         jax.tree.map(lambda a: a[None], xs), block_length=block_length,
+                         chunk=chunk, max_sweeps=max_sweeps, reverse=reverse, batched=True,
+                         return_carry=return_carry)
+        return (jax.tree.map(lambda a: a[0], out[0]), out[1],
+                *(jax.tree.map(lambda a: a[0], c) for c in out[2:]))
     num_sequences, num_timesteps = jax.tree.leaves(xs)[0].shape[:2]
     length = block_length or default_block_length(num_timesteps, chunk)
     if length % chunk:
@@ -181,18 +185,33 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         starts = shifted(jax.tree.map(lambda a: a[num_chunks - 1], ends))
         return s + 1, starts, ys, ends, same
 
-    sweeps, _, ys, _, converged = jax.lax.while_loop(
+    sweeps, starts, ys, _, converged = jax.lax.while_loop(
         sweep_cond, sweep_body, (0, starts, ys0, ends0, jnp.bool_(False)))
     ys = jax.tree.map(lambda a: a.reshape((num_sequences, num_blocks * length) + a.shape[2:])
                       [:, :num_timesteps], ys)
     # not converged (a recursion that does not forget): the sequential scan, exactly. A
     # loop run at most once, not a `cond`: under `jax.vmap` a `cond` on a batched
     # predicate runs both branches, a loop runs only while some element needs it
-    ys = jax.lax.while_loop(
-        lambda state: state[0],
-        lambda state: (jnp.bool_(False),
-                       jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[1])(init, xs)),
-        (~converged, ys))[1]
+    if not return_carry:
+        ys = jax.lax.while_loop(
+            lambda state: state[0],
+            lambda state: (jnp.bool_(False),
+                           jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[1])(init, xs)),
+            (~converged, ys))[1]
+    else:
+        # converged: each sequence's last block starts at its left neighbour's true end
+        def last_block(a):
+            return a.reshape((num_sequences, num_blocks) + a.shape[1:])[:, -1]
+
+        carry = jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[0])(
+            jax.tree.map(last_block, starts),
+            jax.tree.map(lambda a: last_block(a)[:, :length - pad], xb))
+        _, ys, carry = jax.lax.while_loop(
+            lambda state: state[0],
+            lambda state: (jnp.bool_(False),
+                           *jax.vmap(lambda c, x: jax.lax.scan(step, c, x)[::-1])(init, xs)),
+            (~converged, ys, carry))
     if reverse:
         ys = jax.tree.map(lambda a: jnp.flip(a, 1), ys)
-    return ys, SweepInfo(sweeps, converged)
+    info = SweepInfo(sweeps, converged)
+    return (ys, info, carry) if return_carry else (ys, info)

@@ -3,11 +3,15 @@
 References: brute-force enumeration of all K^T paths at tiny T; the step-by-step Viterbi scan
 (the implementation before the blocked kernels, kept below verbatim) for identical integer
 paths, ties and zero transitions included; `hmm_smoother` for the marginals of many samples.
+Every kernel (sequential, packed scalar steps for K <= 3, unrolled rows for K = 16, blocked,
+by sweeps over blocks) must give the reference's path; sampling (packed draw table for K <= 3,
+by sweeps) the step-by-step inverse-CDF draws, bit for bit.
 """
 
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -94,17 +98,20 @@ def test_viterbi_is_the_brute_force_argmax(time_varying):
         assert tuple(got) == paths[int(np.argmax(logp))]
 
 
-@jax.jit
-def _four_paths(pi, a, ll):
-    """The reference, the default and both kernels (whatever the default picks), in one
-    compiled program per problem shape (compile time dominates these tests)."""
+@partial(jax.jit, static_argnames="sweeps")
+def _four_paths(pi, a, ll, sweeps=False):
+    """The reference, the default and every kernel (whatever the default picks:
+    sequential, blocked and, with ``sweeps``, by sweeps), in one compiled program per
+    problem shape (compile time dominates these tests)."""
     prepared = _prepare_inputs(pi, a, ll)
-    forced = [hmm_paths.viterbi(*prepared, blocked=b) for b in (False, True)]
+    forced = [hmm_paths.viterbi(*prepared, blocked=b, sweeps=False) for b in (False, True)]
+    if sweeps:
+        forced.append(hmm_paths.viterbi(*prepared, sweeps=True))
     return reference_viterbi(pi, a, ll), hmm_viterbi(pi, a, ll), *forced
 
 
-def _paths_equal(pi, a, ll):
-    ref, got, *forced = (np.asarray(x) for x in _four_paths(pi, a, ll))
+def _paths_equal(pi, a, ll, sweeps=False):
+    ref, got, *forced = (np.asarray(x) for x in _four_paths(pi, a, ll, sweeps=sweeps))
     for path in forced:
         np.testing.assert_array_equal(path, ref)
     assert got.dtype == np.int32
@@ -114,12 +121,38 @@ def _paths_equal(pi, a, ll):
 
 @pytest.mark.parametrize(("k", "time_varying"), [(2, False), (3, True), (5, False)])
 def test_viterbi_identical_to_the_sequential_scan(k, time_varying):
-    """Long enough to run blocked (T - 1 >= MIN_BLOCKED_STEPS), with masks and zeros."""
+    """Long enough to run blocked (T - 1 >= MIN_BLOCKED_STEPS) and by sweeps over blocks
+    (T - 1 = 299, 999: not multiples of the block), with masks, zeros and -inf entries;
+    K = 2, 3 run the packed scalar step, K = 5 the reductions."""
     rng = np.random.default_rng(10 + k)
     for t, zeros in [(300, False), (1000, True)]:
         pi, a, ll = random_problem(rng, k, t, time_varying=time_varying, zeros=zeros)
         ll[rng.uniform(size=t) < 0.1] = 0.0
-        _paths_equal(pi, a, ll)
+        rows = np.flatnonzero(rng.uniform(size=t) < 0.05)
+        ll[rows, rng.integers(0, k, rows.size)] = -np.inf  # one impossible state there
+        _paths_equal(pi, a, ll, sweeps=True)
+
+
+def test_viterbi_impossible_step_ties_and_length_one():
+    """A step where every state is impossible (an all -inf row: NaN messages from there on;
+    by sweeps they never match bit for bit and the sequential scan runs) gives the
+    reference's path, for the packed scalar step (K = 2) and the unrolled rows (K = 16,
+    also by sweeps, with exact ties everywhere: dyadic log-likelihoods and a uniform A);
+    T = 1 is the argmax of the first message for every kernel."""
+    rng = np.random.default_rng(12)
+    pi, a, ll = random_problem(rng, 2, 300)
+    ll[150] = -np.inf
+    _paths_equal(pi, a, ll)
+    k = 16
+    assert hmm_paths.ROWS_STATES[0] <= k <= hmm_paths.ROWS_STATES[1]
+    ll = np.round(rng.normal(size=(300, k)) * 2) / 4
+    ll[rng.uniform(size=(300, k)) < 0.05] = -np.inf
+    ll[200] = -np.inf
+    _paths_equal(np.full(k, 1 / k), np.full((k, k), 1 / k), ll, sweeps=True)
+    one = _prepare_inputs(pi, a, ll[:1, :2])
+    want = int(np.argmax(np.log(pi) + ll[0, :2]))
+    for kwargs in ({}, {"sweeps": True}, {"blocked": True}):
+        assert hmm_paths.viterbi(*one, **kwargs).tolist() == [want]
 
 
 def test_viterbi_ties_go_to_the_lowest_index():
@@ -140,10 +173,11 @@ def test_viterbi_ties_go_to_the_lowest_index():
 
 def test_viterbi_chain_that_never_forgets():
     """A = I: the message never forgets its start, so the speculative sweeps find no fixed
-    point and the chunk starts are corrected one after the other."""
+    point and the chunk starts are corrected one after the other (blocked), or the
+    sequential scan runs (`sweeps.sweep_scan`'s fallback)."""
     rng = np.random.default_rng(4)
     ll = rng.normal(size=(2000, 3))
-    path = _paths_equal(np.array([0.2, 0.5, 0.3]), np.eye(3), ll)
+    path = _paths_equal(np.array([0.2, 0.5, 0.3]), np.eye(3), ll, sweeps=True)
     assert np.all(path == path[0])
     paths = [np.full(2000, s) for s in range(3)]
     best = np.argmax([np.log([0.2, 0.5, 0.3][s]) + ll[:, s].sum() for s in range(3)])
@@ -156,16 +190,20 @@ def test_viterbi_float32_and_vmap():
     args = [jnp.asarray(x, jnp.float32) for x in (pi, a, ll)]
     lls = jnp.stack([args[2], args[2][::-1]])
 
-    @jax.jit  # one compiled program for the four paths
+    @jax.jit  # one compiled program for the paths
     def paths(pi, a, lls):
         batched = jax.vmap(lambda l: hmm_viterbi(pi, a, l))(lls)
+        prepared = jax.vmap(lambda l: _prepare_inputs(pi, a, l))(lls)
+        swept = jax.vmap(lambda *p: hmm_paths.viterbi(*p, sweeps=True))(*prepared)
         return (hmm_viterbi(pi, a, lls[0]), reference_viterbi(pi, a, lls[0]), batched[1],
-                reference_viterbi(pi, a, lls[1]))
+                reference_viterbi(pi, a, lls[1]), swept)
 
-    got, ref, got_batched, ref_reversed = (np.asarray(x) for x in paths(*args[:2], lls))
+    got, ref, got_batched, ref_reversed, swept = (
+        np.asarray(x) for x in paths(*args[:2], lls))
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(got_batched, ref_reversed)
+    np.testing.assert_array_equal(swept, np.stack([ref, ref_reversed]))
 
 
 # ------------------------------------------------------------------------------------------
@@ -254,17 +292,51 @@ def test_backward_draws_are_the_inverse_cdf_of_the_uniforms(k, time_varying):
     fixed, per_step = (None, a) if time_varying else (a, None)
     key = jax.random.key(5)
 
-    @jax.jit  # one program: the path, and the key's uniforms and last draw
+    @jax.jit  # one program: the path (sequential, by sweeps), the key's uniforms, last draw
     def run(filtered, fixed, per_step, key):
         key_last, key_noise = jax.random.split(key)
-        return (hmm_paths.posterior_sample(filtered, fixed, per_step, key),
+        return (hmm_paths.posterior_sample(filtered, fixed, per_step, key, sweeps=False),
+                hmm_paths.posterior_sample(filtered, fixed, per_step, key, sweeps=True),
                 jax.random.uniform(key_noise, (t - 1,), filtered.dtype),
                 jax.random.categorical(key_last, jnp.log(filtered[-1])))
 
-    got, u, last = (np.asarray(x) for x in run(filtered, fixed, per_step, key))
+    got, swept, u, last = (np.asarray(x) for x in run(filtered, fixed, per_step, key))
     assert got.dtype == np.int32
+    np.testing.assert_array_equal(swept, got)  # the same draws, bit for bit
     assert got[-1] == last
     for s in range(t - 2, -1, -1):
         a_s = a[s] if time_varying else a
         sums = np.cumsum(filtered[s] * a_s[:, got[s + 1]])
         assert got[s] == np.sum(sums[:-1] <= u[s] * sums[-1])
+
+
+def test_sampling_by_sweeps_is_the_sequential_sampler():
+    """The backward draws by sweeps over blocks (`sweeps.sweep_scan`, reverse, integer
+    carry) give the sequential sampler's path for the same key, bit for bit: T = 1,
+    T - 1 = 299 (not a multiple of the block), float32, a vmap over sequences, and a cyclic
+    permutation for A (z_t = z_{t+1} - 1: chains from different guessed ends never merge,
+    so the sweeps do not converge and the sequential fallback runs)."""
+    rng = np.random.default_rng(13)
+    k, t = 3, 300
+    _, a, _ = random_problem(rng, k, t, sticky=1.0)
+    filtered = rng.dirichlet(np.ones(k) * 0.5, size=(2, t))
+    filtered[:, 7, 0] = 0.0  # a state of zero filtered probability
+    filtered /= filtered.sum(-1, keepdims=True)
+    keys = jax.random.split(jax.random.key(9), 2)
+
+    @jax.jit  # one program for every case (compile time dominates)
+    def run(filtered, a, keys):
+        def both(f, a, key):
+            return jnp.stack([hmm_paths.posterior_sample(f, a, None, key, sweeps=s)
+                              for s in (False, True)])
+
+        f32 = jax.tree.map(lambda x: x.astype(jnp.float32), (filtered[0], a))
+        return (jax.vmap(lambda f, key: both(f, a, key))(filtered, keys),
+                both(filtered[0, :1], a, keys[0]), both(*f32, keys[1]),
+                both(filtered[1], jnp.roll(jnp.eye(k), 1, axis=1), keys[1]))
+
+    batched, one, single, never = (np.asarray(x) for x in run(filtered, a, keys))
+    for seq, swept in (*batched, one, single, never):
+        np.testing.assert_array_equal(swept, seq)
+    assert one.shape == (2, 1)
+    assert np.all(np.diff(never[0]) % k == 1)  # the cycle, backward from the last draw

@@ -67,6 +67,28 @@ def test_a_recursion_that_never_forgets_falls_back_to_the_scan():
                                   np.asarray(jax.lax.scan(_counter, 0.0, xs)[1]))
 
 
+def test_return_carry_is_the_scans_final_carry():
+    """The carry after the last real step (not after the padding of the last block), in
+    the converged case (forward and backward), at T = 1, and in the sequential fallback."""
+    xs = jnp.asarray(np.random.default_rng(2).normal(size=75))
+    cases = [(_contracting, xs, 32, False), (_contracting, xs, 32, True),
+             (_contracting, xs[:1], 32, False), (_counter, xs, 16, False)]
+
+    @jax.jit  # one program for the cases
+    def run(xs):
+        return [(sweep_scan(step, jnp.zeros(()), x, block_length=length, chunk=8,
+                            max_sweeps=3, reverse=reverse, return_carry=True),
+                 jax.lax.scan(step, jnp.zeros(()), x, reverse=reverse))
+                for step, x, length, reverse in cases]
+
+    for (step, *_), ((got, info, carry), (want_carry, want)) in zip(cases, run(xs),
+                                                                    strict=True):
+        assert bool(info.converged) == (step is _contracting)
+        np.testing.assert_array_equal(np.asarray(carry), np.asarray(want_carry))
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_block_length_must_be_a_multiple_of_the_chunk():
     with pytest.raises(ValueError, match="multiple of chunk"):
         sweep_scan(_counter, jnp.zeros(()), jnp.ones(10), block_length=20, chunk=8)
