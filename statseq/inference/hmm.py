@@ -386,41 +386,12 @@ SWEEP_MAX_BATCH = 8
 
 
 def _swept_with_rules(swept, sequential, shared: int = 1):
-    """``swept(*args, batched=False)`` (a pass by sweeps over blocks) as a function of its
-    array arguments whose derivatives are ``sequential``'s (``custom_jvp``: the sweeps'
-    while loops have no reverse mode) and whose ``jax.vmap`` sweeps the blocks of up to
-    `SWEEP_MAX_BATCH` sequences together (``custom_vmap``; vmapped while loops would carry
-    and select every buffer each iteration). Larger batches, and batches in which the
-    argument ``args[shared]`` (a transition matrix fixed in time) differs per sequence, go
-    to ``sequential``, vmapped."""
+    """`statseq.inference.sweeps.with_sweep_rules` with the argument at ``shared`` (a
+    transition matrix fixed in time) shared by a batch and at most `SWEEP_MAX_BATCH`
+    sequences swept together."""
+    from statseq.inference.sweeps import with_sweep_rules
 
-    @jax.custom_batching.custom_vmap
-    def one(*args):
-        return swept(*args)
-
-    @one.def_vmap
-    def one_vmap(axis_size, in_batched, *args):
-        in_batched = tuple(in_batched)
-        if in_batched[shared] or axis_size > SWEEP_MAX_BATCH:
-            axes = tuple(0 if b else None for b in in_batched)
-            out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
-        else:
-            out = swept(*(x if x is None or b or i == shared
-                          else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                          for i, (x, b) in enumerate(zip(args, in_batched, strict=True))),
-                        batched=True)
-        return out, jax.tree.map(lambda _: True, out)
-
-    @jax.custom_jvp
-    def with_rules(*args):
-        return one(*args)
-
-    @with_rules.defjvp
-    def with_rules_jvp(primals, tangents):
-        return jax.jvp(sequential, primals, tangents)
-
-    with_rules.__doc__ = swept.__doc__
-    return with_rules
+    return with_sweep_rules(swept, sequential, shared=(shared,), max_batch=SWEEP_MAX_BATCH)
 
 
 #: `_filter` by `statseq.inference.sweeps.sweep_scan` (equal to rounding)

@@ -47,6 +47,7 @@ from statseq.inference.kalman import (
     joseph_update,
     predict_state,
 )
+from statseq.inference.sweeps import with_sweep_rules
 
 #: `kalman.kalman_filter` and `kalman.kalman_log_prob` run by sweeps on CPU from this
 #: many steps. Sweeps / sequential (4 states, 2 series, 10 % missing; paired medians,
@@ -229,36 +230,14 @@ def sweep_info(arrays: GaussianSSMArrays, y, mask, inputs):
 
 
 def _make(moments: bool):
-    @jax.custom_batching.custom_vmap
-    def swept_one(arrays, y, mask, inputs):
-        return _swept(arrays, y, mask, inputs, moments)[0]
+    """`_swept` with the sequential scan's derivatives; under `jax.vmap` all sequences
+    sweep together (one convergence test and one fallback for the batch), a batch of
+    models runs the sequential scan, vmapped (`sweeps.with_sweep_rules`)."""
 
-    @swept_one.def_vmap
-    def swept_one_vmap(axis_size, in_batched, arrays, y, mask, inputs):
-        # Under `jax.vmap` all sequences sweep together (one convergence test and one
-        # fallback for the batch); a batch of models runs the sequential scan, vmapped.
-        arrays_b, y_b, mask_b, inputs_b = in_batched
-        if any(jax.tree.leaves(arrays_b)):
-            axes = (jax.tree.map(lambda b: 0 if b else None, arrays_b),
-                    0 if y_b else None, 0 if mask_b else None, 0 if inputs_b else None)
-            return jax.vmap(lambda *a: _sequential(*a, moments), in_axes=axes)(
-                arrays, y, mask, inputs), True
+    def swept(arrays, y, mask, inputs, batched=False):
+        return _swept(arrays, y, mask, inputs, moments, batched=batched)[0]
 
-        def batch(x, is_batched):
-            return x if is_batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-
-        return _swept(arrays, batch(y, y_b), batch(mask, mask_b), batch(inputs, inputs_b),
-                      moments, batched=True)[0], True
-
-    @jax.custom_jvp
-    def rows(arrays, y, mask, inputs):
-        return swept_one(arrays, y, mask, inputs)
-
-    @rows.defjvp
-    def rows_jvp(primals, tangents):
-        return jax.jvp(lambda *a: _sequential(*a, moments), primals, tangents)
-
-    return rows
+    return with_sweep_rules(swept, lambda *a: _sequential(*a, moments), shared=(0,))
 
 
 #: the rows of `_step` by sweeps (derivatives: the sequential scan's), with and without

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SweepInfo", "default_block_length", "sweep_scan"]
+__all__ = ["SweepInfo", "default_block_length", "sweep_scan", "with_sweep_rules"]
 
 #: steps per chunk: a block stops early only at a chunk boundary
 CHUNK = 32
@@ -215,3 +215,73 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
         ys = jax.tree.map(lambda a: jnp.flip(a, 1), ys)
     info = SweepInfo(sweeps, converged)
     return (ys, info, carry) if return_carry else (ys, info)
+
+
+def with_sweep_rules(swept, sequential, *, shared=(), max_batch: int | None = None):
+    """A pass by sweeps, ``swept(*args, batched=False)``, as a function of its array
+    arguments with the derivatives of ``sequential`` (the same pass as a plain scan) and a
+    batching rule that sweeps a batch's blocks together.
+
+    ``jax.custom_jvp``: the sweeps' while loops have no reverse mode, and the sequential
+    scan's derivatives are those of the same function. ``jax.custom_batching.custom_vmap``:
+    under ``jax.vmap`` the sequences' blocks run in one sweep (``swept(...,
+    batched=True)``, every argument but the ``shared`` ones given a leading batch axis);
+    vmapping the while loops instead would carry and select every buffer on every
+    iteration, and a per-sequence fallback ``cond`` would run both branches. A batch in
+    which a ``shared`` argument (e.g. a transition matrix fixed in time, a model's
+    matrices) differs per sequence, or of more than ``max_batch`` sequences, runs
+    ``sequential`` vmapped.
+
+    Args:
+        swept: ``(*args, batched=False) -> outputs``, a pytree of arrays.
+        sequential: ``(*args) -> outputs``, the same outputs by a sequential scan.
+        shared: positions of the arguments a batched ``swept`` takes unbatched.
+        max_batch: the largest batch swept together (``None``: no bound).
+
+    Returns:
+        A function of ``*args``.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> step = lambda c, x: (0.5 * c + x, c)
+        >>> def swept(xs, batched=False):
+        ...     init = jnp.zeros(xs.shape[:-1])
+        ...     return sweep_scan(step, init, xs, block_length=32, batched=batched)[0]
+        >>> f = with_sweep_rules(swept, lambda xs: jax.lax.scan(step, 0.0, xs)[1])
+        >>> xs = jnp.ones((3, 100))
+        >>> bool(jnp.all(jax.vmap(f)(xs) == jax.vmap(jax.lax.scan, (None, None, 0))(
+        ...     step, 0.0, xs)[1]))
+        True
+    """
+    shared = tuple(shared)
+
+    @jax.custom_batching.custom_vmap
+    def one(*args):
+        return swept(*args)
+
+    @one.def_vmap
+    def one_vmap(axis_size, in_batched, *args):
+        in_batched = tuple(in_batched)
+        per_sequence = any(any(jax.tree.leaves(in_batched[i])) for i in shared)
+        if per_sequence or (max_batch is not None and axis_size > max_batch):
+            axes = tuple(jax.tree.map(lambda b: 0 if b else None, b) for b in in_batched)
+            out = jax.vmap(sequential, in_axes=axes, axis_size=axis_size)(*args)
+        else:
+            def batch(x, is_batched):
+                return x if is_batched else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x))
+
+            out = swept(*(a if i in shared else jax.tree.map(batch, a, b)
+                          for i, (a, b) in enumerate(zip(args, in_batched, strict=True))),
+                        batched=True)
+        return out, jax.tree.map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def with_rules(*args):
+        return one(*args)
+
+    @with_rules.defjvp
+    def with_rules_jvp(primals, tangents):
+        return jax.jvp(sequential, primals, tangents)
+
+    with_rules.__doc__ = swept.__doc__
+    return with_rules
