@@ -151,8 +151,11 @@ def test_weight_decay_through_optax_adamw_matches_a_hand_written_loop(log_lynx):
     for _ in range(60):
         updates, state = opt.update(jax.grad(loss)(x), state, x)
         x = optax.apply_updates(x, updates)
-    np.testing.assert_allclose(fit.params.coeffs, x["coeffs"], rtol=1e-10)
-    np.testing.assert_allclose(fit.params.intercept, x["intercept"], rtol=1e-10)
+    # the same loss through two compiled programs (the fit's restricted parameters and the
+    # public call) differs in the last bits; Adam divides by sqrt(v), so near the optimum
+    # those bits grow to ~4e-8 over 60 steps. The decay term moves the answer by > 5e-3.
+    np.testing.assert_allclose(fit.params.coeffs, x["coeffs"], rtol=1e-6)
+    np.testing.assert_allclose(fit.params.intercept, x["intercept"], rtol=1e-6)
     # and the decay term matters: plain Adam (same loop without it) ends elsewhere
     plain = ss.fit_sgd(AR1, params, log_lynx, optimizer=optax.adam(0.01), num_steps=60,
                        key=KEY, trainable=trainable, progress=False)
