@@ -35,18 +35,19 @@ matrix-vector products as sums of rows and run 4 steps per loop iteration (about
 faster at 16 states; fewer states run fastest one step at a time), and the backward pass
 exponentiates the likelihoods before its loop. The gradient path (`hmm_smoother_by_gradient`)
 differentiates a filter whose normalizers are held constant (an exact rewrite), so that its
-reverse pass is the scaled backward recursion. With 6 or 7 states and at least 256 steps
-(`SWEEP_BACKWARD_STATES`, `SWEEP_BACKWARD_MIN_STEPS`), `hmm_smoother` runs both passes by
-sweeps over blocks (`statseq.inference.sweeps`: equal to the sequential scans to
-rounding, derivatives and `jax.vmap` from the sequential ones), 3 to 5 times faster there.
-With 6 or 7 states and at least 2048 steps the blocked two-level
+reverse pass is the scaled backward recursion. On CPU from `SWEEP_MIN_STEPS` (2^13) steps
+`hmm_filter` runs by sweeps over blocks (`statseq.inference.sweeps`: about sqrt(T) blocks
+at once, equal to the sequential scan to rounding, sequential fallback for a chain that
+never forgets; 0.12 to 0.84 of the sequential filter's time), and so does
+`hmm_smoother_by_gradient` (both passes); `hmm_smoother`'s backward pass runs by sweeps at
+6 or 7 states from 256 steps (`SWEEP_BACKWARD_STATES`, `SWEEP_BACKWARD_MIN_STEPS`; float32
+up to 4 states), where both passes are 3 to 5 times faster. Derivatives of every pass by
+sweeps are the sequential scan's, and under `jax.vmap` up to `SWEEP_MAX_BATCH` sequences
+sweep together (`statseq.inference.sweeps.with_sweep_rules`). The blocked two-level
 recursions of `statseq.inference.hmm_blocked` (chunks of about ``sqrt(T)`` steps,
-vectorized across chunks; equal to the sequential scan to rounding) are about 3 times
-faster than the sequential ones; `hmm_smoother_by_gradient` runs them
-(`hmm_blocked.gradient_blocked`:
-pass 3's reverse vectorized across chunks from boundary cotangents given by the chunk
-products; about 0.7 times forward-backward's time there); `hmm_filter` never takes the blocked path
-(faster when only the log-likelihood is used) and the GPU/TPU path is unchanged.
+vectorized across chunks) remain the gradient path's at 6 or 7 states from 2048 steps
+(`hmm_blocked.gradient_blocked`; about 0.7 times forward-backward's time there) and
+`blocked=True`'s elsewhere. The GPU/TPU path is unchanged.
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
 one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
