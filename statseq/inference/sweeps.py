@@ -118,7 +118,19 @@ def sweep_scan(step, init, xs, *, block_length: int | None = None, chunk: int = 
                          return_carry=return_carry)
         return (jax.tree.map(lambda a: a[0], out[0]), out[1],
                 *(jax.tree.map(lambda a: a[0], c) for c in out[2:]))
-    num_sequences, num_timesteps = jax.tree.leaves(xs)[0].shape[:2]
+    leaves = jax.tree.leaves(xs)
+    if not leaves or any(jnp.ndim(a) < 2 for a in leaves):
+        raise ValueError("sweep_scan: xs must hold at least one array with a leading time "
+                         "axis")
+    num_sequences, num_timesteps = leaves[0].shape[:2]
+    if any(a.shape[:2] != (num_sequences, num_timesteps) for a in leaves):
+        raise ValueError("sweep_scan: every array in xs must have the same leading "
+                         f"(time) length; got {[a.shape[1] for a in leaves]}")
+    if num_timesteps < 1:
+        raise ValueError("sweep_scan: xs has no time steps (length 0)")
+    if chunk < 1 or max_sweeps < 1 or (block_length is not None and block_length < 1):
+        raise ValueError("sweep_scan: chunk, block_length and max_sweeps must be positive; "
+                         f"got {chunk}, {block_length}, {max_sweeps}")
     length = block_length or default_block_length(num_timesteps, chunk)
     if length % chunk:
         raise ValueError(f"block_length={length} must be a multiple of chunk={chunk}")
