@@ -10,6 +10,7 @@ from statseq import _compat
 _compat.import_tqdm_quietly()  # before numpyro, which imports tqdm.auto
 _compat.load_numpyro_fully()
 _compat.avoid_cpu_scheduler_deadlock()  # before JAX's first computation
+_compat.keep_large_buffers_in_heap()  # before JAX's first computation (its threads)
 
 from statseq import _cache  # noqa: E402
 

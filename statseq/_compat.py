@@ -89,6 +89,56 @@ def avoid_cpu_scheduler_deadlock() -> bool:
     return True
 
 
+#: glibc ``mallopt`` parameters (``malloc.h``)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+#: buffers up to this size come from (and return to) the heap, not fresh ``mmap`` calls
+HEAP_BUFFER_BYTES = 512 * 2**20
+
+
+def keep_large_buffers_in_heap() -> bool:
+    """Serve XLA:CPU's large buffers from glibc's heap, so each call does not fault them in.
+
+    Every call of a compiled program allocates its temporary buffers (one block for all of
+    them) and its outputs. glibc's ``malloc`` hands a block of more than 32 MiB, and any
+    block too large for the small heaps it gives threads other than the main one (XLA runs
+    programs on its own threads), to a fresh ``mmap``, which the kernel zeroes page by page
+    on first touch and unmaps on ``free``: about 0.3-0.4 ms per MiB on every call, on this
+    project's 2-core machine. The HMM filter over 10^6 steps with a block of 41 MB of
+    temporaries took 33-37 ms a call, 15-19 ms with the block kept in the heap
+    (``benchmarks/RESULTS.md``, "Session 21: large buffers from the heap").
+
+    On Linux with glibc, before JAX's first computation (its threads pick their heap when
+    they start), this calls ``mallopt`` so that every thread allocates from the main heap
+    (``M_ARENA_MAX = 1``), blocks up to `HEAP_BUFFER_BYTES` come from it
+    (``M_MMAP_THRESHOLD``), and freed memory is kept for reuse up to that much at the top
+    of the heap (``M_TRIM_THRESHOLD``). It changes the whole process, not only statseq:
+    up to `HEAP_BUFFER_BYTES` of freed memory stays with the process (``malloc_trim(0)``
+    from ``ctypes`` returns it), and threads share one heap's lock. ``STATSEQ_KEEP_MALLOC=1``
+    (set before importing statseq) leaves ``malloc`` as it is. Returns whether it applied
+    the settings.
+    """
+    import ctypes
+    import os
+    import platform
+    import sys
+
+    from jax._src import xla_bridge
+
+    if os.environ.get("STATSEQ_KEEP_MALLOC", "").strip() not in ("", "0"):
+        return False
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    if xla_bridge.backends_are_initialized():
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # pragma: no cover - glibc without the usual soname
+        return False
+    return all(libc.mallopt(option, value) == 1 for option, value in (
+        (_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, HEAP_BUFFER_BYTES),
+        (_M_TRIM_THRESHOLD, HEAP_BUFFER_BYTES)))
+
+
 def freeze_import_time_objects() -> bool:
     """Opt-in: move the objects of statseq's import out of the garbage collector's way.
 

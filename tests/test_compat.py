@@ -63,3 +63,34 @@ def test_xla_flags_left_alone(case):
     assert out.returncode == 0, out.stderr[-2000:]
     expected = env.get("XLA_FLAGS", "")
     assert out.stdout.strip() == repr(expected)
+
+
+# a 40 MB array allocated on a thread other than the main one (as XLA's threads allocate):
+# in glibc's main heap ("[heap]" in /proc/self/maps) when statseq keeps large buffers there,
+# otherwise a fresh mmap outside it
+_HEAP_PROBE = textwrap.dedent("""
+    import threading
+    import numpy as np
+    import statseq  # noqa: F401
+    found = {}
+    def allocate():
+        a = np.ones(5_000_000)
+        found["address"] = a.ctypes.data
+        found["sum"] = float(a.sum())
+    t = threading.Thread(target=allocate)
+    t.start(); t.join()
+    heap = [line.split()[0] for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]")]
+    lo, hi = (int(x, 16) for x in heap[0].split("-"))
+    print("IN_HEAP" if lo <= found["address"] < hi else "OUTSIDE", found["sum"])
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or
+                    __import__("platform").libc_ver()[0] != "glibc", reason="glibc only")
+def test_large_buffers_come_from_the_heap_unless_opted_out():
+    tuned = _run(_HEAP_PROBE, timeout=120)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    assert tuned.stdout.split() == ["IN_HEAP", "5000000.0"]
+    kept = _run(_HEAP_PROBE, {"STATSEQ_KEEP_MALLOC": "1"}, timeout=120)
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    assert kept.stdout.split() == ["OUTSIDE", "5000000.0"]
