@@ -5,7 +5,8 @@ message (and its backward message normalized the same way) after a few steps of 
 chain, Viterbi's back-pointer chains once survivor paths merge, posterior sampling's
 backward chain with shared uniforms once two paths meet. On a CPU a ``lax.scan`` over
 ``T`` steps pays XLA's per-iteration cost (some 40 to 600 ns) ``T`` times. `sweep_scan`
-pays it about ``2 sqrt(T)`` times instead:
+pays it about ``T / B`` times per sweep instead, for ``B`` blocks (``0.8 T^0.42`` by
+default, `default_block_length`):
 
 1. cut the time axis into ``B`` blocks of length ``L`` and run the recursion in all blocks
    at once (vectorized over blocks), each block from a guessed start (block 0 from the true
@@ -51,19 +52,27 @@ class SweepInfo(NamedTuple):
 
 
 def default_block_length(num_timesteps: int, chunk: int = CHUNK) -> int:
-    """``L``: about ``sqrt(T)`` (as many blocks as steps per block), a multiple of
-    ``chunk``; one that divides ``T`` if there is one between ``sqrt(T) / 2`` and
-    ``2 sqrt(T)`` (no padding: the blocks are then a reshape of the inputs, not a copy).
+    """``L``: the block length for ``B = 0.8 T^0.42`` blocks, a multiple of ``chunk``; one
+    that divides ``T`` if there is one within a factor 2 of ``T / B`` (no padding: the
+    blocks are then a reshape of the inputs, not a copy).
+
+    Fewer, longer blocks than ``sqrt(T)``: a later sweep costs each block the steps its
+    carry takes to coincide with the previous sweep's, and past about a hundred blocks a
+    wider step is no cheaper per block on XLA:CPU. Measured on the HMM filter (float64,
+    2 to 16 states, `benchmarks/RESULTS.md`, "Session 21: block lengths"): the best block
+    counts were 25-50 at ``T = 10^4``, 100-125 at ``10^5`` and about 250 at ``10^6``, where
+    ``sqrt(T)`` blocks took up to twice as long.
 
     Examples:
-        >>> default_block_length(10**6), default_block_length(10**6 + 1)
-        (800, 1024)
+        >>> default_block_length(10**5), default_block_length(10**6), default_block_length(10**6 + 1)
+        (800, 4000, 3776)
     """
-    root = math.sqrt(num_timesteps)
-    near = chunk * max(1, math.ceil(root / chunk))
-    divisors = [m for m in range(chunk, int(2 * root) + 1, chunk)
-                if m >= root / 2 and num_timesteps % m == 0]
-    return min(divisors, key=lambda m: (abs(math.log(m / root)), m)) if divisors else near
+    blocks = max(1.0, 0.8 * num_timesteps ** 0.42)
+    target = num_timesteps / blocks
+    near = chunk * max(1, math.ceil(target / chunk))
+    divisors = [m for m in range(chunk, int(2 * target) + 1, chunk)
+                if m >= target / 2 and num_timesteps % m == 0]
+    return min(divisors, key=lambda m: (abs(math.log(m / target)), m)) if divisors else near
 
 
 def _same(a, b):

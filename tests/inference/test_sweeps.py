@@ -92,8 +92,22 @@ def test_return_carry_is_the_scans_final_carry():
 def test_block_length_must_be_a_multiple_of_the_chunk():
     with pytest.raises(ValueError, match="multiple of chunk"):
         sweep_scan(_counter, jnp.zeros(()), jnp.ones(10), block_length=20, chunk=8)
-    assert default_block_length(10**6) == 800 and default_block_length(10**6 + 1) == 1024
     assert default_block_length(5) == 32
+
+
+@pytest.mark.parametrize("num_timesteps", [8192, 10**4, 12345, 10**5, 10**5 + 1, 10**6,
+                                           10**6 + 1])
+def test_default_block_length_aims_at_0_8_T_to_the_0_42_blocks(num_timesteps):
+    length = default_block_length(num_timesteps)
+    target = num_timesteps / (0.8 * num_timesteps ** 0.42)
+    assert length % 32 == 0 and target / 2 <= length <= 2 * target
+    divides = [m for m in range(32, int(2 * target) + 1, 32)
+               if m >= target / 2 and num_timesteps % m == 0]
+    if divides:  # a reshape of the inputs, no padding
+        assert num_timesteps % length == 0
+        assert abs(np.log(length / target)) == min(abs(np.log(m / target)) for m in divides)
+    else:
+        assert length == 32 * int(np.ceil(target / 32))
 
 
 # ---- the HMM filter by sweeps ---------------------------------------------------------
