@@ -471,8 +471,11 @@ assert not bool(info_stuck.converged) and gap_stuck < 1e-12
 #
 # **What it costs on this CPU.** We time the three forms of the same filter on
 # simulated series of increasing length: the sequential scan, the sweeps, and the
-# associative scan of section 1, each compiled once and timed as the best of three runs,
-# for the three-state model above and (in the full run) a six-state one. **These are
+# associative scan of section 1, for the three-state model above and (in the full run) a
+# six-state one with the same kind of Gaussian emissions. Each is compiled once and timed
+# as the best of five runs, given the table of emission log-likelihoods, whose own cost
+# (column "table", computed by the model's `log_likelihoods`) a public call such as
+# `filter_states` adds to the filter's. **These are
 # CPU timings on the machine that ran this notebook; they depend on the machine and its
 # load, and a GPU changes them completely (section 3).**
 
@@ -491,11 +494,9 @@ def simulate_gaussian_hmm(trans, means, variances, n):
     return (np.asarray(means)[z] + np.sqrt(variances)[z] * rng_long.normal(size=n))[:, None]
 
 
-def filter_by(model, how):
-    """A jitted (params, y) -> filter result by one of the three forms."""
-    def run(params, y):
-        ll = model.log_likelihoods(params, y, jnp.ones(y.shape, bool))
-        pi, a = model.initial_probs(params), params.transitions
+def filter_by(how):
+    """A jitted (initial_probs, transitions, log_likelihoods) -> filter result."""
+    def run(pi, a, ll):
         if how == "associative scan":
             return hmm_parallel.hmm_filter(pi, a, ll)
         # the library's filter with its path forced (`hmm_filter` picks by `use_sweeps`)
@@ -505,35 +506,38 @@ def filter_by(model, how):
 
 
 HOWS = ("sequential scan", "sweeps", "associative scan")
+fns = {how: filter_by(how) for how in HOWS}
 T_TIMED = [T_MAX] if SMOKE else [3_000, 30_000, 300_000]
-hmm6 = ss.GaussianHMM(num_states=6)
 trans6 = 0.9 * np.eye(6) + 0.1 / 6
 means6, variances6 = np.linspace(-2.5, 2.5, 6), np.full(6, 0.5)
 hmm6_params = ss.HMMParams(
     jnp.ones(6) / 6, jnp.asarray(trans6),
     GaussianEmissions(jnp.asarray(means6)[:, None], jnp.asarray(variances6)[:, None, None]))
-cases = [(3, hmm, hmm_params, trans, [-1.0, 0.0, 1.5], [0.3, 0.4, 0.5])]
+cases = [(3, hmm_params, trans, [-1.0, 0.0, 1.5], [0.3, 0.4, 0.5])]
 if not SMOKE:  # (smoke mode: the three-state model only)
-    cases.append((6, hmm6, hmm6_params, trans6, means6, variances6))
+    cases.append((6, hmm6_params, trans6, means6, variances6))
+emission_table = jax.jit(  # the (T, K) table log p(y_t | z_t = k), for any K
+    lambda params, y: ss.GaussianHMM(num_states=params.transitions.shape[0]).log_likelihoods(
+        params, y, jnp.ones(y.shape, bool)))
 sweep_rows = []
-for k, model, params, a, means, variances in cases:
+for k, params, a, means, variances in cases:
     y_long = jnp.asarray(simulate_gaussian_hmm(a, means, variances, max(T_TIMED)))
-    fns = {how: filter_by(model, how) for how in HOWS}
-    if model is hmm:  # the same function as section 1's, compiled there for T = T_MAX
-        fns["associative scan"] = filters["HMM", True]
     for t_len in T_TIMED:
-        results = {how: fn(params, y_long[:t_len]) for how, fn in fns.items()}
+        ll = emission_table(params, y_long[:t_len])
+        args = (params.initial_probs, params.transitions, ll)
+        results = {how: fn(*args) for how, fn in fns.items()}
         for how in HOWS[1:]:  # the same log-likelihood by all three
             exact = float(results[HOWS[0]].marginal_log_lik)
             assert abs(float(results[how].marginal_log_lik) - exact) < 1e-12 * abs(exact)
-        sweep_rows.append((k, t_len, *(best_time(fns[how], params, y_long[:t_len])
-                                       for how in HOWS)))
-print(f"backend: {jax.default_backend()} (these are CPU timings only when this says cpu)")
-print(f"{'K':>2} {'T':>8} {'sequential':>11} {'sweeps':>9} {'associative':>12} "
-      f"{'sweeps/seq':>10} {'assoc/seq':>9}  default")
-for k, t_len, seq, sw, par in sweep_rows:
-    print(f"{k:>2} {t_len:>8} {seq * 1e3:>8.2f} ms {sw * 1e3:>6.2f} ms {par * 1e3:>9.2f} ms "
-          f"{sw / seq:>10.2f} {par / seq:>9.2f}  "
+        sweep_rows.append((k, t_len, best_time(emission_table, params, y_long[:t_len]),
+                           *(best_time(fns[how], *args, repeats=5) for how in HOWS)))
+print(f"backend: {jax.default_backend()} (these are CPU timings only when this says cpu); "
+      "best of 5, ms")
+print(f"{'K':>2} {'T':>7} {'table':>7} {'sequential':>10} {'sweeps':>7} {'associative':>11} "
+      f"{'sweeps/seq':>10} {'assoc/seq':>9}  hmm_filter's default")
+for k, t_len, table, seq, sw, par in sweep_rows:
+    print(f"{k:>2} {t_len:>7} {table * 1e3:>7.2f} {seq * 1e3:>10.2f} {sw * 1e3:>7.2f} "
+          f"{par * 1e3:>11.2f} {sw / seq:>10.2f} {par / seq:>9.2f}  "
           f"{'sweeps' if hmm_seq.use_sweeps(t_len) else 'sequential scan'}")
 
 # %% [markdown]
