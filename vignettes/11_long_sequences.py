@@ -350,7 +350,7 @@ for name in ("HMM", "Kalman"):
 # started**. Two filters run on the same data from different initial messages soon carry
 # the same message, and from then on compute the same numbers.
 #
-# Here is that property on the simulated series: the filter from the true initial law
+# Here is that property on the simulated series: the filter from the model's initial law
 # (uniform over the three states) against filters started with certainty in each state,
 # with their total-variation distance $\frac12 \sum_k |p(z_t = k \mid y_{\le t}) -
 # \tilde p(z_t = k \mid y_{\le t})|$ on a log scale. The distance is plotted until it is
@@ -358,7 +358,7 @@ for name in ("HMM", "Kalman"):
 
 # %%
 N_FORGET = 80  # steps shown
-pi_true = hmm.initial_probs(hmm_params)  # the law the series was simulated from
+pi_true = hmm.initial_probs(hmm_params)  # the model's initial law (uniform)
 ll_hmm = hmm.log_likelihoods(hmm_params, jnp.asarray(y_hmm), jnp.ones(y_hmm.shape, bool))
 short_filter = jax.jit(hmm_seq.hmm_filter)  # one compilation for the four starts
 truth = np.asarray(short_filter(pi_true, hmm_params.transitions,
@@ -424,8 +424,9 @@ by_sweeps = jax.jit(lambda a, lik: sweep_scan(forward_step(a), pi_true, lik))
 
 
 def compare(transitions):
-    """Run the filter step by lax.scan and by sweeps; the SweepInfo and the outputs'
-    largest absolute difference (filtered probabilities and log normalizers)."""
+    """Run the filter step by lax.scan and by sweeps: the SweepInfo, the outputs' largest
+    absolute difference (filtered probabilities and log normalizers), the fraction of
+    filtered probabilities equal bit for bit, and the log-likelihood by sweeps."""
     filt_seq, norm_seq = by_scan(transitions, lik)
     (filt_sw, norm_sw), info = by_sweeps(transitions, lik)
     gap = max(float(jnp.max(jnp.abs(filt_sw - filt_seq))),
@@ -447,15 +448,16 @@ assert bool(info.converged) and gap < 1e-12
 assert abs(loglik_sweeps - reference) < 1e-12 * abs(reference)
 
 # %% [markdown]
-# The sweeps converged, and their outputs equal the sequential scan's to rounding (most
-# entries to the last bit; the rest differ in the last bit or two because XLA rounds a
-# step vectorized over blocks a little differently from the same step alone).
+# The sweeps converged, and their outputs equal the sequential scan's to rounding (about
+# half of the entries to the last bit, printed above; the rest differ in the last bit or
+# two because XLA rounds a step vectorized over blocks a little differently from the
+# same step alone), and the log-likelihood is statseq's own `hmm_filter`'s.
 #
 # **The fallback.** A chain that never moves, $A = I$, never forgets: the filter is then
 # the posterior of one fixed state given everything seen so far, and a block started
-# from a guess keeps its guess's trace to the end of the block. Its carries never meet the
-# true ones, the sweeps do not converge, and `sweep_scan` falls back on the sequential
-# scan:
+# from a guess keeps its guess's trace to the end of the block. Its carries do not meet
+# the true ones (each sweep carries the true start only one block further), the sweeps
+# do not converge, and `sweep_scan` falls back on the sequential scan:
 
 # %%
 info_stuck, gap_stuck, _, _ = compare(jnp.eye(3))
@@ -464,10 +466,10 @@ print(f"A = I: sweeps run: {int(info_stuck.sweeps)}, converged: {bool(info_stuck
 assert not bool(info_stuck.converged) and gap_stuck < 1e-12
 
 # %% [markdown]
-# The result is still the sequential scan's; what is lost is time (four wasted sweeps
-# before the sequential pass). `hmm_filter` uses the sweeps by default on CPU from
-# `statseq.inference.hmm.SWEEP_MIN_STEPS` ($2^{13}$) steps (`hmm.use_sweeps`), and the
-# sequential scan below that and on GPUs and TPUs.
+# The result is still the sequential scan's (to rounding, as above); what is lost is
+# time (four wasted sweeps before the sequential pass). `hmm_filter` uses the sweeps by
+# default on CPU from `statseq.inference.hmm.SWEEP_MIN_STEPS` ($2^{13}$) steps
+# (`hmm.use_sweeps`), and the sequential scan below that and on GPUs and TPUs.
 #
 # **What it costs on this CPU.** We time the three forms of the same filter on
 # simulated series of increasing length: the sequential scan, the sweeps, and the
@@ -539,9 +541,39 @@ for k, t_len, table, seq, sw, par in sweep_rows:
     print(f"{k:>2} {t_len:>7} {table * 1e3:>7.2f} {seq * 1e3:>10.2f} {sw * 1e3:>7.2f} "
           f"{par * 1e3:>11.2f} {sw / seq:>10.2f} {par / seq:>9.2f}  "
           f"{'sweeps' if hmm_seq.use_sweeps(t_len) else 'sequential scan'}")
+for k in sorted({row[0] for row in sweep_rows}):
+    ratios = [sw / seq for kk, _, _, seq, sw, _ in sweep_rows if kk == k]
+    tables = [table / seq for kk, _, table, seq, _, _ in sweep_rows if kk == k]
+    print(f"K = {k}: sweeps / sequential {min(ratios):.2f} to {max(ratios):.2f}; the emission "
+          f"table costs {min(tables):.1f} to {max(tables):.1f} times the sequential filter")
 
 # %% [markdown]
-# CONCLUSIONS
+# Three things can be read off the table (the ratios on its last lines are the ones to
+# compare; absolute times depend on this machine and its load):
+#
+# * **the associative scan is the slowest form in every row**, several times slower than
+#   the sequential scan: on a CPU its extra arithmetic ($O(K^3)$ per step against
+#   $O(K^2)$) is not repaid (section 3);
+# * **the sweeps' gain depends on what one iteration of the sequential loop costs.** At
+#   six states XLA:CPU's sequential filter step is slow (hundreds of nanoseconds; most of
+#   it is the loop's overhead for a body of that size, per `benchmarks/RESULTS.md`), and
+#   the sweeps, which pay that overhead about $2\sqrt{T}$ times instead of $T$ times, take
+#   a small fraction of its time at every length; at three states the sequential step is
+#   already cheap (under a hundred nanoseconds) and the gain is smaller.
+#   `benchmarks/RESULTS.md` (section "Session 20: recursions that forget, by sweeps over
+#   blocks", a quiet 2-core CPU) found the same pattern over 2 to 16 states: sweeps /
+#   sequential 0.14 and 0.17 at 6 states, 0.5-0.6 at 2 and 16 states ($T = 10^5$ and
+#   $10^6$). `hmm_filter` switches to the sweeps at $2^{13}$ steps whatever the number of
+#   states, a compromise across $K$: at six states they already win at the shortest length
+#   timed here;
+# * **the emission table can cost more than any form of the filter.** The model's
+#   `log_likelihoods` (a Gaussian density per state and step) is computed before the
+#   recursion in every public call, and here it costs as much as the sequential filter or
+#   more; once the filter runs by sweeps, a public call such as `filter_states` spends most
+#   of its time on the table, not on the recursion.
+#
+# The sweeps are a CPU technique: on a GPU the associative scan wins by orders of
+# magnitude (section 3), and `hmm_filter` leaves the GPU path alone.
 #
 # ## 5. Training an RNN on one long series: truncated BPTT
 #
@@ -632,8 +664,12 @@ if not SMOKE:  # the prose below, for the full run
 # resolution at every length we tried, because these filters forget; the total is
 # accurate because statseq sums it pairwise, where a running sum drifts with $T$. CPU
 # timings of both are printed above (CPU only, and noisy on a shared machine); the
-# default picks the sequential scan on CPU. On an H100 (statseq's benchmark, not this
-# notebook) the parallel scans were 130 to 2000 times faster than the sequential ones at
+# default picks the sequential scan on CPU. Sweeps over blocks run that sequential
+# recursion as about $\sqrt{T}$ blocks at once, using the fact that the HMM filter forgets
+# its start (bit for bit after a few dozen steps here); they equal the sequential scan to
+# rounding (about $10^{-15}$), fall back on it when the chain never forgets ($A = I$), and
+# in the CPU timings above took a fraction of its time at six states, with less of a gain
+# at three. On an H100 (statseq's benchmark, not this notebook) the parallel scans were 130 to 2000 times faster than the sequential ones at
 # $T = 10^5$, and the default picks them there. For RNNs, which have no associative form,
 # truncated BPTT over windows reaches the same held-out score as full BPTT here at lower
 # cost. What remains uncertain: the float32 results are for well-conditioned, quickly
