@@ -376,9 +376,10 @@ for k in range(3):
     assert identical_from[k] is not None and same[identical_from[k]:].all()
     ax.semilogy(np.where(tv > 0, tv, np.nan), "o-", ms=3,
                 label=f"started in state {k}: identical from t = {identical_from[k]}")
-ax.set(xlabel="time step t", ylabel="total-variation distance\nto the true filter",
-       title="The HMM filter forgets its start")
+ax.set(xlabel="time step t", ylabel="total-variation distance to\nthe filter from the initial law",
+       title="The HMM filter forgets its start", xlim=(-1, max(identical_from.values()) + 2))
 ax.legend(fontsize=8)
+fig.tight_layout()
 plt.show()
 print("first step from which the messages are equal bit for bit:", identical_from)
 
