@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Long sequences: parallel scans, float32, truncated BPTT, and what a GPU changes
+# # Long sequences: parallel scans, sweeps over blocks, float32, truncated BPTT, and what a GPU changes
 #
 # A filter is a recursion, $c_t = f(c_{t-1}, y_t)$, and a recursion over $T$ steps has
 # $T$ sequential steps: `jax.lax.scan` runs them one after the other. For HMMs and linear
