@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Long sequences: parallel scans, float32, truncated BPTT, and what a GPU changes
+# # Long sequences: parallel scans, sweeps over blocks, float32, truncated BPTT, and what a GPU changes
 #
 # A filter is a recursion, $c_t = f(c_{t-1}, y_t)$, and a recursion over $T$ steps has
 # $T$ sequential steps: `jax.lax.scan` runs them one after the other. For HMMs and linear
@@ -25,14 +25,16 @@
 # `False` on `filter_states` and `smoother` of HMMs and state space models, the
 # associative scans in `statseq.inference.hmm_parallel` and `kalman_parallel`.
 #
-# This tutorial asks four questions about long series:
+# This tutorial asks five questions about long series:
 #
 # 1. do the parallel and sequential filters give the same log-likelihood and the same
 #    gradient (float64)?
 # 2. how does the float32 error grow with $T$?
 # 3. what do the two cost on a CPU (measured here), and what does a GPU change (measured
 #    by statseq's GPU benchmark on an H100, quoted from `benchmarks/RESULTS.md`)?
-# 4. how to train a recurrent network on one long series with truncated
+# 4. how can the *sequential* recursion itself run faster on a CPU, by sweeps over
+#    blocks that exploit the filter's forgetting of its start?
+# 5. how to train a recurrent network on one long series with truncated
 #    backpropagation through time (BPTT) over windows.
 #
 # All data here are **simulated** from known models, so the true log-likelihood is
@@ -55,6 +57,7 @@ import optax  # noqa: E402
 import statseq as ss  # noqa: E402
 from statseq.inference import hmm as hmm_seq  # noqa: E402
 from statseq.inference import hmm_parallel, kalman, kalman_parallel  # noqa: E402
+from statseq.inference.sweeps import default_block_length, sweep_scan  # noqa: E402
 from statseq.models.hmm.gaussian import GaussianEmissions  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)  # float64 by default; float32 where asked
@@ -276,8 +279,8 @@ def best_time(fn, *args, repeats=3, **kwargs):
 
 
 timing = {
-    ("HMM", "sequential (default on CPU)"): best_time(hmm.filter_states, hmm_params, y_hmm,
-                                                      parallel=False),
+    ("HMM", "sequential (default on CPU; section 4)"): best_time(
+        hmm.filter_states, hmm_params, y_hmm, parallel=False),
     ("HMM", "parallel"): best_time(hmm.filter_states, hmm_params, y_hmm, parallel=True),
     ("Kalman", "sequential, steady state (default on CPU)"): best_time(
         ssm.filter_states, ssm_params, y_ssm, parallel=False),
@@ -291,7 +294,7 @@ for (name, how), sec in timing.items():
 for name in ("HMM", "Kalman"):
     default = next(v for (n, how), v in timing.items() if n == name and "default" in how)
     ratio = timing[name, "parallel"] / default
-    print(f"{name}: parallel / default sequential = {ratio:.1f} "
+    print(f"{name}: parallel / default = {ratio:.1f} "
           f"({'slower' if ratio > 1 else 'faster'} on this {jax.default_backend().upper()})")
 
 # %% [markdown]
@@ -301,9 +304,10 @@ for name in ("HMM", "Kalman"):
 # the sequential one for $T = 10^3$ to $10^6$ ($K = 2$): the associative scan does more
 # arithmetic ($O(T K^3)$ against $O(T K^2)$ for the HMM), and its $O(\log T)$ depth
 # only pays when many processors evaluate the elements of a level at once. That is why
-# `parallel=None` (the default) picks the sequential scan on CPU and the associative one
-# on GPU and TPU (`statseq.inference._backend.use_parallel`); where speed matters, time
-# both on your own hardware and pass `parallel=` explicitly.
+# `parallel=None` (the default) picks the sequential recursion on CPU and the associative
+# scan on GPU and TPU (`statseq.inference._backend.use_parallel`); where speed matters, time
+# both on your own hardware and pass `parallel=` explicitly. (On CPU, from $2^{13}$ steps,
+# the HMM's sequential recursion itself runs by sweeps over blocks: section 4.)
 #
 # ## What a GPU changes (measured on an H100, not in this notebook)
 #
@@ -333,8 +337,246 @@ for name in ("HMM", "Kalman"):
 # García-Fernández (2021) report the same shape of result for their parallel Kalman and
 # HMM smoothers. These are one run's figures on one device; time your own hardware
 # (`python benchmarks/bench_gpu.py` runs unchanged on CPU or GPU).
+
+# %% [markdown]
+# ## 4. Sweeps over blocks: the sequential filter, about $\sqrt{T}$ blocks at once
 #
-# ## 4. Training an RNN on one long series: truncated BPTT
+# On this CPU the associative scan lost to the sequential one: it does more arithmetic,
+# and a CPU has no spare width to spend it on. But the sequential scan is not free
+# either: XLA's CPU loop pays a fixed cost per iteration (tens to hundreds of
+# nanoseconds, whatever the step computes), $T$ times. A third way keeps the sequential
+# recursion, and its arithmetic, and pays that cost only about $2\sqrt{T}$ times. It rests
+# on one property of the HMM filter: **the normalized forward message forgets where it
+# started**. Two filters run on the same data from different initial messages soon carry
+# the same message, and from then on compute the same numbers.
+#
+# Here is that property on the simulated series: the filter from the model's initial law
+# (uniform over the three states) against filters started with certainty in each state,
+# with their total-variation distance $\frac12 \sum_k |p(z_t = k \mid y_{\le t}) -
+# \tilde p(z_t = k \mid y_{\le t})|$ on a log scale. The distance is plotted until it is
+# exactly zero, i.e. until the two messages are equal bit for bit.
+
+# %%
+N_FORGET = 80  # steps shown
+pi_true = hmm.initial_probs(hmm_params)  # the model's initial law (uniform)
+ll_hmm = hmm.log_likelihoods(hmm_params, jnp.asarray(y_hmm), jnp.ones(y_hmm.shape, bool))
+short_filter = jax.jit(hmm_seq.hmm_filter)  # one compilation for the four starts
+truth = np.asarray(short_filter(pi_true, hmm_params.transitions,
+                                ll_hmm[:N_FORGET]).filtered_probs)
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
+identical_from = {}
+for k in range(3):
+    start = jnp.zeros(3).at[k].set(1.0)  # certain to start in state k
+    other = np.asarray(short_filter(start, hmm_params.transitions,
+                                    ll_hmm[:N_FORGET]).filtered_probs)
+    tv = 0.5 * np.abs(other - truth).sum(axis=1)
+    same = np.all(other == truth, axis=1)
+    identical_from[k] = int(np.argmax(same)) if same.any() else None
+    # once equal bit for bit, the same step keeps them equal
+    assert identical_from[k] is not None and same[identical_from[k]:].all()
+    ax.semilogy(np.where(tv > 0, tv, np.nan), "o-", ms=3,
+                label=f"started in state {k}: identical from t = {identical_from[k]}")
+ax.set(xlabel="time step t", ylabel="total-variation distance to\nthe filter from the initial law",
+       title="The HMM filter forgets its start", xlim=(-1, max(identical_from.values()) + 2))
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+print("first step from which the messages are equal bit for bit:", identical_from)
+
+# %% [markdown]
+# Whatever the start, the distance falls geometrically, and after a few dozen steps it
+# is not merely small but zero: the messages agree to the last bit (every value is
+# printed above). `statseq.inference.sweeps.sweep_scan` turns this into an algorithm:
+#
+# 1. cut the series into $B$ blocks of $L \approx \sqrt{T}$ steps and run all blocks at
+#    once (one loop of $L$ iterations, each step vectorized over the blocks), the first
+#    block from the true start and every other one from a guess;
+# 2. sweep again, every block starting where its left neighbour ended. A block whose
+#    message coincides bit for bit with the previous sweep's at a check point (every 32
+#    steps) would repeat that sweep's numbers exactly, so it stops there: a second sweep
+#    costs only the few dozen steps it takes to forget;
+# 3. when a whole sweep changes no block's end, every block started from its
+#    neighbour's true end, so by induction from the first block every output is what
+#    the sequential scan computes. If that has not happened after `max_sweeps` (4)
+#    sweeps, the sequential scan recomputes the result: the output is never an
+#    approximation.
+#
+# `sweep_scan(step, init, xs)` takes the same step function as `jax.lax.scan`. We write
+# the filter's step (carry $p(z_t \mid y_{<t})$; emit $p(z_t \mid y_{\le t})$ and the
+# normalizer), run it both ways on the whole simulated series and compare.
+
+# %%
+def forward_step(transitions):
+    """The HMM filter as a recursion: carry p(z_t | y_<t), emit p(z_t | y_<=t) and the
+    normalizer, given lik_t = p(y_t | z_t) scaled by exp(-max_k log p(y_t | z_t = k))."""
+    def step(predicted, lik_t):
+        joint = predicted * lik_t
+        norm = jnp.sum(joint)
+        filtered = joint / norm
+        return filtered @ transitions, (filtered, norm)
+
+    return step
+
+
+shift = jnp.max(ll_hmm, axis=1)  # scaled likelihoods never overflow
+lik = jnp.exp(ll_hmm - shift[:, None])
+by_scan = jax.jit(lambda a, lik: jax.lax.scan(forward_step(a), pi_true, lik)[1])
+by_sweeps = jax.jit(lambda a, lik: sweep_scan(forward_step(a), pi_true, lik))
+
+
+def compare(transitions):
+    """Run the filter step by lax.scan and by sweeps: the SweepInfo, the outputs' largest
+    absolute difference (filtered probabilities and log normalizers), the fraction of
+    filtered probabilities equal bit for bit, and the log-likelihood by sweeps."""
+    filt_seq, norm_seq = by_scan(transitions, lik)
+    (filt_sw, norm_sw), info = by_sweeps(transitions, lik)
+    gap = max(float(jnp.max(jnp.abs(filt_sw - filt_seq))),
+              float(jnp.max(jnp.abs(jnp.log(norm_sw) - jnp.log(norm_seq)))))
+    identical = float(jnp.mean(filt_sw == filt_seq))
+    loglik = float(jnp.sum(jnp.log(norm_sw) + shift))
+    return info, gap, identical, loglik
+
+
+block = default_block_length(T_MAX)
+info, gap, identical, loglik_sweeps = compare(hmm_params.transitions)
+print(f"T = {T_MAX}: {-(-T_MAX // block)} blocks of L = {block} steps")
+print(f"sweeps run: {int(info.sweeps)}, converged: {bool(info.converged)}")
+print(f"largest |sweeps - sequential scan|: {gap:.1e}; {identical:.1%} of the filtered "
+      "probabilities equal bit for bit")
+reference = float(results64["HMM", False].marginal_log_lik)
+print(f"log-likelihood by sweeps {loglik_sweeps:.8f}, statseq's hmm_filter {reference:.8f}")
+assert bool(info.converged) and gap < 1e-12
+assert abs(loglik_sweeps - reference) < 1e-12 * abs(reference)
+
+# %% [markdown]
+# The sweeps converged, and their outputs equal the sequential scan's to rounding (about
+# half of the entries to the last bit, printed above; the rest differ in the last bit or
+# two because XLA rounds a step vectorized over blocks a little differently from the
+# same step alone), and the log-likelihood is statseq's own `hmm_filter`'s.
+#
+# **The fallback.** A chain that never moves, $A = I$, never forgets: the filter is then
+# the posterior of one fixed state given everything seen so far, and a block started
+# from a guess keeps its guess's trace to the end of the block. Its carries do not meet
+# the true ones (each sweep carries the true start only one block further), the sweeps
+# do not converge, and `sweep_scan` falls back on the sequential scan:
+
+# %%
+info_stuck, gap_stuck, _, _ = compare(jnp.eye(3))
+print(f"A = I: sweeps run: {int(info_stuck.sweeps)}, converged: {bool(info_stuck.converged)}, "
+      f"largest |sweeps - sequential scan|: {gap_stuck:.1e}")
+assert not bool(info_stuck.converged) and gap_stuck < 1e-12
+
+# %% [markdown]
+# The result is still the sequential scan's (to rounding, as above); what is lost is
+# time (four wasted sweeps before the sequential pass). `hmm_filter` uses the sweeps by
+# default on CPU from `statseq.inference.hmm.SWEEP_MIN_STEPS` ($2^{13}$) steps
+# (`hmm.use_sweeps`), and the sequential scan below that and on GPUs and TPUs.
+#
+# **What it costs on this CPU.** We time the three forms of the same filter on
+# simulated series of increasing length: the sequential scan, the sweeps, and the
+# associative scan of section 1, for the three-state model above and (in the full run) a
+# six-state one with the same kind of Gaussian emissions. Each is compiled once and timed
+# as the best of five runs, given the table of emission log-likelihoods, whose own cost
+# (column "table", computed by the model's `log_likelihoods`) a public call such as
+# `filter_states` adds to the filter's. **These are
+# CPU timings on the machine that ran this notebook; they depend on the machine and its
+# load, and a GPU changes them completely (section 3).**
+
+# %%
+rng_long = np.random.default_rng(4)  # its own stream: section 5's data stay as they were
+
+
+def simulate_gaussian_hmm(trans, means, variances, n):
+    """A path of n steps of a univariate Gaussian HMM started from the uniform law."""
+    cum = np.cumsum(trans, axis=1)
+    draws = rng_long.uniform(size=n)
+    z = np.zeros(n, int)
+    z[0] = rng_long.integers(len(means))
+    for t in range(1, n):
+        z[t] = np.searchsorted(cum[z[t - 1]], draws[t])
+    return (np.asarray(means)[z] + np.sqrt(variances)[z] * rng_long.normal(size=n))[:, None]
+
+
+def filter_by(how):
+    """A jitted (initial_probs, transitions, log_likelihoods) -> filter result."""
+    def run(pi, a, ll):
+        if how == "associative scan":
+            return hmm_parallel.hmm_filter(pi, a, ll)
+        # the library's filter with its path forced (`hmm_filter` picks by `use_sweeps`)
+        return hmm_seq._filter(pi, a, None, ll, sweeps=how == "sweeps")
+
+    return jax.jit(run)
+
+
+HOWS = ("sequential scan", "sweeps", "associative scan")
+fns = {how: filter_by(how) for how in HOWS}
+T_TIMED = [T_MAX] if SMOKE else [3_000, 30_000, 300_000]
+trans6 = 0.9 * np.eye(6) + 0.1 / 6
+means6, variances6 = np.linspace(-2.5, 2.5, 6), np.full(6, 0.5)
+hmm6_params = ss.HMMParams(
+    jnp.ones(6) / 6, jnp.asarray(trans6),
+    GaussianEmissions(jnp.asarray(means6)[:, None], jnp.asarray(variances6)[:, None, None]))
+cases = [(3, hmm_params, trans, [-1.0, 0.0, 1.5], [0.3, 0.4, 0.5])]
+if not SMOKE:  # (smoke mode: the three-state model only)
+    cases.append((6, hmm6_params, trans6, means6, variances6))
+emission_table = jax.jit(  # the (T, K) table log p(y_t | z_t = k), for any K
+    lambda params, y: ss.GaussianHMM(num_states=params.transitions.shape[0]).log_likelihoods(
+        params, y, jnp.ones(y.shape, bool)))
+sweep_rows = []
+for k, params, a, means, variances in cases:
+    y_long = jnp.asarray(simulate_gaussian_hmm(a, means, variances, max(T_TIMED)))
+    for t_len in T_TIMED:
+        ll = emission_table(params, y_long[:t_len])
+        args = (params.initial_probs, params.transitions, ll)
+        results = {how: fn(*args) for how, fn in fns.items()}
+        for how in HOWS[1:]:  # the same log-likelihood by all three
+            exact = float(results[HOWS[0]].marginal_log_lik)
+            assert abs(float(results[how].marginal_log_lik) - exact) < 1e-12 * abs(exact)
+        sweep_rows.append((k, t_len, best_time(emission_table, params, y_long[:t_len]),
+                           *(best_time(fns[how], *args, repeats=5) for how in HOWS)))
+print(f"backend: {jax.default_backend()} (these are CPU timings only when this says cpu); "
+      "best of 5, ms")
+print(f"{'K':>2} {'T':>7} {'table':>7} {'sequential':>10} {'sweeps':>7} {'associative':>11} "
+      f"{'sweeps/seq':>10} {'assoc/seq':>9}  hmm_filter's default")
+for k, t_len, table, seq, sw, par in sweep_rows:
+    print(f"{k:>2} {t_len:>7} {table * 1e3:>7.2f} {seq * 1e3:>10.2f} {sw * 1e3:>7.2f} "
+          f"{par * 1e3:>11.2f} {sw / seq:>10.2f} {par / seq:>9.2f}  "
+          f"{'sweeps' if hmm_seq.use_sweeps(t_len) else 'sequential scan'}")
+for k in sorted({row[0] for row in sweep_rows}):
+    ratios = [sw / seq for kk, _, _, seq, sw, _ in sweep_rows if kk == k]
+    tables = [table / seq for kk, _, table, seq, _, _ in sweep_rows if kk == k]
+    print(f"K = {k}: sweeps / sequential {min(ratios):.2f} to {max(ratios):.2f}; the emission "
+          f"table costs {min(tables):.1f} to {max(tables):.1f} times the sequential filter")
+
+# %% [markdown]
+# Three things can be read off the table (the ratios on its last lines are the ones to
+# compare; absolute times depend on this machine and its load):
+#
+# * **the associative scan is the slowest form in every row**, several times slower than
+#   the sequential scan: on a CPU its extra arithmetic ($O(K^3)$ per step against
+#   $O(K^2)$) is not repaid (section 3);
+# * **the sweeps' gain depends on what one iteration of the sequential loop costs.** At
+#   six states XLA:CPU's sequential filter step is slow (hundreds of nanoseconds; most of
+#   it is the loop's overhead for a body of that size, per `benchmarks/RESULTS.md`), and
+#   the sweeps, which pay that overhead about $2\sqrt{T}$ times instead of $T$ times, take
+#   a small fraction of its time at every length; at three states the sequential step is
+#   already cheap (under a hundred nanoseconds) and the gain is smaller.
+#   `benchmarks/RESULTS.md` (section "Session 20: recursions that forget, by sweeps over
+#   blocks", a quiet 2-core CPU) found the same pattern over 2 to 16 states: sweeps /
+#   sequential 0.14 and 0.17 at 6 states, 0.5-0.6 at 2 and 16 states ($T = 10^5$ and
+#   $10^6$). `hmm_filter` switches to the sweeps at $2^{13}$ steps whatever the number of
+#   states, a compromise across $K$: at six states they already win at the shortest length
+#   timed here;
+# * **the emission table can cost more than any form of the filter.** The model's
+#   `log_likelihoods` (a Gaussian density per state and step) is computed before the
+#   recursion in every public call, and here it costs as much as the sequential filter or
+#   more; once the filter runs by sweeps, a public call such as `filter_states` spends most
+#   of its time on the table, not on the recursion.
+#
+# The sweeps are a CPU technique: on a GPU the associative scan wins by orders of
+# magnitude (section 3), and `hmm_filter` leaves the GPU path alone.
+#
+# ## 5. Training an RNN on one long series: truncated BPTT
 #
 # An RNN has no associative form: its hidden state is a nonlinear recursion, so the
 # gradient of $\log p(y_{1:T})$ backpropagates through all $T$ steps one by one, and every
@@ -423,8 +665,12 @@ if not SMOKE:  # the prose below, for the full run
 # resolution at every length we tried, because these filters forget; the total is
 # accurate because statseq sums it pairwise, where a running sum drifts with $T$. CPU
 # timings of both are printed above (CPU only, and noisy on a shared machine); the
-# default picks the sequential scan on CPU. On an H100 (statseq's benchmark, not this
-# notebook) the parallel scans were 130 to 2000 times faster than the sequential ones at
+# default picks the sequential scan on CPU. Sweeps over blocks run that sequential
+# recursion as about $\sqrt{T}$ blocks at once, using the fact that the HMM filter forgets
+# its start (bit for bit after a few dozen steps here); they equal the sequential scan to
+# rounding (about $10^{-15}$), fall back on it when the chain never forgets ($A = I$), and
+# in the CPU timings above took a fraction of its time at six states, with less of a gain
+# at three. On an H100 (statseq's benchmark, not this notebook) the parallel scans were 130 to 2000 times faster than the sequential ones at
 # $T = 10^5$, and the default picks them there. For RNNs, which have no associative form,
 # truncated BPTT over windows reaches the same held-out score as full BPTT here at lower
 # cost. What remains uncertain: the float32 results are for well-conditioned, quickly

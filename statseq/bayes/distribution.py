@@ -22,7 +22,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from statseq.core.params import is_shape, params_treedef
-from statseq.core.recurrence import _simulate, run_filter
+from statseq.core.recurrence import _simulate, run_filter, vmap_or_one
 from statseq.core.validation import float_dtype, prepare_data
 
 
@@ -219,7 +219,7 @@ class SequenceDistribution(dist.Distribution):
                 return run_filter(model, p, y_i[None], m_i[None], u_i[None],
                                   complete=complete)[1][0]
 
-            log_probs = jax.vmap(one)(params, y, data.mask, data.inputs)
+            log_probs = vmap_or_one(one)(params, y, data.mask, data.inputs)
         return jnp.reshape(jnp.sum(log_probs, axis=-1), lead)
 
     def sample(self, key, sample_shape=()):
@@ -242,7 +242,8 @@ def _sample_flat(model, params, inputs, keys):
     def one(p, u_i, k):
         return _simulate(model, p, start(p), k, u_i)[0]
 
-    return jax.vmap(jax.vmap(one), in_axes=(None, None, 0))(params, inputs, keys)
+    # over the draws (outer) of the flat batch of sequences (inner)
+    return jax.vmap(vmap_or_one(one), in_axes=(None, None, 0))(params, inputs, keys)
 
 
 def _check_t(current, t, name):

@@ -34,7 +34,7 @@ from jax.scipy.special import ndtri
 
 from statseq.core.distributions import _is_discrete, marginal_cdf, scalar_cdf
 from statseq.core.params import validate_params
-from statseq.core.recurrence import run_filter
+from statseq.core.recurrence import run_filter, vmap_or_one
 from statseq.core.validation import check_key, prepare_data
 from statseq.evaluation import stattests
 
@@ -100,7 +100,7 @@ def _one_step(model, params, y, mask, inputs):
             [jnp.broadcast_to(c0, (c.shape[0], 1) + c0.shape), c[:, :-1]], axis=1),
         first, carries)
     one = partial(_step_quantities, model, params)
-    out = jax.vmap(jax.vmap(one))(before, y, mask, inputs)
+    out = vmap_or_one(jax.vmap(one))(before, y, mask, inputs)  # sequences, then steps
     steps = jnp.arange(y.shape[1])
     held = steps < model.num_conditioned_steps  # conditioned on, not predicted
     return jax.tree.map(

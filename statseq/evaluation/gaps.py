@@ -25,6 +25,7 @@ import numpy as np
 from statseq.core.distributions import masked_log_prob
 from statseq.core.params import validate_params
 from statseq.core.recurrence import log_prob as _exact_log_prob
+from statseq.core.recurrence import vmap_or_one
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.evaluation._origins import DEFAULT_MC_SEED, _log_mean
 
@@ -90,7 +91,7 @@ def _estimate(model, params, y, mask, inputs, key, *, num_particles, num_replica
         return _log_mean(log_z)
 
     keys = jax.random.split(key, y.shape[0])
-    return jax.vmap(series)(y, mask, inputs, keys)
+    return vmap_or_one(series)(y, mask, inputs, keys)
 
 
 def estimate_log_prob(model, params, y, mask=None, *, inputs=None, key=None,

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core.recurrence import vmap_or_one
 from statseq.inference import switching_gibbs as gibbs
 from statseq.inference import switching_kalman as kim
 
@@ -77,7 +78,7 @@ def _sweep(model, params, prior, y, mask, inputs, regimes, key):
     num = model.num_regimes
     k_lat, k_gam, k_dyn, k_emi = jax.random.split(key, 4)
     keys = jax.random.split(k_lat, y.shape[0])
-    regimes, states = jax.vmap(
+    regimes, states = vmap_or_one(
         lambda y_s, m_s, u_s, z_s, k: gibbs.gibbs_sweep(arrays, y_s, m_s, u_s, z_s, k))(
         y, mask, inputs, regimes, keys)
     onehot = jax.nn.one_hot(regimes, num, dtype=states.dtype)  # (N, T, K)
@@ -160,7 +161,7 @@ def impute_missing(arrays, y, mask, inputs, regimes, states, key):
         draw = cond_mean + (chol @ e_t) * miss
         return jnp.where(m_t, y_t, draw)
 
-    flat = jax.vmap(jax.vmap(one))
+    flat = vmap_or_one(jax.vmap(one))  # sequences, then steps
     return flat(jnp.where(mask, y, 0.0), mask, inputs, regimes, states, eps)
 
 
@@ -169,7 +170,7 @@ def run_gibbs(model, params, prior, y, mask, inputs, key, *, num_samples, num_bu
     """``num_burnin`` discarded sweeps, then ``num_samples`` kept ones, from the most
     probable regimes of Kim's smoother at ``params`` (one program)."""
     arrays = model.to_arrays(params)
-    regimes = jax.vmap(lambda y_s, m_s, u_s: jnp.argmax(
+    regimes = vmap_or_one(lambda y_s, m_s, u_s: jnp.argmax(
         kim.kim_smoother(arrays, y_s, m_s, u_s).smoothed_probs, axis=-1))(y, mask, inputs)
     regimes = regimes.astype(jnp.int32)
 

@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from statseq.core.recurrence import vmap_or_one
 from statseq.fit.em import _rounding_tolerance, _stop_rule
 from statseq.inference import hmm, kalman
 from statseq.inference import switching_kalman as kim
@@ -447,7 +448,7 @@ def e_step(model, params, gamma, y, mask, u, num_inner):
         g, outs = jax.lax.scan(inner, g, None, length=num_inner)
         return (g,) + jax.tree.map(lambda a: a[-1], outs)
 
-    g, elbo, xi, mu, cov, cross = jax.vmap(one)(gamma, y, mask, u)
+    g, elbo, xi, mu, cov, cross = vmap_or_one(one)(gamma, y, mask, u)
     return jnp.sum(elbo), g, xi, mu, cov, cross
 
 
@@ -457,7 +458,7 @@ def run_vem(model, params, y, mask, u, tol, *, num_iters, num_inner):
     dtype = y.dtype
     noise = _rounding_tolerance(dtype)
     arrays = model.to_arrays(params)
-    gamma = jax.vmap(lambda y_s, m_s, u_s: kim.kim_smoother(
+    gamma = vmap_or_one(lambda y_s, m_s, u_s: kim.kim_smoother(
         arrays, y_s, m_s, u_s).smoothed_probs)(y, mask, u)
     num_seq = y.shape[0]
 
@@ -465,7 +466,7 @@ def run_vem(model, params, y, mask, u, tol, *, num_iters, num_inner):
         i, params, prev, trace, status, gamma, _mu, _cov = state
         elbo, g, xi, mu, cov, cross = e_step(model, params, gamma, y, mask, u, num_inner)
         reg = model.to_arrays(params).regimes
-        stats = jax.vmap(lambda *a: _stats(reg, *a))(g, mu, cov, cross, y, mask, u)
+        stats = vmap_or_one(lambda *a: _stats(reg, *a))(g, mu, cov, cross, y, mask, u)
         stats = jax.tree.map(lambda a: jnp.sum(a, 0), stats)
         if model.transition_inputs:
             xi_steps = jnp.reshape(xi, (-1,) + xi.shape[-2:])
