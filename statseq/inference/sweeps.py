@@ -64,8 +64,8 @@ def default_block_length(num_timesteps: int, chunk: int = CHUNK) -> int:
     ``sqrt(T)`` blocks took up to twice as long.
 
     Examples:
-        >>> default_block_length(10**5), default_block_length(10**6), default_block_length(10**6 + 1)
-        (800, 4000, 3776)
+        >>> [default_block_length(t) for t in (10**5, 10**6, 10**6 + 1)]
+        [800, 4000, 3776]
     """
     blocks = max(1.0, 0.8 * num_timesteps ** 0.42)
     target = num_timesteps / blocks
