@@ -275,3 +275,28 @@ def test_default_priors_have_the_parameter_shapes():
             draw = prior.sample(jax.random.key(0))
             assert draw.shape == tuple(shape)
             assert bool(jnp.all(con.check(draw)))
+
+
+@pytest.mark.parametrize("cov", ["full", "tied"])
+def test_log_likelihood_table_factors_once_equal_to_the_per_step_path(cov):
+    """`GaussianHMM.log_likelihoods` (each covariance factored once when every entry is
+    observed) equals the per-step masked densities of `HMMBase.log_likelihoods`, and with
+    a missing entry it is that path."""
+    from statseq.models.hmm.base import HMMBase
+
+    model = GaussianHMM(3, 3, covariance=cov)
+    rng = np.random.default_rng(4)
+    y = jnp.asarray(rng.normal(size=(40, 3)) * 3.0)
+    params = model.initialize(y, key=jax.random.key(2))
+    table = jax.jit(model.log_likelihoods)
+    per_step = jax.jit(lambda p, v, m: HMMBase.log_likelihoods(model, p, v, m))
+    for mask in (jnp.ones(40, bool), jnp.ones((40, 3), bool).at[7, 1].set(False)):
+        got, want = table(params, y, mask), per_step(params, y, mask)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+    # the factored path against scipy directly
+    covs = np.asarray(model.state_covariances(params.emissions))
+    means = np.asarray(params.emissions.means)
+    ref = np.stack([stats.multivariate_normal(means[k], covs[k]).logpdf(np.asarray(y))
+                    for k in range(3)], axis=1)
+    np.testing.assert_allclose(np.asarray(table(params, y, jnp.ones(40, bool))), ref,
+                               rtol=1e-12)

@@ -22,7 +22,12 @@ from statseq.core.model import register_model
 from statseq.core.recurrence import filter as filter_sequences
 from statseq.core.validation import check_positive_int, float_dtype, prepare_data
 from statseq.inference import gaussian_sum as gsum
-from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
+from statseq.inference.gaussian import (
+    condition_on_leading,
+    masked_mvn_log_prob,
+    masked_mvn_log_prob_table,
+    symmetrize,
+)
 from statseq.inference.regime_paths import MAX_COMPONENTS, companion, regime_path_marginals
 from statseq.models.hmm.base import HMMBase, HMMCarry, HMMParams, _e_step
 from statseq.models.hmm.gaussian import (
@@ -307,13 +312,8 @@ class LinearAutoregressiveHMM(HMMBase):
         em = params.emissions
         means = jnp.einsum("kdj,tj->tkd", em.weights, self.lagged(y.astype(em.biases.dtype)))
         means = means + em.biases
-        mask = jnp.broadcast_to(mask, y.shape)
-        covs = self.state_covariances(em)
-
-        def row(y_t, m_t, mu_t):
-            return jax.vmap(lambda mu, cov: masked_mvn_log_prob(y_t, mu, cov, m_t))(mu_t, covs)
-
-        ll = jax.vmap(row)(y, mask, means)
+        ll = masked_mvn_log_prob_table(y, means, self.state_covariances(em),
+                                       jnp.broadcast_to(mask, y.shape))
         scored = jnp.arange(y.shape[0]) >= self.num_lags
         return jnp.where(scored[:, None], ll, 0.0)
 

@@ -20,7 +20,12 @@ from numpyro.distributions import constraints
 
 from statseq.core.model import register_model
 from statseq.core.validation import check_positive_int, float_dtype
-from statseq.inference.gaussian import condition_on_leading, masked_mvn_log_prob, symmetrize
+from statseq.inference.gaussian import (
+    condition_on_leading,
+    masked_mvn_log_prob,
+    masked_mvn_log_prob_table,
+    symmetrize,
+)
 from statseq.models.hmm.base import HMMBase
 from statseq.models.hmm.gaussian_params import (
     DiagonalGaussianEmissions,
@@ -252,6 +257,15 @@ class GaussianHMM(HMMBase):
         if self.covariance == "spherical":
             var = jnp.broadcast_to(var[:, None], emissions.means.shape)
         return jnp.sqrt(var)
+
+    def log_likelihoods(self, params, y, mask):
+        """``(T, K)`` emission log-likelihoods of one sequence (0 rows where masked); full
+        and tied covariances by `statseq.inference.gaussian.masked_mvn_log_prob_table`
+        (each covariance factored once when every entry is observed)."""
+        if self._per_entry:
+            return super().log_likelihoods(params, y, mask)
+        return masked_mvn_log_prob_table(y, params.emissions.means,
+                                         self.state_covariances(params.emissions), mask)
 
     def emission_log_likelihoods(self, emissions, y_t, mask_t):
         mask_t = jnp.broadcast_to(jnp.asarray(mask_t, bool), y_t.shape)
