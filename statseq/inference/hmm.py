@@ -41,7 +41,11 @@ blocks at once, equal to the sequential scan to rounding, sequential fallback fo
 never forgets; 0.12 to 0.84 of the sequential filter's time), and so does
 `hmm_smoother_by_gradient` (both passes); `hmm_smoother`'s backward pass runs by sweeps at
 6 or 7 states from 256 steps (`SWEEP_BACKWARD_STATES`, `SWEEP_BACKWARD_MIN_STEPS`; float32
-up to 4 states), where both passes are 3 to 5 times faster. Derivatives of every pass by
+up to 4 states), where both passes are 3 to 5 times faster, and at any number of states
+from 2^16 steps (`SWEEP_BACKWARD_ANY_STATES_MIN_STEPS`; 0.82-0.94 of the sequential pass's
+smoother time). On CPU, `statseq._compat.keep_large_buffers_in_heap` (applied on import)
+keeps the per-call buffers of these long passes out of fresh ``mmap`` calls, which halved
+the filter's time at 10^6 steps. Derivatives of every pass by
 sweeps are the sequential scan's, and under `jax.vmap` up to `SWEEP_MAX_BATCH` sequences
 sweep together (`statseq.inference.sweeps.with_sweep_rules`). The blocked two-level
 recursions of `statseq.inference.hmm_blocked` (chunks of about ``sqrt(T)`` steps,
@@ -328,6 +332,11 @@ SWEEP_BACKWARD_MIN_STEPS = 256
 #: (0.6-0.9 of the sequential pass's time at 2 to 4 states; a tie at 5 to 7, where the
 #: float32 sequential scan is not slow)
 SWEEP_BACKWARD_FLOAT32_STATES = 4
+#: from this many steps the backward pass runs by sweeps on CPU whatever the number of states
+#: and dtype: with blocks of `sweeps.default_block_length` (session 21) the sweeps took 0.82
+#: to 0.94 of the sequential pass's smoother time at 2 to 16 states and 10^5 to 10^6 steps
+#: (float64; float32 0.89-0.98), a tie at 3 x 10^4 (`benchmarks/RESULTS.md`, "Session 21")
+SWEEP_BACKWARD_ANY_STATES_MIN_STEPS = 2**16
 
 
 def _use_backward_sweeps(sweeps, ll) -> bool:
@@ -337,6 +346,8 @@ def _use_backward_sweeps(sweeps, ll) -> bool:
     num_timesteps, num_states = ll.shape
     if backend_kind() != "cpu":
         return False
+    if num_timesteps >= SWEEP_BACKWARD_ANY_STATES_MIN_STEPS and num_states > 1:
+        return True
     if jnp.dtype(ll.dtype).itemsize < 8:
         return (num_states <= SWEEP_BACKWARD_FLOAT32_STATES
                 and num_timesteps >= SWEEP_MIN_STEPS)

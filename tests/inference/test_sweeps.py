@@ -285,10 +285,16 @@ def test_hmm_smoother_by_sweeps_gradient_vmap_and_default():
     min_steps = hmm.SWEEP_BACKWARD_MIN_STEPS
     assert hmm._use_backward_sweeps(None, ll) == (jax.default_backend() == "cpu")
     assert not hmm._use_backward_sweeps(None, jnp.zeros((min_steps - 1, 7)))
-    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 2)))
-    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 8)))
+    any_states = hmm.SWEEP_BACKWARD_ANY_STATES_MIN_STEPS
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((any_states - 1, 2)))
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((any_states - 1, 8)))
     assert not hmm._use_backward_sweeps(True, jnp.zeros((1, 6)))
     # float32: up to 4 states from the filter's SWEEP_MIN_STEPS, not at 6-7 states
     f32 = jnp.zeros((hmm.SWEEP_MIN_STEPS, 2), jnp.float32)
     assert hmm._use_backward_sweeps(None, f32) == (jax.default_backend() == "cpu")
-    assert not hmm._use_backward_sweeps(None, jnp.zeros((10**5, 6), jnp.float32))
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((any_states - 1, 6), jnp.float32))
+    # from SWEEP_BACKWARD_ANY_STATES_MIN_STEPS: any number of states (more than one), any dtype
+    for shape, dtype in (((any_states, 2), jnp.float64), ((any_states, 8), jnp.float32)):
+        assert hmm._use_backward_sweeps(None, jnp.zeros(shape, dtype)) == (
+            jax.default_backend() == "cpu")
+    assert not hmm._use_backward_sweeps(None, jnp.zeros((any_states, 1)))
