@@ -771,3 +771,27 @@ def test_arhmm_step_matches_predict_score_update_and_samples():
     draws = ss.sample(model, params, num_timesteps=T_BRUTE, key=jax.random.key(0),
                       num_samples=3)
     assert draws.shape == (3, T_BRUTE, 2) and np.all(np.isfinite(np.asarray(draws)))
+
+
+@pytest.mark.parametrize("emission_dim", [None, 3])
+def test_poisson_log_likelihood_table_equals_the_per_step_path(emission_dim):
+    """`PoissonHMM.log_likelihoods` (log y! once per entry) gives the per-step path's
+    values (`HMMBase.log_likelihoods`, numpyro's Poisson per step and state) bit for bit,
+    with and without missing entries, and scipy's log pmf."""
+    from statseq.models.hmm.base import HMMBase
+
+    model = ss.PoissonHMM(num_states=2, emission_dim=emission_dim)
+    shape = (30,) if emission_dim is None else (30, emission_dim)
+    y = jnp.asarray(np.random.default_rng(3).poisson(4.0, size=shape))
+    params = model.initialize(y, key=jax.random.key(0))
+    masks = [jnp.ones(30, bool), jnp.ones(30, bool).at[4].set(False)]
+    if emission_dim:
+        masks.append(jnp.ones(shape, bool).at[7, 1].set(False))
+    for mask in masks:
+        got = jax.jit(model.log_likelihoods)(params, y, mask)
+        want = jax.jit(lambda p, v, m: HMMBase.log_likelihoods(model, p, v, m))(params, y, mask)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    rates = np.asarray(params.emissions.rates).reshape(2, -1)
+    ref = stats.poisson(rates[None]).logpmf(np.asarray(y).reshape(30, 1, -1)).sum(-1)
+    np.testing.assert_allclose(np.asarray(model.log_likelihoods(params, y, masks[0])), ref,
+                               rtol=1e-12)

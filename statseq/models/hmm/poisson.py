@@ -83,6 +83,22 @@ class PoissonHMM(HMMBase):
     def emission_constraints(self):
         return PoissonEmissions(constraints.positive)
 
+    def log_likelihoods(self, params, y, mask):
+        """``(T, K)`` emission log-likelihoods ``sum_d [y log(lambda_kd) - lambda_kd -
+        log(y!)]`` of one sequence (0 where masked): ``log(y!)`` once per entry, not once per
+        state (the per-step path's values, to the last bit: tested)."""
+        rates = params.emissions.rates                          # (K,) or (K, D)
+        ftype = jnp.result_type(float)
+        rates = jnp.astype(rates, ftype)
+        counts = jnp.astype(jnp.reshape(y, (y.shape[0], 1) + rates.shape[1:]), ftype)
+        log_factorial = jax.scipy.special.gammaln(counts + 1.0)  # (T, 1[, D])
+        lp = jax.scipy.special.xlogy(counts, rates) - log_factorial - rates
+        observed = jnp.reshape(jnp.broadcast_to(
+            jnp.reshape(mask, mask.shape + (1,) * (y.ndim - mask.ndim)), y.shape),
+            counts.shape)
+        lp = jnp.where(observed, lp, 0.0)
+        return jnp.reshape(lp, lp.shape[:2] + (-1,)).sum(axis=-1)
+
     def emission_log_likelihoods(self, emissions, y_t, mask_t):
         lp = dist.Poisson(emissions.rates).log_prob(jnp.broadcast_to(y_t, emissions.rates.shape))
         lp = jnp.where(mask_t, lp, 0.0)
