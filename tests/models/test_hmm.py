@@ -625,3 +625,42 @@ def test_public_log_prob_by_sweeps_equals_the_step_scan(monkeypatch):
         p, data.y, data.mask, data.inputs)[0].sum())(params)
     for g, w in zip(jax.tree.leaves(grad_got), jax.tree.leaves(grad_want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("covariance", ["full", "tied"])
+def test_gaussian_log_prob_filters_the_table_at_any_length(covariance):
+    """`GaussianHMM` (full, tied) scores short sequences on the emission table too
+    (`filters_on_the_table`): the step scan's per-step log-densities, missing entries and
+    fully missing steps included, and its gradient."""
+    from statseq.core.recurrence import run_filter
+
+    model = ss.GaussianHMM(num_states=2, emission_dim=2, covariance=covariance)
+    assert model.filters_on_the_table(37)
+    assert not ss.GaussianHMM(2, 2, covariance="diagonal").filters_on_the_table(37) or (
+        jax.default_backend() != "cpu")
+    rng = np.random.default_rng(11)
+    y = rng.normal(size=(2, 37, 2))
+    mask = np.ones(y.shape, bool)
+    mask[0, 5, 1] = False
+    mask[1, 9:12] = False
+    params = model.initialize(jnp.asarray(y[0]), key=jax.random.key(3))
+    data = ss.core.validation.prepare_data(model, y, mask, None)
+    assert model.masked_data_filter(params, 37) is not None
+
+    def reference(p, y_i, m_i):  # the per-step scan, written out
+        def step(carry, xs):
+            return model.step(p, carry, *xs, None)[::-1]
+        final, lps = jax.lax.scan(step, model.initial_carry(p), (y_i, m_i))
+        return lps, final
+
+    got = run_filter(model, params, data.y, data.mask, data.inputs, complete=False)
+    want_lps, want_final = jax.vmap(reference, in_axes=(None, 0, 0))(params, data.y, data.mask)
+    np.testing.assert_allclose(got[1], want_lps, rtol=1e-12, atol=1e-13)
+    assert float(jnp.max(jnp.abs(got[1][1, 9:12]))) == 0.0
+    np.testing.assert_allclose(got[3].probs, want_final.probs, rtol=1e-12, atol=1e-13)
+    grad_got = jax.grad(lambda p: run_filter(model, p, data.y, data.mask, data.inputs,
+                                             complete=False)[0].sum())(params)
+    grad_want = jax.grad(lambda p: jax.vmap(reference, in_axes=(None, 0, 0))(
+        p, data.y, data.mask)[0].sum())(params)
+    for g, w in zip(jax.tree.leaves(grad_got), jax.tree.leaves(grad_want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

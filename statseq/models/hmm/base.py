@@ -342,17 +342,25 @@ class HMMBase(SequenceModel):
     def update(self, params, carry, y_t, mask_t, inputs_t) -> HMMCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
 
+    def filters_on_the_table(self, num_timesteps: int) -> bool:
+        """Whether `masked_data_filter` filters the ``(T, K)`` emission table (`log_likelihoods`)
+        rather than scoring step by step: where the filter runs by sweeps
+        (`statseq.inference.hmm.use_sweeps`). Families whose per-step emission density is
+        costly (`GaussianHMM` with full or tied covariances) filter the table always."""
+        return hmm_seq.use_sweeps(num_timesteps)
+
     def masked_data_filter(self, params, num_timesteps: int):
         """``(y, mask, inputs) -> (log_probs (T,), final carry)`` for one sequence by
-        `statseq.inference.hmm.hmm_filter` where it runs by sweeps over blocks
-        (`statseq.inference.hmm.use_sweeps`: CPU, long sequences), else ``None`` (the
-        per-step `step` scan runs). The same log-densities (masked steps exactly 0) and
+        `statseq.inference.hmm.hmm_filter` on the emission table where
+        `filters_on_the_table` (by default where the filter runs by sweeps: CPU, long
+        sequences), else ``None`` (the per-step `step` scan runs). The same log-densities
+        (masked steps exactly 0) and
         final carry as the `step` scan to rounding (tested); derivatives are the
         sequential filter's. Families with their own `step` (autoregressive emissions)
-        keep theirs."""
+        keep theirs. `filters_on_the_table` says where it applies."""
         own = type(self).step is not HMMBase.step or (
             type(self).initial_carry is not HMMBase.initial_carry)
-        if own or not hmm_seq.use_sweeps(num_timesteps):
+        if own or not self.filters_on_the_table(num_timesteps):
             return None
 
         def run(y, mask, inputs):

@@ -258,6 +258,12 @@ class GaussianHMM(HMMBase):
             var = jnp.broadcast_to(var[:, None], emissions.means.shape)
         return jnp.sqrt(var)
 
+    def filters_on_the_table(self, num_timesteps: int) -> bool:
+        """Full and tied covariances: always (`masked_mvn_log_prob_table` factors each
+        covariance once; the per-step path factors one per step and state: public
+        ``log_prob`` at ``T = 10^3``, ``K = 3``, ``D = 2`` 0.21 ms against 1.7 ms)."""
+        return not self._per_entry or super().filters_on_the_table(num_timesteps)
+
     def log_likelihoods(self, params, y, mask):
         """``(T, K)`` emission log-likelihoods of one sequence (0 rows where masked); full
         and tied covariances by `statseq.inference.gaussian.masked_mvn_log_prob_table`
