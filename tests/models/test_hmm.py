@@ -664,3 +664,51 @@ def test_gaussian_log_prob_filters_the_table_at_any_length(covariance):
         p, data.y, data.mask)[0].sum())(params)
     for g, w in zip(jax.tree.leaves(grad_got), jax.tree.leaves(grad_want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_timesteps", [1, 2, 23])
+def test_arhmm_log_prob_filters_the_table_equal_to_the_step_scan(num_timesteps):
+    """`LinearAutoregressiveHMM` scores on its emission table (`masked_data_filter`): the
+    step scan's per-step log-densities (the first ``num_lags`` exactly 0, fully masked steps
+    exactly 0), its final carry (probabilities, lag window, count) and its gradient, also
+    for sequences shorter than the lag window."""
+    from statseq.core.recurrence import _scan_one, run_filter
+
+    model = ss.LinearAutoregressiveHMM(num_states=2, emission_dim=2, num_lags=2)
+    assert model.filters_on_the_table(5)
+    rng = np.random.default_rng(5)
+    y = rng.normal(size=(2, num_timesteps, 2))
+    mask = np.ones(y.shape, bool)
+    if num_timesteps > 10:  # missing entries that are lags of no observed step (no gap)
+        mask[0, -1, 0] = False
+        mask[1, -3:] = False
+    model = model.for_mask(mask)  # what the public calls use: the finite-state filter here
+    assert model.gap_capacity == 0
+    params = model.initialize(jnp.asarray(rng.normal(size=(40, 2))), key=jax.random.key(1))
+    data = ss.core.validation.prepare_data(model, y, mask, None)
+    assert model.masked_data_filter(params, num_timesteps) is not None
+
+    def reference(p, y_i, m_i, u_i):  # the engine's per-step scan
+        lps, _, final = _scan_one(model, p, y_i, m_i, u_i, carry0=model.initial_carry(p),
+                                  return_carries=False)
+        return lps, final
+
+    got = run_filter(model, params, data.y, data.mask, data.inputs, complete=False)
+    want_lps, want_final = jax.vmap(reference, in_axes=(None, 0, 0, 0))(
+        params, data.y, data.mask, data.inputs)
+    np.testing.assert_allclose(got[1], want_lps, rtol=1e-12, atol=1e-13)
+    assert float(jnp.max(jnp.abs(got[1][:, :2]))) == 0.0
+    if num_timesteps > 10:
+        assert float(jnp.max(jnp.abs(got[1][1, -3:]))) == 0.0
+    for g, w in zip(jax.tree.leaves(got[3]), jax.tree.leaves(want_final), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-13)
+    # gradients in the unconstrained coordinates the fits use (off the simplex, the step
+    # scan's fully masked steps score log(sum(A^T p)), whose derivative there is not 0)
+    uparams = ss.to_unconstrained(model, params)
+    grad_got = jax.grad(lambda u: run_filter(
+        model, ss.from_unconstrained(model, u), data.y, data.mask, data.inputs,
+        complete=False)[0].sum())(uparams)
+    grad_want = jax.grad(lambda u: jax.vmap(reference, in_axes=(None, 0, 0, 0))(
+        ss.from_unconstrained(model, u), data.y, data.mask, data.inputs)[0].sum())(uparams)
+    for g, w in zip(jax.tree.leaves(grad_got), jax.tree.leaves(grad_want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

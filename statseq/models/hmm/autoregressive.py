@@ -273,6 +273,31 @@ class LinearAutoregressiveHMM(HMMBase):
                           jnp.zeros((self.num_lags, self.emission_dim), dtype),
                           jnp.zeros((), jnp.int32))
 
+    def _own_step(self) -> bool:
+        """The finite-state filter runs on the emission table (`masked_data_filter`); the
+        gap-capacity filter (a Gaussian sum over missing lags) keeps its own step."""
+        return bool(self.gap_capacity)
+
+    def filters_on_the_table(self, num_timesteps: int) -> bool:
+        """Always: the table (`log_likelihoods`, each covariance factored once when every
+        entry is observed) and the filter, with the state unconditioned during the first
+        ``num_lags`` steps as in `step` (public ``log_prob`` at ``T = 10^4``: 16.8 ms by
+        the step scan)."""
+        return True
+
+    def _carry_after(self, filtered_last, y, mask):
+        """`step`'s final carry: the probabilities, the last ``num_lags`` observations
+        (most recent first, missing entries 0, zeros before the data) and the count."""
+        dtype = filtered_last.dtype
+        observed = jnp.broadcast_to(jnp.reshape(jnp.asarray(mask, bool),
+                                                mask.shape + (1,) * (y.ndim - mask.ndim)),
+                                    y.shape)
+        y_in = jnp.where(observed, y, 0).astype(dtype)
+        window = jnp.concatenate([jnp.zeros((self.num_lags,) + y.shape[1:], dtype), y_in])
+        lags = window[::-1][:self.num_lags]
+        count = jnp.minimum(y.shape[0], self.num_lags).astype(jnp.int32)
+        return ARHMMCarry(filtered_last, jnp.ones((), bool), lags, count)
+
     def _state(self, carry) -> HMMCarry:
         return HMMCarry(carry.probs, carry.started)
 

@@ -358,9 +358,7 @@ class HMMBase(SequenceModel):
         final carry as the `step` scan to rounding (tested); derivatives are the
         sequential filter's. Families with their own `step` (autoregressive emissions)
         keep theirs. `filters_on_the_table` says where it applies."""
-        own = type(self).step is not HMMBase.step or (
-            type(self).initial_carry is not HMMBase.initial_carry)
-        if own or not self.filters_on_the_table(num_timesteps):
+        if self._own_step() or not self.filters_on_the_table(num_timesteps):
             return None
 
         def run(y, mask, inputs):
@@ -368,10 +366,22 @@ class HMMBase(SequenceModel):
                                       self.transition_matrices(params, inputs),
                                       self.log_likelihoods(params, y, mask))
             observed = jnp.any(jnp.reshape(mask, (num_timesteps, -1)), axis=1)
-            log_probs = jnp.where(observed, filt.log_normalizers, 0.0)
-            return log_probs, HMMCarry(filt.filtered_probs[-1], jnp.ones((), bool))
+            # conditioned (lag) steps and fully masked ones score exactly 0, as in the scan
+            scored = observed & (jnp.arange(num_timesteps) >= self.num_conditioned_steps)
+            log_probs = jnp.where(scored, filt.log_normalizers, 0.0)
+            return log_probs, self._carry_after(filt.filtered_probs[-1], y, mask)
 
         return run
+
+    def _own_step(self) -> bool:
+        """Whether this family's `step` or `initial_carry` is its own, which
+        `masked_data_filter` then leaves to the step scan (unless the family says how)."""
+        return type(self).step is not HMMBase.step or (
+            type(self).initial_carry is not HMMBase.initial_carry)
+
+    def _carry_after(self, filtered_last, y, mask):
+        """The `step` scan's final carry, given the last filtered probabilities."""
+        return HMMCarry(filtered_last, jnp.ones((), bool))
 
     # ---- posterior inference (adapters over statseq.inference.hmm) ---------------------
     def log_likelihoods(self, params, y, mask):
