@@ -71,11 +71,14 @@ def test_poisson_hmm_with_tied_rates_matches_restricted_lbfgs_and_the_pooled_mea
     _compare(model, em, lb, y)
     rates = np.asarray(em.params.emissions.rates)
     assert rates[0, 0] == rates[0, 1]  # tied: exactly equal
-    # stationarity of the tied rate: the posterior-weighted mean of both counts in state 0
+    # stationarity of the tied rate: the posterior-weighted mean of both counts in state 0,
+    # to the precision EM stops at: a change of the log joint below tol = 1e-13 leaves the
+    # parameters about sqrt(1e-13) = 3e-7 (relative) from the fixed point (1.2e-7 and
+    # 5e-8 measured, one iteration apart, as the smoother's rounding changed)
     w = np.asarray(model.smoother(em.params, y).smoothed_probs)
     np.testing.assert_allclose(rates[0, 0], (w[:, 0] @ y.sum(1)) / (2 * w[:, 0].sum()),
-                               rtol=1e-7)
-    np.testing.assert_allclose(rates[1], (w[:, 1] @ y) / w[:, 1].sum(), rtol=1e-7)
+                               rtol=5e-7)
+    np.testing.assert_allclose(rates[1], (w[:, 1] @ y) / w[:, 1].sum(), rtol=5e-7)
 
 
 def test_categorical_hmm_with_fixed_emission_entries_matches_restricted_lbfgs():
