@@ -825,6 +825,27 @@ def _blocked_gradient_parts_jvp(primals, tangents):
     return _blocked_gradient_parts(*primals), tangent_out
 
 
+def _small_gradient_finish(filtered, log_normalizers, v, lik, shift, fixed):
+    """`_swept_gradient_parts`'s last step for a fixed matrix of at most `_SMALL_STATES`
+    states, over the ``K`` columns of the messages (as `_small_posterior`): ``(d log p /
+    d ll, d log p / d e)``."""
+    num_states = fixed.shape[0]
+    f = [filtered[:-1, i] for i in range(num_states)]
+    cols = [v[:, j] for j in range(num_states)]
+    beta = [sum(fixed[i, j] * cols[j] for j in range(num_states)) for i in range(num_states)]
+    norm = sum(f[i] * beta[i] for i in range(num_states))
+    one = jnp.ones((1,), v.dtype)
+    g = [jnp.concatenate([beta[i] / norm, one]) for i in range(num_states)]
+    scale = jnp.exp(log_normalizers[1:] - shift[1:])
+    scale = jnp.where(scale > 0, scale, 1.0)
+    impossible = jnp.isneginf(log_normalizers)
+    grad_ll = jnp.stack([jnp.where(impossible, 0.0, filtered[:, i] * g[i])
+                         for i in range(num_states)], axis=1)
+    grad_predicted = jnp.stack([g[j][1:] * lik[:, j] / scale for j in range(num_states)],
+                               axis=1)
+    return grad_ll, grad_predicted
+
+
 def _swept_gradient_parts(pi, fixed, per_step, ll, batched=False):
     """`_sequential_gradient_parts` with both passes by sweeps (`statseq.inference.sweeps`):
     the filter, then the reverse pass of the linearized filter, ``g_t = A_t (g_{t+1} *
@@ -849,6 +870,8 @@ def _swept_gradient_parts(pi, fixed, per_step, ll, batched=False):
     v = _backward_swept(fixed_t, per_step_t, lik, batched=batched)
 
     def finish(filtered, log_normalizers, v, lik, shift, per_step):
+        if per_step is None and num_states <= _SMALL_STATES:
+            return _small_gradient_finish(filtered, log_normalizers, v, lik, shift, fixed)
         beta = _rows_times(v, fixed.T) if per_step is None else jnp.einsum(
             "tij,tj->ti", per_step, v)
         g = jnp.concatenate([beta / jnp.sum(filtered[:-1] * beta, axis=1, keepdims=True),
@@ -934,7 +957,12 @@ def hmm_smoother_by_gradient(
         value, filtered, grad_predicted, grad_ll = _sequential_gradient_parts(
             pi, fixed, per_step, ll)
     f = filtered[:-1]
-    if fixed is not None and sum_transitions:
+    if fixed is not None and sum_transitions and fixed.shape[0] <= _SMALL_STATES:
+        k = fixed.shape[0]
+        transitions = fixed * jnp.stack([jnp.stack([
+            _chunked_total(f[:, i] * grad_predicted[:, j]) for j in range(k)])
+            for i in range(k)])
+    elif fixed is not None and sum_transitions:
         transitions = fixed * _sum_outer_products(f, grad_predicted)
     else:
         transitions = _pick(fixed, per_step) * f[:, :, None] * grad_predicted[:, None, :]
