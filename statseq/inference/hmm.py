@@ -49,9 +49,10 @@ the filter's time at 10^6 steps. Derivatives of every pass by
 sweeps are the sequential scan's, and under `jax.vmap` up to `SWEEP_MAX_BATCH` sequences
 sweep together (`statseq.inference.sweeps.with_sweep_rules`). The blocked two-level
 recursions of `statseq.inference.hmm_blocked` (chunks of about ``sqrt(T)`` steps,
-vectorized across chunks) remain the gradient path's at 6 or 7 states from 2048 steps
-(`hmm_blocked.gradient_blocked`; about 0.7 times forward-backward's time there) and
-`blocked=True`'s elsewhere. The GPU/TPU path is unchanged.
+vectorized across chunks) remain the float32 gradient path's at 6 or 7 states from 2048
+steps (`hmm_blocked.gradient_blocked`) and `blocked=True`'s elsewhere; in float64 the
+gradient path follows the smoother's backward pass to the sweeps (0.82-1.13 of
+forward-backward's time at 2 to 16 states, 300 to 10^5 steps, session 21). The GPU/TPU path is unchanged.
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
 one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
@@ -947,10 +948,14 @@ def hmm_smoother_by_gradient(
         True
     """
     pi, fixed, per_step, ll = _prepare_inputs(initial_probs, transition_matrix, log_likelihoods)
-    if _use_blocked(None, ll) and ll.shape[0] > 1:
+    # as `_smoother`: by sweeps wherever its backward pass is (6-7 states from 256 steps:
+    # there the sequential gradient took 3x forward-backward's time at 4096 steps), the
+    # blocked path yielding to them
+    backward_sweeps = _use_backward_sweeps(None, ll)
+    if not backward_sweeps and _use_blocked(None, ll) and ll.shape[0] > 1:
         value, filtered, grad_predicted, grad_ll = _blocked_gradient_parts(
             pi, fixed, per_step, ll)
-    elif _use_sweeps(None, ll) and ll.shape[0] > 1:
+    elif (backward_sweeps or _use_sweeps(None, ll)) and ll.shape[0] > 1:
         value, filtered, grad_predicted, grad_ll = _gradient_parts_by_sweeps(
             pi, fixed, per_step, ll)
     else:

@@ -66,6 +66,9 @@ def test_default_dispatch_reaches_the_blocked_kernels(monkeypatch):
     monkeypatch.setattr(hmm_blocked, "gradient_blocked",
                         lambda *a, **k: calls.append("g") or gradient(*a, **k))
     jax.eval_shape(hmm.hmm_smoother_by_gradient, pi, trans, ll)
+    assert calls == []  # float64: the gradient path follows the smoother to the sweeps
+    f32 = [jnp.asarray(x, jnp.float32) for x in (pi, trans, ll)]
+    jax.eval_shape(hmm.hmm_smoother_by_gradient, *f32)  # float32 at 6 states: blocked
     assert calls == (["g"] if on_cpu else [])
     calls.clear()
     jax.eval_shape(hmm.hmm_smoother_by_gradient, pi, trans, ll[:100])  # too short
