@@ -52,7 +52,8 @@ recursions of `statseq.inference.hmm_blocked` (chunks of about ``sqrt(T)`` steps
 vectorized across chunks) remain the float32 gradient path's at 6 or 7 states from 2048
 steps (`hmm_blocked.gradient_blocked`) and `blocked=True`'s elsewhere; in float64 the
 gradient path follows the smoother's backward pass to the sweeps (0.82-1.13 of
-forward-backward's time at 2 to 16 states, 300 to 10^5 steps, session 21). The GPU/TPU path is unchanged.
+forward-backward's time at 2 to 16 states, 300 to 10^5 steps, session 21). The GPU/TPU
+path is unchanged.
 
 Shapes are checked when traced (they are static); values (non-negative, rows summing to
 one) are the caller's responsibility. The functions are not jitted themselves: wrap them,
