@@ -601,7 +601,6 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
     else:
         filt = _filter(pi, fixed, per_step, ll, unrolled, blocked=blocked, sweeps=sweeps)
     filtered = filt.filtered_probs
-    dtype = filtered.dtype
     fixed_t = None if fixed is None else fixed.T
     per_step_t = None if per_step is None else jnp.swapaxes(per_step, 1, 2)
 
@@ -619,13 +618,22 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
         v = _backward(fixed_t, per_step_t, lik, unrolled)
     if fixed is not None and sum_transitions and fixed.shape[0] <= _SMALL_STATES:
         smoothed, transitions = _small_posterior(filtered, v, fixed, transition_weights)
-        return HMMPosterior(
-            marginal_log_lik=filt.marginal_log_lik,
-            filtered_probs=filtered,
-            smoothed_probs=smoothed,
-            expected_transitions=transitions,
-            initial_probs=smoothed[0],
-        )
+    else:
+        smoothed, transitions = _posterior_from_messages(filtered, v, fixed, per_step,
+                                                         transition_weights, sum_transitions)
+    return HMMPosterior(
+        marginal_log_lik=filt.marginal_log_lik,
+        filtered_probs=filtered,
+        smoothed_probs=smoothed,
+        expected_transitions=transitions,
+        initial_probs=smoothed[0],
+    )
+
+
+def _posterior_from_messages(filtered, v, fixed, per_step, transition_weights,
+                             sum_transitions):
+    """`_smoother`'s smoothed marginals and transition counts from the filtered and
+    backward messages, on ``(T, K)`` arrays (`_small_posterior` for few states)."""
     if fixed is not None:
         beta = _rows_times(v, fixed.T)  # (T-1, K), unnormalized beta_t for t < T-1
     else:
@@ -635,7 +643,7 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
     smoothed = jnp.concatenate([f * beta / norm, filtered[-1:]])
     weighted = f / norm  # p(z_t = i, z_{t+1} = j | y) = weighted_t(i) A_t[i, j] v_t(j)
     if transition_weights is not None:  # per-step weights of the pair counts (not marginals)
-        weighted = weighted * jnp.asarray(transition_weights, dtype)[:, None]
+        weighted = weighted * jnp.asarray(transition_weights, filtered.dtype)[:, None]
     if sum_transitions:
         if fixed is not None:
             transitions = fixed * _sum_outer_products(weighted, v)
@@ -644,13 +652,7 @@ def _smoother(pi, fixed, per_step, ll, sum_transitions: bool, unrolled=None,
             transitions = pairwise_sum(jnp.moveaxis(per, 0, -1))
     else:
         transitions = weighted[:, :, None] * _pick(fixed, per_step) * v[:, None, :]
-    return HMMPosterior(
-        marginal_log_lik=filt.marginal_log_lik,
-        filtered_probs=filtered,
-        smoothed_probs=smoothed,
-        expected_transitions=transitions,
-        initial_probs=smoothed[0],
-    )
+    return smoothed, transitions
 
 
 def hmm_smoother(
