@@ -373,8 +373,10 @@ def _unstrip(out: _Stripped, layouts: dict):
     leaves = list(out.leaves)
     for i, shape, dtype in empty:
         key = (shape, np.dtype(dtype))
-        if key not in _EMPTY:
-            _EMPTY[key] = jax.device_put(np.zeros(shape, dtype))
+        if key not in _EMPTY:  # a concrete array even when called under a trace (a
+            # traced `device_put` cached here would leak into later calls)
+            with jax.ensure_compile_time_eval():
+                _EMPTY[key] = jax.device_put(np.zeros(shape, dtype))
         leaves.insert(i, _EMPTY[key])
     return treedef.unflatten(leaves)
 

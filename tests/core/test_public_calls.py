@@ -397,3 +397,21 @@ def test_repeat_skips_the_checks_and_dicts_are_not_remembered():
     finally:
         recurrence.checked_data = original
     np.testing.assert_allclose(first, ss.filter(model, p, y).log_prob, rtol=1e-12)
+
+
+def test_zero_size_outputs_put_back_under_a_trace_are_concrete():
+    """`_unstrip` called while a program is traced (a public call inside another
+    transformation) caches a concrete zero-size array, not a tracer that would leak into
+    every later call (it did: `UnexpectedTracerError` in a DeepState forecast)."""
+    from statseq.core import recurrence as rec
+
+    rec._EMPTY.pop(((1, 0), np.dtype("float32")), None)
+    layouts: dict = {}
+
+    def traced(x):
+        out = rec._strip_empty((x, jnp.zeros((1, 0), jnp.float32)), layouts)
+        return rec._unstrip(out, layouts)[0] * 2.0
+
+    np.testing.assert_array_equal(np.asarray(jax.jit(traced)(jnp.ones(3))), 2.0)
+    cached = rec._EMPTY[((1, 0), np.dtype("float32"))]
+    assert np.asarray(cached).shape == (1, 0)  # a leaked tracer cannot be read
