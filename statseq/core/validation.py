@@ -559,6 +559,14 @@ def _device_constant(shape: tuple, dtype: str, value):
         return jax.device_put(np.full(shape, value, dtype))
 
 
+def observed_entries(mask, y):
+    """A per-step ``(T,)`` or per-entry ``(T, ...)`` mask as booleans of ``y``'s shape
+    (``True`` where observed), inside or outside a trace."""
+    mask = jnp.asarray(mask, bool)
+    return jnp.broadcast_to(jnp.reshape(mask, mask.shape + (1,) * (jnp.ndim(y) - mask.ndim)),
+                            jnp.shape(y))
+
+
 def missing_mask(y):
     """``True`` where ``y`` is finite: the mask to pass for data with NaN gaps.
 

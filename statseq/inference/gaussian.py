@@ -83,8 +83,9 @@ def masked_mvn_log_prob_table(y, means, covs, mask):
         >>> [round(float(v), 4) + 0.0 for v in out[:, 0]]   # log N(0; 0, 1), nothing observed
         [-0.9189, 0.0]
     """
-    mask = jnp.asarray(mask, bool)
-    observed = jnp.broadcast_to(mask if mask.ndim == y.ndim else mask[:, None], y.shape)
+    from statseq.core.validation import observed_entries
+
+    observed = observed_entries(mask, y)
     per_step = jnp.broadcast_to(means, (y.shape[0],) + covs.shape[:1] + y.shape[-1:])
 
     def all_observed(_):

@@ -530,19 +530,31 @@ def _small_posterior(filtered, v, fixed, transition_weights):
     took 0.3 of the time at ``K = 2``, ``T = 10^6``). Equal to the ``(T, K)`` form to
     rounding."""
     num_states = fixed.shape[0]
-    f = [filtered[:-1, i] for i in range(num_states)]
-    cols = [v[:, j] for j in range(num_states)]
-    beta = [sum(fixed[i, j] * cols[j] for j in range(num_states)) for i in range(num_states)]
-    norm = sum(f[i] * beta[i] for i in range(num_states))
+    f, cols, beta, norm = _column_messages(filtered, v, fixed)
     smoothed = jnp.concatenate([jnp.stack([f[i] * beta[i] / norm for i in range(num_states)],
                                           axis=1), filtered[-1:]])
     weighted = [f[i] / norm for i in range(num_states)]
     if transition_weights is not None:  # per-step weights of the pair counts
         w = jnp.asarray(transition_weights, filtered.dtype)
         weighted = [x * w for x in weighted]
-    sums = jnp.stack([jnp.stack([_chunked_total(weighted[i] * cols[j])
-                                 for j in range(num_states)]) for i in range(num_states)])
-    return smoothed, fixed * sums
+    return smoothed, _summed_counts(fixed, weighted, cols)
+
+
+def _column_messages(filtered, v, fixed):
+    """The columns (``(T-1,)`` vectors) of the filtered messages ``f_t`` and of ``v``,
+    ``beta_t = A v_t`` and the normalizers ``f_t . beta_t``, for the small-K paths."""
+    k = fixed.shape[0]
+    f = [filtered[:-1, i] for i in range(k)]
+    cols = [v[:, j] for j in range(k)]
+    beta = [sum(fixed[i, j] * cols[j] for j in range(k)) for i in range(k)]
+    return f, cols, beta, sum(f[i] * beta[i] for i in range(k))
+
+
+def _summed_counts(fixed, left, right):
+    """``A * sum_t left_t right_t^T`` from ``K`` columns each, summed as `_chunked_total`."""
+    k = fixed.shape[0]
+    return fixed * jnp.stack([jnp.stack([_chunked_total(left[i] * right[j])
+                                         for j in range(k)]) for i in range(k)])
 
 
 def _backward(fixed_t, per_step_t, lik, unrolled: bool):
@@ -834,10 +846,7 @@ def _small_gradient_finish(filtered, log_normalizers, v, lik, shift, fixed):
     states, over the ``K`` columns of the messages (as `_small_posterior`): ``(d log p /
     d ll, d log p / d e)``."""
     num_states = fixed.shape[0]
-    f = [filtered[:-1, i] for i in range(num_states)]
-    cols = [v[:, j] for j in range(num_states)]
-    beta = [sum(fixed[i, j] * cols[j] for j in range(num_states)) for i in range(num_states)]
-    norm = sum(f[i] * beta[i] for i in range(num_states))
+    _, _, beta, norm = _column_messages(filtered, v, fixed)
     one = jnp.ones((1,), v.dtype)
     g = [jnp.concatenate([beta[i] / norm, one]) for i in range(num_states)]
     scale = jnp.exp(log_normalizers[1:] - shift[1:])
@@ -967,9 +976,8 @@ def hmm_smoother_by_gradient(
     f = filtered[:-1]
     if fixed is not None and sum_transitions and fixed.shape[0] <= _SMALL_STATES:
         k = fixed.shape[0]
-        transitions = fixed * jnp.stack([jnp.stack([
-            _chunked_total(f[:, i] * grad_predicted[:, j]) for j in range(k)])
-            for i in range(k)])
+        transitions = _summed_counts(fixed, [f[:, i] for i in range(k)],
+                                     [grad_predicted[:, j] for j in range(k)])
     elif fixed is not None and sum_transitions:
         transitions = fixed * _sum_outer_products(f, grad_predicted)
     else:

@@ -20,7 +20,7 @@ from numpyro.distributions import constraints
 from statseq.core.distributions import FiniteMixture
 from statseq.core.model import register_model
 from statseq.core.recurrence import filter as filter_sequences
-from statseq.core.validation import check_positive_int, float_dtype, prepare_data
+from statseq.core.validation import check_positive_int, float_dtype, observed_entries, prepare_data
 from statseq.inference import gaussian_sum as gsum
 from statseq.inference.gaussian import (
     condition_on_leading,
@@ -289,10 +289,7 @@ class LinearAutoregressiveHMM(HMMBase):
         """`step`'s final carry: the probabilities, the last ``num_lags`` observations
         (most recent first, missing entries 0, zeros before the data) and the count."""
         dtype = filtered_last.dtype
-        observed = jnp.broadcast_to(jnp.reshape(jnp.asarray(mask, bool),
-                                                mask.shape + (1,) * (y.ndim - mask.ndim)),
-                                    y.shape)
-        y_in = jnp.where(observed, y, 0).astype(dtype)
+        y_in = jnp.where(observed_entries(mask, y), y, 0).astype(dtype)
         window = jnp.concatenate([jnp.zeros((self.num_lags,) + y.shape[1:], dtype), y_in])
         lags = window[::-1][:self.num_lags]
         count = jnp.minimum(y.shape[0], self.num_lags).astype(jnp.int32)

@@ -12,7 +12,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from statseq.core.model import register_model
-from statseq.core.validation import check_positive_int, float_dtype
+from statseq.core.validation import check_positive_int, float_dtype, observed_entries
 from statseq.models.hmm.base import HMMBase, check_counts
 
 _MIN_RATE = 1e-10
@@ -93,9 +93,7 @@ class PoissonHMM(HMMBase):
         counts = jnp.astype(jnp.reshape(y, (y.shape[0], 1) + rates.shape[1:]), ftype)
         log_factorial = jax.scipy.special.gammaln(counts + 1.0)  # (T, 1[, D])
         lp = jax.scipy.special.xlogy(counts, rates) - log_factorial - rates
-        observed = jnp.reshape(jnp.broadcast_to(
-            jnp.reshape(mask, mask.shape + (1,) * (y.ndim - mask.ndim)), y.shape),
-            counts.shape)
+        observed = jnp.reshape(observed_entries(mask, y), counts.shape)
         lp = jnp.where(observed, lp, 0.0)
         return jnp.reshape(lp, lp.shape[:2] + (-1,)).sum(axis=-1)
 
