@@ -374,32 +374,81 @@ def _unpack(code, state, num_states: int):
     return (code >> (bits * state)) & ((1 << bits) - 1)
 
 
+#: steps of `_packed_step` per loop iteration of the forward pass (``K -> S``; their codes
+#: packed into one int32, ``S K _bits(K) <= 32``) and packed codes per iteration of the
+#: backtracking. One step per iteration leaves XLA:CPU's while loop (~11 ns an iteration)
+#: as the cost at ``K = 2``; a larger body falls off a cliff (unfused: 2-20x). Same-process
+#: runs, K = 2, T = 10^6 against hmmlearn (2-core CPU, quiet): one step 1.22-1.33; 2, 4, 8
+#: steps 1.01-1.08, 0.95-0.99, 0.88-1.07 (8 is best on jax 0.10 and worse than 4 on jax
+#: 0.12); 10-15 steps 2.0-2.5. K = 3: 2 steps 0.86-0.98 against 0.89-1.16, 3 steps 1.04,
+#: 5 steps 15.6. The forward pass is ~3/4 of the time; backtracking gains from 8 steps an
+#: iteration on both versions.
+PACKED_GROUP = {1: 4, 2: 4, 3: 2}
+PACKED_BACK_GROUP = 2
+
+
+def _grouped_step(step, group: int, width: int):
+    """``group`` calls of a packed ``step`` per call, their codes ``width`` bits apart in
+    one int32 (the first step in the lowest bits); ``xs`` leaves carry a leading
+    ``group`` axis."""
+
+    def run(delta, xs):
+        code = None
+        for s in range(group):
+            delta, c = step(delta, jax.tree.map(lambda v, s=s: v[s], xs))
+            code = c if s == 0 else code | (c << (width * s))
+        return delta, code
+
+    return run
+
+
 def _viterbi_packed(delta0, log_fixed, log_per_step, ll_rest, sweeps: bool):
     """Viterbi for ``K <= PACKED_MAX_STATES``: the forward pass on scalars with packed
-    pointers (`_packed_step`), then backtracking by shifts and masks of the packed codes
-    (no gather); both by sweeps (`statseq.inference.sweeps`) when ``sweeps``. The path
-    is `_viterbi_sequential`'s, identical."""
+    pointers (`_packed_step`), `PACKED_GROUP` steps per loop iteration, then backtracking
+    by shifts and masks of the packed codes (no gather), ``PACKED_BACK_GROUP`` codes per
+    iteration; the first ``(T - 1) mod (S G)`` steps one at a time. Both passes by sweeps
+    (`statseq.inference.sweeps`) when ``sweeps``. The path is `_viterbi_sequential`'s,
+    identical."""
     from statseq.inference.sweeps import sweep_scan
 
-    num_states = ll_rest.shape[1]
+    num_steps, num_states = ll_rest.shape
     step = _packed_step(log_fixed, num_states)
-    init = tuple(delta0[k] for k in range(num_states))
+    group, back_group = PACKED_GROUP[num_states], PACKED_BACK_GROUP
+    width = _bits(num_states) * num_states
     xs = (ll_rest, log_per_step)
+    head = (num_steps % (group * back_group)) if num_steps >= group * back_group else num_steps
+    xs_head = jax.tree.map(lambda v: v[:head], xs)
+    xs_body = jax.tree.map(lambda v: v[head:].reshape(-1, group, *v.shape[1:]), xs)
+    init = tuple(delta0[k] for k in range(num_states))
+    delta, codes_head = jax.lax.scan(step, init, xs_head)
+    grouped = _grouped_step(step, group, width)
+    sweeps = sweeps and num_steps > head
     if sweeps:
-        codes, _, delta_last = sweep_scan(step, init, xs, return_carry=True)
+        codes, _, delta_last = sweep_scan(grouped, delta, xs_body, return_carry=True)
     else:
-        delta_last, codes = jax.lax.scan(step, init, xs)
+        delta_last, codes = jax.lax.scan(grouped, delta, xs_body)
     last = jnp.argmax(jnp.stack(delta_last)).astype(jnp.int32)
 
     def back(state_next, code):
         state = _unpack(code, state_next, num_states)
         return state, state
 
+    def back_grouped(state, codes_g):  # codes_g (back_group,): back_group * group steps
+        out = [None] * (back_group * group)
+        for g in reversed(range(back_group)):
+            for s in reversed(range(group)):
+                state = _unpack(codes_g[g] >> (width * s), state, num_states)
+                out[g * group + s] = state
+        return state, jnp.stack(out)
+
+    codes = codes.reshape(-1, back_group)
     if sweeps:
-        states, _ = sweep_scan(back, last, codes, reverse=True)
+        states, _, first = sweep_scan(back_grouped, last, codes, reverse=True,
+                                      return_carry=True)
     else:
-        _, states = jax.lax.scan(back, last, codes, reverse=True)
-    return jnp.concatenate([states, last[None]])
+        first, states = jax.lax.scan(back_grouped, last, codes, reverse=True)
+    _, states_head = jax.lax.scan(back, first, codes_head, reverse=True)
+    return jnp.concatenate([states_head, states.reshape(-1), last[None]])
 
 
 def _gather(row, index):

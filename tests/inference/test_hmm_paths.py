@@ -133,6 +133,20 @@ def test_viterbi_identical_to_the_sequential_scan(k, time_varying):
         _paths_equal(pi, a, ll, sweeps=True)
 
 
+def test_viterbi_packed_groups_every_remainder():
+    """The packed kernel (K <= 3) runs `PACKED_GROUP` steps per forward iteration and
+    ``PACKED_BACK_GROUP`` codes per backtracking iteration, the first ``(T - 1) mod (S G)``
+    steps one at a time: every remainder, lengths shorter than one group and exact
+    multiples give the reference's path (K = 1, 2 fixed, K = 3 time-varying with zeros)."""
+    rng = np.random.default_rng(21)
+    for k, time_varying in [(1, False), (2, False), (3, True)]:
+        span = hmm_paths.PACKED_GROUP[k] * hmm_paths.PACKED_BACK_GROUP
+        lengths = [2, span, span + 1, 2 * span + 3] if k != 1 else [span + 2]
+        for t in lengths:
+            pi, a, ll = random_problem(rng, k, t, time_varying=time_varying, zeros=k == 3)
+            _paths_equal(pi, a, ll, sweeps=k == 2)
+
+
 def test_viterbi_impossible_step_ties_and_length_one():
     """A step where every state is impossible (an all -inf row: NaN messages from there on;
     by sweeps they never match bit for bit and the sequential scan runs) gives the
