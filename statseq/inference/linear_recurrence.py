@@ -114,8 +114,9 @@ def _sequential_in_place(a, b, h0):
     the first step, ``where(t == 0, a_0 h0 + b, b)``: where ``b`` is an argument of the
     jitted function this loop fusion replaces the plain copy of ``b`` that XLA would
     otherwise insert before the loop (a fusion XLA:CPU splits over its threads; 0.73 to
-    0.95 of the time of the copy-then-loop form, D = 2048 float32, T = 10^3 and 10^4,
-    ``benchmarks/RESULTS.md``, "Session 22"), and where ``b`` is computed in the jitted
+    0.94 of the time of the copy-then-loop form at D = 2048 float32, T = 10^3, and 0.92
+    to 1.09 at T = 10^4, where both are memory-bound; ``benchmarks/RESULTS.md``, "Session
+    22"), and where ``b`` is computed in the jitted
     function and not used afterwards (e.g. an LRU's ``B u_t``) its producer fuses into
     the pass, so ``b`` is never stored separately. The first step computed in the
     pass (``a_0 h0 + b_0`` on every row, kept on row 0 only) and every later step do
