@@ -267,3 +267,21 @@ def test_sequential_batched_and_forward_mode_derivatives_match_parallel():
         for x, y in zip(jax.tree.leaves(f(False, lam, b[0])), jax.tree.leaves(f(True, lam, b[0])),
                         strict=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-10, atol=1e-12)
+
+
+def test_in_place_loop_writes_its_output_once_before_the_loop():
+    """What the docstring of `_sequential_in_place` claims of the compiled program: before
+    the loop, the ``(T, D)`` output is written by exactly one fusion and never by a copy
+    of ``b``, both where ``b`` is an argument of the jitted function and where it is
+    computed in it (``tanh(u) / 2`` fuses into that pass: ``b`` is not stored first)."""
+    import re
+
+    lam, u = np.full(4, 0.5, np.float32), np.ones((6, 4), np.float32)
+    programs = (jax.jit(partial(linear_recurrence, parallel=False)),
+                jax.jit(lambda lam, u: linear_recurrence(lam, 0.5 * jnp.tanh(u),
+                                                         parallel=False)))
+    for program in programs:
+        text = program.lower(lam, u).compile().as_text()
+        entry = text[text.index("ENTRY"):]
+        assert not re.search(r"= f32\[6,4\]\{1,0\} copy\(", entry), entry
+        assert len(re.findall(r"= f32\[6,4\]\{1,0\} fusion\(", entry)) == 1, entry
