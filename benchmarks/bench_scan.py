@@ -294,6 +294,52 @@ def _recurrence_scan(a, b):
     return _sequential_scan(*_prepare(a, b, None))
 
 
+def _copy_loop(a, b, h0):
+    """The in-place loop before Session 22: its output starts as ``b`` itself (XLA copies
+    ``b`` first where it is an argument of the jitted function), all ``T`` steps in the
+    loop."""
+    import jax
+
+    shape, num_t = b.shape, b.shape[0]
+    out, h0 = b.reshape(num_t, -1), h0.reshape(1, -1)
+    constant = a.ndim < len(shape)
+    a = a.reshape(1, -1) if constant else a.reshape(num_t, -1)
+
+    def row(x, t):
+        return jax.lax.dynamic_slice_in_dim(x, t, 1, allow_negative_indices=False)
+
+    def body(t, carry):
+        h, out = carry
+        h = (a if constant else row(a, t)) * h + row(out, t)
+        return h, jax.lax.dynamic_update_slice_in_dim(out, h, t, 0,
+                                                      allow_negative_indices=False)
+
+    return jax.lax.fori_loop(0, num_t, body, (h0, out))[1].reshape(shape)
+
+
+def _recurrence_copy_loop(a, b):
+    """statseq's sequential linear recurrence before Session 22 (`_copy_loop`), with the
+    same derivative rule as today's (`jax.custom_jvp`, the tangent recursion as a
+    `lax.scan`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from statseq.inference.linear_recurrence import _prepare, _sequential_scan
+
+    @jax.custom_jvp
+    def seq(a, b, h0):
+        return _copy_loop(a, b, h0)
+
+    @seq.defjvp
+    def seq_jvp(primals, tangents):
+        (a, b, h0), (da, db, dh0) = primals, tangents
+        h = seq(a, b, h0)
+        h_prev = jnp.concatenate([h0[None], h[:-1]])
+        return h, _sequential_scan(a, da * h_prev + db, dh0)
+
+    return seq(*_prepare(a, b, None))
+
+
 def floor_inputs(kind, t_len):
     import jax.numpy as jnp
     import numpy as np
@@ -342,6 +388,8 @@ def bench_floor(timer, kind, t_len, kernels, rows, ratios, log):
         }
         # the sequential form before the in-place loop: `lax.scan` stacking its states
         impls["statseq lax.scan"] = partial(jax.jit(_recurrence_scan), *inputs)
+        # the in-place loop before Session 22 (output started as a copy of b)
+        impls["statseq copy+loop"] = partial(jax.jit(_recurrence_copy_loop), *inputs)
         if kind == "constant":
             impls["statseq before"] = partial(jax.jit(_recurrence_before), *inputs)
         label = f"linear recurrence, {kind} a (all h_t)"
@@ -366,7 +414,10 @@ def bench_floor(timer, kind, t_len, kernels, rows, ratios, log):
         if name != "statseq":
             ratios[f"{key} | statseq / {name}"] = vs_ours
     log(f"{label} T={t_len}: statseq {fmt_s(base['median'])} numba "
-        f"{fmt_s(res['numba']['median'])} ratio {paired_ratio(base, res['numba']):.2f}")
+        f"{fmt_s(res['numba']['median'])} ratio {paired_ratio(base, res['numba']):.2f} "
+        f"(min {base['min'] / res['numba']['min']:.2f})"
+        + (f", / copy+loop {paired_ratio(base, res['statseq copy+loop']):.2f}"
+           if "statseq copy+loop" in res else ""))
 
 
 def bench_inside(timer, t_len, rows, ratios, log):
@@ -384,7 +435,8 @@ def bench_inside(timer, t_len, rows, ratios, log):
 
     lam, u = floor_inputs("constant", t_len)
     forms = {"statseq": partial(linear_recurrence, parallel=False),
-             "statseq lax.scan": _recurrence_scan}
+             "statseq lax.scan": _recurrence_scan,
+             "statseq copy+loop": _recurrence_copy_loop}
     for what in ("forward", "value_and_grad"):
         impls = {}
         for name, rec in forms.items():
@@ -411,10 +463,12 @@ def bench_inside(timer, t_len, rows, ratios, log):
                 f"{diff:.1e} (vs lax.scan)",
             ])
         key = f"linear recurrence, LRU use {what} D={D_FLOOR} N={N} T={t_len:.0e} f32"
-        ratios[f"{key.replace('+0', '')} | statseq / statseq lax.scan"] = paired_ratio(
-            base, res["statseq lax.scan"])
+        for other in ("statseq lax.scan", "statseq copy+loop"):
+            ratios[f"{key.replace('+0', '')} | statseq / {other}"] = paired_ratio(
+                base, res[other])
         log(f"{label} T={t_len}: statseq / lax.scan "
-            f"{paired_ratio(base, res['statseq lax.scan']):.2f}")
+            f"{paired_ratio(base, res['statseq lax.scan']):.2f}, / copy+loop "
+            f"{paired_ratio(base, res['statseq copy+loop']):.2f}")
 
 
 def run_floor(args, log):
@@ -444,7 +498,8 @@ def run_floor(args, log):
              "statseq before: the code before the 2026-11-26 change (selective scan with an "
              "(E, N) state; the constant multiplier broadcast over time). statseq lax.scan: "
              "the sequential recurrence before the in-place loop (a `lax.scan` stacking its "
-             "states). Ratios are statseq's time "
+             "states). statseq copy+loop: the in-place loop before Session 22 (its output "
+             "started as a copy of b). Ratios are statseq's time "
              "over the row's (< 1: statseq faster), the median of per-round ratios and the "
              f"ratio of minima. Load average {load_average()}.")
     return ("S0. The diagonal recurrence against the numba floor and a NumPy loop", intro,

@@ -18,7 +18,8 @@ which is associative, so all prefixes ``h_0, ..., h_{T-1}`` are computed by
 `jax.lax.associative_scan` in ``O(log T)`` depth and ``O(T)`` work (Blelloch 1990;
 Martin and Cundy 2018). The initial state is folded into the first element
 (``b_0 <- a_0 h0 + b_0``). The sequential form is a loop that writes each state over
-``b``'s buffer in place (a `jax.lax.fori_loop` with ``dynamic_update_slice``: no
+a buffer holding ``b`` in place (a `jax.lax.fori_loop` with ``dynamic_update_slice``,
+the buffer made by one elementwise pass over ``b`` that also takes the first step: no
 zero-filled stacked output; on CPU at ``T = 10^3`` about 1.1 times faster than a
 `jax.lax.scan` stacking its states where ``b`` is an argument of the jitted function, 1.4
 to 1.7 times where ``b`` is computed in it, ``benchmarks/bench_scan.py``), differentiated
@@ -99,26 +100,36 @@ def _sequential_scan(a, b, h0):
 
 
 def _sequential_in_place(a, b, h0):
-    """The recursion written over ``b``'s buffer, one row per step:
+    """The recursion written over a buffer holding ``b``, one row per step:
 
-        out <- b;   h <- h0;   h <- a_t h + out[t],  out[t] <- h,   t = 0, ..., T-1,
+        out <- b with out[0] <- a_0 h0 + b_0;   h <- out[0];
+        h <- a_t h + out[t],  out[t] <- h,   t = 1, ..., T-1,
 
     a `jax.lax.fori_loop` carrying the state and the ``(T, D)`` output, which is updated
     in place (``dynamic_update_slice``, no copy: the compiled loop reads one row of ``a``
     and of ``out`` and writes one). A `jax.lax.scan` stacking its outputs first fills a
     ``(T, D)`` buffer with zeros (an operation XLA's CPU runtime splits over two threads,
     which costs a hand-off between threads on every call) and then copies each state
-    into it; here the output starts as ``b``: a plain copy where ``b`` is an argument of
-    the jitted function, no copy at all where ``b`` is computed in it and not used
-    afterwards (e.g. an LRU's ``B u_t``). Same arithmetic in the same order as
-    `_sequential_scan`.
+    into it. Here the output starts as one elementwise pass over ``b`` that also takes
+    the first step, ``where(t == 0, a_0 h0 + b, b)``: where ``b`` is an argument of the
+    jitted function this loop fusion replaces the plain copy of ``b`` that XLA would
+    otherwise insert before the loop (a fusion XLA:CPU splits over its threads; 0.73 to
+    0.94 of the time of the copy-then-loop form at D = 2048 float32, T = 10^3, and 0.92
+    to 1.09 at T = 10^4, where both are memory-bound; ``benchmarks/RESULTS.md``, "Session
+    22"), and where ``b`` is computed in the jitted
+    function and not used afterwards (e.g. an LRU's ``B u_t``) its producer fuses into
+    the pass, so ``b`` is never stored separately. The first step computed in the
+    pass (``a_0 h0 + b_0`` on every row, kept on row 0 only) and every later step do
+    the same arithmetic in the same order as `_sequential_scan` (bit for bit).
     """
     shape, num_t = b.shape, b.shape[0]
     out, h0 = b.reshape(num_t, -1), h0.reshape(1, -1)
     constant = a.ndim < len(shape)
     a = a.reshape(1, -1) if constant else a.reshape(num_t, -1)
+    first_row = jax.lax.broadcasted_iota(jnp.int32, out.shape, 0) == 0
+    out = jnp.where(first_row, a[:1] * h0 + out, out)
 
-    def row(x, t):  # t in [0, T): no index normalization in the loop
+    def row(x, t):  # t in [1, T): no index normalization in the loop
         return jax.lax.dynamic_slice_in_dim(x, t, 1, allow_negative_indices=False)
 
     def body(t, carry):
@@ -127,7 +138,7 @@ def _sequential_in_place(a, b, h0):
         return h, jax.lax.dynamic_update_slice_in_dim(out, h, t, 0,
                                                       allow_negative_indices=False)
 
-    return jax.lax.fori_loop(0, num_t, body, (h0, out))[1].reshape(shape)
+    return jax.lax.fori_loop(1, num_t, body, (out[:1], out))[1].reshape(shape)
 
 
 @jax.custom_jvp
@@ -190,8 +201,8 @@ def linear_recurrence(a, b, h0=None, *, parallel: bool | None = None):
         b: ``(T, *shape)`` increments, real or complex.
         h0: ``shape`` initial state (default zeros).
         parallel: ``True`` for `jax.lax.associative_scan` (``O(log T)`` depth), ``False``
-            for the sequential loop (states written over a copy of ``b`` in place),
-            ``None`` to choose by backend (sequential on CPU).
+            for the sequential loop (states written in place over one elementwise
+            pass over ``b``), ``None`` to choose by backend (sequential on CPU).
 
     Returns:
         ``(T, *shape)`` states ``h_0, ..., h_{T-1}``, in the common dtype of ``a``, ``b``

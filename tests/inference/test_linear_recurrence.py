@@ -189,6 +189,18 @@ def _edge_cases():
         "float32": (rng.uniform(size=(9, 5)).astype(np.float32),
                     rng.normal(size=(9, 5)).astype(np.float32),
                     rng.normal(size=5).astype(np.float32)),
+        "constant a, float32, length 1": (rng.uniform(size=(2, 3)).astype(np.float32),
+                                          rng.normal(size=(1, 2, 3)).astype(np.float32),
+                                          rng.normal(size=(2, 3)).astype(np.float32)),
+        "constant real a, float32, odd length": (rng.uniform(size=6).astype(np.float32),
+                                                 rng.normal(size=(13, 6)).astype(np.float32),
+                                                 rng.normal(size=6).astype(np.float32)),
+        "inf and nan in b, first and later rows": (
+            rng.uniform(size=(6, 4)),
+            np.where(np.isin(np.arange(24).reshape(6, 4), (1, 9, 14, 22)),
+                     [[np.inf], [-np.inf], [np.nan], [np.inf], [1.0], [np.nan]],
+                     rng.normal(size=(6, 4))),
+            rng.normal(size=4)),
     }
 
 
@@ -206,7 +218,31 @@ def test_in_place_loop_equals_stacking_scan(case):
     np.testing.assert_array_equal(got, want)
     rtol = 1e-6 if got.dtype == np.float32 else 1e-12
     ref = numpy_loop(a, b, h0)
-    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * np.max(np.abs(ref)))
+    scale = np.max(np.abs(ref[np.isfinite(ref)]))
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * scale)
+
+
+def test_in_place_loop_bitwise_with_b_computed_in_the_jit_and_batched():
+    """The loop's first pass (``where(t == 0, a_0 h0 + b, b)``, into which XLA fuses a
+    ``b`` computed in the same jitted function) keeps the states bit for bit those of the
+    stacking `lax.scan`, under `jax.vmap`, for a constant and a per-step multiplier, with
+    ``T = 1`` and an odd ``T``, float32 and float64."""
+    from statseq.inference.linear_recurrence import _prepare, _sequential_scan
+
+    rng = np.random.default_rng(13)
+    forms = {"loop": partial(linear_recurrence, parallel=False),
+             "scan": lambda a, b, h0: _sequential_scan(*_prepare(a, b, h0))}
+    for dtype in (np.float32, np.float64):
+        for t_len in (1, 7):
+            u = rng.normal(size=(2, t_len, 3)).astype(dtype)
+            h0 = rng.normal(size=(2, 3)).astype(dtype)
+            for a in (rng.uniform(size=(2, 3)), rng.uniform(size=(2, t_len, 3))):
+                a = a.astype(dtype)
+                got, want = (np.asarray(jax.jit(jax.vmap(
+                    lambda a, u, h0, f=f: f(a, 0.5 * jnp.tanh(u), h0)))(a, u, h0))
+                    for f in forms.values())
+                assert got.dtype == dtype
+                np.testing.assert_array_equal(got, want)
 
 
 def test_sequential_batched_and_forward_mode_derivatives_match_parallel():
@@ -231,3 +267,21 @@ def test_sequential_batched_and_forward_mode_derivatives_match_parallel():
         for x, y in zip(jax.tree.leaves(f(False, lam, b[0])), jax.tree.leaves(f(True, lam, b[0])),
                         strict=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-10, atol=1e-12)
+
+
+def test_in_place_loop_writes_its_output_once_before_the_loop():
+    """What the docstring of `_sequential_in_place` claims of the compiled program: before
+    the loop, the ``(T, D)`` output is written by exactly one fusion and never by a copy
+    of ``b``, both where ``b`` is an argument of the jitted function and where it is
+    computed in it (``tanh(u) / 2`` fuses into that pass: ``b`` is not stored first)."""
+    import re
+
+    lam, u = np.full(4, 0.5, np.float32), np.ones((6, 4), np.float32)
+    programs = (jax.jit(partial(linear_recurrence, parallel=False)),
+                jax.jit(lambda lam, u: linear_recurrence(lam, 0.5 * jnp.tanh(u),
+                                                         parallel=False)))
+    for program in programs:
+        text = program.lower(lam, u).compile().as_text()
+        entry = text[text.index("ENTRY"):]
+        assert not re.search(r"= f32\[6,4\]\{1,0\} copy\(", entry), entry
+        assert len(re.findall(r"= f32\[6,4\]\{1,0\} fusion\(", entry)) == 1, entry
