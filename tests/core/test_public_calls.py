@@ -379,6 +379,62 @@ def test_probability_zero_check_is_skipped_only_where_no_data_can_have_it():
     assert not _surely_possible(with_inputs, p)
 
 
+@pytest.mark.parametrize("name", ["gaussian_hmm", "ar_hmm"])
+def test_gaussian_emissions_skip_the_check_only_for_bounded_data(name, monkeypatch):
+    """Gaussian emission densities are finite unless a standardized residual overflows:
+    the smoother and Viterbi skip the probability-zero read-back for data whose bound
+    (`HMMBase.data_surely_finite`, largest |y| and |mean|, smallest covariance eigenvalue)
+    proves it, with the same result; data of 1e200 overflow to -inf in every state, so
+    there the check stays and refuses them (first call and repeat), as do masked entries
+    and float32 bounds."""
+    from statseq.inference.gaussian import mvn_log_prob_surely_finite
+    from statseq.models.hmm import base
+
+    model, params, y, _ = _case(name, T=9)
+    data = recurrence.checked_data(model, params, y, sized=False)[1]
+    assert base._surely_possible(model, params, data)
+    assert not base._surely_possible(model, params)  # no data: not proven
+    checks = []
+    original = base._check_possible
+    monkeypatch.setattr(base, "_check_possible",
+                        lambda lp, method: checks.append(method) or original(lp, method))
+    post = model.smoother(params, y)
+    states = model.most_likely_states(params, y, return_log_prob=True)
+    assert checks == []  # no read-back
+    monkeypatch.setattr(base, "_surely_possible", lambda *a: False)  # the checked path
+    recurrence._REPEATS.clear()
+    _assert_tree_equal(post, model.smoother(params, y), rtol=0)
+    _assert_tree_equal(states, model.most_likely_states(params, y, return_log_prob=True),
+                       rtol=0)
+    monkeypatch.undo()
+
+    # covariances of 1e-6 and an entry of 1e153 (below the data check's sqrt(max)):
+    # z^2 ~ 1e312 overflows in every state, log-likelihood -inf
+    params = params._replace(emissions=params.emissions._replace(
+        covs=params.emissions.covs * 1e-6))
+    huge = y.copy()
+    huge[4] = 1e153
+    assert base._surely_possible(model, params, recurrence.checked_data(
+        model, params, y, sized=False)[1])
+    data = recurrence.checked_data(model, params, huge, sized=False)[1]
+    assert not base._surely_possible(model, params, data)
+    assert float(ss.log_prob(model, params, huge)) == -np.inf
+    for _ in range(2):
+        with pytest.raises(ValueError, match="probability zero"):
+            model.smoother(params, huge)
+    if name == "gaussian_hmm":  # (the AR-HMM posteriors need observed lags)
+        mask = np.ones(huge.shape, bool)
+        mask[4] = False  # the huge entry missing: not proven (conservative), and finite
+        assert np.isfinite(float(model.smoother(params, huge, mask=mask).marginal_log_lik))
+
+    covs = np.asarray(model.state_covariances(params.emissions))
+    assert mvn_log_prob_surely_finite(covs, 1e3, np.float32)
+    assert not mvn_log_prob_surely_finite(covs, 1e19, np.float32)  # z^2 > float32 max
+    assert mvn_log_prob_surely_finite(covs, 1e19, np.float64)
+    assert not mvn_log_prob_surely_finite(np.diag([1.0, 1e-16])[None], 1.0, np.float64)
+    assert not mvn_log_prob_surely_finite(np.diag([1.0, -1.0])[None], 1.0, np.float64)
+
+
 def test_repeat_skips_the_checks_and_dicts_are_not_remembered():
     """A repeat runs no check; containers that can change in place (a dict) are never
     remembered."""
