@@ -256,6 +256,69 @@ def test_zero_size_outputs_are_made_outside_the_program(monkeypatch):
         final)
 
 
+@pytest.mark.parametrize(("name", "masked", "batch"), [("ar", False, True),
+                                                      ("ar_hmm", False, False),
+                                                      ("gaussian_hmm", True, False)])
+def test_constant_outputs_are_made_outside_the_program(name, masked, batch):
+    """Final-carry leaves computed from literals alone (`statseq.core.constant_outputs`:
+    an HMM's ``started`` flag, a lag window's step count, a zero covariance) are not
+    outputs of the public program; ``ss.filter`` and ``ss.log_prob`` put back the very
+    values, dtypes and tree of `recurrence._filter_flat` (bitwise), with a mask (passed to
+    the program) or without (built inside), for one sequence and a batch of 2 x 2 (the
+    linear Gaussian model's constants: `test_zero_size_outputs_are_made_outside_the_program`
+    and the every-family tests)."""
+    model, params, y, _ = _case(name, T=7)
+    base_shape = y.shape
+    if batch:
+        y = np.stack([np.stack([y, y[::-1]]), np.stack([y[::-1] * 0.5, y])])
+    batch_shape = y.shape[:y.ndim - len(base_shape)]
+    mask = (np.broadcast_to(np.arange(7) % 3 != 1, batch_shape + (7,)).copy() if masked
+            else None)
+    got = ss.filter(model, params, y, mask=mask)
+    model_sized, data = recurrence.checked_data(model, params, y, mask)
+    want = recurrence._filter_flat(model_sized, params, data.y, data.mask, data.inputs,
+                                   complete=data.complete)
+    want_final = jax.tree.map(lambda a: a.reshape(batch_shape + a.shape[1:]), want[3])
+    assert jax.tree.structure(got.final_carry) == jax.tree.structure(want_final)
+    for g, w in zip(jax.tree.leaves(got.final_carry), jax.tree.leaves(want_final), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(got.log_prob), np.asarray(want[0]).reshape(
+        batch_shape))
+    np.testing.assert_array_equal(np.asarray(ss.log_prob(model, params, y, mask=mask)),
+                                  np.asarray(got.log_prob))
+    # the program itself hands back fewer leaves than the result has
+    run = recurrence._filter_call(model_sized, params, data)
+    raw = run.program.jitted(*run.arrays)
+    assert isinstance(raw, recurrence._Stripped)
+    assert len(raw.leaves) < len(jax.tree.leaves(got))
+
+
+def test_constant_leaves_of_a_conflicting_layout_are_kept():
+    """Two traces of one program with the same kept layout but other constant values: the
+    second strips nothing (its constants stay outputs), so neither is restored wrongly;
+    weakly typed constants are never stripped."""
+    from statseq.core.constant_outputs import constant_outputs
+
+    layouts: dict = {}
+    x = jnp.ones(3)
+    first = recurrence._strip_empty((x, jnp.int32(1)), layouts, {1: np.int32(1)})
+    assert isinstance(first, recurrence._Stripped)
+    assert recurrence._unstrip(first, layouts)[1] == 1
+    second = recurrence._strip_empty((x, jnp.int32(2)), layouts, {1: np.int32(2)})
+    assert not isinstance(second, recurrence._Stripped)
+    assert recurrence._unstrip(first, layouts)[1] == 1
+    weak = constant_outputs(jax.make_jaxpr(lambda a: (a, jnp.minimum(3, 4), 1.0 * 2))(x))
+    assert weak == {}
+    mixed = constant_outputs(jax.make_jaxpr(
+        lambda a: (a + 1.0, jnp.zeros((2,), a.dtype) + 1.0,  # float arithmetic: not folded
+                   jnp.arange(3, dtype=jnp.int32) * 2,        # integer arithmetic: folded
+                   jnp.where(jnp.ones((), bool), jnp.zeros(2, bool), True)))(x))
+    assert sorted(mixed) == [2, 3]
+    np.testing.assert_array_equal(mixed[2], [0, 2, 4])
+    assert mixed[3].dtype == bool and not mixed[3].any()
+
+
 @pytest.mark.parametrize("name", ["ar", "poisson_hmm", "local_level", "ms_ar", "gru"])
 def test_numpy_changed_in_place_is_checked_again(name):
     """A NaN written into y after a first call raises the error of a first call; a valid
