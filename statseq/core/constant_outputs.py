@@ -10,7 +10,8 @@ makes the constant leaves outside the program, once, as it does zero-size ones.
 
 `constant_outputs` finds them in the program's jaxpr: an output is constant when it is
 computed from literals alone, through nested ``jit`` / ``custom_jvp`` / ``custom_vjp``
-calls, by operations whose NumPy evaluation is exact (shape operations, conversions,
+calls and the final carry of a scan of at least one step whose body sets it to a
+constant (an HMM's ``started`` flag after the step scan), by operations whose NumPy evaluation is exact (shape operations, conversions,
 integer and boolean arithmetic, comparisons, ``min`` / ``max`` and selects; no floating
 arithmetic or transcendental functions, whose last bit could differ from XLA's). Anything
 else is left in the program, so the values handed back are bitwise those the program would
@@ -106,6 +107,8 @@ def _known_values(jaxpr, inputs):
         if body is not None and hasattr(body, "jaxpr") and len(body.jaxpr.invars) == len(
                 values):
             outs = _known_values(body.jaxpr, values)
+        elif eqn.primitive.name == "scan" and eqn.params["length"] >= 1:
+            outs = _scan_final_carry(eqn)
         elif values and all(v is not None for v in values) or (
                 not values and eqn.primitive.name == "iota"):
             outs = _evaluate(eqn, values)
@@ -117,6 +120,16 @@ def _known_values(jaxpr, inputs):
             if not isinstance(v, jcore.DropVar):
                 env[v] = out
     return [read(v) for v in jaxpr.outvars]
+
+
+def _scan_final_carry(eqn):
+    """A scan of at least one step: its final carry entries that every step sets to a
+    constant (the body computes them from literals alone, whatever its inputs); its
+    stacked outputs are left unknown."""
+    body = eqn.params["jaxpr"].jaxpr
+    known = _known_values(body, [None] * len(body.invars))
+    num_carry = eqn.params["num_carry"]
+    return known[:num_carry] + [None] * (len(eqn.outvars) - num_carry)
 
 
 def constant_outputs(closed_jaxpr) -> dict:

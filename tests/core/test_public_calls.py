@@ -297,7 +297,8 @@ def test_constant_outputs_are_made_outside_the_program(name, masked, batch):
 def test_constant_leaves_of_a_conflicting_layout_are_kept():
     """Two traces of one program with the same kept layout but other constant values: the
     second strips nothing (its constants stay outputs), so neither is restored wrongly;
-    weakly typed constants are never stripped."""
+    weakly typed constants and floating arithmetic are never folded; a scan's final carry
+    is constant only where every step sets it and there is a step."""
     from statseq.core.constant_outputs import constant_outputs
 
     layouts: dict = {}
@@ -317,6 +318,13 @@ def test_constant_leaves_of_a_conflicting_layout_are_kept():
     assert sorted(mixed) == [2, 3]
     np.testing.assert_array_equal(mixed[2], [0, 2, 4])
     assert mixed[3].dtype == bool and not mixed[3].any()
+
+    def scanned(xs):  # a flag every step sets: constant after one step or more, not zero
+        return jax.lax.scan(lambda c, x: ((c[0] + x, jnp.ones((), bool)), x),
+                            (jnp.zeros(()), jnp.zeros((), bool)), xs)
+    assert {i: v.tolist() for i, v in constant_outputs(jax.make_jaxpr(scanned)(x)).items()
+            } == {1: True}
+    assert constant_outputs(jax.make_jaxpr(scanned)(jnp.ones(0))) == {}
 
 
 @pytest.mark.parametrize("name", ["ar", "poisson_hmm", "local_level", "ms_ar", "gru"])
