@@ -443,16 +443,18 @@ def test_complete_data_fast_path_equals_filter(log_lynx, case):
 
 
 def test_scalar_noise_factor_is_lapacks_bitwise():
-    """A scalar series' 1 x 1 noise factor and its inverse (`_noise_factor`: sqrt and a
-    reciprocal, fused) equal LAPACK's potrf / trsm bitwise, NaN where the factorization
+    """A scalar series' inverse 1 x 1 noise factor and half log-determinant (`_noise_factor`:
+    sqrt, a reciprocal and a log in one kernel) equal LAPACK's potrf / trsm and the log of
+    its factor bitwise, NaN where the factorization
     fails (zero, negative, NaN variance), in float64 and float32; the log-likelihood's
     gradient through it matches the Cholesky route to rounding."""
     from statseq.models.autoregressive import _noise_factor
 
     def lapack(cov):
         chol = jnp.linalg.cholesky(cov)
-        return chol, jax.scipy.linalg.solve_triangular(
-            chol, jnp.eye(1, dtype=cov.dtype), lower=True)
+        return (jax.scipy.linalg.solve_triangular(chol, jnp.eye(1, dtype=cov.dtype),
+                                                  lower=True),
+                jnp.sum(jnp.log(jnp.diagonal(chol))))
 
     values = [0.5, 1.0, 3.0, 1e-300, 2.5e-7, 7e300, 0.0, -1.0, np.nan, np.inf]
     values32 = [v for v in values if not 0 < abs(v) < 1e-40 and abs(v) < 1e38]
@@ -468,10 +470,10 @@ def test_scalar_noise_factor_is_lapacks_bitwise():
     params = model.fit_least_squares(y)._replace(cov=jnp.array([[0.7]]))
 
     def loglik(factor, p):
-        chol, chol_inv = factor(p.cov)
+        chol_inv, half_logdet = factor(p.cov)
         z = (y[2:] - p.intercept[0] - p.coeffs[0, 0, 0] * y[1:-1]
              - p.coeffs[1, 0, 0] * y[:-2]) * chol_inv[0, 0]
-        return -0.5 * jnp.sum(z**2) - (y.size - 2) * jnp.log(chol[0, 0])
+        return -0.5 * jnp.sum(z**2) - (y.size - 2) * half_logdet
 
     for got, want in zip(jax.tree.leaves(jax.grad(lambda p: loglik(_noise_factor, p))(params)),
                          jax.tree.leaves(jax.grad(lambda p: loglik(lapack, p))(params)),
