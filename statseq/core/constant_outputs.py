@@ -11,9 +11,10 @@ makes the constant leaves outside the program, once, as it does zero-size ones.
 `constant_outputs` finds them in the program's jaxpr: an output is constant when it is
 computed from literals alone, through nested ``jit`` / ``custom_jvp`` / ``custom_vjp``
 calls and the final carry of a scan of at least one step whose body sets it to a
-constant (an HMM's ``started`` flag after the step scan), by operations whose NumPy evaluation is exact (shape operations, conversions,
-integer and boolean arithmetic, comparisons, ``min`` / ``max`` and selects; no floating
-arithmetic or transcendental functions, whose last bit could differ from XLA's). Anything
+constant (an HMM's ``started`` flag after the step scan), by operations whose NumPy
+evaluation is exact (shape operations, conversions, integer and boolean arithmetic,
+comparisons, ``min`` / ``max`` and selects; no floating arithmetic or transcendental
+functions, whose last bit could differ from XLA's). Anything
 else is left in the program, so the values handed back are bitwise those the program would
 compute.
 """
