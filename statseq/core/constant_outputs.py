@@ -31,9 +31,10 @@ _SHAPE_OPS = {
         np.reshape(x, [x.shape[list(broadcast_dimensions).index(d)]
                        if d in broadcast_dimensions else 1 for d in range(len(shape))]),
         shape),
-    "reshape": lambda x, *, new_sizes, **_: np.reshape(x, new_sizes),
+    "reshape": lambda x, *, new_sizes, dimensions=None, **_: (
+        np.reshape(x, new_sizes) if dimensions is None else None),
     "squeeze": lambda x, *, dimensions, **_: np.squeeze(x, tuple(dimensions)),
-    "convert_element_type": lambda x, *, new_dtype, **_: np.asarray(x).astype(new_dtype),
+    "convert_element_type": lambda x, *, new_dtype, **_: _convert(x, new_dtype),
     "concatenate": lambda *xs, dimension, **_: np.concatenate(xs, axis=dimension),
     "transpose": lambda x, *, permutation, **_: np.transpose(x, permutation),
     "rev": lambda x, *, dimensions, **_: np.flip(x, tuple(dimensions)),
@@ -64,6 +65,17 @@ _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
           "remat": "jaxpr", "checkpoint": "jaxpr"}
 
 
+def _convert(x, dtype):
+    """``x.astype(dtype)`` where NumPy and XLA agree: not a float outside the integer
+    target's range, infinite or NaN (XLA saturates, NumPy does not)."""
+    x = np.asarray(x)
+    if np.issubdtype(x.dtype, np.floating) and np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        if not (np.all(np.isfinite(x)) and np.all((x > info.min - 1) & (x < info.max + 1))):
+            return None
+    return x.astype(dtype)
+
+
 def _iota(*, dtype, shape, dimension, **_):
     ramp = np.arange(shape[dimension]).reshape(
         [-1 if d == dimension else 1 for d in range(len(shape))])
@@ -83,6 +95,8 @@ def _evaluate(eqn, values):
         with np.errstate(over="ignore"):  # wraps around, as XLA's integers do
             out = _INTEGER_OPS[name](*values)
     else:
+        return None
+    if out is None:
         return None
     outvar = eqn.outvars[0]
     out = np.asarray(out)

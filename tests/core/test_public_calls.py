@@ -318,6 +318,9 @@ def test_constant_leaves_of_a_conflicting_layout_are_kept():
     assert sorted(mixed) == [2, 3]
     np.testing.assert_array_equal(mixed[2], [0, 2, 4])
     assert mixed[3].dtype == bool and not mixed[3].any()
+    transposed = constant_outputs(jax.make_jaxpr(lambda a: (a, jax.lax.reshape(
+        jnp.arange(6, dtype=jnp.int32).reshape(2, 3), (3, 2), dimensions=(1, 0))))(x))
+    assert transposed == {}  # a reshape with a transposition: not evaluated
 
     def scanned(xs):  # a flag every step sets: constant after one step or more, not zero
         return jax.lax.scan(lambda c, x: ((c[0] + x, jnp.ones((), bool)), x),
