@@ -19,6 +19,7 @@ import numpy as np
 
 from statseq.core import memo
 from statseq.core.buckets import cut_time
+from statseq.core.constant_outputs import constant_outputs
 from statseq.core.memo import IdentityMemo
 from statseq.core.params import strong_params, validate_params
 from statseq.core.results import FilterResult
@@ -209,7 +210,7 @@ def _unflatten(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-def _filter_call(model, params, data, return_carries=False, need_final=True):
+def _filter_call(model, params, data, return_carries=False, need_final=True, first=False):
     """`_filter_flat` on prepared data as one compiled call with the batch shape restored
     (`reshaped_runner`): a zero-argument callable.
 
@@ -226,7 +227,8 @@ def _filter_call(model, params, data, return_carries=False, need_final=True):
     if padded:
         dynamic["num_valid"] = np.int32(data.num_valid)
     return reshaped_runner(
-        _filter_flat, data.batch_shape, dynamic, fill, model=model, return_carries=return_carries,
+        _filter_flat, data.batch_shape, dynamic, fill, first=first, model=model,
+        return_carries=return_carries,
         complete=data.valid_complete if padded else data.complete,
         need_final=need_final if padded else True)
 
@@ -330,7 +332,7 @@ def _filled(y, mask, inputs):
 
 
 class _Stripped(NamedTuple):
-    """A compiled call's output without its zero-size leaves (`_strip_empty`)."""
+    """A compiled call's output without its zero-size and constant leaves (`_strip_empty`)."""
 
     leaves: tuple
 
@@ -339,9 +341,9 @@ class _Stripped(NamedTuple):
 _EMPTY: dict = {}
 
 
-def _strip_empty(out, layouts: dict):
-    """``out`` as it is, or, where some leaves are zero-size, its other leaves as a
-    `_Stripped` (the layout to restore it recorded in ``layouts``, while tracing).
+def _strip_empty(out, layouts: dict, constants=None):
+    """``out`` as it is, or, where some leaves are zero-size or constant, its other leaves
+    as a `_Stripped` (the layout to restore it recorded in ``layouts``, while tracing).
 
     Every output of a program is a buffer that XLA:CPU fills by a thunk of the program's
     entry computation, a zero-size one too (a copy of a constant), and an entry of more
@@ -349,16 +351,36 @@ def _strip_empty(out, layouts: dict):
     cost of 10-50 µs (`benchmarks/RESULTS.md`, "Public calls vs their jitted core"): the
     final carry of a linear Gaussian model has 3 empty leaves (input weights of a model
     without inputs) among 9, and they alone put its ``log_prob`` program past the limit.
+    ``constants`` (``{leaf index: NumPy value}``, `statseq.core.constant_outputs`) are the
+    leaves computed from literals alone (an HMM's ``started`` flag, a lag window's step
+    count): they are made outside too, unless another trace of the same program recorded
+    the same kept layout with other constants (then nothing is stripped).
     """
     leaves, treedef = jax.tree.flatten(out)
-    empty = [(i, a.shape, a.dtype) for i, a in enumerate(leaves)
-             if 0 in a.shape and (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == bool)]
-    if not empty:
+    constants = constants or {}
+    removed = []
+    for i, a in enumerate(leaves):
+        if 0 in a.shape and (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == bool):
+            removed.append((i, a.shape, a.dtype, None))
+        elif i in constants:
+            removed.append((i, a.shape, a.dtype, constants[i]))
+    if not removed:
         return out
-    gone = {e[0] for e in empty}
+    gone = {e[0] for e in removed}
     kept = tuple(a for i, a in enumerate(leaves) if i not in gone)
-    layouts[_layout_key(kept)] = (treedef, empty)
+    key = _layout_key(kept)
+    if key in layouts and not _same_removed(layouts[key], (treedef, removed)):
+        return out  # (a layout this key already restores otherwise: keep every leaf)
+    layouts[key] = (treedef, removed)
     return _Stripped(kept)
+
+
+def _same_removed(a, b) -> bool:
+    (tree_a, removed_a), (tree_b, removed_b) = a, b
+    return tree_a == tree_b and len(removed_a) == len(removed_b) and all(
+        x[:3] == y[:3] and (x[3] is None) == (y[3] is None)
+        and (x[3] is None or np.array_equal(x[3], y[3]))
+        for x, y in zip(removed_a, removed_b, strict=True))
 
 
 def _layout_key(leaves) -> tuple:
@@ -366,18 +388,30 @@ def _layout_key(leaves) -> tuple:
     return tuple((a.shape, a.dtype) for a in leaves)
 
 
+def _concrete(value):
+    """A device array of ``value``, concrete even when called under a trace (a traced
+    `device_put` cached here would leak into later calls)."""
+    with jax.ensure_compile_time_eval():
+        return jax.device_put(value)
+
+
 def _unstrip(out: _Stripped, layouts: dict):
-    """The full output of a `_Stripped` one: its zero-size leaves put back (one array per
-    shape and dtype, made once: no program and no transfer on a call)."""
-    treedef, empty = layouts[_layout_key(out.leaves)]
+    """The full output of a `_Stripped` one: its zero-size and constant leaves put back
+    (one array per zero-size shape and dtype, one per constant, made once: no program and
+    no transfer on a call)."""
+    treedef, removed = layouts[_layout_key(out.leaves)]
     leaves = list(out.leaves)
-    for i, shape, dtype in empty:
-        key = (shape, np.dtype(dtype))
-        if key not in _EMPTY:  # a concrete array even when called under a trace (a
-            # traced `device_put` cached here would leak into later calls)
-            with jax.ensure_compile_time_eval():
-                _EMPTY[key] = jax.device_put(np.zeros(shape, dtype))
-        leaves.insert(i, _EMPTY[key])
+    for n, (i, shape, dtype, value) in enumerate(removed):
+        if value is None:
+            key = (shape, np.dtype(dtype))
+            if key not in _EMPTY:
+                _EMPTY[key] = _concrete(np.zeros(shape, dtype))
+            leaves.insert(i, _EMPTY[key])
+        else:
+            if not isinstance(value, jax.Array):  # made once, kept in the layout
+                value = _concrete(value)
+                removed[n] = (i, shape, dtype, value)
+            leaves.insert(i, value)
     return treedef.unflatten(leaves)
 
 
@@ -385,12 +419,12 @@ def _unstrip(out: _Stripped, layouts: dict):
 def _bound(fn, names, nones, batch_shape, fill, pick, static):
     """One ``jax.jit`` per (kernel, argument names, batch shape, options), called with the
     dynamic arrays as positional arguments only: no static argument to hash and no keyword
-    to sort on a call, which is most of the dispatch of a short filter. Zero-size outputs
-    are made outside the program (`_strip_empty`)."""
+    to sort on a call, which is most of the dispatch of a short filter. Zero-size and
+    constant outputs are made outside the program (`_strip_empty`)."""
     static = dict(static)
     layouts: dict = {}
 
-    def run(*arrays):
+    def body(*arrays):
         dynamic = dict(zip(names, arrays, strict=True), **dict.fromkeys(nones))
         if fill:  # the all-True mask and the empty inputs, for those fn takes
             mask, inputs = _filled(dynamic["y"], dynamic.get("mask"), dynamic.get("inputs"))
@@ -399,19 +433,78 @@ def _bound(fn, names, nones, batch_shape, fill, pick, static):
         out = fn(**dynamic, **static)
         if pick is not None:
             out = out[pick]
-        out = jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
-        return _strip_empty(out, layouts)
+        return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), out)
 
-    jitted = jax.jit(run)
+    def run(*arrays):
+        # traced once as a jaxpr, to find the outputs computed from literals alone, then
+        # evaluated into this trace (no second trace of the kernel)
+        closed, shapes = jax.make_jaxpr(body, return_shape=True)(*arrays)
+        flat = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *jax.tree.leaves(arrays))
+        out = jax.tree.structure(shapes).unflatten(flat)
+        return _strip_empty(out, layouts, constant_outputs(closed))
 
-    def call(*arrays):
-        out = jitted(*arrays)
-        return _unstrip(out, layouts) if type(out) is _Stripped else out
-
-    return call
+    return _Program(jax.jit(run), layouts)
 
 
-def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, **static):
+class _Program:
+    """A `_bound` program: called with the dynamic arrays, it returns the full output
+    (zero-size and constant leaves put back, `_unstrip`); `runner` binds the arrays."""
+
+    __slots__ = ("jitted", "layouts")
+
+    def __init__(self, jitted, layouts):
+        self.jitted, self.layouts = jitted, layouts
+
+    def __call__(self, *arrays):
+        out = self.jitted(*arrays)
+        return _unstrip(out, self.layouts) if type(out) is _Stripped else out
+
+    def runner(self, arrays, first=False):
+        """A callable of no arguments: the program on ``arrays``, with the layout of its
+        stripped output looked up once (on the first call) rather than on every call;
+        ``first``: only ``output[0]`` (e.g. `log_prob`'s totals of the program it shares
+        with `filter`), without rebuilding the rest."""
+        jitted, layouts = self.jitted, self.layouts
+        restore = []
+
+        def run():
+            out = jitted(*arrays)
+            if type(out) is not _Stripped:
+                return out[0] if first else out
+            if not restore or restore[0][0] != len(out.leaves):  # (a retrace: look again)
+                restore[:] = [(len(out.leaves), _restorer(out, layouts, first))]
+            return restore[0][1](out.leaves)
+
+        run.program, run.arrays = self, arrays  # (for tests: the raw output)
+        return run
+
+
+_KEPT = object()
+
+
+def _restorer(out: _Stripped, layouts: dict, first: bool):
+    """``leaves -> full output`` (or its ``[0]``) for the layout of ``out`` (`_unstrip`
+    once, to make the put-back arrays, then a template filled on each call)."""
+    full = _unstrip(out, layouts)
+    treedef, removed = layouts[_layout_key(out.leaves)]
+    gone = {e[0] for e in removed}
+    flat = jax.tree.leaves(full)
+    template = [a if i in gone else _KEPT for i, a in enumerate(flat)]
+    if first:
+        head = jax.tree.leaves(full[0])
+        if len(head) == 1 and template[0] is _KEPT:  # output[0] is the first kept leaf
+            return lambda leaves: leaves[0]
+        return lambda leaves: _fill(template, treedef, leaves)[0]
+    return lambda leaves: _fill(template, treedef, leaves)
+
+
+def _fill(template, treedef, leaves):
+    it = iter(leaves)
+    return treedef.unflatten([next(it) if a is _KEPT else a for a in template])
+
+
+def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, first=False,
+                    **static):
     """`reshaped_call` as a zero-argument callable: the compiled program with its arguments
     bound (what `remembered` keeps, so that a repeat is one dispatch).
 
@@ -423,6 +516,9 @@ def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, **static):
             inside the program from ``dynamic["y"]`` (`device_args`): an all-True mask
             known to the compiler, which can then drop the masking work.
         pick: an index into ``fn``'s output to return alone (e.g. ``0``), or ``None``.
+        first: return only ``output[0]`` from a program that computes all of it (the
+            same compiled program as without, e.g. `log_prob` sharing `filter`'s;
+            ``pick`` compiles a program of that output alone).
         **static: hashable arguments of ``fn`` (the model, options).
 
     Returns:
@@ -434,7 +530,7 @@ def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, **static):
     nones = tuple(k for k, v in dynamic.items() if v is None)
     bound = _bound(fn, names, nones, tuple(batch_shape), fill, pick,
                    tuple(sorted(static.items())))
-    return partial(bound, *(dynamic[k] for k in names))
+    return bound.runner(tuple(dynamic[k] for k in names), first=first)
 
 
 def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
@@ -577,8 +673,8 @@ def _filter_runner(model, params, y, mask, inputs, return_carries):
 def _log_prob_runner(model, params, y, mask, inputs):
     """`log_prob`'s eager part (`remembered`)."""
     model, data = checked_data(model, params, y, mask, inputs)
-    call = _filter_call(model, params, data, need_final=False)
-    return lambda: call()[0]
+    # the totals alone from the program `filter` shares (`reshaped_runner`'s ``first``)
+    return _filter_call(model, params, data, need_final=False, first=True)
 
 
 def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001

@@ -258,16 +258,11 @@ class AR(SequenceModel):
         mean = params.intercept + inputs @ params.input_weights.T
         for k in range(p):  # per-lag matmuls (faster on CPU than one einsum)
             mean = mean + window[:, k] @ params.coeffs[k].T
-        chol = jnp.linalg.cholesky(params.cov)
-        # one small triangular inverse, then a matmul (a solve with T right-hand sides
-        # runs as T tiny solves on CPU)
-        chol_inv = jax.scipy.linalg.solve_triangular(
-            chol, jnp.eye(d, dtype=chol.dtype), lower=True
-        )
+        chol_inv, half_logdet = _noise_factor(params.cov)
         z = (y - mean) @ chol_inv.T
         log_probs = (
             -0.5 * jnp.sum(z**2, axis=1)
-            - jnp.sum(jnp.log(jnp.diagonal(chol)))
+            - half_logdet
             - 0.5 * d * jnp.log(2.0 * jnp.pi)
         )
         head = min(p, t_len)
@@ -456,3 +451,25 @@ def _ar_ahead(model, params, final, future_inputs):
         return jax.lax.scan(step, (carry.mean, carry.cov), u)[1]
 
     return jax.vmap(one)(final, future_inputs)
+
+
+def _noise_factor(cov):
+    """``(L^{-1}, sum(log(diag(L))))`` with ``cov = L L^T`` (lower triangular), as
+    `jnp.linalg.cholesky` and a triangular solve give them (NaN where the factorization
+    fails). A ``1 x 1`` ``cov`` (a scalar series) takes ``sqrt``, a reciprocal and a log,
+    bitwise LAPACK's ``potrf`` / ``trsm`` and the log of its factor, computed as one
+    two-element array (one kernel): the two LAPACK calls and their copies were 5 of the 13
+    kernels of AR's public ``log_prob`` at ``T = 10^3``, past the 8 that XLA:CPU runs
+    inline (`benchmarks/RESULTS.md`, "Session 22: public calls")."""
+    if cov.shape[-1] == 1:
+        var = cov[..., 0, 0]
+        scale = jnp.where(var > 0, jnp.sqrt(var), jnp.nan)
+        # one kernel, not three (the barrier keeps XLA from slicing the pair apart again)
+        both = jax.lax.optimization_barrier(jnp.stack([1.0 / scale, jnp.log(scale)], axis=-1))
+        return both[..., 0, None, None], both[..., 1]
+    chol = jnp.linalg.cholesky(cov)
+    # one small triangular inverse, then a matmul (a solve with T right-hand sides runs as
+    # T tiny solves on CPU)
+    eye = jnp.broadcast_to(jnp.eye(cov.shape[-1], dtype=chol.dtype), chol.shape)
+    return (jax.scipy.linalg.solve_triangular(chol, eye, lower=True),
+            jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), axis=-1))

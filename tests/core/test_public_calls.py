@@ -256,6 +256,80 @@ def test_zero_size_outputs_are_made_outside_the_program(monkeypatch):
         final)
 
 
+@pytest.mark.parametrize(("name", "masked", "batch"), [("ar", False, True),
+                                                      ("ar_hmm", False, False),
+                                                      ("gaussian_hmm", True, False)])
+def test_constant_outputs_are_made_outside_the_program(name, masked, batch):
+    """Final-carry leaves computed from literals alone (`statseq.core.constant_outputs`:
+    an HMM's ``started`` flag, a lag window's step count, a zero covariance) are not
+    outputs of the public program; ``ss.filter`` and ``ss.log_prob`` put back the very
+    values, dtypes and tree of `recurrence._filter_flat` (bitwise), with a mask (passed to
+    the program) or without (built inside), for one sequence and a batch of 2 x 2 (the
+    linear Gaussian model's constants: `test_zero_size_outputs_are_made_outside_the_program`
+    and the every-family tests)."""
+    model, params, y, _ = _case(name, T=7)
+    base_shape = y.shape
+    if batch:
+        y = np.stack([np.stack([y, y[::-1]]), np.stack([y[::-1] * 0.5, y])])
+    batch_shape = y.shape[:y.ndim - len(base_shape)]
+    mask = (np.broadcast_to(np.arange(7) % 3 != 1, batch_shape + (7,)).copy() if masked
+            else None)
+    got = ss.filter(model, params, y, mask=mask)
+    model_sized, data = recurrence.checked_data(model, params, y, mask)
+    want = recurrence._filter_flat(model_sized, params, data.y, data.mask, data.inputs,
+                                   complete=data.complete)
+    want_final = jax.tree.map(lambda a: a.reshape(batch_shape + a.shape[1:]), want[3])
+    assert jax.tree.structure(got.final_carry) == jax.tree.structure(want_final)
+    for g, w in zip(jax.tree.leaves(got.final_carry), jax.tree.leaves(want_final), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(got.log_prob), np.asarray(want[0]).reshape(
+        batch_shape))
+    np.testing.assert_array_equal(np.asarray(ss.log_prob(model, params, y, mask=mask)),
+                                  np.asarray(got.log_prob))
+    # the program itself hands back fewer leaves than the result has
+    run = recurrence._filter_call(model_sized, params, data)
+    raw = run.program.jitted(*run.arrays)
+    assert isinstance(raw, recurrence._Stripped)
+    assert len(raw.leaves) < len(jax.tree.leaves(got))
+
+
+def test_constant_leaves_of_a_conflicting_layout_are_kept():
+    """Two traces of one program with the same kept layout but other constant values: the
+    second strips nothing (its constants stay outputs), so neither is restored wrongly;
+    weakly typed constants and floating arithmetic are never folded; a scan's final carry
+    is constant only where every step sets it and there is a step."""
+    from statseq.core.constant_outputs import constant_outputs
+
+    layouts: dict = {}
+    x = jnp.ones(3)
+    first = recurrence._strip_empty((x, jnp.int32(1)), layouts, {1: np.int32(1)})
+    assert isinstance(first, recurrence._Stripped)
+    assert recurrence._unstrip(first, layouts)[1] == 1
+    second = recurrence._strip_empty((x, jnp.int32(2)), layouts, {1: np.int32(2)})
+    assert not isinstance(second, recurrence._Stripped)
+    assert recurrence._unstrip(first, layouts)[1] == 1
+    weak = constant_outputs(jax.make_jaxpr(lambda a: (a, jnp.minimum(3, 4), 1.0 * 2))(x))
+    assert weak == {}
+    mixed = constant_outputs(jax.make_jaxpr(
+        lambda a: (a + 1.0, jnp.zeros((2,), a.dtype) + 1.0,  # float arithmetic: not folded
+                   jnp.arange(3, dtype=jnp.int32) * 2,        # integer arithmetic: folded
+                   jnp.where(jnp.ones((), bool), jnp.zeros(2, bool), True)))(x))
+    assert sorted(mixed) == [2, 3]
+    np.testing.assert_array_equal(mixed[2], [0, 2, 4])
+    assert mixed[3].dtype == bool and not mixed[3].any()
+    transposed = constant_outputs(jax.make_jaxpr(lambda a: (a, jax.lax.reshape(
+        jnp.arange(6, dtype=jnp.int32).reshape(2, 3), (3, 2), dimensions=(1, 0))))(x))
+    assert transposed == {}  # a reshape with a transposition: not evaluated
+
+    def scanned(xs):  # a flag every step sets: constant after one step or more, not zero
+        return jax.lax.scan(lambda c, x: ((c[0] + x, jnp.ones((), bool)), x),
+                            (jnp.zeros(()), jnp.zeros((), bool)), xs)
+    assert {i: v.tolist() for i, v in constant_outputs(jax.make_jaxpr(scanned)(x)).items()
+            } == {1: True}
+    assert constant_outputs(jax.make_jaxpr(scanned)(jnp.ones(0))) == {}
+
+
 @pytest.mark.parametrize("name", ["ar", "poisson_hmm", "local_level", "ms_ar", "gru"])
 def test_numpy_changed_in_place_is_checked_again(name):
     """A NaN written into y after a first call raises the error of a first call; a valid
@@ -377,6 +451,62 @@ def test_probability_zero_check_is_skipped_only_where_no_data_can_have_it():
     with_inputs = ss.PoissonHMM(num_states=2, input_dim=1)  # softmax transitions can
     p = with_inputs.assemble_params(PoissonEmissions(jnp.array([1.0, 2.0])))  # underflow
     assert not _surely_possible(with_inputs, p)
+
+
+@pytest.mark.parametrize("name", ["gaussian_hmm", "ar_hmm"])
+def test_gaussian_emissions_skip_the_check_only_for_bounded_data(name, monkeypatch):
+    """Gaussian emission densities are finite unless a standardized residual overflows:
+    the smoother and Viterbi skip the probability-zero read-back for data whose bound
+    (`HMMBase.data_surely_finite`, largest |y| and |mean|, smallest covariance eigenvalue)
+    proves it, with the same result; data of 1e200 overflow to -inf in every state, so
+    there the check stays and refuses them (first call and repeat), as do masked entries
+    and float32 bounds."""
+    from statseq.inference.gaussian import mvn_log_prob_surely_finite
+    from statseq.models.hmm import base
+
+    model, params, y, _ = _case(name, T=9)
+    data = recurrence.checked_data(model, params, y, sized=False)[1]
+    assert base._surely_possible(model, params, data)
+    assert not base._surely_possible(model, params)  # no data: not proven
+    checks = []
+    original = base._check_possible
+    monkeypatch.setattr(base, "_check_possible",
+                        lambda lp, method: checks.append(method) or original(lp, method))
+    post = model.smoother(params, y)
+    states = model.most_likely_states(params, y, return_log_prob=True)
+    assert checks == []  # no read-back
+    monkeypatch.setattr(base, "_surely_possible", lambda *a: False)  # the checked path
+    recurrence._REPEATS.clear()
+    _assert_tree_equal(post, model.smoother(params, y), rtol=0)
+    _assert_tree_equal(states, model.most_likely_states(params, y, return_log_prob=True),
+                       rtol=0)
+    monkeypatch.undo()
+
+    # covariances of 1e-6 and an entry of 1e153 (below the data check's sqrt(max)):
+    # z^2 ~ 1e312 overflows in every state, log-likelihood -inf
+    params = params._replace(emissions=params.emissions._replace(
+        covs=params.emissions.covs * 1e-6))
+    huge = y.copy()
+    huge[4] = 1e153
+    assert base._surely_possible(model, params, recurrence.checked_data(
+        model, params, y, sized=False)[1])
+    data = recurrence.checked_data(model, params, huge, sized=False)[1]
+    assert not base._surely_possible(model, params, data)
+    assert float(ss.log_prob(model, params, huge)) == -np.inf
+    for _ in range(2):
+        with pytest.raises(ValueError, match="probability zero"):
+            model.smoother(params, huge)
+    if name == "gaussian_hmm":  # (the AR-HMM posteriors need observed lags)
+        mask = np.ones(huge.shape, bool)
+        mask[4] = False  # the huge entry missing: not proven (conservative), and finite
+        assert np.isfinite(float(model.smoother(params, huge, mask=mask).marginal_log_lik))
+
+    covs = np.asarray(model.state_covariances(params.emissions))
+    assert mvn_log_prob_surely_finite(covs, 1e3, np.float32)
+    assert not mvn_log_prob_surely_finite(covs, 1e19, np.float32)  # z^2 > float32 max
+    assert mvn_log_prob_surely_finite(covs, 1e19, np.float64)
+    assert not mvn_log_prob_surely_finite(np.diag([1.0, 1e-16])[None], 1.0, np.float64)
+    assert not mvn_log_prob_surely_finite(np.diag([1.0, -1.0])[None], 1.0, np.float64)
 
 
 def test_repeat_skips_the_checks_and_dicts_are_not_remembered():

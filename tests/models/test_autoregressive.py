@@ -440,3 +440,46 @@ def test_complete_data_fast_path_equals_filter(log_lynx, case):
                                np.asarray(scan.final_carry.mean), rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(np.asarray(fast.final_carry.cov),
                                np.asarray(scan.final_carry.cov), rtol=1e-9, atol=1e-9)
+
+
+def test_scalar_noise_factor_is_lapacks_bitwise():
+    """A scalar series' inverse 1 x 1 noise factor and half log-determinant (`_noise_factor`:
+    sqrt, a reciprocal and a log in one kernel) equal LAPACK's potrf / trsm and the log of
+    its factor bitwise, NaN where the factorization
+    fails (zero, negative, NaN variance), in float64 and float32; the log-likelihood's
+    gradient through it matches the Cholesky route to rounding."""
+    from statseq.models.autoregressive import _noise_factor
+
+    def lapack(cov):
+        chol = jnp.linalg.cholesky(cov)
+        return (jax.scipy.linalg.solve_triangular(chol, jnp.eye(1, dtype=cov.dtype),
+                                                  lower=True),
+                jnp.sum(jnp.log(jnp.diagonal(chol))))
+
+    values = [0.5, 1.0, 3.0, 1e-300, 2.5e-7, 7e300, 0.0, -1.0, np.nan, np.inf]
+    values32 = [v for v in values if not 0 < abs(v) < 1e-40 and abs(v) < 1e38]
+    for dtype, vals in ((np.float64, values), (np.float32, values32)):
+        for var in vals:
+            cov = jnp.full((1, 1), var, dtype)
+            for got, want in zip(jax.jit(_noise_factor)(cov), jax.jit(lapack)(cov),
+                                 strict=True):
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    y = np.random.default_rng(3).normal(size=40)
+    model = ss.AR(order=2)
+    params = model.fit_least_squares(y)._replace(cov=jnp.array([[0.7]]))
+
+    def loglik(factor, p):
+        chol_inv, half_logdet = factor(p.cov)
+        z = (y[2:] - p.intercept[0] - p.coeffs[0, 0, 0] * y[1:-1]
+             - p.coeffs[1, 0, 0] * y[:-2]) * chol_inv[0, 0]
+        return -0.5 * jnp.sum(z**2) - (y.size - 2) * half_logdet
+
+    for got, want in zip(jax.tree.leaves(jax.grad(lambda p: loglik(_noise_factor, p))(params)),
+                         jax.tree.leaves(jax.grad(lambda p: loglik(lapack, p))(params)),
+                         strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-13, atol=0)
+    fast = jax.grad(lambda p: ss.log_prob(model, p, y))(params)
+    scan = jax.grad(lambda p: ss.filter(model, p, y, return_carries=True).log_prob)(params)
+    for got, want in zip(jax.tree.leaves(fast), jax.tree.leaves(scan), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-10)

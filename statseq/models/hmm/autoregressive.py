@@ -33,6 +33,7 @@ from statseq.models.hmm.base import HMMBase, HMMCarry, HMMParams, _e_step
 from statseq.models.hmm.gaussian import (
     _check_min_variance,
     _cluster_covs,
+    _gaussian_surely_finite,
     kmeans,
     seed_from_key,
 )
@@ -220,6 +221,18 @@ class LinearAutoregressiveHMM(HMMBase):
         k, d, lag = self.num_states, self.emission_dim, self.num_lags
         noise = {"full": (k, d, d), "tied": (d, d), "spherical": (k,)}[self.covariance]
         return _AR_EMISSIONS[self.covariance]((k, d, d * lag), (k, d), noise)
+
+    def data_surely_finite(self, emissions, y, mask) -> bool:
+        """As `GaussianHMM.data_surely_finite`, with the means ``W_k x_t + b_k`` bounded by
+        ``max_k (max row sum of |W_k|) max |y| + max |b|`` (the lags are entries of ``y``
+        or zeros). The gap-capacity filter (a Gaussian sum) is not covered."""
+        if self.gap_capacity:
+            return False
+        weights = np.abs(np.asarray(emissions.weights, np.float64))
+        gain = float(np.max(np.sum(weights, axis=-1), initial=0.0))
+        bias = float(np.max(np.abs(np.asarray(emissions.biases, np.float64)), initial=0.0))
+        return _gaussian_surely_finite(self.state_covariances(emissions), y,
+                                       lambda y_max: gain * y_max + bias)
 
     def emission_constraints(self):
         noise = (constraints.positive if self.covariance == "spherical"

@@ -190,6 +190,22 @@ class HMMBase(SequenceModel):
         """
         return False
 
+    def data_surely_finite(self, emissions, y, mask) -> bool:
+        """Whether ``log p(y_t | z_t = k)`` is finite for every state and step of these
+        (concrete, prepared) data: `emissions_surely_finite` unless a family's densities
+        are finite only for bounded data (Gaussian emissions: `GaussianHMM`,
+        `LinearAutoregressiveHMM`).
+
+        Args:
+            emissions: the emission parameters.
+            y: the prepared data ``(N, T, ...)`` (a device array; read back once).
+            mask: their mask.
+
+        Returns:
+            ``True`` only when no entry of the emission table can be ``-inf``.
+        """
+        return self.emissions_surely_finite(emissions)
+
     @abc.abstractmethod
     def emission_distribution(self, emissions):
         """numpyro distribution with ``batch_shape == (num_states,)`` (for sampling)."""
@@ -836,9 +852,10 @@ def _check_possible(marginal_log_lik, method: str) -> None:
             "exists")
 
 
-def _surely_possible(model, params) -> bool:
+def _surely_possible(model, params, data=None) -> bool:
     """Whether no sequence can have probability zero, so that `_check_possible` would never
-    raise: every emission log-likelihood finite (`HMMBase.emissions_surely_finite`), every
+    raise: every emission log-likelihood finite (`HMMBase.emissions_surely_finite`, or with
+    prepared ``data`` `HMMBase.data_surely_finite`: also Gaussian emissions), every
     initial and transition probability at least ``1e6`` times the dtype's smallest normal
     number, and transitions that do not depend on inputs (a softmax of inputs can underflow
     to 0). Then the predicted state probabilities stay positive, so the scaled normalizer
@@ -851,8 +868,13 @@ def _surely_possible(model, params) -> bool:
     pi = np.asarray(model.initial_probs(params))
     trans = np.asarray(params.transitions)
     floor = np.finfo(trans.dtype).tiny * 1e6
-    return bool(np.all(pi >= floor) and np.all(trans >= floor)
-                and model.emissions_surely_finite(params.emissions))
+    if not (np.all(pi >= floor) and np.all(trans >= floor)):
+        return False
+    if data is None:
+        return bool(model.emissions_surely_finite(params.emissions))
+    if any(isinstance(a, jax.core.Tracer) for a in (data.y, data.mask)):
+        return False
+    return bool(model.data_surely_finite(params.emissions, data.y, data.mask))
 
 
 def _checked(model, params, y, mask, inputs, *, bucket):
@@ -896,7 +918,7 @@ def _remembered_posterior(model, params, y, mask, inputs, kind, parallel,
 
     def build():
         data = _checked(model, params, y, mask, inputs, bucket=bucket)
-        if kind == "filter" or _surely_possible(model, params):
+        if kind == "filter" or _surely_possible(model, params, data):
             # nothing to check: no read-back of the result, which would wait for it (the
             # Viterbi path's log joint, a sum of finite logs, is then finite too)
             call = _posterior_runner(model, params, data, kind=kind, parallel=parallel,

@@ -24,6 +24,7 @@ from statseq.inference.gaussian import (
     condition_on_leading,
     masked_mvn_log_prob,
     masked_mvn_log_prob_table,
+    mvn_log_prob_surely_finite,
     symmetrize,
 )
 from statseq.models.hmm.base import HMMBase
@@ -123,6 +124,21 @@ def _cluster_covs(filled, labels, centers, global_cov):
 # ------------------------------------------------------------------------------------------
 # the model
 
+
+
+def _gaussian_surely_finite(covs, y, mean_bound) -> bool:
+    """`mvn_log_prob_surely_finite` for data ``y`` (concrete; read back) and means bounded
+    by ``mean_bound(max |y|)``, in the lower precision of the covariances and data."""
+    y = np.asarray(y)
+    covs = np.asarray(covs)
+    if not np.all(np.isfinite(y)):
+        return False
+    y_max = float(np.max(np.abs(y), initial=0.0))
+    dtypes = [covs.dtype] + ([y.dtype] if np.issubdtype(y.dtype, np.floating) else [])
+    dtype = max(dtypes, key=lambda d: np.finfo(d).eps)
+    with np.errstate(over="ignore", invalid="ignore"):
+        residual = np.float64(y_max) + np.float64(mean_bound(y_max))
+    return mvn_log_prob_surely_finite(covs, residual, dtype)
 
 @register_model
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +257,14 @@ class GaussianHMM(HMMBase):
             emissions = DiagonalGaussianEmissions(
                 means, dist.LogNormal(jnp.full((k, d), 2.0 * np.log(c), dtype), 2.0))
         return HMMBase.default_priors(self, y, mask, scale=c)._replace(emissions=emissions)
+
+    def data_surely_finite(self, emissions, y, mask) -> bool:
+        """Gaussian log-densities are finite while the standardized residuals cannot
+        overflow: proven from the largest ``|y|`` and ``|mu|`` and the smallest covariance
+        eigenvalue (`statseq.inference.gaussian.mvn_log_prob_surely_finite`)."""
+        return _gaussian_surely_finite(self.state_covariances(emissions), y,
+                                       lambda y_max: np.max(np.abs(np.asarray(emissions.means)),
+                                                            initial=0.0))
 
     def emission_constraints(self):
         if self._full:
