@@ -142,9 +142,25 @@ def _scan_final_carry(eqn):
     constant (the body computes them from literals alone, whatever its inputs); its
     stacked outputs are left unknown."""
     body = eqn.params["jaxpr"].jaxpr
+    num_carry = _num_carry(eqn.params)
+    if num_carry is None or num_carry > len(eqn.outvars) or len(body.outvars) != len(
+            eqn.outvars):
+        return None  # (a scan whose layout this does not know: nothing is constant)
     known = _known_values(body, [None] * len(body.invars))
-    num_carry = eqn.params["num_carry"]
     return known[:num_carry] + [None] * (len(eqn.outvars) - num_carry)
+
+
+def _num_carry(params):
+    """The number of carry leaves of a scan equation: ``num_carry`` (jax 0.10), or the
+    leaves of the carry part of ``ft_out`` (jax 0.12: a flat tree ``(carry, ys)``);
+    ``None`` when neither is understood."""
+    if "num_carry" in params:
+        return int(params["num_carry"])
+    try:
+        carry, _ = params["ft_out"].unpack()
+        return len(list(carry.vals))
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def constant_outputs(closed_jaxpr) -> dict:
