@@ -55,6 +55,7 @@ from _harness import (  # noqa: E402
     fmt_rel,
     fmt_s,
     load_average,
+    load_module_at,
     md_table,
     paired_ratio,
     record_ratios,
@@ -294,50 +295,20 @@ def _recurrence_scan(a, b):
     return _sequential_scan(*_prepare(a, b, None))
 
 
-def _copy_loop(a, b, h0):
-    """The in-place loop before Session 22: its output starts as ``b`` itself (XLA copies
-    ``b`` first where it is an argument of the jitted function), all ``T`` steps in the
-    loop."""
-    import jax
-
-    shape, num_t = b.shape, b.shape[0]
-    out, h0 = b.reshape(num_t, -1), h0.reshape(1, -1)
-    constant = a.ndim < len(shape)
-    a = a.reshape(1, -1) if constant else a.reshape(num_t, -1)
-
-    def row(x, t):
-        return jax.lax.dynamic_slice_in_dim(x, t, 1, allow_negative_indices=False)
-
-    def body(t, carry):
-        h, out = carry
-        h = (a if constant else row(a, t)) * h + row(out, t)
-        return h, jax.lax.dynamic_update_slice_in_dim(out, h, t, 0,
-                                                      allow_negative_indices=False)
-
-    return jax.lax.fori_loop(0, num_t, body, (h0, out))[1].reshape(shape)
-
-
 def _recurrence_copy_loop(a, b):
-    """statseq's sequential linear recurrence before Session 22 (`_copy_loop`), with the
-    same derivative rule as today's (`jax.custom_jvp`, the tangent recursion as a
-    `lax.scan`)."""
-    import jax
-    import jax.numpy as jnp
+    """statseq's sequential linear recurrence before Session 22 (its in-place loop's output
+    started as a copy of ``b``; the same derivative rule as today's): the module as of
+    commit 21a7f6f (`_harness.load_module_at`), called the way today's is called."""
+    global _BEFORE_22
+    if _BEFORE_22 is None:
+        _BEFORE_22 = load_module_at("21a7f6f", "statseq/inference/linear_recurrence.py",
+                                    "linear_recurrence_before_22")
+        if _BEFORE_22 is None:
+            raise RuntimeError("the 'statseq copy+loop' row needs this git checkout's history")
+    return _BEFORE_22.linear_recurrence(a, b, parallel=False)
 
-    from statseq.inference.linear_recurrence import _prepare, _sequential_scan
 
-    @jax.custom_jvp
-    def seq(a, b, h0):
-        return _copy_loop(a, b, h0)
-
-    @seq.defjvp
-    def seq_jvp(primals, tangents):
-        (a, b, h0), (da, db, dh0) = primals, tangents
-        h = seq(a, b, h0)
-        h_prev = jnp.concatenate([h0[None], h[:-1]])
-        return h, _sequential_scan(a, da * h_prev + db, dh0)
-
-    return seq(*_prepare(a, b, None))
+_BEFORE_22 = None
 
 
 def floor_inputs(kind, t_len):
