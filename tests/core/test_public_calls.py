@@ -453,6 +453,44 @@ def test_probability_zero_check_is_skipped_only_where_no_data_can_have_it():
     assert not _surely_possible(with_inputs, p)
 
 
+def test_input_driven_transitions_skip_the_check_only_for_bounded_inputs(monkeypatch):
+    """Input-driven transitions ``softmax(b_i + W_i u_t)``: where the inputs bound every
+    probability above the floor (`base._softmax_surely_above`) the smoother and Viterbi
+    skip the probability-zero read-back, with the same results as the checked path; large
+    inputs that do underflow a transition to 0 are not proven and keep the check; NaN
+    weights are never proven."""
+    from statseq.models.hmm import base
+
+    model, params, y, u = _case("input_hmm", T=9)
+    data = recurrence.checked_data(model, params, y, inputs=u, sized=False)[1]
+    assert base._surely_possible(model, params, data)
+    assert not base._surely_possible(model, params)  # no inputs seen: not proven
+    checks = []
+    original = base._check_possible
+    monkeypatch.setattr(base, "_check_possible",
+                        lambda lp, method: checks.append(method) or original(lp, method))
+    post = model.smoother(params, y, inputs=u)
+    states = model.most_likely_states(params, y, inputs=u, return_log_prob=True)
+    assert checks == []  # no read-back
+    monkeypatch.setattr(base, "_surely_possible", lambda *a: False)  # the checked path
+    recurrence._REPEATS.clear()
+    _assert_tree_equal(post, model.smoother(params, y, inputs=u), rtol=0)
+    _assert_tree_equal(states, model.most_likely_states(params, y, inputs=u,
+                                                        return_log_prob=True), rtol=0)
+    monkeypatch.undo()
+
+    reg = params.transitions
+    strong = params._replace(transitions=reg._replace(weights=jnp.full_like(reg.weights, 5.0)
+                                                      * jnp.array([1.0, -1.0])[None, :, None]))
+    big = u * 0 + 100.0  # logits spread 2 * 5 * 100 = 1000: every row underflows somewhere
+    probs = np.asarray(model.transition_matrices(strong, big))
+    assert np.any(probs == 0)
+    assert not base._surely_possible(model, strong, recurrence.checked_data(
+        model, strong, y, inputs=big, sized=False)[1])
+    assert base._softmax_surely_above(reg, u, np.finfo(np.float64).tiny * 1e6)
+    assert not base._softmax_surely_above(reg._replace(weights=reg.weights * np.nan), u, 0.0)
+
+
 @pytest.mark.parametrize("name", ["gaussian_hmm", "ar_hmm"])
 def test_gaussian_emissions_skip_the_check_only_for_bounded_data(name, monkeypatch):
     """Gaussian emission densities are finite unless a standardized residual overflows:

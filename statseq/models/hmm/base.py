@@ -857,24 +857,49 @@ def _surely_possible(model, params, data=None) -> bool:
     raise: every emission log-likelihood finite (`HMMBase.emissions_surely_finite`, or with
     prepared ``data`` `HMMBase.data_surely_finite`: also Gaussian emissions), every
     initial and transition probability at least ``1e6`` times the dtype's smallest normal
-    number, and transitions that do not depend on inputs (a softmax of inputs can underflow
-    to 0). Then the predicted state probabilities stay positive, so the scaled normalizer
+    number; input-driven transitions only where the data's inputs bound their softmax
+    above that too (`_softmax_surely_above`: a softmax of large inputs can underflow to
+    0). Then the predicted state probabilities stay positive, so the scaled normalizer
     ``sum_k alpha_k exp(ll_k - max_j ll_j)``, which has the term ``alpha_k* >= A_min / K``
     of the most likely state, is positive and the log-likelihood finite. Eager, on concrete
     parameters (a tracer gives ``False``)."""
-    if model.num_inputs or any(isinstance(leaf, jax.core.Tracer)
-                               for leaf in jax.tree.leaves(params)):
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(params)):
+        return False
+    if model.num_inputs and (data is None or data.inputs is None
+                             or isinstance(data.inputs, jax.core.Tracer)):
         return False
     pi = np.asarray(model.initial_probs(params))
-    trans = np.asarray(params.transitions)
-    floor = np.finfo(trans.dtype).tiny * 1e6
-    if not (np.all(pi >= floor) and np.all(trans >= floor)):
+    floor = np.finfo(np.asarray(jax.tree.leaves(params.transitions)[0]).dtype).tiny * 1e6
+    if not np.all(pi >= floor):
+        return False
+    if model.num_inputs:
+        if not _softmax_surely_above(params.transitions, data.inputs, floor):
+            return False
+    elif not np.all(np.asarray(params.transitions) >= floor):
         return False
     if data is None:
         return bool(model.emissions_surely_finite(params.emissions))
     if any(isinstance(a, jax.core.Tracer) for a in (data.y, data.mask)):
         return False
     return bool(model.data_surely_finite(params.emissions, data.y, data.mask))
+
+
+def _softmax_surely_above(regression, inputs, floor) -> bool:
+    """Whether every input-driven transition probability ``softmax(b_i + W_i u_t)_j`` of
+    these (concrete) inputs is at least ``floor``: the logits of row ``i`` spread over at
+    most ``max_j b_ij - min_j b_ij + 2 max_j ||W_ij||_1 max_t ||u_t||_inf``, and a softmax
+    entry is at least ``exp(-spread) / K``; one more unit of the exponent covers the
+    rounding of the logits and of the softmax."""
+    weights = np.asarray(regression.weights, np.float64)
+    bias = np.asarray(regression.bias, np.float64)
+    u = np.asarray(inputs, np.float64)
+    if not (np.all(np.isfinite(weights)) and np.all(np.isfinite(bias))
+            and np.all(np.isfinite(u))):
+        return False
+    u_max = float(np.max(np.abs(u), initial=0.0))
+    spread = (np.max(bias, axis=-1) - np.min(bias, axis=-1)
+              + 2.0 * np.max(np.sum(np.abs(weights), axis=-1), axis=-1) * u_max)
+    return bool(np.all(spread + 1.0 + np.log(bias.shape[-1]) <= -np.log(floor)))
 
 
 def _checked(model, params, y, mask, inputs, *, bucket):
