@@ -121,11 +121,6 @@ def _cluster_covs(filled, labels, centers, global_cov):
     return np.asarray(covs)
 
 
-# ------------------------------------------------------------------------------------------
-# the model
-
-
-
 def _gaussian_surely_finite(covs, y, mean_bound) -> bool:
     """`mvn_log_prob_surely_finite` for data ``y`` (concrete; read back) and means bounded
     by ``mean_bound(max |y|)``, in the lower precision of the covariances and data."""
@@ -139,6 +134,11 @@ def _gaussian_surely_finite(covs, y, mean_bound) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):
         residual = np.float64(y_max) + np.float64(mean_bound(y_max))
     return mvn_log_prob_surely_finite(covs, residual, dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# the model
+
 
 @register_model
 @dataclasses.dataclass(frozen=True)
