@@ -447,17 +447,14 @@ def _bound(fn, names, nones, batch_shape, fill, pick, static):
 
 
 class _Program:
-    """A `_bound` program: called with the dynamic arrays, it returns the full output
-    (zero-size and constant leaves put back, `_unstrip`); `runner` binds the arrays."""
+    """A `_bound` program (``jitted``, whose output may be `_Stripped`, and the ``layouts``
+    that restore it); `runner` binds the dynamic arrays and puts the zero-size and constant
+    leaves back."""
 
     __slots__ = ("jitted", "layouts")
 
     def __init__(self, jitted, layouts):
         self.jitted, self.layouts = jitted, layouts
-
-    def __call__(self, *arrays):
-        out = self.jitted(*arrays)
-        return _unstrip(out, self.layouts) if type(out) is _Stripped else out
 
     def runner(self, arrays, first=False):
         """A callable of no arguments: the program on ``arrays``, with the layout of its
