@@ -4,6 +4,7 @@
     python benchmarks/bench_public_calls.py              # T = 1e3 and 1e4, records ratios
     python benchmarks/bench_public_calls.py --quick      # T = 1e3 only, prints only
     python benchmarks/bench_public_calls.py --only HMM   # families whose name contains HMM
+    python benchmarks/bench_public_calls.py --quick --fresh-params   # new params each call
 
 For every model family a small model is built, parameters come from its own
 ``initialize`` on a series of the right kind (real, counts, categories, binary vectors),
@@ -20,6 +21,15 @@ The ratio is statseq public time / jitted core time (the median over rounds of t
 per-round ratio, and the ratio of minima). Both results are compared before timing (to
 1e-9 relative in float64), so a wrong answer is never timed. Speed is reported, never
 asserted; ``--record`` writes ``benchmarks/ratios/public.json`` (`_harness.record_ratios`).
+
+``--fresh-params`` times the realistic case of a likelihood evaluated on a grid of
+parameter values or inside a user's own optimizer: every call (public and core alike) gets
+a *new* parameters object with the same data. The objects come from a pool made before
+timing (a copy of every leaf, ``jnp.array(a, copy=True)``: equal values, new arrays, checked
+equal, and the public answer on a copy is checked identical to the one on the original), one
+pool per side and per case, never reused, so no identity memo can hit. Its ratios are keyed
+``"... | public / jitted core, fresh params"`` and ``--record`` writes them to
+``benchmarks/ratios/public_fresh.json`` (the default mode's file is left alone).
 """
 
 from __future__ import annotations
@@ -92,11 +102,14 @@ def main():
                         help="write benchmarks/ratios/public.json")
     parser.add_argument("--budget", type=float, default=0.6,
                         help="seconds of interleaved rounds per case")
+    parser.add_argument("--fresh-params", action="store_true",
+                        help="a new params object on every call (pool made before timing)")
     parser.add_argument("--json", type=Path, default=None,
                         help="also write the ratios here (e.g. to compare two versions)")
     args = parser.parse_args()
 
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     jax.config.update("jax_enable_x64", True)
@@ -132,30 +145,57 @@ def main():
                 if method in ("log_prob", "filter"):
                     call = getattr(ss, method)
 
-                    def public(y=y, u=u, params=params, model=model, call=call):
-                        return call(model, params, y, inputs=u)
+                    def run(p, y=y, u=u, model=model, call=call):
+                        return call(model, p, y, inputs=u)
                     fn = jax.jit(lambda p, yy, uu, model=model, call=call: call(
                         model, p, yy, inputs=uu))
                 elif method == "viterbi":  # no inputs in the families timed
                     call = (getattr(model, "most_likely_states", None)
                             or model.most_likely_regimes)
 
-                    def public(y=y, call=call, params=params):
-                        return call(params, y)
+                    def run(p, y=y, call=call):
+                        return call(p, y)
                     fn = jax.jit(lambda p, yy, uu, call=call: call(p, yy))
                 else:
-                    def public(y=y, u=u, params=params, model=model):
+                    def run(p, y=y, u=u, model=model):
                         if u is None:
-                            return model.smoother(params, y)
-                        return model.smoother(params, y, inputs=u)
+                            return model.smoother(p, y)
+                        return model.smoother(p, y, inputs=u)
                     fn = jax.jit(lambda p, yy, uu, model=model: (
                         model.smoother(p, yy) if uu is None else
                         model.smoother(p, yy, inputs=uu)))
 
-                def core(fn=fn, params=params, y_dev=y_dev, u_dev=u_dev):
-                    return fn(params, y_dev, u_dev)
+                if args.fresh_params:
+                    # one new params object per call, never reused (+2: the first calls)
+                    size = timer.max_rounds + 2
+                    pools = [[jax.tree.map(lambda a: jnp.array(a, copy=True), params)
+                              for _ in range(size)] for _side in range(2)]
+                    for pool in pools:
+                        for copy in (pool[0], pool[-1]):
+                            for x, z in zip(jax.tree.leaves(copy), jax.tree.leaves(params),
+                                            strict=True):
+                                assert x is not z and np.array_equal(np.asarray(x),
+                                                                     np.asarray(z))
+                    same = jax.block_until_ready(run(params))
+                    next_pub, next_core = (iter(pool).__next__ for pool in pools)
+
+                    def public(run=run, nxt=next_pub):
+                        return run(nxt())
+
+                    def core(fn=fn, nxt=next_core, y_dev=y_dev, u_dev=u_dev):
+                        return fn(nxt(), y_dev, u_dev)
+                else:
+                    def public(run=run, params=params):
+                        return run(params)
+
+                    def core(fn=fn, params=params, y_dev=y_dev, u_dev=u_dev):
+                        return fn(params, y_dev, u_dev)
 
                 a, t_first, c_first = timer.first(public)
+                if args.fresh_params:  # a copy of the params gives the very same answer
+                    for x, z in zip(jax.tree.leaves(a), jax.tree.leaves(same), strict=True):
+                        np.testing.assert_array_equal(np.asarray(x), np.asarray(z),
+                                                      err_msg=f"{name} {method} fresh")
                 b, _, _ = timer.first(core)
                 for x, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
                     np.testing.assert_allclose(np.asarray(x), np.asarray(z), rtol=1e-9,
@@ -165,6 +205,8 @@ def main():
                 med = paired_ratio(pub, cor)
                 rmin = pub["min"] / cor["min"]
                 key = f"{method} {name} T=1e{int(np.log10(T))} | public / jitted core"
+                if args.fresh_params:
+                    key += ", fresh params"
                 ratios[key] = med
                 flag = " (recompiled!)" if pub["recompiled"] or cor["recompiled"] else ""
                 rows.append([method, name, f"1e{int(np.log10(T))}", fmt_s(pub["median"]),
@@ -185,7 +227,8 @@ def main():
     if args.record:
         command = "nice -n 10 python benchmarks/bench_public_calls.py " + " ".join(
             sys.argv[1:])
-        print(record_ratios("public", ratios, command=command.strip()))
+        family = "public_fresh" if args.fresh_params else "public"
+        print(record_ratios(family, ratios, command=command.strip()))
 
 
 if __name__ == "__main__":
