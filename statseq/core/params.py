@@ -226,12 +226,24 @@ def validate_params(model, params):
         ``params`` with weakly typed leaves made strong (`strong_params`): the value to
         pass on to compiled code, so that a weak leaf reuses the strong leaf's program.
     """
-    flat, treedef = jax.tree.flatten(params)
-    flat = tuple(flat)
-    if not _PARAMS_OK.get((model, treedef), flat):
-        _validate_params(model, params)
-        _PARAMS_OK.put((model, treedef), flat, True)
+    check_params_once(model, params)
     return strong_params(params)
+
+
+def check_params_once(model, params, leaves=None, treedef=None) -> None:
+    """`validate_params` without making weak leaves strong (for a caller that does so
+    itself, or needs only the check): the check, remembered for the same leaf objects.
+
+    ``leaves`` and ``treedef`` (``jax.tree.flatten(params)``, when the caller has them)
+    save a second flattening.
+    """
+    if leaves is None:
+        leaves, treedef = jax.tree.flatten(params)
+    flat = tuple(leaves)
+    key = (model, treedef)
+    if not _PARAMS_OK.get(key, flat):
+        _validate_params(model, params)
+        _PARAMS_OK.put(key, flat, True)
 
 
 def _param_spec(model):
@@ -251,6 +263,11 @@ def _param_spec_cached(model):
     return shapes, expected_leaves, tree, cons, _leaf_names(shapes, is_shape)
 
 
+#: dtype kinds of a real array (``np.number`` or bool, not complex: bool, signed and
+#: unsigned integers, floats and timedelta64, a subclass of ``np.signedinteger``)
+_REAL_KINDS = frozenset("biufm")
+
+
 def _validate_params(model, params) -> None:
     shapes, expected_leaves, tree, cons, names = _param_spec(model)
     try:
@@ -262,31 +279,54 @@ def _validate_params(model, params) -> None:
         ) from err
     checked = []
     semidefinite = set(getattr(model, "semidefinite_params", ()))
+    downcast = float_dtype() == jnp.float32
+    # the smallest square-root limit of the float leaves' dtypes (`_check_representable`)
+    limit = math.inf
     for name, shape, value, con in zip(names, expected_leaves, leaves, cons, strict=True):
         if isinstance(value, jax.core.Tracer):
             continue
         arr = np.asarray(value)
         if tuple(arr.shape) != tuple(shape):
             raise ValueError(f"params.{name} must have shape {tuple(shape)}, got {arr.shape}")
-        if np.issubdtype(arr.dtype, np.complexfloating) or not (
-                np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        if arr.dtype.kind not in _REAL_KINDS:  # (was np.issubdtype: the same dtypes)
             raise TypeError(f"params.{name} must be a real array, got dtype {arr.dtype}")
         given = arr
-        if arr.dtype == np.float64 and float_dtype() == jnp.float32:
+        if downcast and arr.dtype == np.float64:
             # the computation runs in float32: check the values it will actually use
             warn_float64_downcast(f"params.{name}")
             with np.errstate(over="ignore", under="ignore"):
                 arr = arr.astype(np.float32)
-        _check_underflow(name, given, arr, con)
-        checked.append((name, arr, con))
-    if checked and not np.isfinite(np.concatenate(
-            [np.ravel(arr).astype(np.float64, copy=False) for _, arr, _ in checked])).all():
-        name = next(n for n, arr, _ in checked if not np.all(np.isfinite(arr)))
-        raise ValueError(f"params.{name} contains non-finite values")
-    for name, arr, con in checked:
+        # a positive leaf whose smallest entry is a normal number (so neither NaN, nor 0,
+        # nor subnormal) passes `_check_underflow` and its positivity constraint: one
+        # reduction instead of three (anything else takes the full checks)
+        positive = _positive_ok(arr, con)
+        if not positive:
+            _check_underflow(name, given, arr, con)
+        if arr.dtype.kind == "f" and arr.size:
+            limit = min(limit, _SQRT_MAX[arr.dtype] if arr.dtype in _SQRT_MAX
+                        else float(np.sqrt(np.finfo(arr.dtype).max)))
+        checked.append((name, arr, con, positive))
+    # one pass over every leaf: finite, and no magnitude beyond the smallest limit (a NaN
+    # or inf fails the comparison); otherwise the leaf-by-leaf checks name the culprit
+    fast = False
+    if checked:
+        values = np.concatenate([np.ravel(arr).astype(np.float64, copy=False)
+                                 for _, arr, _, _ in checked])
+        if values.size:
+            big = float(np.abs(values).max())
+            fast = big <= limit and big < math.inf  # (limit is inf without float leaves)
+        else:
+            fast = True
+        if not fast and not np.isfinite(values).all():
+            name = next(n for n, arr, _, _ in checked if not np.all(np.isfinite(arr)))
+            raise ValueError(f"params.{name} contains non-finite values")
+    for name, arr, con, positive in checked:
         if not arr.size:
             continue
-        _check_representable(name, arr, con)
+        if not fast:
+            _check_representable(name, arr, con)
+        if positive:
+            continue  # every entry a positive normal number: the constraint holds
         if name in semidefinite and con in (constraints.positive_definite,
                                             constraints.positive):
             if not _is_semidefinite(arr, con):
@@ -302,13 +342,33 @@ def _validate_params(model, params) -> None:
         model.check_params(params)
 
 
+#: sqrt of the largest value of the common float dtypes (`_check_representable`'s limit)
+_SQRT_MAX = {np.dtype(t): float(np.sqrt(np.finfo(t).max))
+             for t in (np.float16, np.float32, np.float64)}
+
+
+def _is_positive(arr, con) -> bool:
+    """Whether ``con`` asks every entry of ``arr`` to be positive (``positive``, or a
+    ``positive_definite`` 1 x 1 matrix: a variance), as `_check_underflow` reads it."""
+    return con is constraints.positive or (
+        con is constraints.positive_definite and arr.shape[-2:] == (1, 1))
+
+
+def _positive_ok(arr, con) -> bool:
+    """Whether a positive float leaf (`_is_positive`) is non-empty with every entry at
+    least the smallest normal number of its dtype: then `_check_underflow` passes and so
+    does the constraint (``positive``, a 1 x 1 ``positive_definite``, and their
+    semi-definite forms). ``False`` means only "check in full"."""
+    if arr.dtype.kind != "f" or not arr.size or not _is_positive(arr, con):
+        return False
+    return bool(arr.min() >= np.finfo(arr.dtype).tiny)  # NaN: False
+
+
 def _check_underflow(name, given, arr, con) -> None:
     """``ValueError`` when a positive parameter (a variance, a rate) was given a positive
     value below the smallest normal number of the working dtype: it is 0 or subnormal
     there (a 1e-300 variance in float32), and its reciprocal overflows."""
-    positive = con is constraints.positive or (
-        con is constraints.positive_definite and arr.shape[-2:] == (1, 1))
-    if not positive or not arr.size or arr.dtype.kind != "f":
+    if not _is_positive(arr, con) or not arr.size or arr.dtype.kind != "f":
         return
     info = np.finfo(arr.dtype)
     with np.errstate(invalid="ignore"):
@@ -340,12 +400,15 @@ def _satisfies(con, arr) -> bool:
     if con is constraints.real:
         return True
     if con is constraints.positive:
-        return bool(np.all(arr > 0))
+        return bool((arr > 0).all())
     if con is constraints.unit_interval:
-        return bool(np.all((arr >= 0) & (arr <= 1)))
+        return bool(((arr >= 0) & (arr <= 1)).all())
     if con is constraints.simplex:
         tol = 1e-4 if arr.dtype == np.float32 else 1e-8
-        return bool(np.all(arr >= 0) and np.allclose(arr.sum(-1), 1.0, atol=tol * arr.shape[-1]))
+        # np.allclose(sums, 1.0, atol) spelled out (its own overhead was most of this
+        # check): |sums - 1| <= atol + rtol * |1| with its default rtol, NaN failing
+        atol = tol * arr.shape[-1]
+        return bool((arr >= 0).all() and (np.abs(arr.sum(-1) - 1.0) <= atol + 1e-5).all())
     if con is constraints.positive_definite:
         if arr.shape[-2:] == (1, 1):  # a variance: its one eigenvalue
             return bool((arr > 0).all())

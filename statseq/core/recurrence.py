@@ -20,8 +20,7 @@ import numpy as np
 from statseq.core import memo
 from statseq.core.buckets import cut_time
 from statseq.core.constant_outputs import constant_outputs
-from statseq.core.memo import IdentityMemo
-from statseq.core.params import strong_params, validate_params
+from statseq.core.params import check_params_once, strong_params, validate_params
 from statseq.core.results import FilterResult
 from statseq.core.validation import (
     Prepared,
@@ -261,19 +260,18 @@ def final_carries(model, params, data):
     return _flatten_batch(final, len(data.batch_shape), int(data.y.shape[0]))
 
 
-#: (model, parameter leaves, data arrays) already checked together (`checked_data`)
-_CHECKED = IdentityMemo(maxsize=16)
-
-
 def checked_data(model, params, y, mask=None, inputs=None, *, bucket: bool = True,
                  sized: bool = True) -> tuple:
-    """`validate_params` and `prepare_sized` (``sized=False``: `prepare_data`) in one
-    check that is remembered for the arrays passed: ``(model, data)``.
+    """`validate_params` and `prepare_sized` (``sized=False``: `prepare_data`), each
+    remembered for the arrays passed: ``(model, data)``.
 
-    A public call on parameters and data passed again (the same JAX arrays, or the same
-    NumPy arrays with unchanged contents, `statseq.core.memo`) skips both checks, the
-    host-side copies and the device transfer: one lookup instead. A NumPy array changed
-    in place since is checked again, with the same errors as on a first call.
+    Parameters passed again (the same JAX arrays, or the same NumPy arrays with unchanged
+    contents, `statseq.core.memo`) skip their check, and data passed again skip theirs,
+    the host-side copies and the device transfer: one lookup each. The two are remembered
+    apart (`statseq.core.params._PARAMS_OK`, `statseq.core.validation._PREPARED`), so that
+    new parameters on the same data (a likelihood on a grid, a user's optimizer loop) check
+    only the parameters and store one entry, not two. A NumPy array changed in place since
+    is checked again, with the same errors as on a first call.
 
     Args:
         model: a statseq model.
@@ -287,17 +285,11 @@ def checked_data(model, params, y, mask=None, inputs=None, *, bucket: bool = Tru
     Returns:
         ``(model, data)``: the (possibly resized) model and the `Prepared` data.
     """
-    leaves, treedef = jax.tree.flatten(params)
-    arrays = (*leaves, y) + tuple(a for a in (mask, inputs) if a is not None)
-    key = (model, treedef, mask is None, inputs is None, float_dtype(), bucket_key(bucket),
-           sized)
-    done = _CHECKED.get(key, arrays)
-    if done is None:
-        validate_params(model, params)
-        done = (prepare_sized(model, y, mask, inputs, bucket=bucket) if sized
-                else (model, prepare_data(model, y, mask, inputs, bucket=bucket)))
-        _CHECKED.put(key, arrays, done)  # ignored for tracers and non-array inputs
-    return done
+    # the check alone: the caller's compiled call makes weak leaves strong itself
+    check_params_once(model, params)
+    if sized:
+        return prepare_sized(model, y, mask, inputs, bucket=bucket)
+    return model, prepare_data(model, y, mask, inputs, bucket=bucket)
 
 
 def device_args(data: Prepared, num_inputs: int) -> tuple[dict, bool]:
@@ -449,19 +441,31 @@ def _bound(fn, names, nones, batch_shape, fill, pick, static):
 class _Program:
     """A `_bound` program (``jitted``, whose output may be `_Stripped`, and the ``layouts``
     that restore it); `runner` binds the dynamic arrays and puts the zero-size and constant
-    leaves back."""
+    leaves back. The functions that put them back (`_restorer`) depend only on the program
+    and the layout, so they are made once per (layout, ``first``) and shared by every
+    runner (a call with new parameters builds a new runner, not a new restorer)."""
 
-    __slots__ = ("jitted", "layouts")
+    __slots__ = ("jitted", "layouts", "restorers")
 
     def __init__(self, jitted, layouts):
         self.jitted, self.layouts = jitted, layouts
+        self.restorers: dict = {}
+
+    def restorer(self, out: _Stripped, first: bool):
+        """The shared `_restorer` for the layout of ``out`` (it holds the put-back arrays
+        and the tree structure only, none of a runner's arrays or outputs)."""
+        key = (_layout_key(out.leaves), first)
+        restore = self.restorers.get(key)
+        if restore is None:
+            restore = self.restorers[key] = _restorer(out, self.layouts, first)
+        return restore
 
     def runner(self, arrays, first=False):
         """A callable of no arguments: the program on ``arrays``, with the layout of its
         stripped output looked up once (on the first call) rather than on every call;
         ``first``: only ``output[0]`` (e.g. `log_prob`'s totals of the program it shares
         with `filter`), without rebuilding the rest."""
-        jitted, layouts = self.jitted, self.layouts
+        jitted = self.jitted
         restore = []
 
         def run():
@@ -469,7 +473,7 @@ class _Program:
             if type(out) is not _Stripped:
                 return out[0] if first else out
             if not restore or restore[0][0] != len(out.leaves):  # (a retrace: look again)
-                restore[:] = [(len(out.leaves), _restorer(out, layouts, first))]
+                restore[:] = [(len(out.leaves), self.restorer(out, first))]
             return restore[0][1](out.leaves)
 
         run.program, run.arrays = self, arrays  # (for tests: the raw output)
@@ -481,7 +485,8 @@ _KEPT = object()
 
 def _restorer(out: _Stripped, layouts: dict, first: bool):
     """``leaves -> full output`` (or its ``[0]``) for the layout of ``out`` (`_unstrip`
-    once, to make the put-back arrays, then a template filled on each call)."""
+    once, to make the put-back arrays, then a template filled on each call). It keeps no
+    reference to ``out``'s own arrays (`_Program.restorer` shares it between runners)."""
     full = _unstrip(out, layouts)
     treedef, removed = layouts[_layout_key(out.leaves)]
     gone = {e[0] for e in removed}
