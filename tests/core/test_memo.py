@@ -55,6 +55,11 @@ def test_validate_params_runs_once_per_set_of_arrays(monkeypatch):
     ss.log_prob(model, p, y)
     ss.log_prob(model, p, y)
     assert len(calls) == 1
+    # the same parameters on other data, or in another public call: not checked again
+    # (parameters and data are remembered apart, `recurrence.checked_data`)
+    ss.filter(model, p, y[::-1])
+    ss.filter(model, p, y)
+    assert len(calls) == 1
     ss.log_prob(model, p._replace(coeffs=jnp.asarray(p.coeffs) * 0.5), y)
     assert len(calls) == 2
     # NumPy leaves: remembered while their bytes are unchanged, checked again once changed

@@ -583,3 +583,48 @@ def test_zero_size_outputs_put_back_under_a_trace_are_concrete():
     np.testing.assert_array_equal(np.asarray(jax.jit(traced)(jnp.ones(3))), 2.0)
     cached = rec._EMPTY[((1, 0), np.dtype("float32"))]
     assert np.asarray(cached).shape == (1, 0)  # a leaked tracer cannot be read
+
+
+def test_new_params_share_the_programs_restorer_and_give_the_same_numbers(monkeypatch):
+    """Calls with new parameter objects (equal values) build a new runner each but share
+    the program's put-back function (`_Program.restorer`, one per layout and ``first``),
+    which holds none of a call's outputs; results equal those of the original parameters
+    (``log_prob``, which shares ``filter``'s program, and ``filter`` alike), and the data,
+    passed again, are not checked again."""
+    import gc
+    import weakref
+
+    from statseq.core import validation
+
+    model, params, y, _ = _case("lgssm", T=11)  # zero-size final-carry leaves: stripped
+    want_lp, want = ss.log_prob(model, params, y), ss.filter(model, params, y)
+    built, prepared = [], []
+    restorer, prepare = recurrence._restorer, validation._prepare_data
+    monkeypatch.setattr(recurrence, "_restorer",
+                        lambda *a: built.append(a[2]) or restorer(*a))
+    monkeypatch.setattr(validation, "_prepare_data",
+                        lambda *a, **k: prepared.append(1) or prepare(*a, **k))
+    fresh = [jax.tree.map(lambda a: jnp.array(a, copy=True), params) for _ in range(3)]
+    for p in fresh:
+        np.testing.assert_array_equal(ss.log_prob(model, p, y), want_lp)
+        got = ss.filter(model, p, y)
+        _assert_tree_equal(got, want, rtol=0)
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert built == [] and prepared == []  # made for the original parameters already
+    sized, data = recurrence.checked_data(model, fresh[0], y)
+    run = recurrence._filter_call(sized, fresh[0], data)
+    assert {k[1] for k in run.program.restorers} == {True, False}
+    # a restorer keeps no output of a call alive (only the put-back leaves, the same
+    # objects in every call's output)
+    shared = {id(a) for a in jax.tree.leaves(got)}
+    for restore in run.program.restorers.values():
+        held = [c.cell_contents for c in restore.__closure__ or ()]
+        held += list(restore.__defaults__ or ())
+        assert all(id(a) in shared for a in jax.tree.leaves(held)
+                   if isinstance(a, jax.Array))
+    out = ss.filter(model, jax.tree.map(lambda a: a + 0.0, params), y)
+    refs = [weakref.ref(a) for a in jax.tree.leaves(out) if id(a) not in shared]
+    assert len(refs) < len(jax.tree.leaves(out))  # (some leaves are put back)
+    del out
+    gc.collect()
+    assert refs and all(r() is None for r in refs)
