@@ -310,7 +310,7 @@ def _validate_params(model, params) -> None:
     # or inf fails the comparison); otherwise the leaf-by-leaf checks name the culprit
     fast = False
     if checked:
-        values = np.concatenate([np.ravel(arr).astype(np.float64, copy=False)
+        values = np.concatenate([arr.ravel().astype(np.float64, copy=False)
                                  for _, arr, _, _ in checked])
         if values.size:
             big = float(np.abs(values).max())
@@ -345,6 +345,8 @@ def _validate_params(model, params) -> None:
 #: sqrt of the largest value of the common float dtypes (`_check_representable`'s limit)
 _SQRT_MAX = {np.dtype(t): float(np.sqrt(np.finfo(t).max))
              for t in (np.float16, np.float32, np.float64)}
+#: their smallest normal numbers (`_check_underflow`'s floor), as NumPy scalars
+_TINY = {np.dtype(t): np.finfo(t).tiny for t in (np.float16, np.float32, np.float64)}
 
 
 def _is_positive(arr, con) -> bool:
@@ -361,7 +363,8 @@ def _positive_ok(arr, con) -> bool:
     semi-definite forms). ``False`` means only "check in full"."""
     if arr.dtype.kind != "f" or not arr.size or not _is_positive(arr, con):
         return False
-    return bool(arr.min() >= np.finfo(arr.dtype).tiny)  # NaN: False
+    tiny = _TINY.get(arr.dtype)
+    return bool(arr.min() >= (np.finfo(arr.dtype).tiny if tiny is None else tiny))  # NaN: no
 
 
 def _check_underflow(name, given, arr, con) -> None:
