@@ -230,15 +230,20 @@ def validate_params(model, params):
     return strong_params(params)
 
 
-def check_params_once(model, params, leaves=None, treedef=None) -> None:
+def check_params_once(model, params) -> None:
     """`validate_params` without making weak leaves strong (for a caller that does so
-    itself, or needs only the check): the check, remembered for the same leaf objects.
+    itself, or needs only the check): the check, remembered for the same leaf objects
+    (`statseq.core.memo`), so parameters passed again are not checked again.
 
-    ``leaves`` and ``treedef`` (``jax.tree.flatten(params)``, when the caller has them)
-    save a second flattening.
+    Args:
+        model: a statseq model.
+        params: its parameters.
+
+    Raises:
+        ValueError: bad shapes, non-finite or unrepresentable values, violated constraints.
+        TypeError: a wrong structure or a non-real dtype.
     """
-    if leaves is None:
-        leaves, treedef = jax.tree.flatten(params)
+    leaves, treedef = jax.tree.flatten(params)
     flat = tuple(leaves)
     key = (model, treedef)
     if not _PARAMS_OK.get(key, flat):
