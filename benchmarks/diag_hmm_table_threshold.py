@@ -11,7 +11,8 @@ for an input-driven model computes ``softmax(b + W u_t)`` each step) and once fo
 (`HMMBase.masked_data_filter`: the ``(T, K)`` emission table and the ``(T - 1, K, K)``
 transition matrices made before the loop, then `statseq.inference.hmm.hmm_filter`). Both
 programs (compiled ahead of time from the program a repeated public call dispatches, on
-its arguments) are then timed in interleaved rounds (`_harness.Timer`); the values are compared first (1e-10 relative).
+its arguments) are then timed in interleaved rounds (`_harness.Timer`); the values are
+compared first (1e-10 relative).
 The ratio table / scan (median of per-round ratios; ratio of minima) is what
 `statseq.models.hmm.base.TABLE_FILTER_MIN_STEPS` is chosen from. CPU only, float64; the
 default bucket policy (lengths may be padded, so this also covers the padded path).

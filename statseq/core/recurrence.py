@@ -453,8 +453,8 @@ class _Program:
     """A `_bound` program (``jitted``, whose output may be `_Stripped`, and the ``layouts``
     that restore it); `runner` binds the dynamic arrays and puts the zero-size and constant
     leaves back. The functions that put them back (`_restorer`) depend only on the program
-    and the layout, so they are made once per (layout, ``first``) and shared by every
-    runner (a call with new parameters builds a new runner, not a new restorer)."""
+    and the layout, so they are made once per layout and shared by every runner (a call
+    with new parameters builds a new runner, not a new restorer)."""
 
     __slots__ = ("jitted", "layouts", "restorers")
 
@@ -462,29 +462,27 @@ class _Program:
         self.jitted, self.layouts = jitted, layouts
         self.restorers: dict = {}
 
-    def restorer(self, out: _Stripped, first: bool):
+    def restorer(self, out: _Stripped):
         """The shared `_restorer` for the layout of ``out`` (it holds the put-back arrays
         and the tree structure only, none of a runner's arrays or outputs)."""
-        key = (_layout_key(out.leaves), first)
+        key = _layout_key(out.leaves)
         restore = self.restorers.get(key)
         if restore is None:
-            restore = self.restorers[key] = _restorer(out, self.layouts, first)
+            restore = self.restorers[key] = _restorer(out, self.layouts)
         return restore
 
-    def runner(self, arrays, first=False):
+    def runner(self, arrays):
         """A callable of no arguments: the program on ``arrays``, with the layout of its
-        stripped output looked up once (on the first call) rather than on every call;
-        ``first``: only ``output[0]`` (e.g. `log_prob`'s totals of the program it shares
-        with `filter`), without rebuilding the rest."""
+        stripped output looked up once (on the first call) rather than on every call."""
         jitted = self.jitted
         restore = []
 
         def run():
             out = jitted(*arrays)
             if type(out) is not _Stripped:
-                return out[0] if first else out
+                return out
             if not restore or restore[0][0] != len(out.leaves):  # (a retrace: look again)
-                restore[:] = [(len(out.leaves), self.restorer(out, first))]
+                restore[:] = [(len(out.leaves), self.restorer(out))]
             return restore[0][1](out.leaves)
 
         run.program, run.arrays = self, arrays  # (for tests: the raw output)
@@ -494,8 +492,8 @@ class _Program:
 _KEPT = object()
 
 
-def _restorer(out: _Stripped, layouts: dict, first: bool):
-    """``leaves -> full output`` (or its ``[0]``) for the layout of ``out`` (`_unstrip`
+def _restorer(out: _Stripped, layouts: dict):
+    """``leaves -> full output`` for the layout of ``out`` (`_unstrip`
     once, to make the put-back arrays, then a template filled on each call). It keeps no
     reference to ``out``'s own arrays (`_Program.restorer` shares it between runners)."""
     full = _unstrip(out, layouts)
@@ -503,11 +501,6 @@ def _restorer(out: _Stripped, layouts: dict, first: bool):
     gone = {e[0] for e in removed}
     flat = jax.tree.leaves(full)
     template = [a if i in gone else _KEPT for i, a in enumerate(flat)]
-    if first:
-        head = jax.tree.leaves(full[0])
-        if len(head) == 1 and template[0] is _KEPT:  # output[0] is the first kept leaf
-            return lambda leaves: leaves[0]
-        return lambda leaves: _fill(template, treedef, leaves)[0]
     return lambda leaves: _fill(template, treedef, leaves)
 
 
@@ -516,8 +509,7 @@ def _fill(template, treedef, leaves):
     return treedef.unflatten([next(it) if a is _KEPT else a for a in template])
 
 
-def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, first=False,
-                    **static):
+def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, **static):
     """`reshaped_call` as a zero-argument callable: the compiled program with its arguments
     bound (what `remembered` keeps, so that a repeat is one dispatch).
 
@@ -528,10 +520,8 @@ def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, first=False
         fill: build ``dynamic["mask"]`` and ``dynamic["inputs"]`` (those given as ``None``)
             inside the program from ``dynamic["y"]`` (`device_args`): an all-True mask
             known to the compiler, which can then drop the masking work.
-        pick: an index into ``fn``'s output to return alone (e.g. ``0``), or ``None``.
-        first: return only ``output[0]`` from a program that computes all of it (the
-            same compiled program as without, e.g. `log_prob` sharing `filter`'s;
-            ``pick`` compiles a program of that output alone).
+        pick: an index into ``fn``'s output to compute and return alone (e.g. ``0``:
+            a program of that output only), or ``None``.
         **static: hashable arguments of ``fn`` (the model, options).
 
     Returns:
@@ -543,7 +533,7 @@ def reshaped_runner(fn, batch_shape, dynamic, fill=False, pick=None, first=False
     nones = tuple(k for k, v in dynamic.items() if v is None)
     bound = _bound(fn, names, nones, tuple(batch_shape), fill, pick,
                    tuple(sorted(static.items())))
-    return bound.runner(tuple(dynamic[k] for k in names), first=first)
+    return bound.runner(tuple(dynamic[k] for k in names))
 
 
 def reshaped_call(fn, batch_shape, dynamic, fill=False, **static):
