@@ -9,7 +9,9 @@ with `jax.monitoring` events:
 * ``interpreter``: the parent's wall time of the process minus everything the child timed
   (Python start-up, site, interpreter shutdown);
 * ``import``: ``import jax.monitoring`` then ``import statseq`` (jax, numpyro, statseq);
-* ``data``: loading the bundled data set (pandas is imported here, lazily);
+* ``data``: loading the bundled data set as a NumPy array (``as_array=True``: the csv
+  module, no pandas; until Nov 27 the scripts called ``.to_numpy()`` on the pandas series,
+  which imported pandas here);
 * ``first call``: the script's work (model, initialization, fit, one printed number):
   tracing, lowering, and XLA compilation (cold) or a cache load (warm), plus running;
 * ``run only``: the same work called a second time in the same process (no tracing, no
@@ -107,7 +109,7 @@ _sys.stderr.write("STARTUP " + _json.dumps(dict(
 
 SCRIPTS = {
     "PoissonHMM EM, earthquakes": (
-        "import jax\ny = ss.datasets.load_earthquakes().to_numpy()",
+        "import jax\ny = ss.datasets.load_earthquakes(as_array=True)",
         "def work():\n"
         "    m = ss.PoissonHMM(num_states=2, initial=\"stationary\")\n"
         "    p = m.initialize(y, key=jax.random.key(0))\n"
@@ -115,7 +117,7 @@ SCRIPTS = {
         "    return float(ss.log_prob(m, fit.params, y))",
     ),
     "AR(2) L-BFGS, lynx": (
-        "import jax, numpy as np\ny = np.log10(ss.datasets.load_lynx().to_numpy())",
+        "import jax, numpy as np\ny = np.log10(ss.datasets.load_lynx(as_array=True))",
         "def work():\n"
         "    m = ss.AR(order=2)\n"
         "    p = m.initialize(y, key=jax.random.key(0))\n"
@@ -123,7 +125,7 @@ SCRIPTS = {
         "    return float(ss.log_prob(m, fit.params, y))",
     ),
     "local level L-BFGS, Nile": (
-        "y = ss.datasets.load_nile().to_numpy()",
+        "y = ss.datasets.load_nile(as_array=True)",
         "def work():\n"
         "    m = ss.LocalLevel()\n"
         "    fit = ss.fit_lbfgs(m, m.initialize(y), y, progress=False)\n"
