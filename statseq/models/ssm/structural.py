@@ -781,7 +781,7 @@ class _StructuralBase(GaussianSSMBase):
                                           maxval=bound)
                 return jnp.asarray(draw, dtype)
             f = 1.0 if factors is None else float(next(factors))
-            return jnp.asarray(scale * f, dtype)
+            return jax.device_put(np.asarray(scale * f, dtype))  # a transfer, no program
 
         params = jax.tree.map(leaf, cons, params, is_leaf=is_con)
         if self.input_dim:
