@@ -213,11 +213,16 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
         return pairwise_sum(log_probs), log_probs, None, final
     # a model may run its own filter where no per-step carries are wanted (e.g. a linear
     # Gaussian model with one series: `GaussianSSMBase.masked_data_filter`)
+    # (on a padded time axis too where the final carry is not wanted: the padded steps
+    # are masked, so the filter runs past them, and their scores are zeroed here)
     own = getattr(model, "masked_data_filter", None)
-    own = None if own is None or return_carries or num_valid is not None else own(
-        params, y.shape[1])
+    own = None if own is None or return_carries or (num_valid is not None and need_final) \
+        else own(params, y.shape[1])
     if own is not None:
         log_probs, final = vmap_or_one(own)(y, mask, inputs)
+        if num_valid is not None:
+            live = jnp.arange(y.shape[1]) < num_valid
+            log_probs = jnp.where(live, log_probs, jnp.zeros((), log_probs.dtype))
         return pairwise_sum(log_probs), log_probs, None, final
     carry0 = model.initial_carry(params)
     if getattr(model, "carry_tangents_from_start", False):  # opt-in: see the function
@@ -263,24 +268,30 @@ def _unflatten(tree, batch_shape):
     return jax.tree.map(lambda a: jnp.reshape(a, batch_shape + a.shape[1:]), tree)
 
 
-def _filter_call(model, params, data, return_carries=False, need_final=True, first=False):
+def _filter_call(model, params, data, return_carries=False, need_final=True, totals=False):
     """`_filter_flat` on prepared data as one compiled call with the batch shape restored
     (`reshaped_runner`): a zero-argument callable.
 
-    ``log_prob``, ``filter`` and `statseq.forecast` (`final_carries`) share one program per
-    (model, shapes): unpadded calls pass ``need_final=True`` whatever they need. (A
-    totals-only program for ``log_prob`` hands back one output instead of four, which
-    shortens a repeat of AR's at T = 10^3 by about a fifth, but it compiled a second
-    program wherever both are called: 9 % more time in `tests/core/test_buckets.py`'s
-    every-family test. `benchmarks/RESULTS.md`, "Public calls vs their jitted core".)
+    ``filter`` and `statseq.forecast` (`final_carries`) share one program per (model,
+    shapes): unpadded calls pass ``need_final=True`` whatever they need. ``totals=True``
+    (``log_prob``) compiles a program of the totals alone: its loop then stacks no
+    per-step output and it hands back one buffer instead of three or four (an AR(2)
+    ``log_prob`` repeat at T = 10^3 about a fifth shorter, `benchmarks/RESULTS.md`,
+    "Session 23: log_prob's own program"), at the price of a second compilation where
+    both ``log_prob`` and ``filter`` run on the same shapes.
     """
     padded = data.num_valid is not None
     dynamic, fill = device_args(data, model.num_inputs)
     dynamic["params"] = params
     if padded:
         dynamic["num_valid"] = np.int32(data.num_valid)
+    if totals:
+        return reshaped_runner(_filter_flat, data.batch_shape, dynamic, fill, pick=0,
+                               model=model, return_carries=False,
+                               complete=data.valid_complete if padded else data.complete,
+                               need_final=False)
     return reshaped_runner(
-        _filter_flat, data.batch_shape, dynamic, fill, first=first, model=model,
+        _filter_flat, data.batch_shape, dynamic, fill, model=model,
         return_carries=return_carries,
         complete=data.valid_complete if padded else data.complete,
         need_final=need_final if padded else True)
@@ -723,8 +734,7 @@ def _filter_runner(model, params, y, mask, inputs, return_carries):
 def _log_prob_runner(model, params, y, mask, inputs):
     """`log_prob`'s eager part (`remembered`)."""
     model, data = checked_data(model, params, y, mask, inputs)
-    # the totals alone from the program `filter` shares (`reshaped_runner`'s ``first``)
-    return _filter_call(model, params, data, need_final=False, first=True)
+    return _filter_call(model, params, data, totals=True)  # a program of the totals alone
 
 
 def filter(model, params, y, *, mask=None, inputs=None, return_carries=False) -> FilterResult:  # noqa: A001

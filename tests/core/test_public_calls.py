@@ -167,6 +167,25 @@ def test_public_equals_jitted_core_and_repeats_cost_one_program(name, monkeypatc
     _check_repeats(name, 59 + 2 * index, monkeypatch)  # lengths seen nowhere else
 
 
+@pytest.mark.parametrize("name", ["ar", "poisson_hmm", "lgssm", "gru"])
+def test_log_prob_program_hands_back_the_totals_alone(name):
+    """``log_prob`` runs a program of the totals alone (no per-step output stacked in its
+    loop, one buffer handed back: `recurrence._filter_call`'s ``totals``), equal to
+    ``filter``'s total from the program ``filter`` runs, for one series and a batch."""
+    model, params, y, u = _case(name, T=31)
+    kw = {} if u is None else {"inputs": u}
+    for data in (y, np.stack([y, y[::-1]])):
+        recurrence._REPEATS.clear()
+        total = ss.log_prob(model, params, data, **kw)
+        run = next(e.run for k, e in recurrence._REPEATS.items() if k[0] == "log_prob")
+        raw = run.program.jitted(*run.arrays)
+        leaves = raw.leaves if isinstance(raw, recurrence._Stripped) else jax.tree.leaves(raw)
+        assert len(leaves) == 1 and leaves[0].shape == data.shape[:-1 if y.ndim == 1 else -2]
+        np.testing.assert_allclose(total, ss.filter(model, params, data, **kw).log_prob,
+                                   rtol=1e-12)
+        np.testing.assert_array_equal(total, leaves[0])
+
+
 @pytest.mark.parametrize("name", ["poisson_hmm", "ms_ar"])
 def test_filter_filter_states_and_viterbi_repeat_as_one_program(name, monkeypatch):
     index = [f[0] for f in FAMILIES].index(name)

@@ -627,6 +627,63 @@ def test_public_log_prob_by_sweeps_equals_the_step_scan(monkeypatch):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("inputs", [True, False])
+def test_padded_log_prob_filters_the_table_equal_to_the_step_scan(inputs, monkeypatch):
+    """On CPU, from `TABLE_FILTER_MIN_STEPS` steps, ``log_prob`` filters the emission table
+    (and the transition matrices of an input-driven model) also on a time axis padded to a
+    bucket length (`recurrence._filter_flat` with ``num_valid``, no final carry wanted):
+    the step scan's total and gradient, a missing stretch included; shorter series keep
+    the step scan (two states without inputs: up to 511 steps)."""
+    from statseq.models.hmm import base
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the table threshold is a CPU default")
+    # (models and a length no other test uses: their programs are traced here)
+    model = ss.PoissonHMM(num_states=3, input_dim=2) if inputs else ss.PoissonHMM(5)
+    rng = np.random.default_rng(13)
+    T = 141  # padded to a longer bucket below
+    y = rng.poisson(3.0, size=(2, T)).astype(float)
+    mask = np.ones(y.shape, bool)
+    mask[1, 30:41] = False
+    u = rng.normal(size=(2, T, 2)) if inputs else None
+    params = model.initialize(y[0], key=jax.random.key(2),
+                              inputs=None if u is None else u[0])
+    assert model.filters_on_the_table(T) and not model.filters_on_the_table(64)
+    assert base.TABLE_FILTER_MIN_STEPS == {False: 128, True: 512}
+    assert ss.PoissonHMM(num_states=2).filters_on_the_table(512)
+    assert not ss.PoissonHMM(num_states=2).filters_on_the_table(511)
+    tables = []
+    real = type(model).log_likelihoods
+
+    def spy(self, *args):
+        tables.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(type(model), "log_likelihoods", spy)
+    previous = ss.set_length_buckets("always")
+    try:
+        data = ss.core.validation.prepare_data(model, y, mask, u, bucket=True)
+        assert data.num_valid == T and data.y.shape[1] > T
+        got = ss.log_prob(model, params, y, mask=mask, inputs=u)
+        assert tables  # the table path ran
+        grad_got = jax.grad(lambda p: ss.log_prob(model, p, y, mask=mask, inputs=u).sum())(
+            params)
+    finally:
+        ss.set_length_buckets(**previous)
+
+    def reference(p, y_i, m_i, u_i):  # the per-step scan, written out
+        def step(carry, xs):
+            return model.step(p, carry, *xs)[::-1]
+        return jax.lax.scan(step, model.initial_carry(p), (y_i, m_i, u_i))[1].sum()
+
+    uu = np.zeros((2, T, 0)) if u is None else u
+    total = jax.vmap(reference, in_axes=(None, 0, 0, 0))
+    np.testing.assert_allclose(got, total(params, y, mask, uu), rtol=1e-12)
+    grad_want = jax.grad(lambda p: total(p, y, mask, uu).sum())(params)
+    for g, w in zip(jax.tree.leaves(grad_got), jax.tree.leaves(grad_want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("covariance", ["full", "tied"])
 def test_gaussian_log_prob_filters_the_table_at_any_length(covariance):
     """`GaussianHMM` (full, tied) scores short sequences on the emission table too

@@ -33,7 +33,10 @@ from statseq.core.recurrence import pairwise_sum, vmap_or_one
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import hmm as hmm_seq
 from statseq.inference import hmm_parallel
-from statseq.inference._backend import use_parallel  # noqa: F401 - re-exported
+from statseq.inference._backend import (
+    backend_kind,
+    use_parallel,  # noqa: F401 - re-exported
+)
 
 
 class TransitionRegression(NamedTuple):
@@ -120,6 +123,17 @@ def stationary_distribution(transition_matrix):
     pi = jnp.linalg.solve(m, jnp.zeros((k,), m.dtype).at[-1].set(1.0))
     pi = jnp.clip(pi, 0.0, None)
     return pi / jnp.sum(pi)
+
+
+#: on CPU, the public filter (``log_prob``; `HMMBase.masked_data_filter`) runs on the
+#: emission table from this many steps, indexed by "two states or fewer and no inputs":
+#: paired runs of the public PoissonHMM ``log_prob`` (2-core CPU, float64, min of 60;
+#: `benchmarks/RESULTS.md`, "Session 23: HMM log_prob on the table"), table / step scan:
+#: with inputs K = 2, 4, 8 at T = 128 0.30 / 0.34 / 0.72, at T = 10^3 0.13 / - / 0.55 (the
+#: step scan's loop computes a softmax and a dot a step: ~0.8 us); without inputs K = 4, 8,
+#: 16 at T = 128 0.37 / 0.69 / 0.43, K = 2 at 256 / 512 / 10^3 1.1 / 0.88 / 0.53; at T = 64
+#: the step scan wins or ties (K = 2: 18 against 27 us)
+TABLE_FILTER_MIN_STEPS = {False: 128, True: 512}
 
 
 class HMMBase(SequenceModel):
@@ -361,9 +375,15 @@ class HMMBase(SequenceModel):
 
     def filters_on_the_table(self, num_timesteps: int) -> bool:
         """Whether `masked_data_filter` filters the ``(T, K)`` emission table (`log_likelihoods`)
-        rather than scoring step by step: where the filter runs by sweeps
+        rather than scoring step by step: on CPU from `TABLE_FILTER_MIN_STEPS` steps (the
+        emission table and, with inputs, the ``(T - 1, K, K)`` transition matrices made
+        in one vectorized pass before the loop; the step scan's loop computes each step's
+        softmax and emission density), elsewhere where the filter runs by sweeps
         (`statseq.inference.hmm.use_sweeps`). Families whose per-step emission density is
         costly (`GaussianHMM` with full or tied covariances) filter the table always."""
+        if backend_kind() == "cpu":
+            small = not self.input_dim and self.num_states <= 2
+            return num_timesteps >= TABLE_FILTER_MIN_STEPS[small]
         return hmm_seq.use_sweeps(num_timesteps)
 
     def masked_data_filter(self, params, num_timesteps: int):
