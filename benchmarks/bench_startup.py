@@ -9,7 +9,9 @@ with `jax.monitoring` events:
 * ``interpreter``: the parent's wall time of the process minus everything the child timed
   (Python start-up, site, interpreter shutdown);
 * ``import``: ``import jax.monitoring`` then ``import statseq`` (jax, numpyro, statseq);
-* ``data``: loading the bundled data set (pandas is imported here, lazily);
+* ``data``: loading the bundled data set as a NumPy array (``as_array=True``: the csv
+  module, no pandas; until Nov 27 the scripts called ``.to_numpy()`` on the pandas series,
+  which imported pandas here);
 * ``first call``: the script's work (model, initialization, fit, one printed number):
   tracing, lowering, and XLA compilation (cold) or a cache load (warm), plus running;
 * ``run only``: the same work called a second time in the same process (no tracing, no
@@ -105,9 +107,14 @@ _sys.stderr.write("STARTUP " + _json.dumps(dict(
     programs=_first_progs, modules=sorted({m.split(".")[0] for m in _sys.modules}))) + "\n")
 """
 
+# the data as a NumPy array (``as_array=True`` reads the CSV without pandas); checkouts
+# from before Nov 27 (`--compare`) have no ``as_array`` and go through pandas
+_ARRAY = ("(ss.datasets.load_{0}(as_array=True) if 'as_array' in "
+          "ss.datasets.load_{0}.__code__.co_varnames else ss.datasets.load_{0}().to_numpy())")
+
 SCRIPTS = {
     "PoissonHMM EM, earthquakes": (
-        "import jax\ny = ss.datasets.load_earthquakes().to_numpy()",
+        "import jax\ny = " + _ARRAY.format("earthquakes"),
         "def work():\n"
         "    m = ss.PoissonHMM(num_states=2, initial=\"stationary\")\n"
         "    p = m.initialize(y, key=jax.random.key(0))\n"
@@ -115,7 +122,7 @@ SCRIPTS = {
         "    return float(ss.log_prob(m, fit.params, y))",
     ),
     "AR(2) L-BFGS, lynx": (
-        "import jax, numpy as np\ny = np.log10(ss.datasets.load_lynx().to_numpy())",
+        "import jax, numpy as np\ny = np.log10(" + _ARRAY.format("lynx") + ")",
         "def work():\n"
         "    m = ss.AR(order=2)\n"
         "    p = m.initialize(y, key=jax.random.key(0))\n"
@@ -123,7 +130,7 @@ SCRIPTS = {
         "    return float(ss.log_prob(m, fit.params, y))",
     ),
     "local level L-BFGS, Nile": (
-        "y = ss.datasets.load_nile().to_numpy()",
+        "y = " + _ARRAY.format("nile"),
         "def work():\n"
         "    m = ss.LocalLevel()\n"
         "    fit = ss.fit_lbfgs(m, m.initialize(y), y, progress=False)\n"

@@ -18,8 +18,10 @@ _cache._configure_on_import()
 
 from statseq._cache import enable_compilation_cache  # noqa: E402
 
-# Eager: what every script touches, and every model family (each registers itself with
-# `register_model`, which `registered_models` and `statseq.load` read).
+# Eager: what every script touches, and every model family but the neural networks and
+# the deep state space model (each registers itself with `register_model`, which
+# `registered_models` and `statseq.load` read; they import the lazy families first:
+# `statseq.core.model._DEFERRED_MODEL_MODULES`).
 from statseq.core.buckets import bucket_length, set_length_buckets  # noqa: E402
 from statseq.core.model import SequenceModel, register_model, registered_models  # noqa: E402
 from statseq.core.params import (  # noqa: E402
@@ -36,7 +38,6 @@ from statseq.core.validation import missing_mask, pad_sequences  # noqa: E402
 # function must be bound here, after it (a lazy name would be shadowed by the module).
 from statseq.forecast import Forecast, forecast, future_index  # noqa: E402
 from statseq.models.autoregressive import AR, ARParams  # noqa: E402
-from statseq.models.deepstate import DeepStateParams, DeepStateSpace  # noqa: E402
 from statseq.models.hmm import (  # noqa: E402
     BernoulliHMM,
     CategoricalHMM,
@@ -48,27 +49,6 @@ from statseq.models.hmm import (  # noqa: E402
     PoissonHMM,
     TransitionRegression,
 )
-from statseq.models.neural import (  # noqa: E402
-    AFT,
-    GRU,
-    LRU,
-    LSTM,
-    MLSTM,
-    RWKV,
-    AFTBackbone,
-    ElmanRNN,
-    LinearAttention,
-    LinearAttentionBackbone,
-    Mamba,
-    NeuralParams,
-    NeuralSequenceModel,
-    WaveNet,
-    WaveNetBackbone,
-)
-from statseq.models.neural.s4 import S4D, S4DBackbone  # noqa: E402
-from statseq.models.neural.s5 import S5, S5Backbone  # noqa: E402
-from statseq.models.neural.seq2seq import EncoderDecoder, IdentityBackbone  # noqa: E402
-from statseq.models.neural.transformer import Transformer, TransformerBackbone  # noqa: E402
 from statseq.models.ngram import NGram, NGramCounts  # noqa: E402
 from statseq.models.ngrc import NGRC, NGRCParams  # noqa: E402
 from statseq.models.ssm import (  # noqa: E402
@@ -167,6 +147,33 @@ _LAZY = {
     "save": "statseq.io",
     "plot_forecast": "statseq.plotting",
     "plot_traces": "statseq.plotting",
+    # neural networks and the deep state space model (about 0.05 s of CPU to import: many
+    # dataclasses); `registered_models` imports them (core.model._DEFERRED_MODEL_MODULES)
+    "AFT": "statseq.models.neural",
+    "AFTBackbone": "statseq.models.neural",
+    "GRU": "statseq.models.neural",
+    "LRU": "statseq.models.neural",
+    "LSTM": "statseq.models.neural",
+    "MLSTM": "statseq.models.neural",
+    "RWKV": "statseq.models.neural",
+    "ElmanRNN": "statseq.models.neural",
+    "LinearAttention": "statseq.models.neural",
+    "LinearAttentionBackbone": "statseq.models.neural",
+    "Mamba": "statseq.models.neural",
+    "NeuralParams": "statseq.models.neural",
+    "NeuralSequenceModel": "statseq.models.neural",
+    "WaveNet": "statseq.models.neural",
+    "WaveNetBackbone": "statseq.models.neural",
+    "S4D": "statseq.models.neural.s4",
+    "S4DBackbone": "statseq.models.neural.s4",
+    "S5": "statseq.models.neural.s5",
+    "S5Backbone": "statseq.models.neural.s5",
+    "EncoderDecoder": "statseq.models.neural.seq2seq",
+    "IdentityBackbone": "statseq.models.neural.seq2seq",
+    "Transformer": "statseq.models.neural.transformer",
+    "TransformerBackbone": "statseq.models.neural.transformer",
+    "DeepStateParams": "statseq.models.deepstate",
+    "DeepStateSpace": "statseq.models.deepstate",
     # classify (sequence classifiers, scikit-learn style)
     "classify": None,
     "GenerativeClassifier": "statseq.classify",

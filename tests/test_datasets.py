@@ -118,6 +118,23 @@ def test_load_dataset_matches_loader(name):
     pd.testing.assert_series_equal(datasets.load_dataset(name), SPECS[name][0]())
 
 
+@pytest.mark.parametrize("name", [*NAMES, "us_gnp_growth"])
+def test_as_array_equals_the_series_values(name):
+    """``as_array=True`` reads the column with the csv module: the series' values bit for
+    bit (dtype included)."""
+    loader = getattr(datasets, f"load_{name}")
+    want = loader().to_numpy()
+    got = loader(as_array=True)
+    assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
+def test_as_array_rejects_as_frame():
+    # (that as_array imports no pandas is checked in tests/test_lazy_imports.py)
+    with pytest.raises(ValueError, match="as_frame and as_array"):
+        datasets.load_uk_driver_deaths(as_frame=True, as_array=True)
+
+
 def test_load_dataset_unknown():
     with pytest.raises(KeyError, match="unknown dataset"):
         datasets.load_dataset("earthquakes_that_do_not_exist")

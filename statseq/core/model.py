@@ -35,6 +35,11 @@ Carry = Any
 
 _MODEL_REGISTRY: dict[str, type[SequenceModel]] = {}
 
+# Model families that `import statseq` does not import (loaded on first access of one of
+# their names, `statseq.__getattr__`): their classes register when their module runs, so
+# `registered_models` imports them first (a saved neural model loads without any access).
+_DEFERRED_MODEL_MODULES = ("statseq.models.neural", "statseq.models.deepstate")
+
 
 def register_model(cls: type[SequenceModel]) -> type[SequenceModel]:
     """Class decorator: register a concrete model for saving/loading and contract tests.
@@ -67,6 +72,10 @@ def registered_models() -> dict[str, type[SequenceModel]]:
         >>> {"AR", "PoissonHMM", "LocalLevel", "LSTM"} <= set(models)
         True
     """
+    import importlib
+
+    for module in _DEFERRED_MODEL_MODULES:  # a no-op once imported
+        importlib.import_module(module)
     return dict(_MODEL_REGISTRY)
 
 

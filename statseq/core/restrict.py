@@ -337,7 +337,7 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
             kinds.append(_whole(build, name, value, con, bool(mask.any()), u))
             if not mask.any():
                 fixed_coords.extend(range(start, len(build.z)))
-            arrays.append((value, jnp.asarray(not mask.any())))
+            arrays.append((value, jax.device_put(np.asarray(not mask.any()))))
             partial.append(None)
         else:
             if con.event_dim != 0 and con is not constraints.simplex and not (
@@ -369,8 +369,9 @@ def restrict(model, params, trainable=None, ties=None) -> tuple[Restriction, np.
     keep = np.ones(len(z0), bool)
     keep[fixed_coords] = False
     z0[fixed_coords] = 0.0
-    restriction = Restriction(treedef, tuple(kinds), tuple(arrays), jnp.asarray(keep),
-                              jnp.asarray(np.asarray(z0, float_dtype())))
+    # transfers (device_put), not the small compiled programs of jnp.asarray
+    restriction = Restriction(treedef, tuple(kinds), tuple(arrays), jax.device_put(keep),
+                              jax.device_put(np.asarray(z0, float_dtype())))
     return restriction, z0
 
 

@@ -3,15 +3,24 @@
 Every file lives in ``statseq/datasets/data/`` and is read through `importlib.resources`,
 so the loaders work from a source checkout, an installed wheel or a zip import, and never touch
 the network. See ``data/README.md`` for provenance and licensing of each file.
+
+pandas is imported inside the loaders that build a pandas object, not with the module: the
+single-series loaders take ``as_array=True`` and then read their column with the `csv`
+module into a NumPy array (the same values, bit for bit), so a script that only wants the
+numbers does not pay pandas' import (about 0.15-0.2 s).
 """
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "list_datasets",
@@ -282,6 +291,8 @@ _SEATBELTS_DTYPES = {
 
 
 def _read_csv(filename: str) -> pd.DataFrame:
+    import pandas as pd
+
     path = resources.files(__package__).joinpath("data", filename)
     if filename.endswith(".gz"):  # the larger files are stored gzipped
         with path.open("rb") as fh:
@@ -301,6 +312,8 @@ def _attrs(meta: _Meta) -> dict[str, str]:
 
 
 def _index(frame: pd.DataFrame, time: str) -> pd.Index:
+    import pandas as pd
+
     if time == "year":
         return pd.Index(frame["year"].astype("int64").to_numpy(), name="year")
     if time == "quarter":
@@ -308,8 +321,26 @@ def _index(frame: pd.DataFrame, time: str) -> pd.Index:
     return pd.PeriodIndex(frame["month"].to_numpy(), freq="M", name="month")
 
 
-def _load_series(name: str) -> pd.Series:
+def _read_column(filename: str, column: str, dtype: str) -> np.ndarray:
+    """One column of a bundled (plain, not gzipped) CSV file as a NumPy array, read with
+    the `csv` module: the values `_read_csv` gives, without importing pandas."""
+    path = resources.files(__package__).joinpath("data", filename)
+    with path.open("r", encoding="utf-8", newline="") as fh:
+        rows = csv.reader(fh)
+        j = next(rows).index(column)
+        values = [row[j] for row in rows if row]
+    if dtype == "int64":
+        return np.array([int(v) for v in values], dtype=np.int64)
+    # float(): correctly rounded, as pandas' parser on these files (a test compares them)
+    return np.array([float(v) if v else np.nan for v in values], dtype=np.float64)
+
+
+def _load_series(name: str, as_array: bool = False) -> pd.Series | np.ndarray:
     meta = _META[name]
+    if as_array:
+        return _read_column(meta.filename, meta.column, meta.dtype)
+    import pandas as pd
+
     frame = _read_csv(meta.filename)
     series = pd.Series(
         frame[meta.column].to_numpy().astype(meta.dtype),
@@ -333,59 +364,76 @@ def list_datasets() -> list[str]:
     return sorted(_LOADERS)
 
 
-def load_nile() -> pd.Series:
+def load_nile(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Annual flow of the river Nile at Aswan, 1871-1970 (100 values, 10^8 m^3).
 
     The classic data set for the local level model, with an apparent level shift near 1898.
 
     Source: R ``datasets::Nile`` (Durbin & Koopman, 2001; Cobb, 1978).
 
+    Args:
+        as_array: return the values alone, a NumPy ``float64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``float64`` series named ``"flow"`` indexed by integer ``"year"``; metadata in ``attrs``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_nile(); y.shape
         (100,)
         >>> int(y.loc[1871])
         1120
+        >>> load_nile(as_array=True)[:3]                # NumPy, without importing pandas
+        array([1120., 1160.,  963.])
     """
-    return _load_series("nile")
+    return _load_series("nile", as_array)
 
 
-def load_lynx() -> pd.Series:
+def load_lynx(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Annual Canadian lynx trappings, 1821-1934 (114 counts).
 
     Usually modelled as an AR(2) process on the ``log10`` scale.
 
     Source: R ``datasets::lynx`` (Brockwell & Davis, 1991, Series G; Campbell & Walker, 1977).
 
+    Args:
+        as_array: return the values alone, a NumPy ``int64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``int64`` series named ``"trappings"`` indexed by integer ``"year"``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_lynx(); y.shape
         (114,)
         >>> import numpy as np; z = np.log10(y)
     """
-    return _load_series("lynx")
+    return _load_series("lynx", as_array)
 
 
-def load_sunspots() -> pd.Series:
+def load_sunspots(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Yearly mean sunspot numbers, 1700-1988 (289 values).
 
     Source: R ``datasets::sunspot.year`` (Tong, 1996, p. 471).
 
+    Args:
+        as_array: return the values alone, a NumPy ``float64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``float64`` series named ``"sunspots"`` indexed by integer ``"year"``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_sunspots(); y.shape
         (289,)
     """
-    return _load_series("sunspots")
+    return _load_series("sunspots", as_array)
 
 
-def load_sunspots_monthly() -> pd.Series:
+def load_sunspots_monthly(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Monthly mean sunspot numbers, Jan 1749 - Sep 2013 (3,177 values).
 
     A long series with a roughly 11-year (about 130-month) cycle that rises faster than it
@@ -394,9 +442,14 @@ def load_sunspots_monthly() -> pd.Series:
     Source: R ``datasets::sunspot.month`` (WDC-SILSO, Royal Observatory of Belgium; the
     sunspot numbers as published before SILSO's 2015 recalibration).
 
+    Args:
+        as_array: return the values alone, a NumPy ``float64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``float64`` series named ``"sunspots"`` with a monthly ``PeriodIndex`` named
         ``"month"``; metadata in ``attrs``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_sunspots_monthly(); y.shape
@@ -406,10 +459,10 @@ def load_sunspots_monthly() -> pd.Series:
         >>> str(y.idxmax()), float(y.max())
         ('1957-10', 253.8)
     """
-    return _load_series("sunspots_monthly")
+    return _load_series("sunspots_monthly", as_array)
 
 
-def load_treering() -> pd.Series:
+def load_treering(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Yearly tree-ring widths of a bristlecone pine, 6000 BC - AD 1979 (7,980 values).
 
     Normalized (dimensionless) ring widths of one Great Basin bristlecone pine at Methuselah
@@ -420,8 +473,13 @@ def load_treering() -> pd.Series:
     Source: R ``datasets::treering`` (Donald A. Graybill, 1980; Time Series Data Library
     series CA535.DAT).
 
+    Args:
+        as_array: return the values alone, a NumPy ``float64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``float64`` series named ``"width"`` indexed by integer ``"year"``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_treering(); y.shape
@@ -429,27 +487,32 @@ def load_treering() -> pd.Series:
         >>> int(y.index[0]), float(y.iloc[0]), int(y.index[-1])
         (-6000, 1.345, 1979)
     """
-    return _load_series("treering")
+    return _load_series("treering", as_array)
 
 
-def load_discoveries() -> pd.Series:
+def load_discoveries(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Yearly counts of important inventions and scientific discoveries, 1860-1959 (100 values).
 
     A small count series, e.g. for Poisson hidden Markov models.
 
     Source: R ``datasets::discoveries`` (World Almanac 1975; McNeil, 1977).
 
+    Args:
+        as_array: return the values alone, a NumPy ``int64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``int64`` series named ``"discoveries"`` indexed by integer ``"year"``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_discoveries(); y.shape
         (100,)
     """
-    return _load_series("discoveries")
+    return _load_series("discoveries", as_array)
 
 
-def load_earthquakes() -> pd.Series:
+def load_earthquakes(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Annual counts of major (magnitude 7+) earthquakes worldwide, 1900-2006 (107 values).
 
     The classic series of Zucchini, MacDonald and Langrock's *Hidden Markov Models for Time
@@ -458,23 +521,33 @@ def load_earthquakes() -> pd.Series:
     Source: U.S. Geological Survey counts, tabulated by Zucchini & MacDonald (taken from the
     dynamax package's example data, MIT licence).
 
+    Args:
+        as_array: return the values alone, a NumPy ``int64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``int64`` series named ``"earthquakes"`` indexed by integer ``"year"``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_earthquakes(); y.shape
         (107,)
     """
-    return _load_series("earthquakes")
+    return _load_series("earthquakes", as_array)
 
 
-def load_air_passengers() -> pd.Series:
+def load_air_passengers(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Monthly international airline passengers (thousands), Jan 1949 - Dec 1960 (144 values).
 
     Source: R ``datasets::AirPassengers`` (Box, Jenkins & Reinsel, 1976, Series G).
 
+    Args:
+        as_array: return the values alone, a NumPy ``float64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``float64`` series named ``"passengers"`` with a monthly ``PeriodIndex`` named ``"month"``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_air_passengers(); y.shape
@@ -482,10 +555,11 @@ def load_air_passengers() -> pd.Series:
         >>> str(y.index[0])
         '1949-01'
     """
-    return _load_series("air_passengers")
+    return _load_series("air_passengers", as_array)
 
 
-def load_uk_driver_deaths(as_frame: bool = False) -> pd.Series | pd.DataFrame:
+def load_uk_driver_deaths(as_frame: bool = False, *, as_array: bool = False
+                          ) -> pd.Series | pd.DataFrame | np.ndarray:
     """Monthly UK car drivers killed or seriously injured, Jan 1969 - Dec 1984 (192 values).
 
     Compulsory seat belt wearing started on 31 January 1983 (``law`` is 1 from Feb 1983).
@@ -497,10 +571,16 @@ def load_uk_driver_deaths(as_frame: bool = False) -> pd.Series | pd.DataFrame:
         as_frame: If ``True``, return every column of R's ``Seatbelts`` instead: ``drivers``,
             ``drivers_killed``, ``front``, ``rear``, ``kms``, ``petrol_price``, ``van_killed``
             and ``law`` (renamed to snake case).
+        as_array: return the ``drivers`` values alone, a NumPy ``int64`` array, read
+            without importing pandas (not with ``as_frame``).
 
     Returns:
         ``int64`` series named ``"drivers"`` with a monthly ``PeriodIndex`` named ``"month"``,
-        or a ``DataFrame`` with the same index when ``as_frame`` is true.
+        or a ``DataFrame`` with the same index when ``as_frame`` is true, or the series'
+        values as an array with ``as_array``.
+
+    Raises:
+        ValueError: If both ``as_frame`` and ``as_array`` are true.
 
     Examples:
         >>> y = load_uk_driver_deaths(); y.shape
@@ -508,8 +588,11 @@ def load_uk_driver_deaths(as_frame: bool = False) -> pd.Series | pd.DataFrame:
         >>> load_uk_driver_deaths(as_frame=True).shape
         (192, 8)
     """
+    if as_frame and as_array:
+        raise ValueError("load_uk_driver_deaths: as_frame and as_array cannot both be true "
+                         "(as_array gives the drivers series' values)")
     if not as_frame:
-        return _load_series("uk_driver_deaths")
+        return _load_series("uk_driver_deaths", as_array)
     meta = _META["uk_driver_deaths"]
     frame = _read_csv(meta.filename)
     out = frame.drop(columns="month").astype(_SEATBELTS_DTYPES)
@@ -523,7 +606,7 @@ def load_uk_driver_deaths(as_frame: bool = False) -> pd.Series | pd.DataFrame:
     return out
 
 
-def load_us_gnp_growth() -> pd.Series:
+def load_us_gnp_growth(*, as_array: bool = False) -> pd.Series | np.ndarray:
     """Quarterly growth of US real GNP, 1951Q2-1984Q4 (135 values), Hamilton (1989).
 
     The data of Hamilton's Markov-switching AR(4) business-cycle model (fit it with
@@ -532,9 +615,14 @@ def load_us_gnp_growth() -> pd.Series:
     Source: Hamilton (1989, Econometrica 57, 357-384); values as shipped by statsmodels
     (BSD licence) in its regime-switching tests.
 
+    Args:
+        as_array: return the values alone, a NumPy ``float64`` array, read without
+            importing pandas (the same numbers as the series' ``to_numpy()``).
+
     Returns:
         ``float64`` series named ``"growth"`` with a quarterly ``PeriodIndex`` named
         ``"quarter"``.
+        With ``as_array``, the values alone as an array.
 
     Examples:
         >>> y = load_us_gnp_growth(); y.shape
@@ -542,7 +630,7 @@ def load_us_gnp_growth() -> pd.Series:
         >>> str(y.index[0]), str(y.index[-1])
         ('1951Q2', '1984Q4')
     """
-    return _load_series("us_gnp_growth")
+    return _load_series("us_gnp_growth", as_array)
 
 
 def load_old_faithful() -> pd.DataFrame:
@@ -571,6 +659,8 @@ def load_old_faithful() -> pd.DataFrame:
     meta = _META["old_faithful"]
     frame = _read_csv(meta.filename)
     out = frame[["waiting", "duration"]].astype({"waiting": "int64", "duration": "float64"})
+    import pandas as pd
+
     out.index = pd.Index(frame["eruption"].astype("int64").to_numpy(), name="eruption")
     out.attrs.update(_attrs(meta))
     return out
@@ -735,6 +825,8 @@ def load_electricity_demand() -> pd.DataFrame:
     frame = _read_csv(_ELEC_FILE)
     out = frame[["demand", "temperature", "workday"]].astype(
         {"demand": "float64", "temperature": "float64", "workday": "int64"})
+    import pandas as pd
+
     out.index = pd.date_range("2014-01-01", periods=len(frame), freq="h", name="time")
     if not (frame["hour"].to_numpy() == range(len(frame))).all():  # pragma: no cover
         raise ValueError(f"{_ELEC_FILE}: the hours are not 0, 1, ..., {len(frame) - 1}")

@@ -347,7 +347,7 @@ def fit_em(model, params, y, *, mask=None, inputs=None, num_iters=100,
     bound_cache(_fit_em_compiled)
     with _progress.progress_bar(num_iters, f"fit_em {type(model).__name__}", progress):
         out = _fit_em_compiled(
-            model, params, jax.tree.map(jnp.asarray, m_step_tree), restriction, priors,
+            model, params, jax.tree.map(np.asarray, m_step_tree), restriction, priors,
             data.y, data.mask,
             data.inputs, np.asarray(tol_value, float_dtype()),  # NumPy: no cast program
             np.asarray(num_iters, np.int32),

@@ -185,7 +185,7 @@ def fit_lbfgs(model, params, y, *, mask=None, inputs=None, trainable=None, prior
     bound_cache(_fit_lbfgs_compiled)  # one program per data shape: keep only the latest
     with _progress.progress_bar(num_iters, f"fit_lbfgs {type(model).__name__}", progress):
         out = _fit_lbfgs_compiled(
-            model, restriction, jnp.asarray(z0, float_dtype()), priors, data.y,
+            model, restriction, np.asarray(z0, float_dtype()), priors, data.y,
             data.mask, data.inputs, np.asarray(tol, float_dtype()),  # NumPy: no cast program
             np.asarray(num_iters, np.int32),
             np.asarray(_progress.update_every(num_iters), np.int32),

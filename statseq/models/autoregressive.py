@@ -422,13 +422,14 @@ class AR(SequenceModel):
         dtype = float_dtype()
         # cast and symmetrize with NumPy in the target dtype: the same values as jnp's,
         # without six small programs to trace and load in a new process
+        # (and transfer them with device_put: jnp.asarray compiles a program per shape)
         cov = np.asarray(cov, dtype)
         return ARParams(
-            coeffs=jnp.asarray(np.asarray(lag_block, dtype)),
-            intercept=jnp.asarray(np.asarray(beta[0], dtype)),
-            input_weights=jnp.asarray(
+            coeffs=jax.device_put(np.asarray(lag_block, dtype)),
+            intercept=jax.device_put(np.asarray(beta[0], dtype)),
+            input_weights=jax.device_put(
                 np.asarray(beta[1 + p * d :].T.reshape(d, self.input_dim), dtype)),
-            cov=jnp.asarray(0.5 * (cov + np.swapaxes(cov, -1, -2))),
+            cov=jax.device_put(0.5 * (cov + np.swapaxes(cov, -1, -2))),
         )
 
 

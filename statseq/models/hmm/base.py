@@ -292,8 +292,9 @@ class HMMBase(SequenceModel):
             return jnp.ones((1, 1), dtype)
         off = (1.0 - stickiness) / (k - 1)
         # NumPy in the same dtype gives the same values without five small programs
-        eye = np.eye(k, dtype=dtype)
-        return jnp.asarray(np.full((k, k), off, dtype) + np.asarray(stickiness - off, dtype) * eye)
+        eye = np.eye(k, dtype=dtype)  # and a transfer (device_put), not a cast program
+        return jax.device_put(np.full((k, k), off, dtype)
+                              + np.asarray(stickiness - off, dtype) * eye)
 
     def assemble_params(self, emissions, transitions=None, initial_probs=None) -> HMMParams:
         """Params from emission parameters, with sticky transitions and a uniform start."""
@@ -766,13 +767,15 @@ class HMMBase(SequenceModel):
             raise ValueError(f"transitions must be None or one of {_TRANSITION_FAMILIES}, "
                              f"got {transitions!r}")
         data = prepare_data(self, y, mask, inputs)
+        if method == "data" and transitions is None:
+            # the default: no split keys are used (splitting would cost two small programs)
+            return self.assemble_params(self.initialize_emissions(
+                np.asarray(data.y), np.asarray(data.mask), key=key, method=method))
         k_emit, k_trans, k_family, k_init = jax.random.split(key, 4)
         emissions = self.initialize_emissions(
             np.asarray(data.y), np.asarray(data.mask), key=key if method == "data" else k_emit,
             method=method,
         )
-        if method == "data" and transitions is None:
-            return self.assemble_params(emissions)
         if transitions is None:
             transitions = _TRANSITION_FAMILIES[
                 int(jax.random.randint(k_family, (), 0, len(_TRANSITION_FAMILIES)))]

@@ -170,7 +170,9 @@ class PoissonHMM(HMMBase):
             rates = (seeds + jitter).reshape((k,) + self.event_shape)
         else:
             raise ValueError(f"method must be 'data' or 'random', got {method!r}")
-        return PoissonEmissions(jnp.asarray(np.asarray(np.maximum(rates, 1e-3), float_dtype())))
+        # a transfer (device_put), not a small compiled program as jnp.asarray would be
+        return PoissonEmissions(jax.device_put(np.asarray(np.maximum(rates, 1e-3),
+                                                          float_dtype())))
 
 
 def _check_conjugate(priors, emission_types: dict) -> None:

@@ -272,7 +272,12 @@ def _scalar(stochastic: bool):
 
 
 def _fill(stochastic: bool, value, dtype):
-    return jnp.asarray(value, dtype) if stochastic else None
+    if not stochastic:
+        return None
+    if isinstance(value, jax.Array):  # traced, or on the device already
+        return jnp.asarray(value, dtype)
+    # host values: a transfer (device_put), not a small compiled cast program
+    return jax.device_put(np.asarray(value, jnp.dtype(dtype or float_dtype())))
 
 
 class Component(abc.ABC):
@@ -706,7 +711,7 @@ class _StructuralBase(GaussianSSMBase):
     def default_params(self, dtype=None):
         """Every variance 1, autoregressive and regression coefficients 0."""
         dtype = dtype or float_dtype()
-        return self._join(jnp.asarray(1.0, dtype),
+        return self._join(jax.device_put(np.asarray(1.0, dtype)),  # no cast program
                           tuple(c.default_params(1.0, dtype) for c in self.components),
                           jnp.zeros((self.input_dim,), dtype) if self.input_dim else None)
 
@@ -776,7 +781,7 @@ class _StructuralBase(GaussianSSMBase):
                                           maxval=bound)
                 return jnp.asarray(draw, dtype)
             f = 1.0 if factors is None else float(next(factors))
-            return jnp.asarray(scale * f, dtype)
+            return jax.device_put(np.asarray(scale * f, dtype))  # a transfer, no program
 
         params = jax.tree.map(leaf, cons, params, is_leaf=is_con)
         if self.input_dim:
