@@ -633,7 +633,7 @@ def test_padded_log_prob_filters_the_table_equal_to_the_step_scan(inputs, monkey
     (and the transition matrices of an input-driven model) also on a time axis padded to a
     bucket length (`recurrence._filter_flat` with ``num_valid``, no final carry wanted):
     the step scan's total and gradient, a missing stretch included; shorter series keep
-    the step scan (two states without inputs: up to 511 steps)."""
+    the step scan (two states without inputs: up to 999 steps)."""
     from statseq.models.hmm import base
 
     if jax.default_backend() != "cpu":
@@ -649,9 +649,9 @@ def test_padded_log_prob_filters_the_table_equal_to_the_step_scan(inputs, monkey
     params = model.initialize(y[0], key=jax.random.key(2),
                               inputs=None if u is None else u[0])
     assert model.filters_on_the_table(T) and not model.filters_on_the_table(64)
-    assert base.TABLE_FILTER_MIN_STEPS == {False: 128, True: 512}
-    assert ss.PoissonHMM(num_states=2).filters_on_the_table(512)
-    assert not ss.PoissonHMM(num_states=2).filters_on_the_table(511)
+    two = ss.PoissonHMM(num_states=2)
+    assert two.filters_on_the_table(base.TABLE_FILTER_MIN_STEPS[True])
+    assert not two.filters_on_the_table(base.TABLE_FILTER_MIN_STEPS[True] - 1)
     tables = []
     real = type(model).log_likelihoods
 

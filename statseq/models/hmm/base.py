@@ -127,13 +127,14 @@ def stationary_distribution(transition_matrix):
 
 #: on CPU, the public filter (``log_prob``; `HMMBase.masked_data_filter`) runs on the
 #: emission table from this many steps, indexed by "two states or fewer and no inputs":
-#: paired runs of the public PoissonHMM ``log_prob`` (2-core CPU, float64, min of 60;
-#: `benchmarks/RESULTS.md`, "Session 23: HMM log_prob on the table"), table / step scan:
-#: with inputs K = 2, 4, 8 at T = 128 0.30 / 0.34 / 0.72, at T = 10^3 0.13 / - / 0.55 (the
-#: step scan's loop computes a softmax and a dot a step: ~0.8 us); without inputs K = 4, 8,
-#: 16 at T = 128 0.37 / 0.69 / 0.43, K = 2 at 256 / 512 / 10^3 1.1 / 0.88 / 0.53; at T = 64
-#: the step scan wins or ties (K = 2: 18 against 27 us)
-TABLE_FILTER_MIN_STEPS = {False: 128, True: 512}
+#: `benchmarks/diag_hmm_table_threshold.py` (2-core CPU, float64, quiet, 17:19 UTC Nov 27;
+#: both forms of the public PoissonHMM ``log_prob`` in one process, interleaved rounds),
+#: table / step scan, paired median (ratio of minima): with inputs K = 2, 4, 8, 16 at
+#: T = 128 0.75 (0.62), 0.59 (0.59), 0.81 (0.89), 1.14 (0.94), at T = 10^3 0.21, 0.26, 0.59,
+#: 0.73 (the step scan's loop computes a softmax and a dot a step: ~0.9 us); without inputs
+#: K = 4, 8, 16 at T = 128 0.55, 0.94, 0.57, at 10^3 0.22, 0.62, 0.39; K = 2 at 512 1.49
+#: (1.27), at 10^3 0.77 (0.68); at T = 64 the step scan wins but for K = 16
+TABLE_FILTER_MIN_STEPS = {False: 128, True: 1000}
 
 
 class HMMBase(SequenceModel):
