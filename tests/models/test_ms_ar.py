@@ -431,3 +431,50 @@ def test_random_starts_and_fit_restarts_reach_hamiltons_optimum():
     res = ss.fit_restarts(model, y, key=jax.random.key(0), num_restarts=3, num_iters=300,
                           tol=1e-10)
     assert abs(res.best.final_log_joint - (-181.26339)) < 1e-3
+
+
+@pytest.mark.parametrize(("kw", "num_timesteps"), [
+    (dict(num_regimes=2, order=2), 2), (dict(num_regimes=2, order=1, form="mean"), 23)])
+def test_table_filter_equals_the_step_scan(kw, num_timesteps, monkeypatch):
+    """`MarkovSwitchingAR.masked_data_filter` (the finite-state filter on the expanded
+    chain's emission table, which ``log_prob`` runs on CPU from `TABLE_FILTER_MIN_STEPS`
+    steps) gives the `step` scan's per-step log-densities (the first ``p`` and masked steps
+    exactly 0), final carry (probabilities, lag window, count) and gradient, also for
+    series shorter than the lag window and with masked steps at the end."""
+    from statseq.core.recurrence import _scan_one
+    from statseq.models.switching import ms_ar
+
+    monkeypatch.setattr(ms_ar, "TABLE_FILTER_MIN_STEPS", 1)
+    model = MarkovSwitchingAR(**kw)
+    if jax.default_backend() == "cpu":
+        assert ms_ar.TABLE_FILTER_MIN_STEPS == 1 and model.masked_data_filter(
+            model.default_params(), num_timesteps) is not None
+    rng = np.random.default_rng(2)
+    params = model.initialize(rng.normal(size=60), key=jax.random.key(4))
+    y = rng.normal(size=(2, num_timesteps))
+    mask = np.ones(y.shape, bool)
+    if num_timesteps > 10:
+        mask[1, -3:] = False  # trailing: lags of no observed step
+    run = model.masked_data_filter.__func__  # (built for any backend here)
+    monkeypatch.setattr(ms_ar, "backend_kind", lambda *a: "cpu")
+    table = jax.vmap(lambda p, y_i, m_i: run(model, p, num_timesteps)(y_i, m_i, None),
+                     in_axes=(None, 0, 0))
+
+    def reference(p, y_i, m_i):  # the engine's per-step scan
+        lps, _, final = _scan_one(model, p, y_i, m_i, jnp.zeros((num_timesteps, 0)),
+                                  carry0=model.initial_carry(p), return_carries=False)
+        lps = jnp.where(jnp.arange(num_timesteps) >= model.order, lps, 0.0)
+        return lps, final
+
+    want = jax.vmap(reference, in_axes=(None, 0, 0))(params, y, mask)
+    got = jax.jit(table)(params, y, mask)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-13)
+    assert float(jnp.max(jnp.abs(got[0][:, :model.order]))) == 0.0
+    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
+    grad_got = jax.grad(lambda p: table(p, y, mask)[0].sum())(params)
+    grad_want = jax.grad(lambda p: jax.vmap(reference, in_axes=(None, 0, 0))(
+        p, y, mask)[0].sum())(params)
+    for g, w in zip(jax.tree.leaves(grad_got), jax.tree.leaves(grad_want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    assert MarkovSwitchingAR(**kw, gap_capacity=4).masked_data_filter(params, 30) is None

@@ -41,6 +41,7 @@ from statseq.core.recurrence import vmap_or_one
 from statseq.core.validation import check_key, check_positive_int, float_dtype, prepare_data
 from statseq.inference import gaussian_sum as gsum
 from statseq.inference import hmm as hmm_seq
+from statseq.inference._backend import backend_kind
 from statseq.inference.regime_paths import MAX_COMPONENTS, companion, regime_path_marginals
 from statseq.models.hmm.base import stationary_distribution
 from statseq.models.switching import _ms_ar_em
@@ -78,6 +79,12 @@ class MSARParams(NamedTuple):
     means: jax.Array
     ar_coeffs: jax.Array
     variances: jax.Array
+
+
+#: on CPU, ``log_prob`` / ``filter`` (no per-step carries) run `MarkovSwitchingAR`'s finite-
+#: state filter on the expanded chain's emission table (`masked_data_filter`) from this many
+#: steps (`benchmarks/RESULTS.md`, "Session 23: HMM log_prob on the table")
+TABLE_FILTER_MIN_STEPS = 64
 
 
 class MSARCarry(NamedTuple):
@@ -489,6 +496,35 @@ class MarkovSwitchingAR(SequenceModel):
 
     def update(self, params, carry, y_t, mask_t, inputs_t) -> MSARCarry:
         return self.step(params, carry, y_t, mask_t, inputs_t)[1]
+
+    def masked_data_filter(self, params, num_timesteps: int):
+        """``(y, mask, inputs) -> (log_probs (T,), final carry)`` of one sequence by
+        `statseq.inference.hmm.hmm_filter` on the expanded chain and its emission table
+        (`log_likelihoods`, made in one vectorized pass), which the engine runs instead of
+        the `step` scan where no per-step carries are wanted: on CPU from
+        `TABLE_FILTER_MIN_STEPS` steps, for the finite-state filter (no masked lags).
+        Same per-step log-densities (the first ``p`` and masked steps exactly 0) and final
+        carry as the `step` scan to rounding, and its gradient (tested); ``None`` elsewhere.
+        """
+        if self.gap_capacity or backend_kind() != "cpu" or (
+                num_timesteps < TABLE_FILTER_MIN_STEPS):
+            return None
+        p = self.order
+
+        def run(y, mask, inputs):
+            del inputs
+            pi_m, a_m, *_ = self.expanded_chain(params)
+            filt = hmm_seq.hmm_filter(pi_m, a_m, self.log_likelihoods(params, y, mask))
+            observed = jnp.asarray(mask, bool)
+            scored = observed & (jnp.arange(num_timesteps) >= p)
+            log_probs = jnp.where(scored, filt.log_normalizers, 0.0)
+            y_in = jnp.where(observed, y, 0).astype(pi_m.dtype)
+            window = jnp.concatenate([jnp.zeros((p,), pi_m.dtype), y_in])
+            carry = MSARCarry(filt.filtered_probs[-1], jnp.ones((), bool), window[::-1][:p],
+                              jnp.minimum(num_timesteps, p).astype(jnp.int32))
+            return log_probs, carry
+
+        return run
 
     # ---- masked lags: the exact Gaussian-sum filter ----------------------------------------
     def _capacity(self):
