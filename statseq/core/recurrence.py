@@ -90,57 +90,6 @@ def vmap_or_one(fn, in_axes=0):
     return run
 
 
-@jax.custom_jvp
-def _tangents_from_start(leaves, params):
-    """The identity on ``leaves``; differentiated, every leaf has a tangent from the start.
-
-    A carry that starts as a constant (zeros, a fixed initial law) gets a tangent only
-    after the first step, and JAX's linearization of ``lax.scan`` then traces the step's
-    derivative twice: once with the constant carries' tangents zero, again with the
-    carries found to have tangents. Starting them with (zero) tangents gives the second
-    pass's program at the first: the same derivative program, traced and lowered once
-    (the local level's L-BFGS fit: about 0.1-0.2 s less of CPU to trace). ``params``
-    carries no value; it makes the rule run whenever the filter is differentiated.
-
-    Opt-in (a model class sets ``carry_tangents_from_start = True``): a carry that never
-    depends on the parameters (an AR model's window of past observations, a network's
-    input buffer) would otherwise carry a zero tangent through every step of the
-    derivative. The gradients are the same, bit for bit (tests/core/test_recurrence.py).
-    """
-    del params
-    return leaves
-
-
-@_tangents_from_start.defjvp
-def _tangents_from_start_jvp(primals, tangents):
-    leaves, params = primals
-    leaf_dots, param_dots = tangents
-    # a tangent that JAX must count as nonzero: it selects the leaf's own tangent (zeros
-    # where the leaf had none) but depends on the parameters' tangents through the
-    # branch never taken; a select, not a product with 0, so that the transposed
-    # (reverse-mode) program gives that branch exactly 0 whatever the cotangent
-    floats = [d for d in jax.tree.leaves(param_dots)
-              if jnp.issubdtype(jnp.result_type(d), jnp.inexact)]
-    if not floats:
-        return leaves, leaf_dots
-    seed = jnp.sum(floats[0])
-    never = jnp.zeros((), bool)
-    return leaves, [jnp.where(never, jnp.broadcast_to(seed.astype(d.dtype), d.shape), d)
-                    for d in leaf_dots]
-
-
-def _carry_with_tangents(carry0, params):
-    """`_tangents_from_start` on the floating-point leaves of ``carry0``."""
-    leaves, tree = jax.tree.flatten(carry0)
-    which = [i for i, a in enumerate(leaves) if jnp.issubdtype(jnp.result_type(a), jnp.inexact)]
-    if not which:
-        return carry0
-    marked = _tangents_from_start([leaves[i] for i in which], params)
-    for i, a in zip(which, marked, strict=True):
-        leaves[i] = a
-    return jax.tree.unflatten(tree, leaves)
-
-
 def _scan_one(model, params, y, mask, inputs, carry0, return_carries: bool, num_valid=None):
     """Run the filter over one sequence; returns (log_probs, carries or None, final).
 
@@ -224,8 +173,6 @@ def _filter_flat(model, params, y, mask, inputs, num_valid=None, return_carries=
             log_probs = jnp.where(live, log_probs, jnp.zeros((), log_probs.dtype))
         return pairwise_sum(log_probs), log_probs, None, final
     carry0 = model.initial_carry(params)
-    if getattr(model, "carry_tangents_from_start", False):  # opt-in: see the function
-        carry0 = _carry_with_tangents(carry0, params)
     run = partial(_scan_one, model, params, carry0=carry0, return_carries=return_carries,
                   num_valid=num_valid)
     log_probs, carries, final = vmap_or_one(run)(y, mask, inputs)

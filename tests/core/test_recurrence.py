@@ -158,36 +158,3 @@ def test_forecast_reuses_the_compiled_filter(params, batch):
     before = _filter_flat._cache_size()
     ss.forecast(MODEL, params, y, num_steps=4, num_samples=5, key=jax.random.key(7))
     assert _filter_flat._cache_size() == before
-
-
-def test_carry_tangents_from_start_give_the_same_gradient(monkeypatch):
-    """Kalman-family carries start with (zero) tangents when differentiated, so JAX traces
-    the step's derivative once (`recurrence._carry_with_tangents`): the value and gradient
-    are bitwise those without it (float64; a missing step; the exact diffuse start)."""
-    from statseq.core import recurrence
-    from statseq.core.params import from_unconstrained, to_unconstrained
-    from statseq.core.validation import prepare_data
-
-    model = ss.LocalLevel()
-    assert model.carry_tangents_from_start
-    y = ss.datasets.load_nile(as_array=True)[:7]
-    mask = np.arange(7) != 3
-    data = prepare_data(model, y, mask, None)
-    u = to_unconstrained(model, model.initialize(y))
-
-    def value_and_grad():
-        def f(u):  # the unjitted filter: traced anew under each setting
-            log_probs = recurrence._filter_flat.__wrapped__(
-                model, from_unconstrained(model, u), data.y, data.mask, data.inputs,
-                complete=False)[1]
-            return jnp.sum(log_probs)
-
-        return jax.jit(jax.value_and_grad(f))(u)
-
-    new = value_and_grad()
-    monkeypatch.setattr(recurrence, "_carry_with_tangents", lambda carry, params: carry)
-    old = value_and_grad()
-    assert np.isfinite(float(new[0]))
-    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old), strict=True):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    assert np.all(np.asarray(jax.tree.leaves(new[1])) != 0)

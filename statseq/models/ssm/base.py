@@ -165,10 +165,6 @@ class GaussianSSMBase(SequenceModel):
     """
 
     supports_partial_mask: ClassVar[bool] = True
-    # the filter's carries (mean, covariances, diffuse factor) all depend on the parameters
-    # after one step: differentiated, they start with tangents, so JAX traces the step's
-    # derivative once (`statseq.core.recurrence._carry_with_tangents`)
-    carry_tangents_from_start: ClassVar[bool] = True
     emission_dim: int | None
     input_dim: int
 
