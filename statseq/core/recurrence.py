@@ -231,16 +231,11 @@ def _filter_call(model, params, data, return_carries=False, need_final=True, tot
     dynamic["params"] = params
     if padded:
         dynamic["num_valid"] = np.int32(data.num_valid)
-    if totals:
-        return reshaped_runner(_filter_flat, data.batch_shape, dynamic, fill, pick=0,
-                               model=model, return_carries=False,
-                               complete=data.valid_complete if padded else data.complete,
-                               need_final=False)
     return reshaped_runner(
-        _filter_flat, data.batch_shape, dynamic, fill, model=model,
-        return_carries=return_carries,
+        _filter_flat, data.batch_shape, dynamic, fill, pick=0 if totals else None,
+        model=model, return_carries=return_carries and not totals,
         complete=data.valid_complete if padded else data.complete,
-        need_final=need_final if padded else True)
+        need_final=not totals and (need_final or not padded))
 
 
 def _call_public(model, params, data, return_carries=False, need_final=True):

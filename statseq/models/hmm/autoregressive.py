@@ -29,7 +29,7 @@ from statseq.inference.gaussian import (
     symmetrize,
 )
 from statseq.inference.regime_paths import MAX_COMPONENTS, companion, regime_path_marginals
-from statseq.models.hmm.base import HMMBase, HMMCarry, HMMParams, _e_step
+from statseq.models.hmm.base import HMMBase, HMMCarry, HMMParams, _e_step, last_lags
 from statseq.models.hmm.gaussian import (
     _check_min_variance,
     _cluster_covs,
@@ -301,11 +301,8 @@ class LinearAutoregressiveHMM(HMMBase):
     def _carry_after(self, filtered_last, y, mask):
         """`step`'s final carry: the probabilities, the last ``num_lags`` observations
         (most recent first, missing entries 0, zeros before the data) and the count."""
-        dtype = filtered_last.dtype
-        y_in = jnp.where(observed_entries(mask, y), y, 0).astype(dtype)
-        window = jnp.concatenate([jnp.zeros((self.num_lags,) + y.shape[1:], dtype), y_in])
-        lags = window[::-1][:self.num_lags]
-        count = jnp.minimum(y.shape[0], self.num_lags).astype(jnp.int32)
+        lags, count = last_lags(y, observed_entries(mask, y), self.num_lags,
+                                filtered_last.dtype)
         return ARHMMCarry(filtered_last, jnp.ones((), bool), lags, count)
 
     def _state(self, carry) -> HMMCarry:

@@ -125,6 +125,65 @@ def stationary_distribution(transition_matrix):
     return pi / jnp.sum(pi)
 
 
+def table_filter(initial_probs, transitions, log_likelihoods, mask, num_conditioned: int):
+    """The step scan's per-step log-densities and last filtered probabilities of one
+    sequence, by `statseq.inference.hmm.hmm_filter` on its emission table.
+
+    ``log p(y_t | y_{<t}) = log sum_j p(z_t = j | y_{<t}) p(y_t | z_t = j)``, with the
+    conditioned first ``num_conditioned`` steps and the fully masked steps scoring exactly 0
+    (their table rows are 0, so they do not condition the state either).
+
+    Args:
+        initial_probs: ``(K,)``.
+        transitions: ``(K, K)`` or ``(T - 1, K, K)``.
+        log_likelihoods: ``(T, K)``, 0 rows where masked or conditioned.
+        mask: ``(T,)`` or ``(T, ...)`` booleans (a step counts as observed when any entry is).
+        num_conditioned: leading steps conditioned on rather than scored.
+
+    Returns:
+        ``(log_probs (T,), filtered probabilities after the last step (K,))``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> lp, last = table_filter(jnp.array([0.5, 0.5]), jnp.eye(2),
+        ...                         jnp.log(jnp.array([[0.2, 0.6], [0.1, 0.3]])),
+        ...                         jnp.array([True, True]), 0)
+        >>> [round(float(v), 4) for v in jnp.exp(lp)], [round(float(v), 4) for v in last]
+        ([0.4, 0.25], [0.1, 0.9])
+    """
+    num_timesteps = log_likelihoods.shape[0]
+    filt = hmm_seq.hmm_filter(initial_probs, transitions, log_likelihoods)
+    observed = jnp.any(jnp.reshape(mask, (num_timesteps, -1)), axis=1)
+    scored = observed & (jnp.arange(num_timesteps) >= num_conditioned)
+    return jnp.where(scored, filt.log_normalizers, 0.0), filt.filtered_probs[-1]
+
+
+def last_lags(y, observed, num_lags: int, dtype):
+    """The lag window a step scan holds after the last step of ``y``: ``(lags, count)``
+    with ``lags[i] = y_{T-1-i}`` (masked entries 0, zeros before the data) for ``i <
+    num_lags`` and ``count = min(T, num_lags)``.
+
+    Args:
+        y: ``(T,) + event_shape``.
+        observed: booleans of ``y``'s shape.
+        num_lags: the window length.
+        dtype: the window's dtype.
+
+    Returns:
+        ``(lags (num_lags,) + event_shape, count int32)``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> lags, count = last_lags(jnp.array([1.0, 2.0, 3.0]),
+        ...                         jnp.array([True, False, True]), 4, jnp.float32)
+        >>> lags.tolist(), int(count)
+        ([3.0, 0.0, 1.0, 0.0], 3)
+    """
+    y_in = jnp.where(observed, y, 0).astype(dtype)
+    window = jnp.concatenate([jnp.zeros((num_lags,) + y.shape[1:], dtype), y_in])
+    return window[::-1][:num_lags], jnp.minimum(y.shape[0], num_lags).astype(jnp.int32)
+
+
 #: on CPU, the public filter (``log_prob``; `HMMBase.masked_data_filter`) runs on the
 #: emission table from this many steps, indexed by "two states or fewer and no inputs":
 #: `benchmarks/diag_hmm_table_threshold.py` (2-core CPU, float64, quiet, 17:19 UTC Nov 27;
@@ -400,14 +459,11 @@ class HMMBase(SequenceModel):
             return None
 
         def run(y, mask, inputs):
-            filt = hmm_seq.hmm_filter(self.initial_probs(params),
-                                      self.transition_matrices(params, inputs),
-                                      self.log_likelihoods(params, y, mask))
-            observed = jnp.any(jnp.reshape(mask, (num_timesteps, -1)), axis=1)
-            # conditioned (lag) steps and fully masked ones score exactly 0, as in the scan
-            scored = observed & (jnp.arange(num_timesteps) >= self.num_conditioned_steps)
-            log_probs = jnp.where(scored, filt.log_normalizers, 0.0)
-            return log_probs, self._carry_after(filt.filtered_probs[-1], y, mask)
+            log_probs, last = table_filter(self.initial_probs(params),
+                                           self.transition_matrices(params, inputs),
+                                           self.log_likelihoods(params, y, mask), mask,
+                                           self.num_conditioned_steps)
+            return log_probs, self._carry_after(last, y, mask)
 
         return run
 

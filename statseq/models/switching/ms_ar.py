@@ -43,7 +43,7 @@ from statseq.inference import gaussian_sum as gsum
 from statseq.inference import hmm as hmm_seq
 from statseq.inference._backend import backend_kind
 from statseq.inference.regime_paths import MAX_COMPONENTS, companion, regime_path_marginals
-from statseq.models.hmm.base import stationary_distribution
+from statseq.models.hmm.base import last_lags, stationary_distribution, table_filter
 from statseq.models.switching import _ms_ar_em
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -514,15 +514,10 @@ class MarkovSwitchingAR(SequenceModel):
         def run(y, mask, inputs):
             del inputs
             pi_m, a_m, *_ = self.expanded_chain(params)
-            filt = hmm_seq.hmm_filter(pi_m, a_m, self.log_likelihoods(params, y, mask))
-            observed = jnp.asarray(mask, bool)
-            scored = observed & (jnp.arange(num_timesteps) >= p)
-            log_probs = jnp.where(scored, filt.log_normalizers, 0.0)
-            y_in = jnp.where(observed, y, 0).astype(pi_m.dtype)
-            window = jnp.concatenate([jnp.zeros((p,), pi_m.dtype), y_in])
-            carry = MSARCarry(filt.filtered_probs[-1], jnp.ones((), bool), window[::-1][:p],
-                              jnp.minimum(num_timesteps, p).astype(jnp.int32))
-            return log_probs, carry
+            log_probs, last = table_filter(pi_m, a_m, self.log_likelihoods(params, y, mask),
+                                           mask, p)
+            lags, count = last_lags(y, jnp.asarray(mask, bool), p, pi_m.dtype)
+            return log_probs, MSARCarry(last, jnp.ones((), bool), lags, count)
 
         return run
 
